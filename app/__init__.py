@@ -1,0 +1,29 @@
+"""model-asynch: asynchronous model-inference job middleware."""
+from __future__ import annotations
+
+from flask import Flask
+
+from app.config import Settings, get_settings, set_settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """Application factory: settings, blueprints, one JSON error handler."""
+    if settings is not None:
+        set_settings(settings)
+    settings = get_settings()
+    from app.logging_setup import configure_logging
+
+    configure_logging(settings.log_level)
+
+    flask_app = Flask(__name__)
+    # Werkzeug refuses larger bodies with 413 before reading them.
+    flask_app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    flask_app.json.sort_keys = False
+
+    from app.api import errors, health, v1_admin, v1_jobs
+
+    errors.register(flask_app)
+    flask_app.register_blueprint(health.bp)
+    flask_app.register_blueprint(v1_jobs.bp)
+    flask_app.register_blueprint(v1_admin.bp)
+    return flask_app

@@ -1,0 +1,1 @@
+"""HTTP edge: thin blueprints over app.services."""

@@ -1,0 +1,89 @@
+"""v1 administration: models (read for every key, write for admins) and
+API keys (admins)."""
+from __future__ import annotations
+
+from flask import Blueprint, jsonify, request
+
+from app.api.auth import current_principal, require_admin, require_key
+from app.api.body import json_object
+from app.db import transaction
+from app.errors import NotFound
+from app.services import keys, model_registry
+
+bp = Blueprint("v1_admin", __name__, url_prefix="/v1")
+
+# What a non-admin key sees of a model: enough to submit to it.
+_USER_FIELDS = ("model_name", "models_type", "form", "enabled", "expected_seconds", "timeout_seconds",
+                "queue_limit", "max_concurrency", "remark")
+
+
+def _for_caller(m: dict) -> dict:
+    return m if current_principal().is_admin else {k: m[k] for k in _USER_FIELDS}
+
+
+@bp.get("/models")
+@require_key
+def list_models():
+    with transaction() as conn:
+        items = model_registry.list_models(conn)
+    if not current_principal().is_admin:
+        items = [m for m in items if m["enabled"]]
+    return jsonify({"models": [_for_caller(m) for m in items]})
+
+
+@bp.post("/models")
+@require_admin
+def create_model():
+    with transaction() as conn:
+        m = model_registry.create_model(conn, json_object())
+    return jsonify(m), 201
+
+
+@bp.get("/models/<name>")
+@require_key
+def get_model(name: str):
+    with transaction() as conn:
+        m = model_registry.get_model(conn, name)
+    if not current_principal().is_admin and not m["enabled"]:
+        raise NotFound(f"model not found: {name}")
+    return jsonify(_for_caller(m))
+
+
+@bp.route("/models/<name>", methods=["PUT", "PATCH"])
+@require_admin
+def update_model(name: str):
+    with transaction() as conn:
+        m = model_registry.update_model(conn, name, json_object())
+    return jsonify(m)
+
+
+@bp.delete("/models/<name>")
+@require_admin
+def delete_model(name: str):
+    with transaction() as conn:
+        model_registry.delete_model(conn, name)
+    return "", 204
+
+
+@bp.post("/keys")
+@require_admin
+def create_key():
+    body = json_object()
+    role = "admin" if body.get("admin") is True else body.get("role", "user")
+    with transaction() as conn:
+        key, view = keys.create_key(conn, body.get("tenant"), role, body.get("name", ""))
+    return jsonify({**view, "key": key}), 201
+
+
+@bp.get("/keys")
+@require_admin
+def list_keys():
+    with transaction() as conn:
+        return jsonify({"keys": keys.list_keys(conn, request.args.get("tenant"))})
+
+
+@bp.delete("/keys/<int:key_id>")
+@require_admin
+def revoke_key(key_id: int):
+    with transaction() as conn:
+        return jsonify(keys.revoke_key(conn, key_id))

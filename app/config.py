@@ -1,0 +1,154 @@
+"""Configuration: the only module that reads the process environment.
+
+Every setting has an ``ASYNCH_`` variable and a default that runs on one
+machine with nothing configured (SQLite file, local result directory, the
+local Redis).  Everything else in the code receives a ``Settings`` object.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Mapping
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = "sqlite:///asynch.db"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Celery broker; empty means "the Redis above".  amqp:// works too.
+    broker_url: str = ""
+    # Where results go: file:///abs/dir, file://relative/dir or s3://bucket/prefix
+    storage_url: str = "file://data/results"
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
+    # Redis key namespace; the runtime override keys the seed documents
+    # (asynch:runtime:...) live under it.
+    redis_prefix: str = "asynch"
+    # Celery queue the API publishes run_job messages to.
+    queue_name: str = "asynch"
+    # API keys: an optional bootstrap admin key accepted from the environment
+    # (never stored), and a pepper mixed into every stored key hash.
+    bootstrap_admin_key: str = ""
+    key_pepper: str = ""
+    # Request and response limits.
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_result_bytes: int = 64 * 1024 * 1024
+    # A model's timeout_seconds may not exceed this; the broker's visibility
+    # timeout is derived from it so a slow call is never re-delivered early.
+    max_model_timeout_seconds: int = 3600
+    # Extra seconds a running attempt's lease lasts beyond its model timeout
+    # (upload + bookkeeping).  A lease past expiry means the worker died.
+    lease_grace_seconds: int = 120
+    # How long a job may wait in the queue in total, on top of its attempts'
+    # time, before it counts as timed out (see services.jobs.job_deadline).
+    job_queue_budget_seconds: int = 3600
+    # Tries for one result upload; upload retries never re-call the model.
+    upload_attempts: int = 3
+    # Backoff before a failed attempt is re-admitted: base * 2**(attempt-1), capped.
+    retry_backoff_seconds: float = 2.0
+    retry_backoff_max_seconds: float = 300.0
+    # Reconcile leaves gate slots younger than this alone: their row may be
+    # about to commit.
+    reconcile_grace_seconds: float = 30.0
+    # Long-poll limits (milliseconds), seed 000's contract.
+    wait_default_ms: int = 30000
+    wait_max_ms: int = 300000
+    # Job listing page size cap.
+    list_max_limit: int = 500
+    # Beat intervals (seconds).
+    beat_retry_seconds: float = 5.0
+    beat_recover_seconds: float = 30.0
+    beat_cleanup_seconds: float = 60.0
+    beat_autotune_seconds: float = 3600.0
+    # Pending jobs older than this whose message may be lost get re-published.
+    republish_after_seconds: float = 300.0
+    # Retention of terminal jobs that nobody claims.
+    failed_retention_seconds: int = 7 * 86400
+    done_retention_seconds: int = 7 * 86400
+    log_level: str = "INFO"
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def broker_visibility_timeout(self) -> int:
+        # Above the longest model call plus its lease grace, so Redis does
+        # not hand a message that is still being worked on to a second worker.
+        return self.max_model_timeout_seconds + self.lease_grace_seconds + 300
+
+    def with_overrides(self, **kw) -> "Settings":
+        return replace(self, **kw)
+
+
+_ENV_NAMES = {f.name: "ASYNCH_" + f.name.upper() for f in fields(Settings)}
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from ``env`` (default: os.environ)."""
+    env = os.environ if env is None else env
+    kw = {}
+    defaults = Settings()
+    for f in fields(Settings):
+        name = _ENV_NAMES[f.name]
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            kw[f.name] = _bool(env, name, default)
+        elif isinstance(default, int):
+            kw[f.name] = _int(env, name, default)
+        elif isinstance(default, float):
+            kw[f.name] = _float(env, name, default)
+        else:
+            kw[f.name] = env.get(name, default)
+    return Settings(**kw)
+
+
+def env_names() -> dict[str, str]:
+    """Setting name -> environment variable (used by docs and the compose test)."""
+    return dict(_ENV_NAMES)
+
+
+_current: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """Process-wide settings, read once."""
+    global _current
+    if _current is None:
+        _current = load_settings()
+    return _current
+
+
+def set_settings(settings: Settings) -> None:
+    """Install settings for this process (tests, the dev runner)."""
+    global _current
+    _current = settings

@@ -1,0 +1,132 @@
+"""A small HTTP model service: the demo model of ``asynch dev`` and the stub
+the tests call over real HTTP.
+
+It answers any path.  POST bodies (JSON) and GET query strings are read as
+the payload; a few payload fields steer it so tests can make it slow, fail,
+or answer with other bytes:
+  sleep_ms      wait this long before answering
+  status        answer with this HTTP status
+  content_type  answer with this Content-Type and ``body`` (text) as bytes
+  body          the body to send (with content_type); default: JSON echo
+  size          answer with this many bytes of b"x" (application/octet-stream)
+  fail_first    fail (HTTP 503) the first N calls that carry this ``tag``
+  hang          never answer (until the client gives up)
+Every call is recorded (path, method, headers, payload, time) for tests.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
+
+
+class ModelState:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[dict] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.fail_counts: dict[str, int] = {}
+
+    def reset(self) -> None:
+        with self.lock:
+            self.calls.clear()
+            self.in_flight = self.max_in_flight = 0
+            self.fail_counts.clear()
+
+
+def _handler(state: ModelState):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_a):  # quiet
+            pass
+
+        def _payload(self) -> dict:
+            parts = urlsplit(self.path)
+            if self.command == "GET":
+                return dict(parse_qsl(parts.query))
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            try:
+                data = json.loads(raw) if raw else {}
+            except ValueError:
+                data = {"_raw": raw.decode("utf-8", "replace")}
+            return data if isinstance(data, dict) else {"_body": data}
+
+        def _send(self, status: int, body: bytes, ctype: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _handle(self) -> None:
+            payload = self._payload()
+            call = {"path": urlsplit(self.path).path, "method": self.command,
+                    "headers": dict(self.headers.items()), "payload": payload, "t": time.time()}
+            with state.lock:
+                state.calls.append(call)
+                state.in_flight += 1
+                state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            try:
+                self._respond(payload)
+            finally:
+                with state.lock:
+                    state.in_flight -= 1
+
+        def _respond(self, p: dict) -> None:
+            if p.get("hang"):
+                time.sleep(3600)
+            sleep_ms = float(p.get("sleep_ms") or 0)
+            if sleep_ms:
+                time.sleep(sleep_ms / 1000.0)
+            tag, fail_first = p.get("tag"), int(p.get("fail_first") or 0)
+            if tag and fail_first:
+                with state.lock:
+                    n = state.fail_counts.get(tag, 0)
+                    state.fail_counts[tag] = n + 1
+                if n < fail_first:
+                    return self._send(503, b'{"error":"warming up"}', "application/json")
+            status = int(p.get("status") or 200)
+            if p.get("size"):
+                return self._send(status, b"x" * int(p["size"]), "application/octet-stream")
+            if p.get("content_type"):
+                return self._send(status, str(p.get("body", "")).encode(), str(p["content_type"]))
+            body = json.dumps({"model": "demo-echo", "echo": p}, ensure_ascii=False).encode()
+            return self._send(status, body, "application/json")
+
+        do_GET = do_POST = _handle
+
+    return Handler
+
+
+class DemoModelServer:
+    """Run the model service on a background thread: ``with DemoModelServer() as m: m.url``."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.state = ModelState()
+        self.httpd = ThreadingHTTPServer((host, port), _handler(self.state))
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="demo-model", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "DemoModelServer":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> "DemoModelServer":
+        return self.start()
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()

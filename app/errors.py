@@ -1,0 +1,75 @@
+"""Domain errors.  Raised anywhere inside; turned into HTTP once, at the edge
+(app/api/errors.py), each with its status and its ``error`` text."""
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    status = 400
+
+    def __init__(self, message: str, **extra):
+        super().__init__(message)
+        self.message = message
+        self.extra = extra
+
+
+class BadRequest(DomainError):
+    status = 400
+
+
+class Unauthorized(DomainError):
+    status = 401
+
+
+class Forbidden(DomainError):
+    status = 403
+
+
+class NotFound(DomainError):
+    status = 404
+
+
+class Conflict(DomainError):
+    status = 409
+
+
+class Gone(DomainError):
+    status = 410
+
+
+class PayloadTooLarge(DomainError):
+    status = 413
+
+
+class ValidationFailed(DomainError):
+    """422 with a list of {"pointer", "message"}."""
+
+    status = 422
+
+    def __init__(self, message: str, errors: list[dict]):
+        super().__init__(message, errors=errors)
+        self.errors = errors
+
+
+class QueueFull(DomainError):
+    status = 429
+
+    def __init__(self, limit: int, retry_after: int):
+        super().__init__(f"async queue full (max {limit})")
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+class Unavailable(DomainError):
+    """A dependency (database, Redis) is down: 503, and nothing was admitted."""
+
+    status = 503
+
+
+class IllegalTransition(DomainError):
+    """A state change the state machine does not allow (a bug, not a race)."""
+
+    status = 409
+
+
+class JobNotFinished(Conflict):
+    pass

@@ -1,0 +1,122 @@
+"""Database tables (SQLAlchemy Core).  Alembic creates them; this module
+only describes them so queries can be written against names, not strings."""
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON, BigInteger, Boolean, Column, Date, DateTime, Index, Integer, MetaData,
+    SmallInteger, String, Table, Text, UniqueConstraint, text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+TS = DateTime(timezone=True)
+
+models = Table(
+    "asynch_models", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("model_name", String(128), nullable=False, unique=True),
+    Column("models_type", String(512), nullable=False, server_default=""),
+    Column("form", JsonType, nullable=True),
+    Column("base_url", String(1024), nullable=False),
+    Column("route", String(1024), nullable=False, server_default=""),
+    Column("http_method", String(8), nullable=False, server_default="POST"),
+    Column("head_msg", Text, nullable=False, server_default=""),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("max_concurrency", Integer, nullable=False, server_default="5"),
+    Column("queue_limit", Integer, nullable=False, server_default="20"),
+    Column("timeout_seconds", Integer, nullable=False, server_default="1800"),
+    Column("expected_seconds", Integer, nullable=False, server_default="600"),
+    Column("retry_times", Integer, nullable=False, server_default="3"),
+    Column("retry_queue_max_seconds", Integer, nullable=False, server_default="600"),
+    Column("auto_clean_seconds", Integer, nullable=False, server_default="3600"),
+    Column("remark", Text, nullable=False, server_default=""),
+    Column("created_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+)
+
+model_types = Table(
+    "asynch_models_type", metadata,
+    Column("type_id", Integer, primary_key=True, autoincrement=False),
+    Column("type_name", String(128), nullable=False),
+    Column("remark", Text, nullable=False, server_default=""),
+    Column("created_at", TS, nullable=False),
+)
+
+tasks = Table(
+    "asynch_task", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("tenant_id", String(64), nullable=False),
+    Column("creator", String(128), nullable=False, server_default=""),
+    Column("model_name", String(128), nullable=False),
+    Column("biz_name", String(128), nullable=False, server_default=""),
+    Column("callback_url", Text, nullable=True),
+    # Per-job header override (seed: modelKey).  Secret: never returned.
+    Column("model_key", Text, nullable=True),
+    # JSON text as received: jsonb would refuse \u0000, which JSON allows.
+    Column("request_payload", Text, nullable=False),
+    # sha256 of the canonical payload + options: idempotent replays compare it.
+    Column("request_hash", String(64), nullable=False),
+    Column("idempotency_key", String(255), nullable=True),
+    Column("state", SmallInteger, nullable=False),
+    # Claims so far (the CAS token): attempt n+1 is claimed from attempt n.
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    # Retries taken (seed: retry_count, not counting the first try).
+    Column("retry_count", Integer, nullable=False, server_default="0"),
+    Column("error", Text, nullable=True),
+    Column("result_location", Text, nullable=True),
+    Column("result_content_type", String(255), nullable=True),
+    Column("result_size", BigInteger, nullable=True),
+    Column("created_at", TS, nullable=False),
+    # Queue order; a retry resets it (tail) or backdates it (head).
+    Column("enqueue_at", TS, nullable=False),
+    Column("started_at", TS, nullable=True),
+    Column("finished_at", TS, nullable=True),
+    Column("lease_expires_at", TS, nullable=True),
+    Column("next_retry_at", TS, nullable=True),
+    # Job budget: pending/running past it becomes timeout.
+    Column("deadline_at", TS, nullable=True),
+    Column("claimed_at", TS, nullable=True),
+    Column("expire_at", TS, nullable=True),
+    Column("updated_at", TS, nullable=False),
+    UniqueConstraint("tenant_id", "idempotency_key", name="uq_asynch_task_idem"),
+    # Listing: a tenant's jobs newest first, optionally by model.
+    Index("ix_asynch_task_tenant_created", "tenant_id", "created_at"),
+    Index("ix_asynch_task_tenant_model_created", "tenant_id", "model_name", "created_at"),
+    # Gate reconcile / depth: active rows of a model.
+    Index("ix_asynch_task_model_state", "model_name", "state"),
+    # Maintenance scans: by state and the time that matters for that state.
+    Index("ix_asynch_task_state_lease", "state", "lease_expires_at"),
+    Index("ix_asynch_task_state_retry", "state", "next_retry_at"),
+    Index("ix_asynch_task_state_expire", "state", "expire_at"),
+    Index("ix_asynch_task_state_updated", "state", "updated_at"),
+    Index("ix_asynch_task_state_finished", "state", "finished_at"),
+)
+
+model_stats = Table(
+    "asynch_model_stat", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("day", Date, nullable=False),
+    Column("tenant_id", String(64), nullable=False),
+    Column("creator", String(128), nullable=False, server_default=""),
+    Column("model_name", String(128), nullable=False),
+    Column("request_count", BigInteger, nullable=False, server_default="0"),
+    UniqueConstraint("day", "tenant_id", "creator", "model_name", name="uq_asynch_model_stat"),
+    Index("ix_asynch_model_stat_model_day", "model_name", "day"),
+)
+
+api_keys = Table(
+    "asynch_api_keys", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(64), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("name", String(128), nullable=False, server_default=""),
+    # The public, non-secret part of the key: lets a lookup find one row.
+    Column("prefix", String(16), nullable=False, unique=True),
+    # HMAC-SHA256(pepper, key), hex.  The key itself is never stored.
+    Column("key_hash", String(64), nullable=False),
+    Column("created_at", TS, nullable=False),
+    Column("revoked_at", TS, nullable=True),
+    Index("ix_asynch_api_keys_tenant", "tenant_id"),
+)

@@ -1,0 +1,146 @@
+"""One attempt of a job, on a worker: claim -> call the model -> store the
+response -> done, or a failed attempt (retry_wait / failed).
+
+Every state change goes through app.transitions with the attempt this
+worker claimed, so a worker that lost its row (lease expired, canceled,
+timed out) has its late writes refused and only cleans up after itself.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from app import transitions
+from app.clock import now as clock_now
+from app.config import get_settings
+from app.db import transaction
+from app.models import models, tasks
+from app.services import stats
+from app.services.jobs import after_terminal, release_slot
+from app.services.model_client import ModelCallError, call_model
+from app.states import JobState
+from app.storage import StorageError, get_storage
+
+log = logging.getLogger(__name__)
+
+
+def backoff_seconds(attempt: int) -> float:
+    s = get_settings()
+    return min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * (2 ** max(0, attempt - 1)))
+
+
+def run_attempt(job_id: str, attempt: int) -> str:
+    """Run the attempt a run_job(job_id, attempt) message stands for.
+
+    Returns what happened ("stale", "done", "retry_wait", "failed", "lost")
+    for logs and tests.  A duplicate or outdated message is "stale": the
+    claim CAS refuses it before anything else happens.
+    """
+    settings = get_settings()
+    with transaction() as conn:
+        job = conn.execute(select(tasks.c.model_name, tasks.c.state, tasks.c.attempt)
+                           .where(tasks.c.id == job_id)).first()
+        if job is None or job.state != JobState.PENDING or job.attempt != attempt:
+            return "stale"
+        model = conn.execute(select(models).where(models.c.model_name == job.model_name)).first()
+        timeout = model.timeout_seconds if model is not None else 60
+        lease_until = clock_now() + timedelta(seconds=timeout + settings.lease_grace_seconds)
+        row = transitions.claim(conn, job_id, attempt, lease_until)
+    if row is None:
+        return "stale"
+    mine = attempt + 1
+    ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
+
+    if model is None:
+        return _fail(row, mine, "model is no longer configured", permanent=True, retry_times=0, ctx=ctx)
+
+    try:
+        try:
+            resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
+                              head_msg=model.head_msg, model_key=row.model_key, payload=json.loads(row.request_payload),
+                              timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes)
+        except ModelCallError as exc:
+            if exc.called:
+                _count_call(row)
+            return _fail(row, mine, str(exc), permanent=exc.permanent, retry_times=model.retry_times, ctx=ctx)
+        _count_call(row)
+
+        try:
+            location = _upload(job_id, mine, resp.body, resp.content_type, ctx)
+        except StorageError as exc:
+            return _fail(row, mine, f"result upload failed: {exc}", permanent=False,
+                         retry_times=model.retry_times, ctx=ctx)
+
+        with transaction() as conn:
+            won = transitions.complete(conn, job_id, mine, location=location,
+                                       content_type=resp.content_type, size=len(resp.body))
+        if won is None:
+            # Canceled, timed out or recovered while we worked: not ours any more.
+            _delete_quietly(location)
+            log.info("attempt lost its job before completing", extra=ctx)
+            return "lost"
+        after_terminal(won)
+        log.info("job done", extra=ctx)
+        return "done"
+    except Exception as exc:
+        # A bug or an outage in our own bookkeeping: fail the attempt (retryable)
+        # rather than leave it running until its lease runs out.
+        log.exception("attempt crashed", extra=ctx)
+        try:
+            return _fail(row, mine, f"internal error: {type(exc).__name__}", permanent=False,
+                         retry_times=model.retry_times, ctx=ctx)
+        except Exception:
+            log.exception("could not record the crashed attempt; recovery will", extra=ctx)
+            return "lost"
+
+
+def _count_call(row) -> None:
+    with transaction() as conn:
+        stats.count_call(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
+
+
+def _upload(job_id: str, attempt: int, body: bytes, content_type: str, ctx: dict) -> str:
+    """Store the response; retried here so the model is never called twice
+    for one response."""
+    settings = get_settings()
+    storage = get_storage()
+    key = f"{clock_now():%Y/%m/%d}/{job_id}/{attempt}"
+    last: StorageError | None = None
+    for i in range(max(1, settings.upload_attempts)):
+        try:
+            return storage.put(key, body, content_type)
+        except StorageError as exc:
+            last = exc
+            log.warning("upload try %d failed: %s", i + 1, exc, extra=ctx)
+            time.sleep(min(2.0, 0.2 * (2 ** i)))
+    assert last is not None
+    raise last
+
+
+def _delete_quietly(location: str) -> None:
+    try:
+        get_storage().delete(location)
+    except StorageError:
+        log.warning("orphan result not deleted: %s", location)
+
+
+def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict) -> str:
+    retry = not permanent and attempt <= retry_times
+    retry_at = clock_now() + timedelta(seconds=backoff_seconds(attempt)) if retry else None
+    with transaction() as conn:
+        won = transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at)
+    if won is None:
+        log.info("attempt lost its job before failing", extra=ctx)
+        return "lost"
+    if won.state == JobState.RETRY_WAIT:
+        # Not terminal: the slot goes back, waiters keep waiting.
+        release_slot(won.model_name, won.id)
+        log.info("attempt failed, will retry: %s", error, extra=ctx)
+        return "retry_wait"
+    after_terminal(won)
+    log.info("job failed: %s", error, extra=ctx)
+    return "failed"

@@ -1,0 +1,223 @@
+"""Model configuration (table asynch_models): validation and CRUD.
+
+Input and output use the v1 (snake_case) field names; the seed-002 face maps
+its camelCase names onto these.  head_msg is a secret: it is validated on
+save and only its header names are ever shown back.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlparse
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from app.clock import now as clock_now
+from app.config import get_settings
+from app.errors import Conflict, NotFound, ValidationFailed
+from app.models import models, tasks
+from app.services.forms import validate_form_definition
+from app.services.headers import HeaderSpecError, parse_header_spec, redact
+from app.states import ACTIVE_STATES
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+# field -> (default, validator returning an error message or None)
+_INT_FIELDS = {
+    "max_concurrency": (5, 1, 10_000),
+    "queue_limit": (20, 0, 1_000_000),
+    "expected_seconds": (600, 1, 7 * 86400),
+    "retry_times": (3, 0, 100),
+    "retry_queue_max_seconds": (600, 0, 7 * 86400),
+    "auto_clean_seconds": (3600, 0, 365 * 86400),
+}
+FIELDS = ("model_name", "models_type", "form", "base_url", "route", "http_method", "head_msg",
+          "enabled", "max_concurrency", "queue_limit", "timeout_seconds", "expected_seconds",
+          "retry_times", "retry_queue_max_seconds", "auto_clean_seconds", "remark")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
+    """Validate and normalise model fields; returns (clean values, errors)."""
+    errs: list[dict] = []
+    clean: dict = {}
+
+    def err(field: str, msg: str) -> None:
+        errs.append({"pointer": "/" + field, "message": msg})
+
+    unknown = sorted(set(data) - set(FIELDS))
+    for k in unknown:
+        err(k, "unknown field")
+
+    def present(k: str) -> bool:
+        return k in data
+
+    if present("model_name") or not partial:
+        v = data.get("model_name")
+        if not isinstance(v, str) or not MODEL_NAME.match(v):
+            err("model_name", "is required: 1-128 letters, digits, _ . - (starting with a letter or digit)")
+        else:
+            clean["model_name"] = v
+    if present("base_url") or not partial:
+        v = data.get("base_url")
+        u = urlparse(v) if isinstance(v, str) else None
+        if not u or u.scheme not in ("http", "https") or not u.netloc:
+            err("base_url", "is required: an http(s) URL")
+        else:
+            clean["base_url"] = v.rstrip("/")
+    if present("route"):
+        v = data["route"]
+        if v is None or v == "":
+            clean["route"] = ""
+        elif not isinstance(v, str) or not v.startswith("/") or any(c in v for c in "\r\n\x00 "):
+            err("route", "must be a path starting with /")
+        else:
+            clean["route"] = v
+    if present("http_method"):
+        v = data["http_method"]
+        if not isinstance(v, str) or v.upper() not in ("GET", "POST"):
+            err("http_method", "must be GET or POST")
+        else:
+            clean["http_method"] = v.upper()
+    if present("head_msg"):
+        v = data["head_msg"] if data["head_msg"] is not None else ""
+        try:
+            parse_header_spec(v)
+            clean["head_msg"] = v
+        except HeaderSpecError as exc:
+            err("head_msg", str(exc))
+    if present("enabled"):
+        v = data["enabled"]
+        if isinstance(v, bool):
+            clean["enabled"] = v
+        elif _is_int(v) and v in (0, 1):
+            clean["enabled"] = bool(v)
+        else:
+            err("enabled", "must be true/false (or 1/0)")
+    if present("timeout_seconds"):
+        v = data["timeout_seconds"]
+        cap = get_settings().max_model_timeout_seconds
+        if not _is_int(v) or not 1 <= v <= cap:
+            err("timeout_seconds", f"must be an integer from 1 to {cap}")
+        else:
+            clean["timeout_seconds"] = v
+    for k, (_default, lo, hi) in _INT_FIELDS.items():
+        if present(k):
+            v = data[k]
+            if not _is_int(v) or not lo <= v <= hi:
+                err(k, f"must be an integer from {lo} to {hi}")
+            else:
+                clean[k] = v
+    if present("models_type"):
+        v = data["models_type"]
+        if v is None or v == "":
+            clean["models_type"] = ""
+        elif not isinstance(v, str) or not re.match(r"^\s*\d+(\s*,\s*\d+)*\s*$", v):
+            err("models_type", "must be a comma-separated list of type ids, e.g. 1,2,3")
+        else:
+            clean["models_type"] = ",".join(p.strip() for p in v.split(","))
+    if present("form"):
+        form_errs = validate_form_definition(data["form"])
+        errs.extend(form_errs)
+        if not form_errs:
+            clean["form"] = data["form"]
+    if present("remark"):
+        v = data["remark"] if data["remark"] is not None else ""
+        if not isinstance(v, str) or len(v) > 4000:
+            err("remark", "must be a string of at most 4000 characters")
+        else:
+            clean["remark"] = v
+    return clean, errs
+
+
+def public_view(row) -> dict:
+    """A model as shown to admins: every field, head_msg redacted."""
+    d = {k: getattr(row, k) for k in FIELDS}
+    d["head_msg"] = redact(row.head_msg)
+    d["created_at"] = row.created_at.isoformat() if row.created_at else None
+    d["updated_at"] = row.updated_at.isoformat() if row.updated_at else None
+    return d
+
+
+def create_model(conn: Connection, data: dict) -> dict:
+    if not isinstance(data, dict):
+        raise ValidationFailed("model must be a JSON object", [{"pointer": "", "message": "must be an object"}])
+    clean, errs = _check(data, partial=False)
+    if errs:
+        raise ValidationFailed("invalid model configuration", errs)
+    now = clock_now()
+    clean.setdefault("timeout_seconds", min(1800, get_settings().max_model_timeout_seconds))
+    for k, (default, _lo, _hi) in _INT_FIELDS.items():
+        clean.setdefault(k, default)
+    clean.setdefault("route", "")
+    clean.setdefault("http_method", "POST")
+    clean.setdefault("head_msg", "")
+    clean.setdefault("enabled", True)
+    clean.setdefault("models_type", "")
+    clean.setdefault("remark", "")
+    try:
+        with conn.begin_nested():
+            row = conn.execute(insert(models).values(created_at=now, updated_at=now, **clean)
+                               .returning(*models.c)).one()
+    except IntegrityError as exc:
+        raise Conflict(f"model already exists: {clean['model_name']}") from exc
+    return public_view(row)
+
+
+def update_model(conn: Connection, name: str, data: dict) -> dict:
+    if not isinstance(data, dict):
+        raise ValidationFailed("model must be a JSON object", [{"pointer": "", "message": "must be an object"}])
+    data = dict(data)
+    if data.get("model_name", name) != name:
+        raise ValidationFailed("invalid model configuration",
+                               [{"pointer": "/model_name", "message": "cannot be changed"}])
+    data.pop("model_name", None)
+    clean, errs = _check(data, partial=True)
+    if errs:
+        raise ValidationFailed("invalid model configuration", errs)
+    row = conn.execute(update(models).where(models.c.model_name == name)
+                       .values(updated_at=clock_now(), **clean).returning(*models.c)).first()
+    if row is None:
+        raise NotFound(f"model not found: {name}")
+    return public_view(row)
+
+
+def get_model_row(conn: Connection, name: str):
+    return conn.execute(select(models).where(models.c.model_name == name)).first()
+
+
+def get_model(conn: Connection, name: str) -> dict:
+    row = get_model_row(conn, name)
+    if row is None:
+        raise NotFound(f"model not found: {name}")
+    return public_view(row)
+
+
+def require_enabled_model(conn: Connection, name: str):
+    """The model a job is submitted to: unknown and disabled look the same."""
+    row = get_model_row(conn, name)
+    if row is None or not row.enabled:
+        raise NotFound(f"model not found: {name}")
+    return row
+
+
+def list_models(conn: Connection) -> list[dict]:
+    rows = conn.execute(select(models).order_by(models.c.model_name)).all()
+    return [public_view(r) for r in rows]
+
+
+def delete_model(conn: Connection, name: str) -> None:
+    active = conn.execute(
+        select(func.count()).select_from(tasks).where(
+            tasks.c.model_name == name, tasks.c.state.in_([int(s) for s in ACTIVE_STATES]))
+    ).scalar_one()
+    if active:
+        raise Conflict(f"model {name} has {active} active jobs; disable it and let them finish first")
+    res = conn.execute(delete(models).where(models.c.model_name == name))
+    if res.rowcount == 0:
+        raise NotFound(f"model not found: {name}")

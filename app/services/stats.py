@@ -1,0 +1,39 @@
+"""Usage stats (asynch_model_stat): one count per real call to a model
+service, by day, tenant, creator and model.  One upsert, no read-back."""
+from __future__ import annotations
+
+from datetime import date
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+
+from app.models import model_stats
+
+
+def count_call(conn: Connection, day: date, tenant_id: str, creator: str, model_name: str, n: int = 1) -> None:
+    ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    stmt = ins(model_stats).values(day=day, tenant_id=tenant_id, creator=creator or "",
+                                   model_name=model_name, request_count=n)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["day", "tenant_id", "creator", "model_name"],
+        set_={"request_count": model_stats.c.request_count + n},
+    )
+    conn.execute(stmt)
+
+
+def read_stats(conn: Connection, *, day_from: date | None = None, day_to: date | None = None,
+               tenant_id: str | None = None, model_name: str | None = None) -> list[dict]:
+    q = select(model_stats)
+    if day_from:
+        q = q.where(model_stats.c.day >= day_from)
+    if day_to:
+        q = q.where(model_stats.c.day <= day_to)
+    if tenant_id:
+        q = q.where(model_stats.c.tenant_id == tenant_id)
+    if model_name:
+        q = q.where(model_stats.c.model_name == model_name)
+    q = q.order_by(model_stats.c.day, model_stats.c.model_name, model_stats.c.tenant_id, model_stats.c.creator)
+    return [{"day": r.day.isoformat(), "tenant_id": r.tenant_id, "creator": r.creator,
+             "model_name": r.model_name, "request_count": int(r.request_count)} for r in conn.execute(q)]

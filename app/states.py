@@ -1,0 +1,74 @@
+"""Job states: the eight codes of DESIGN.md and how each face shows them."""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class JobState(IntEnum):
+    PENDING = 0      # admitted, holds a gate slot, waiting for a worker
+    RUNNING = 1      # an attempt is calling the model / uploading
+    DONE = 2         # result stored
+    FAILED = 3       # retries exhausted or permanent error (terminal)
+    CLAIMED = 4      # done and batch-claimed; expires after auto_clean_seconds
+    TIMEOUT = 5      # job budget exceeded (terminal)
+    CANCELED = 6     # canceled by the client (terminal)
+    RETRY_WAIT = 7   # an attempt failed, retries remain; slot released
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+# States that hold a gate slot.  Leaving this set releases the slot.
+SLOT_STATES = frozenset({JobState.PENDING, JobState.RUNNING})
+# Absorbing states (CLAIMED is DONE seen by the business side).
+TERMINAL_STATES = frozenset(
+    {JobState.DONE, JobState.FAILED, JobState.CLAIMED, JobState.TIMEOUT, JobState.CANCELED}
+)
+# States that still have work ahead of them.
+ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RETRY_WAIT})
+
+# The v1 face (seed 000 wire contract): a caller sees pending until a worker
+# is on it, and done for a claimed job.
+_V1_NAMES = {
+    JobState.PENDING: "pending",
+    JobState.RUNNING: "running",
+    JobState.DONE: "done",
+    JobState.FAILED: "failed",
+    JobState.CLAIMED: "done",
+    JobState.TIMEOUT: "timeout",
+    JobState.CANCELED: "canceled",
+    JobState.RETRY_WAIT: "pending",
+}
+
+# The seed-002 face: 0 queued, 1 running, 2 done, 3 failed, 4 claimed.
+_SEED_CODES = {
+    JobState.PENDING: 0,
+    JobState.RUNNING: 1,
+    JobState.DONE: 2,
+    JobState.FAILED: 3,
+    JobState.CLAIMED: 4,
+    JobState.TIMEOUT: 3,
+    JobState.CANCELED: 3,
+    JobState.RETRY_WAIT: 3,
+}
+
+
+def v1_name(state: int) -> str:
+    return _V1_NAMES[JobState(state)]
+
+
+def seed_code(state: int) -> int:
+    return _SEED_CODES[JobState(state)]
+
+
+def is_terminal(state: int) -> bool:
+    return JobState(state) in TERMINAL_STATES
+
+
+def parse_v1_filter(name: str) -> list[JobState]:
+    """Internal states a v1 state name covers (for list filters)."""
+    out = [s for s, n in _V1_NAMES.items() if n == name]
+    if not out:
+        raise ValueError(name)
+    return out

@@ -1,0 +1,155 @@
+"""Every change of a job's state, each one conditional UPDATE ... RETURNING.
+
+The row is the truth (DESIGN.md invariant 2): a transition names the states
+it may start from and, where a worker's attempt is involved, the attempt it
+expects.  The database applies it or not; whoever gets the row back owns the
+transition and its side effects (slot release, wake-up, callback), everyone
+else gets ``None`` and backs off.  Nothing here reads a row and writes it back.
+
+A transition the state machine does not allow at all raises
+IllegalTransition before touching the database: that is a bug, not a race.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Iterable, Sequence
+
+from sqlalchemy import update
+from sqlalchemy.engine import Connection, Row
+
+from app.clock import now as clock_now
+from app.errors import IllegalTransition
+from app.models import tasks
+from app.states import JobState as S
+
+# The state machine of DESIGN.md, and nothing else.
+ALLOWED: frozenset[tuple[S, S]] = frozenset({
+    (S.PENDING, S.RUNNING),
+    (S.RUNNING, S.DONE),
+    (S.RUNNING, S.FAILED),
+    (S.RUNNING, S.TIMEOUT),
+    (S.RUNNING, S.RETRY_WAIT),
+    (S.RETRY_WAIT, S.PENDING),
+    (S.DONE, S.CLAIMED),
+    (S.PENDING, S.CANCELED),
+    (S.RUNNING, S.CANCELED),
+    (S.RETRY_WAIT, S.CANCELED),
+    (S.PENDING, S.TIMEOUT),
+})
+
+
+def check_allowed(from_states: Iterable[S], to_state: S) -> None:
+    for s in from_states:
+        if (S(s), S(to_state)) not in ALLOWED:
+            raise IllegalTransition(f"transition {S(s).label} -> {S(to_state).label} is not allowed")
+
+
+def _cas(
+    conn: Connection,
+    job_id: str,
+    from_states: Sequence[S],
+    to_state: S,
+    *,
+    attempt: int | None = None,
+    where: Sequence = (),
+    values: dict | None = None,
+) -> Row | None:
+    check_allowed(from_states, to_state)
+    stmt = update(tasks).where(tasks.c.id == job_id)
+    if len(from_states) == 1:
+        stmt = stmt.where(tasks.c.state == int(from_states[0]))
+    else:
+        stmt = stmt.where(tasks.c.state.in_([int(s) for s in from_states]))
+    if attempt is not None:
+        stmt = stmt.where(tasks.c.attempt == attempt)
+    for clause in where:
+        stmt = stmt.where(clause)
+    vals = {"state": int(to_state), "updated_at": clock_now()}
+    vals.update(values or {})
+    return conn.execute(stmt.values(**vals).returning(*tasks.c)).first()
+
+
+def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime) -> Row | None:
+    """pending -> running for the attempt the message was published for.
+
+    A duplicate delivery of the same message finds attempt already moved on
+    (or the state no longer pending) and gets None: it must not run.
+    """
+    now = clock_now()
+    return _cas(conn, job_id, [S.PENDING], S.RUNNING, attempt=attempt, values={
+        "attempt": attempt + 1,
+        "started_at": now,
+        "lease_expires_at": lease_until,
+    })
+
+
+def complete(
+    conn: Connection, job_id: str, attempt: int, *,
+    location: str, content_type: str, size: int,
+) -> Row | None:
+    """running -> done, by the attempt that holds the row."""
+    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, values={
+        "finished_at": clock_now(),
+        "lease_expires_at": None,
+        "error": None,
+        "result_location": location,
+        "result_content_type": content_type,
+        "result_size": size,
+    })
+
+
+def fail_attempt(
+    conn: Connection, job_id: str, attempt: int, error: str,
+    *, retry_at: datetime | None, lease_expired_before: datetime | None = None,
+) -> Row | None:
+    """running -> retry_wait (retry_at given) or failed (no retries left).
+
+    With ``lease_expired_before`` this is the recovery of a dead worker: it
+    only applies if the attempt's lease has really run out.
+    """
+    where = []
+    if lease_expired_before is not None:
+        where.append(tasks.c.lease_expires_at < lease_expired_before)
+    values = {"error": error[:4000], "lease_expires_at": None}
+    if retry_at is not None:
+        values["next_retry_at"] = retry_at
+        return _cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values)
+    values["finished_at"] = clock_now()
+    return _cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values)
+
+
+def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime) -> Row | None:
+    """retry_wait -> pending (the caller already holds a gate slot for it)."""
+    return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
+        "retry_count": attempt,
+        "enqueue_at": enqueue_at,
+        "next_retry_at": None,
+    })
+
+
+def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Row | None:
+    """pending/running/retry_wait -> canceled."""
+    where = [] if tenant_id is None else [tasks.c.tenant_id == tenant_id]
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, values={
+        "finished_at": clock_now(),
+        "lease_expires_at": None,
+        "error": "canceled by client",
+    })
+
+
+def time_out(conn: Connection, job_id: str, *, now: datetime) -> Row | None:
+    """pending/running past the job's budget -> timeout."""
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING], S.TIMEOUT,
+                where=[tasks.c.deadline_at < now], values={
+                    "finished_at": now,
+                    "lease_expires_at": None,
+                    "error": "job budget exceeded",
+                })
+
+
+def claim_result(conn: Connection, job_id: str, expire_at: datetime) -> Row | None:
+    """done -> claimed (batch claim by the business side), exactly once."""
+    return _cas(conn, job_id, [S.DONE], S.CLAIMED, values={
+        "claimed_at": clock_now(),
+        "expire_at": expire_at,
+    })

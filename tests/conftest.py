@@ -1,0 +1,271 @@
+"""Test fixtures on real services: PostgreSQL (schema by `alembic upgrade
+head`, once per session), Redis, Celery worker processes, a stub model
+service over HTTP, the API on a real socket, and moto's S3 server.
+
+Tests commit for real (workers in other processes must see their rows), so
+isolation is a TRUNCATE of every table and a FLUSHDB of the test Redis
+database before each test instead of a rolled-back savepoint.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+import redis as redis_lib
+import requests
+from sqlalchemy import text
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN_DSN = os.environ.get("ASYNCH_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+TEST_DB = os.environ.get("ASYNCH_TEST_DB", "asynch_test")
+REDIS_BASE = os.environ.get("ASYNCH_TEST_REDIS", "redis://127.0.0.1:6379")
+GATE_DB, BROKER_DB = 15, 14
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _recreate_database() -> str:
+    conn = psycopg2.connect(PG_ADMIN_DSN)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (TEST_DB,))
+        cur.execute(f'DROP DATABASE IF EXISTS "{TEST_DB}"')
+        cur.execute(f'CREATE DATABASE "{TEST_DB}"')
+    conn.close()
+    base = PG_ADMIN_DSN.rsplit("/", 1)[0]
+    return f"{base}/{TEST_DB}"
+
+
+@pytest.fixture(scope="session")
+def test_env(tmp_path_factory) -> dict:
+    """The ASYNCH_ environment every process of the test session uses."""
+    db_url = _recreate_database().replace("postgresql://", "postgresql+psycopg2://", 1)
+    results = tmp_path_factory.mktemp("results")
+    env = {
+        "ASYNCH_DATABASE_URL": db_url,
+        "ASYNCH_REDIS_URL": f"{REDIS_BASE}/{GATE_DB}",
+        "ASYNCH_BROKER_URL": os.environ.get("ASYNCH_TEST_BROKER", f"{REDIS_BASE}/{BROKER_DB}"),
+        "ASYNCH_STORAGE_URL": f"file://{results}",
+        "ASYNCH_QUEUE_NAME": f"asynch-test-{os.getpid()}",
+        "ASYNCH_LOG_LEVEL": "WARNING",
+        "ASYNCH_KEY_PEPPER": "test-pepper",
+        "ASYNCH_RETRY_BACKOFF_SECONDS": "0.2",
+        "ASYNCH_MAX_BODY_BYTES": str(256 * 1024),
+    }
+    os.environ.update(env)
+    return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def settings(test_env):
+    from app.cli import upgrade_db
+    from app.config import load_settings, set_settings
+    from app.db import reset_engine
+    from app.publisher import reset_producer
+    from app.redis_scripts import reset_redis
+
+    s = load_settings()
+    set_settings(s)
+    reset_engine()
+    reset_redis()
+    reset_producer()
+    upgrade_db()
+    redis_lib.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}").flushdb()
+    yield s
+
+
+@pytest.fixture(autouse=True)
+def clean_state(settings):
+    """Every test starts from empty tables and an empty test Redis db."""
+    from app.config import set_settings
+    from app.db import get_engine
+    from app.models import metadata
+
+    set_settings(settings)
+    names = ", ".join(t.name for t in metadata.sorted_tables)
+    with get_engine().begin() as conn:
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
+    redis_lib.Redis.from_url(settings.redis_url).flushdb()
+    yield
+    set_settings(settings)
+
+
+@pytest.fixture
+def r(settings) -> redis_lib.Redis:
+    return redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
+
+
+# --- the stub model service --------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def _model_server():
+    from app.demo_model import DemoModelServer
+
+    srv = DemoModelServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def model_server(_model_server):
+    _model_server.state.reset()
+    return _model_server
+
+
+# --- the API on a real socket --------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def api_url(settings) -> str:
+    from werkzeug.serving import make_server
+
+    from app import create_app
+
+    srv = make_server("127.0.0.1", free_port(), create_app(), threaded=True)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+
+
+@pytest.fixture
+def client(settings):
+    from app import create_app
+
+    return create_app().test_client()
+
+
+# --- keys and models -------------------------------------------------------------------
+
+def make_key(tenant: str, admin: bool = False) -> str:
+    from app.db import transaction
+    from app.services.keys import create_key
+
+    with transaction() as conn:
+        key, _ = create_key(conn, tenant, "admin" if admin else "user")
+    return key
+
+
+@pytest.fixture
+def admin_key() -> str:
+    return make_key("ops", admin=True)
+
+
+@pytest.fixture
+def user_key() -> str:
+    return make_key("tenant-a")
+
+
+@pytest.fixture
+def other_key() -> str:
+    return make_key("tenant-b")
+
+
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def make_model(model_server):
+    from app.db import transaction
+    from app.services.model_registry import create_model
+
+    def _make(name: str = "echo", **kw) -> dict:
+        data = {"model_name": name, "base_url": model_server.url, "route": "/v1/echo",
+                "http_method": "POST", "queue_limit": 16, "max_concurrency": 4,
+                "timeout_seconds": 10, "expected_seconds": 1, "retry_times": 0}
+        data.update(kw)
+        with transaction() as conn:
+            return create_model(conn, data)
+
+    return _make
+
+
+# --- Celery workers in their own processes ---------------------------------------------
+
+class WorkerProcess:
+    def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w"):
+        self.env = {**os.environ, **env}
+        self.concurrency = concurrency
+        self.log_path = log_path
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, ready_timeout: float = 60) -> "WorkerProcess":
+        from app.cli import worker_argv
+
+        argv = worker_argv(self.concurrency, self.env["ASYNCH_QUEUE_NAME"]) + ["-n", f"{self.name}-{time.time_ns()}@%h"]
+        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.time() + ready_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}; see {self.log_path}")
+            if self.log_path and "ready." in self.log_path.read_text(errors="replace"):
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready; see {self.log_path}")
+
+    def pool_pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def workers(test_env, tmp_path_factory):
+    """Two prefork worker processes (one Celery node, -c 2) for a test module."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    w = WorkerProcess(test_env, concurrency=2, log_path=log).start()
+    yield w
+    w.stop()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_row(job_id: str):
+    from sqlalchemy import select
+
+    from app.db import transaction
+    from app.models import tasks
+
+    with transaction() as conn:
+        return conn.execute(select(tasks).where(tasks.c.id == job_id)).first()
+
+
+def submit(api_url: str, key: str, model: str, body, **kw) -> requests.Response:
+    return requests.post(f"{api_url}/v1/models/{model}/jobs", json=body, headers=auth(key), timeout=30, **kw)

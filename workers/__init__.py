@@ -1,0 +1,1 @@
+"""Celery side: the app and thin tasks that call the service layer."""
