@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,6 +41,9 @@ from app.states import JobState, parse_v1_filter, v1_name
 from app.storage import ObjectMissing, get_storage
 
 log = logging.getLogger(__name__)
+
+
+_PRINTABLE_KEY = re.compile(r"^[\x20-\x7e]{1,255}$")
 
 
 def new_job_id() -> str:
@@ -98,8 +102,11 @@ def _replay(existing: Row, model: str, digest: str) -> Submitted:
 
 def _validate_options(opts: SubmitOptions) -> None:
     errs = []
-    if opts.idempotency_key is not None and not (0 < len(opts.idempotency_key) <= 255):
-        errs.append({"pointer": "/Idempotency-Key", "message": "must be 1-255 characters"})
+    if opts.idempotency_key is not None and not _PRINTABLE_KEY.match(opts.idempotency_key):
+        errs.append({"pointer": "/Idempotency-Key", "message": "must be 1-255 printable ASCII characters"})
+    for name, value in (("/bizName", opts.biz_name), ("/creator", opts.creator)):
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            errs.append({"pointer": name, "message": "must not contain control characters"})
     if opts.model_key is not None:
         try:
             parse_header_spec(opts.model_key)

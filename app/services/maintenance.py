@@ -27,8 +27,8 @@ BATCH = 500
 
 
 def _locked(conn, q):
-    """SELECT ... FOR UPDATE SKIP LOCKED where the database has it."""
-    return q.with_for_update(skip_locked=True) if is_postgres(conn) else q
+    """SELECT ... FOR UPDATE OF asynch_task SKIP LOCKED where the database has it."""
+    return q.with_for_update(skip_locked=True, of=tasks) if is_postgres(conn) else q
 
 
 @dataclass

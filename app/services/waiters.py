@@ -65,12 +65,12 @@ class WaitHub:
             try:
                 client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
                                               socket_connect_timeout=5, health_check_interval=15)
-                ps = client.pubsub(ignore_subscribe_messages=True)
+                ps = client.pubsub()
                 ps.subscribe(terminal_channel())
                 # Confirm the subscription before declaring ourselves healthy.
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline:
-                    m = ps.get_message(ignore_subscribe_messages=False, timeout=0.5)
+                    m = ps.get_message(timeout=0.5)
                     if m and m["type"] == "subscribe":
                         break
                 else:
