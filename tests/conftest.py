@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_DSN = os.environ.get("ASYNCH_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEST_DB = os.environ.get("ASYNCH_TEST_DB", "asynch_test")
 REDIS_BASE = os.environ.get("ASYNCH_TEST_REDIS", "redis://127.0.0.1:6379")
-GATE_DB, BROKER_DB = 15, 14
+# Parallel checkouts on one machine pick other databases/DB numbers via env.
+GATE_DB = int(os.environ.get("ASYNCH_TEST_REDIS_GATE_DB", "15"))
+BROKER_DB = int(os.environ.get("ASYNCH_TEST_REDIS_BROKER_DB", "14"))
 
 
 def free_port() -> int:
