@@ -95,7 +95,7 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
 
     def racer(i):
         barrier.wait()
-        kind = ("finish", "fail", "retry", "cancel")[i % 4]
+        kind = ("finish", "fail", "cancel")[i % 3]
         if kind == "cancel":
             try:
                 jobs.cancel_job(p, job_id)
@@ -106,8 +106,7 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
             if kind == "finish":
                 won = transitions.complete(conn, job_id, 1, location=f"loc-{i}", content_type="x/y", size=i)
             else:
-                won = transitions.fail_attempt(conn, job_id, 1, f"err-{i}",
-                                               retry_at=now() if kind == "retry" else None)
+                won = transitions.fail_attempt(conn, job_id, 1, f"err-{i}", retry_at=None)
         if won is not None:
             jobs.after_terminal(won)
             return kind
@@ -117,11 +116,33 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
         winners = [w for w in ex.map(racer, range(16)) if w]
     assert len(winners) == 1, winners
     row = job_row(job_id)
-    assert row.state in (JobState.DONE, JobState.FAILED, JobState.RETRY_WAIT, JobState.CANCELED)
+    assert row.state in (JobState.DONE, JobState.FAILED, JobState.CANCELED)
+    assert row.finished_at is not None
     assert r.zcard("asynch:gate:race") == 0
     assert released.count(True) == 1  # the slot went back exactly once
     if row.state == JobState.DONE:
         assert row.result_location.startswith("loc-") and row.error is None
+
+
+def test_retry_wait_can_still_be_canceled_but_only_once(make_model, r):
+    """running -> retry_wait is not terminal: a cancel may follow it, once."""
+    job_id = _running_job(make_model, r)
+    p = Principal("tenant-a", "user", None)
+    with transaction() as conn:
+        assert transitions.fail_attempt(conn, job_id, 1, "e", retry_at=now()) is not None
+    barrier = threading.Barrier(8)
+
+    def cancel(_):
+        barrier.wait()
+        try:
+            return jobs.cancel_job(p, job_id).state
+        except Conflict:
+            return None
+
+    with ThreadPoolExecutor(8) as ex:
+        won = [x for x in ex.map(cancel, range(8)) if x is not None]
+    assert won == [JobState.CANCELED]
+    assert job_row(job_id).state == JobState.CANCELED
 
 
 def test_transitions_refuse_wrong_state_and_stale_attempt(make_model, r):
