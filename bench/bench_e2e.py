@@ -1,0 +1,91 @@
+"""End to end: jobs/s from a filled queue to done with an instant stub model,
+versus bare Celery tasks making the same HTTP call, same worker settings
+(prefork -c 2, acks_late, prefetch 1).  Both queues are filled while no
+worker runs; the clock starts when the worker reports ready and stops when
+the last job is done.  Medians of 3."""
+from __future__ import annotations
+
+import sys
+import time
+
+import redis
+from sqlalchemy import func, select
+
+from bench import stack
+
+N = 2000
+RUNS = int(__import__("os").environ.get("BENCH_RUNS", "3"))
+
+
+def _fill_ours(n: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.services import jobs
+    from app.services.keys import Principal
+
+    p = Principal("bench", "user", None)
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda i: jobs.submit(p, "bench-echo", {"i": i}), range(n)))
+
+
+def _done_ours() -> int:
+    from app.db import transaction
+    from app.models import tasks
+
+    with transaction() as conn:
+        return conn.execute(select(func.count()).select_from(tasks).where(tasks.c.state == 2)).scalar_one()
+
+
+def _drain(start_worker, done, n: int) -> float:
+    w = start_worker()
+    t0 = time.monotonic()
+    try:
+        while done() < n:
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError("drain did not finish")
+            time.sleep(0.02)
+        return n / (time.monotonic() - t0)
+    finally:
+        w.stop()
+
+
+def main() -> dict:
+    stack.apply_env()
+    stack.recreate_database()
+    stack.flush_redis()
+    from app.config import load_settings, set_settings
+
+    set_settings(load_settings())
+    model_port = stack.free_port()
+    model = stack.stub_model(model_port)
+    model_url = f"http://127.0.0.1:{model_port}"
+    stack.create_model("bench-echo", model_url)
+    counter = redis.Redis(db=stack.COUNTER_DB)
+    res = {"ours": [], "naive": []}
+    try:
+        for i in range(RUNS):
+            stack.truncate_jobs()
+            stack.flush_redis()
+            _fill_ours(N)
+            ours = _drain(lambda: stack.celery_worker("worker", "workers.celery_app", "asynch-bench"), _done_ours, N)
+
+            from bench.naive import http_call
+
+            for j in range(N):
+                http_call.delay(model_url + "/bench", {"i": j})
+            naive = _drain(lambda: stack.celery_worker("naive-worker", "bench.naive", "naive"),
+                           lambda: int(counter.get("naive:done") or 0), N)
+            res["ours"].append(ours)
+            res["naive"].append(naive)
+            print(f"  run {i + 1}: ours {ours:.0f} jobs/s, bare Celery HTTP task {naive:.0f} tasks/s", flush=True)
+    finally:
+        model.stop()
+    summary = {"ours_jobs_s": stack.median(res["ours"]), "naive_tasks_s": stack.median(res["naive"])}
+    summary["ratio"] = summary["ours_jobs_s"] / summary["naive_tasks_s"]
+    print(f"end to end ({N} jobs): ours {summary['ours_jobs_s']:.0f} jobs/s | bare Celery HTTP task "
+          f"{summary['naive_tasks_s']:.0f} tasks/s | ratio {summary['ratio']:.2f}x")
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

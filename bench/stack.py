@@ -1,0 +1,188 @@
+"""Start and stop the pieces a benchmark needs, all on 127.0.0.1: a
+PostgreSQL database (migrated), Redis databases, gunicorn apps, Celery
+workers and the stub model in its own process."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg2
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+DB_NAME = "asynch_bench"
+GATE_DB, BROKER_DB, COUNTER_DB, NAIVE_BROKER_DB = 6, 5, 3, 4
+LOGS = ROOT / "bench" / "logs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra) -> dict:
+    e = {
+        **os.environ,
+        "ASYNCH_DATABASE_URL": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DB_NAME}",
+        "ASYNCH_REDIS_URL": f"redis://127.0.0.1:6379/{GATE_DB}",
+        "ASYNCH_BROKER_URL": f"redis://127.0.0.1:6379/{BROKER_DB}",
+        "ASYNCH_STORAGE_URL": f"file://{ROOT}/bench/logs/results",
+        "ASYNCH_QUEUE_NAME": "asynch-bench",
+        "ASYNCH_LOG_LEVEL": "WARNING",
+        "BENCH_NAIVE_BROKER": f"redis://127.0.0.1:6379/{NAIVE_BROKER_DB}",
+        "BENCH_NAIVE_COUNTER": f"redis://127.0.0.1:6379/{COUNTER_DB}",
+    }
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def apply_env() -> None:
+    os.environ.update({k: v for k, v in env().items() if k.startswith(("ASYNCH_", "BENCH_"))})
+
+
+def recreate_database() -> None:
+    conn = psycopg2.connect(PG_ADMIN)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname=%s", (DB_NAME,))
+        cur.execute(f"DROP DATABASE IF EXISTS {DB_NAME}")
+        cur.execute(f"CREATE DATABASE {DB_NAME}")
+    conn.close()
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], cwd=ROOT, env=env(), check=True,
+                   capture_output=True)
+
+
+def flush_redis() -> None:
+    for db in (GATE_DB, BROKER_DB, COUNTER_DB, NAIVE_BROKER_DB):
+        redis.Redis(db=db).flushdb()
+
+
+def truncate_jobs() -> None:
+    conn = psycopg2.connect(f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("TRUNCATE asynch_task, asynch_model_stat")
+    conn.close()
+
+
+class Proc:
+    """A child process in its own session, logging to bench/logs/<name>.log."""
+
+    def __init__(self, name: str, argv: list[str], extra_env: dict | None = None):
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.log = LOGS / f"{name}.log"
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env(**(extra_env or {})), stdout=open(self.log, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; see {self.log}")
+            if re.search(pattern, self.log.read_text(errors="replace")):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready; see {self.log}")
+
+    def pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def rss_mb(self) -> list[float]:
+        """Resident memory of every process in the group (MB)."""
+        out = []
+        for pid in self.pids():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        out.append(int(line.split()[1]) / 1024)
+            except FileNotFoundError:
+                pass
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+            except ProcessLookupError:
+                pass
+
+
+def gunicorn(name: str, target: str, port: int, workers: int = 2, threads: int = 16, extra_env=None) -> Proc:
+    p = Proc(name, [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", str(workers),
+                    "--threads", str(threads), "-k", "gthread", "--backlog", "2048", target], extra_env)
+    p.wait_for(r"Booting worker with pid")
+    _wait_http(port)
+    return p
+
+
+def _wait_http(port: int, timeout: float = 30) -> None:
+    import requests
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return
+        except requests.RequestException:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def celery_worker(name: str, app: str, queue: str, concurrency: int = 2, extra_env=None) -> Proc:
+    p = Proc(name, [sys.executable, "-m", "celery", "-A", app, "worker", "-c", str(concurrency), "-Q", queue,
+                    "--without-gossip", "--without-mingle", "--loglevel", "INFO", "-n", f"{name}@%h"], extra_env)
+    p.wait_for(r"ready\.")
+    return p
+
+
+def stub_model(port: int) -> Proc:
+    code = ("import time; from app.demo_model import DemoModelServer; "
+            f"s = DemoModelServer(port={port}).start(); print('stub up', flush=True); time.sleep(10**6)")
+    p = Proc("stub-model", [sys.executable, "-c", code])
+    p.wait_for("stub up")
+    return p
+
+
+def create_model(name: str, base_url: str, **kw) -> None:
+    from app.db import transaction
+    from app.services.model_registry import create_model as create
+
+    data = {"model_name": name, "base_url": base_url, "route": "/bench", "queue_limit": 1_000_000,
+            "max_concurrency": 64, "timeout_seconds": 30, "expected_seconds": 1, "retry_times": 0}
+    data.update(kw)
+    with transaction() as conn:
+        create(conn, data)
+
+
+def create_key(tenant: str = "bench") -> str:
+    from app.db import transaction
+    from app.services.keys import create_key as create
+
+    with transaction() as conn:
+        return create(conn, tenant, "user")[0]
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, int(round(p / 100 * (len(s) - 1)))))
+    return s[k]
+
+
+def median(values: list[float]) -> float:
+    return pct(values, 50)
