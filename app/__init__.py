@@ -26,4 +26,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.register_blueprint(health.bp)
     flask_app.register_blueprint(v1_jobs.bp)
     flask_app.register_blueprint(v1_admin.bp)
+
+    # The per-process listener (wake-ups, cache invalidations): started here
+    # so invalidations reach a process before its first long-poll; it
+    # re-starts itself after a fork.
+    from app.services.waiters import hub
+
+    @flask_app.before_request
+    def _listener():
+        hub.ensure_started(ready_timeout=0)
+
     return flask_app

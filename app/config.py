@@ -59,6 +59,10 @@ class Settings:
     # (never stored), and a pepper mixed into every stored key hash.
     bootstrap_admin_key: str = ""
     key_pepper: str = ""
+    # Per-process caches on the admission path (seconds; 0 disables): a
+    # revoked key / changed model reaches every API process within this.
+    auth_cache_seconds: float = 5.0
+    model_cache_seconds: float = 2.0
     # Request and response limits.
     max_body_bytes: int = 10 * 1024 * 1024
     max_result_bytes: int = 64 * 1024 * 1024

@@ -39,7 +39,9 @@ def make_engine(url: str) -> Engine:
         url,
         pool_size=10,
         max_overflow=20,
-        pool_pre_ping=True,
+        # No pre-ping: it costs a round trip per checkout.  A connection that
+        # died with the server fails its first statement (a 503) and
+        # SQLAlchemy then invalidates the whole pool.
         pool_recycle=1800,
     )
 

@@ -72,6 +72,10 @@ def terminal_channel() -> str:
     return f"{_p()}:events:terminal"
 
 
+def invalidate_channel() -> str:
+    return f"{_p()}:events:invalidate"
+
+
 # --- scripts -----------------------------------------------------------------
 
 # Admission gate: check the limit and take a slot in one step.
@@ -187,3 +191,12 @@ def runtime_max_concurrency(model: str) -> int | None:
 def publish_terminal(job_id: str) -> None:
     """Wake long-poll waiters of ``job_id`` (all API processes)."""
     get_redis().publish(terminal_channel(), job_id)
+
+
+def publish_invalidate(what: str) -> None:
+    """Tell every API process to drop its cached keys/models now (they
+    would expire within their TTL anyway).  Best effort."""
+    try:
+        get_redis().publish(invalidate_channel(), what)
+    except redis.RedisError:
+        pass

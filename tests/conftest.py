@@ -94,12 +94,14 @@ def clean_state(settings):
     from app.config import set_settings
     from app.db import get_engine
     from app.models import metadata
+    from app.ttl_cache import clear_all
 
     set_settings(settings)
     names = ", ".join(t.name for t in metadata.sorted_tables)
     with get_engine().begin() as conn:
         conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
     redis_lib.Redis.from_url(settings.redis_url).flushdb()
+    clear_all()  # per-process caches must not carry one test's models into the next
     yield
     set_settings(settings)
 

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from app.db import transaction
 from app.models import api_keys
-from conftest import ROOT, auth
+from conftest import ROOT, auth, wait_until
 
 
 def asynch(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -32,7 +32,9 @@ def test_keys_create_list_revoke(test_env, client):
     listed = [json.loads(x) for x in asynch("keys", "list", env=env).stdout.splitlines()]
     assert [k["prefix"] for k in listed] == [row.prefix]
     assert asynch("keys", "revoke", str(row.id), env=env).returncode == 0
-    assert client.get("/v1/keys", headers=auth(key)).status_code == 401
+    # The API process had the key cached; the revocation reaches it over pub/sub.
+    wait_until(lambda: client.get("/v1/keys", headers=auth(key)).status_code == 401, timeout=5,
+               what="revocation to reach the API process")
     bad = asynch("keys", "create", "--tenant", "no spaces", env=env)
     assert bad.returncode != 0 and "invalid API key request" in bad.stderr
 

@@ -7,7 +7,7 @@ from flask import g, request
 
 from app.db import transaction
 from app.errors import Forbidden
-from app.services.keys import Principal, authenticate
+from app.services.keys import Principal, authenticate, authenticate_cached
 
 
 def _presented_key() -> str | None:
@@ -20,10 +20,14 @@ def _presented_key() -> str | None:
 def current_principal() -> Principal:
     p = getattr(g, "principal", None)
     if p is None:
-        with transaction() as conn:
-            p = authenticate(conn, _presented_key())
+        p = authenticate_cached(_presented_key(), _load)
         g.principal = p
     return p
+
+
+def _load(key: str | None) -> Principal:
+    with transaction() as conn:
+        return authenticate(conn, key)
 
 
 def require_key(fn):

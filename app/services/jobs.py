@@ -36,7 +36,7 @@ from app.services import waiters
 from app.services.forms import validate_payload
 from app.services.headers import HeaderSpecError, parse_header_spec
 from app.services.keys import Principal
-from app.services.model_registry import require_enabled_model
+from app.services.model_registry import enabled_model
 from app.states import JobState, parse_v1_filter, v1_name
 from app.storage import ObjectMissing, get_storage
 
@@ -124,14 +124,14 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
     _validate_options(opts)
-    with transaction() as conn:
-        model = require_enabled_model(conn, model_name)
-        validate_payload(model.form, payload, opts.pointer_base)
-        digest = request_hash(model_name, payload, opts)
-        if opts.idempotency_key:
+    model = enabled_model(model_name)
+    validate_payload(model.form, payload, opts.pointer_base)
+    digest = request_hash(model_name, payload, opts)
+    if opts.idempotency_key:
+        with transaction() as conn:
             existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
-            if existing is not None:
-                return _replay(existing, model_name, digest)
+        if existing is not None:
+            return _replay(existing, model_name, digest)
 
     job_id = new_job_id()
     try:

@@ -8,6 +8,7 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
+from typing import Callable
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
@@ -16,10 +17,14 @@ from app.clock import now as clock_now
 from app.config import get_settings
 from app.errors import NotFound, Unauthorized, ValidationFailed
 from app.models import api_keys
+from app.redis_scripts import publish_invalidate
+from app.ttl_cache import MISSING, TTLCache
 
 ROLES = ("admin", "user")
 TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _KEY = re.compile(r"^ak_([a-z0-9]{12})_([A-Za-z0-9_-]{20,128})$")
+# Presented-key hash -> Principal, for keys that authenticated.
+_cache = TTLCache(lambda: get_settings().auth_cache_seconds)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ def list_keys(conn: Connection, tenant_id: str | None = None) -> list[dict]:
 def revoke_key(conn: Connection, key_id: int) -> dict:
     row = conn.execute(update(api_keys).where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
                        .values(revoked_at=clock_now()).returning(*api_keys.c)).first()
+    _cache.invalidate()
+    publish_invalidate("keys")
     if row is None:
         row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
         if row is None:
@@ -98,3 +105,17 @@ def authenticate(conn: Connection, key: str | None) -> Principal:
     if not hmac.compare_digest(presented, stored) or row is None or row.revoked_at is not None:
         raise Unauthorized("invalid API key")
     return Principal(tenant_id=row.tenant_id, role=row.role, key_id=row.id)
+
+
+def authenticate_cached(key: str | None, load: Callable[[str | None], Principal]) -> Principal:
+    """authenticate() through the per-process cache; ``load`` runs the
+    database lookup (in its own transaction) on a miss.  Failures are never
+    cached, so a new key works at once."""
+    if not key:
+        return load(key)
+    h = hash_key(key)
+    p = _cache.get(h)
+    if p is MISSING:
+        p = load(key)
+        _cache.set(h, p)
+    return p

@@ -16,11 +16,18 @@ from sqlalchemy.exc import IntegrityError
 
 from app.clock import now as clock_now
 from app.config import get_settings
+from app.db import transaction
 from app.errors import Conflict, NotFound, ValidationFailed
 from app.models import models, tasks
 from app.services.forms import validate_form_definition
 from app.services.headers import HeaderSpecError, parse_header_spec, redact
 from app.states import ACTIVE_STATES
+from app.redis_scripts import publish_invalidate
+from app.ttl_cache import MISSING, TTLCache
+
+# model_name -> row (or None), for the submit path only.  Writers here
+# invalidate it; other processes see a change within model_cache_seconds.
+_cache = TTLCache(lambda: get_settings().model_cache_seconds)
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -36,6 +43,11 @@ _INT_FIELDS = {
 FIELDS = ("model_name", "models_type", "form", "base_url", "route", "http_method", "head_msg",
           "enabled", "max_concurrency", "queue_limit", "timeout_seconds", "expected_seconds",
           "retry_times", "retry_queue_max_seconds", "auto_clean_seconds", "remark")
+
+
+def _invalidate(name: str) -> None:
+    _cache.invalidate(name)
+    publish_invalidate("models")
 
 
 def _is_int(v: Any) -> bool:
@@ -166,6 +178,7 @@ def create_model(conn: Connection, data: dict) -> dict:
                                .returning(*models.c)).one()
     except IntegrityError as exc:
         raise Conflict(f"model already exists: {clean['model_name']}") from exc
+    _invalidate(row.model_name)
     return public_view(row)
 
 
@@ -184,6 +197,7 @@ def update_model(conn: Connection, name: str, data: dict) -> dict:
                        .values(updated_at=clock_now(), **clean).returning(*models.c)).first()
     if row is None:
         raise NotFound(f"model not found: {name}")
+    _invalidate(name)
     return public_view(row)
 
 
@@ -206,6 +220,18 @@ def require_enabled_model(conn: Connection, name: str):
     return row
 
 
+def enabled_model(name: str):
+    """require_enabled_model through the per-process cache (admission path)."""
+    row = _cache.get(name)
+    if row is MISSING:
+        with transaction() as conn:
+            row = get_model_row(conn, name)
+        _cache.set(name, row)
+    if row is None or not row.enabled:
+        raise NotFound(f"model not found: {name}")
+    return row
+
+
 def list_models(conn: Connection) -> list[dict]:
     rows = conn.execute(select(models).order_by(models.c.model_name)).all()
     return [public_view(r) for r in rows]
@@ -219,5 +245,6 @@ def delete_model(conn: Connection, name: str) -> None:
     if active:
         raise Conflict(f"model {name} has {active} active jobs; disable it and let them finish first")
     res = conn.execute(delete(models).where(models.c.model_name == name))
+    _invalidate(name)
     if res.rowcount == 0:
         raise NotFound(f"model not found: {name}")

@@ -1,5 +1,8 @@
 """Long-poll wake-ups: one Redis pub/sub listener per API process.
 
+The same listener also carries cache invalidations (revoked keys, changed
+models) so every API process drops its per-process caches at once.
+
 A waiter registers (the "subscribe") before it reads the job, so a terminal
 commit is either visible to that read or its wake-up arrives afterwards
 (DESIGN.md invariant 7).  Workers publish only after the terminal commit.
@@ -18,8 +21,9 @@ from typing import Callable
 import redis
 
 from app.config import get_settings
-from app.redis_scripts import terminal_channel
+from app.redis_scripts import invalidate_channel, terminal_channel
 from app.states import is_terminal
+from app.ttl_cache import clear_all as clear_caches
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,7 @@ class WaitHub:
 
     def _run(self) -> None:
         settings = get_settings()
+        inval = invalidate_channel()
         backoff = 0.1
         while not self._stop.is_set():
             client = None
@@ -66,22 +71,26 @@ class WaitHub:
                 client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
                                               socket_connect_timeout=5, health_check_interval=15)
                 ps = client.pubsub()
-                ps.subscribe(terminal_channel())
+                ps.subscribe(terminal_channel(), invalidate_channel())
                 # Confirm the subscription before declaring ourselves healthy.
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline:
                     m = ps.get_message(timeout=0.5)
-                    if m and m["type"] == "subscribe":
+                    if m and m["type"] == "subscribe" and m["data"] == 2:
                         break
                 else:
                     raise redis.ConnectionError("subscribe not confirmed")
                 self._subscribed.set()
-                self._wake_all()  # anything published while we were away
+                clear_caches()  # invalidations may have been missed while away
+                self._wake_all()  # and so may wake-ups
                 backoff = 0.1
                 while not self._stop.is_set():
                     m = ps.get_message(timeout=1.0)
                     if m and m["type"] == "message":
-                        self._wake(m["data"])
+                        if m["channel"] == inval:
+                            clear_caches()
+                        else:
+                            self._wake(m["data"])
             except Exception as exc:  # connection lost: degrade, then reconnect
                 if self._subscribed.is_set():
                     log.warning("wait listener lost Redis: %s", exc)

@@ -1,0 +1,52 @@
+"""The per-process caches on the admission path, and their invalidation
+over pub/sub (what another API process's change looks like to this one)."""
+from __future__ import annotations
+
+from sqlalchemy import update
+
+from app import redis_scripts
+from app.db import transaction
+from app.models import api_keys, models
+from app.services import model_registry
+from app.services.keys import authenticate, authenticate_cached
+from app.services.waiters import hub
+from conftest import make_key, wait_until
+
+
+def _changed_elsewhere(stmt) -> None:
+    # A write this process's caches know nothing about.
+    with transaction() as conn:
+        conn.execute(stmt)
+
+
+def test_model_cache_is_dropped_on_an_invalidation_message(make_model):
+    make_model("m", queue_limit=5)
+    hub.ensure_started()
+    assert model_registry.enabled_model("m").queue_limit == 5
+    _changed_elsewhere(update(models).where(models.c.model_name == "m").values(queue_limit=7))
+    assert model_registry.enabled_model("m").queue_limit == 5  # cached
+    redis_scripts.publish_invalidate("models")
+    wait_until(lambda: model_registry.enabled_model("m").queue_limit == 7, timeout=5, what="invalidation")
+
+
+def test_revoked_key_stops_working_on_an_invalidation_message():
+    key = make_key("t")
+    hub.ensure_started()
+
+    def load(k):
+        with transaction() as conn:
+            return authenticate(conn, k)
+
+    assert authenticate_cached(key, load).tenant_id == "t"
+    _changed_elsewhere(update(api_keys).values(revoked_at=api_keys.c.created_at))
+    assert authenticate_cached(key, load).tenant_id == "t"  # cached
+    redis_scripts.publish_invalidate("keys")
+
+    def rejected():
+        try:
+            authenticate_cached(key, load)
+            return False
+        except Exception as exc:
+            return "invalid API key" in str(exc)
+
+    wait_until(rejected, timeout=5, what="revocation")
