@@ -1,47 +1,106 @@
 """Sends run_job messages by task name.  app/ never imports workers/: the API
 only needs a producer, not the task code.  A message is a doorbell; the row
-is the truth, so a lost message is repaired by recovery, not by the caller."""
+is the truth, so a lost message is repaired by recovery, not by the caller.
+
+With a Redis broker the message is written with one LPUSH in exactly the
+form Celery's own producer writes (protocol 2, kombu's Redis transport);
+building it through ``send_task`` costs more CPU than the rest of an
+admission (bench/bench_admission.py).  tests/test_publisher.py checks the two
+forms against each other and a real worker consumes it in every e2e test.
+Any other broker (amqp://) goes through Celery's producer.
+"""
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
+import socket
 import threading
+import uuid
 
+import redis
 from celery import Celery
 
-from app.celery_config import RUN_JOB_TASK, celery_settings
+from app.celery_config import MAX_PRIORITY, RUN_JOB_TASK, celery_settings
 from app.config import get_settings
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _app: Celery | None = None
 _pid: int | None = None
+_broker: redis.Redis | None = None
+_ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
+_REPLY_TO = str(uuid.uuid4())
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 def producer_app() -> Celery:
-    global _app, _pid
+    global _app, _pid, _broker
     if _app is None or _pid != os.getpid():
         with _lock:
             if _app is None or _pid != os.getpid():
+                s = get_settings()
                 app = Celery("asynch-producer", set_as_current=False)
-                app.conf.update(celery_settings(get_settings()))
+                app.conf.update(celery_settings(s))
+                url = s.effective_broker_url
+                _broker = (redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+                           if url.startswith(("redis://", "rediss://")) else None)
                 _app, _pid = app, os.getpid()
     return _app
 
 
 def reset_producer() -> None:
-    global _app, _pid
+    global _app, _pid, _broker
     with _lock:
-        _app, _pid = None, None
+        _app, _pid, _broker = None, None, None
+
+
+def redis_message(task: str, args: list, queue: str, priority: int | None) -> tuple[str, bytes]:
+    """(list key, payload) of a Celery protocol-2 message on kombu's Redis
+    transport, as ``send_task(task, args, queue=queue, priority=...)`` writes it."""
+    tid = str(uuid.uuid4())
+    pri = min(MAX_PRIORITY, max(0, int(priority or 0)))
+    body = json.dumps([list(args), {}, _EMBED]).encode()
+    msg = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py", "task": task, "id": tid, "shadow": None, "eta": None, "expires": None,
+            "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
+            "root_id": tid, "parent_id": None, "argsrepr": repr(list(args)), "kwargsrepr": "{}",
+            "origin": _ORIGIN, "ignore_result": None, "replaced_task_nesting": 0,
+            "stamped_headers": None, "stamps": {},
+        },
+        "properties": {
+            "correlation_id": tid, "reply_to": _REPLY_TO, "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": pri, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    sep = celery_settings(get_settings())["broker_transport_options"]["sep"]
+    key = f"{queue}{sep}{pri}" if pri else queue
+    return key, json.dumps(msg).encode()
+
+
+def publish(task: str, args: list, priority: int | None = None) -> None:
+    """Publish one message for ``task`` on the job queue; raises on failure."""
+    app = producer_app()
+    queue = get_settings().queue_name
+    if _broker is not None:
+        key, payload = redis_message(task, args, queue, priority)
+        _broker.lpush(key, payload)
+        return
+    kw = {"priority": priority} if priority is not None else {}
+    app.send_task(task, args=args, queue=queue, **kw)
 
 
 def publish_run_job(job_id: str, attempt: int, priority: int | None = None) -> bool:
     """Publish; False (logged) if the broker refused.  Never raises: the job
     is already committed and recovery re-publishes pending jobs."""
     try:
-        kw = {"priority": priority} if priority is not None else {}
-        producer_app().send_task(RUN_JOB_TASK, args=[job_id, attempt],
-                                 queue=get_settings().queue_name, **kw)
+        publish(RUN_JOB_TASK, [job_id, attempt], priority)
         return True
     except Exception:
         log.exception("publish failed; recovery will re-publish", extra={"job_id": job_id})
