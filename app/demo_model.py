@@ -103,13 +103,24 @@ def _handler(state: ModelState):
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that gave up (timeout, killed worker) is normal here.
+        import sys
+
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class DemoModelServer:
     """Run the model service on a background thread: ``with DemoModelServer() as m: m.url``."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.state = ModelState()
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self.state))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _handler(self.state))
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="demo-model", daemon=True)
 
     @property
