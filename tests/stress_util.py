@@ -13,7 +13,7 @@ from app.states import SLOT_STATES, TERMINAL_STATES, JobState
 
 
 @contextmanager
-def maintenance_loop(interval: float = 0.3, republish_after: float | None = None):
+def maintenance_loop(interval: float = 0.3, republish_after: float | None = None, reconcile: bool = False):
     """Run retry/recovery passes in a thread for the duration of the block."""
     from app.services import maintenance
 
@@ -27,6 +27,8 @@ def maintenance_loop(interval: float = 0.3, republish_after: float | None = None
                 maintenance.recover_expired_leases()
                 if republish_after is not None:
                     maintenance.republish_stale_pending(older_than_seconds=republish_after)
+                if reconcile:
+                    maintenance.reconcile_gates()
             except Exception as exc:  # a pass may meet a Redis being flushed; the next one repairs
                 errors.append(exc)
             stop.wait(interval)
