@@ -1,0 +1,143 @@
+"""Scale: the hot queries against 1,000,000 rows in asynch_task.
+
+Seeds the table with SQL (generate_series), then runs every hot operation
+through the real service code while capturing the SQL it sends, and prints
+EXPLAIN (ANALYZE) of each captured statement, flagging any sequential scan
+of asynch_task.  Also times getTaskBatch(1,000 ids) and a cleanup pass over
+100,000 expired claimed jobs, when those services exist.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from contextlib import contextmanager
+
+import psycopg2
+from sqlalchemy import event
+
+from bench import stack
+
+ROWS = int(os.environ.get("BENCH_SCALE_ROWS", "1000000"))
+EXPIRED = int(os.environ.get("BENCH_SCALE_EXPIRED", "100000"))
+
+SEED_SQL = """
+INSERT INTO asynch_task (id, tenant_id, creator, model_name, biz_name, request_payload, request_hash, state,
+    attempt, retry_count, result_location, result_content_type, result_size, created_at, enqueue_at, started_at,
+    finished_at, claimed_at, expire_at, deadline_at, updated_at)
+SELECT 'job_' || lpad(to_hex(i), 24, '0'), 'tenant-' || (i %% 50), '', 'model-' || (i %% 10), 'biz', '{}', 'h',
+    CASE WHEN i <= %(expired)s THEN 4 WHEN i %% 100 = 0 THEN 3 WHEN i %% 7 = 0 THEN 4 ELSE 2 END,
+    1, 0, 'file:seed/' || i, 'application/json', 10,
+    now() - (i %% 43200) * interval '1 minute', now() - (i %% 43200) * interval '1 minute',
+    now() - (i %% 43200) * interval '1 minute', now() - (i %% 43200) * interval '1 minute' + interval '2 seconds',
+    CASE WHEN i <= %(expired)s OR i %% 7 = 0 THEN now() - interval '1 day' END,
+    CASE WHEN i <= %(expired)s THEN now() - interval '1 hour' WHEN i %% 7 = 0 THEN now() + interval '1 day' END,
+    now() + interval '1 day', now() - (i %% 43200) * interval '1 minute'
+FROM generate_series(1, %(rows)s) AS s(i)
+"""
+
+
+def seed() -> float:
+    t0 = time.monotonic()
+    conn = psycopg2.connect(f"postgresql://postgres@127.0.0.1:5432/{stack.DB_NAME}")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(SEED_SQL, {"rows": ROWS, "expired": EXPIRED})
+        for i in range(10):
+            cur.execute("INSERT INTO asynch_models (model_name, base_url, created_at, updated_at, auto_clean_seconds)"
+                        " VALUES (%s, 'http://127.0.0.1:9', now(), now(), 3600) ON CONFLICT DO NOTHING",
+                        (f"model-{i}",))
+        cur.execute("ANALYZE asynch_task")
+    conn.close()
+    return time.monotonic() - t0
+
+
+@contextmanager
+def capture(engine):
+    seen: list[tuple[str, object]] = []
+
+    def before(_conn, _cur, statement, parameters, _ctx, _many):
+        seen.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+
+
+def explain(engine, statement: str, params) -> str:
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("BEGIN")
+        cur.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + statement, params)
+        plan = "\n".join(r[0] for r in cur.fetchall())
+        cur.execute("ROLLBACK")  # EXPLAIN ANALYZE executes writes: never keep them
+        return plan
+    finally:
+        raw.close()
+
+
+def hot_operations():
+    """(name, callable) pairs, each calling the real service code."""
+    from app.services import jobs, maintenance
+    from app.services.keys import Principal
+
+    p = Principal("tenant-7", "user", None)
+    ops = [
+        ("status", lambda: jobs.get_job(p, "job_" + "7".zfill(24))),
+        ("list tenant jobs", lambda: jobs.list_jobs(p, limit=50)),
+        ("list tenant+model", lambda: jobs.list_jobs(p, model_name="model-7", limit=50)),
+        ("retry due", maintenance.retry_due),
+        ("recover leases", maintenance.recover_expired_leases),
+        ("time out overdue", maintenance.time_out_overdue),
+        ("republish stale pending", maintenance.republish_stale_pending),
+        ("reconcile gates", maintenance.reconcile_gates),
+    ]
+    try:
+        from app.services import batch  # issue 3: getTaskBatch
+        ids = ["job_" + format(i, "x").zfill(24) for i in range(EXPIRED + 1, EXPIRED + 1001)]
+        ops.append(("getTaskBatch 1000", lambda: batch.get_task_batch(Principal("admin", "admin", None), ids)))
+    except ImportError:
+        pass
+    return ops
+
+
+def main() -> dict:
+    stack.apply_env()
+    stack.recreate_database()
+    stack.flush_redis()
+    from app.config import load_settings, set_settings
+
+    set_settings(load_settings())
+    from app.db import get_engine
+
+    took = seed()
+    print(f"seeded {ROWS} rows in {took:.1f} s")
+    engine = get_engine()
+    out = {"rows": ROWS, "seed_s": took, "ops": {}}
+    for name, fn in hot_operations():
+        with capture(engine) as seen:
+            t0 = time.monotonic()
+            fn()
+            ms = (time.monotonic() - t0) * 1000
+        plans = []
+        for stmt, params in seen:
+            if not re.match(r"\s*(SELECT|UPDATE|DELETE|INSERT)", stmt, re.I) or "asynch_task" not in stmt:
+                continue
+            plans.append(explain(engine, stmt, params))
+        seq = any(re.search(r"Seq Scan on asynch_task", pl) for pl in plans)
+        out["ops"][name] = {"ms": ms, "statements": len(plans), "seq_scan": seq}
+        print(f"\n== {name}: {ms:.1f} ms, {len(plans)} statements on asynch_task"
+              f"{'  !! SEQUENTIAL SCAN' if seq else ''}")
+        for pl in plans:
+            print("   " + pl.replace("\n", "\n   "))
+    bad = [k for k, v in out["ops"].items() if v["seq_scan"]]
+    print(f"\nscale: {len(out['ops'])} hot operations at {ROWS} rows; sequential scans: {bad or 'none'}")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
