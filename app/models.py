@@ -97,6 +97,8 @@ tasks = Table(
     # Revision 0003: re-publishing pending jobs in queue order; retries
     # waiting at the tail of a model's queue (promotion scan).
     Index("ix_asynch_task_state_enqueue", "state", "enqueue_at"),
+    # Revision 0003: autotune reads a model's recently finished jobs.
+    Index("ix_asynch_task_model_finished", "model_name", "finished_at"),
     Index("ix_asynch_task_retry_promote", "model_name", "enqueue_at",
           postgresql_where=text("state = 0 AND retry_count > 0 AND promoted_at IS NULL"),
           sqlite_where=text("state = 0 AND retry_count > 0 AND promoted_at IS NULL")),

@@ -25,6 +25,8 @@ def upgrade() -> None:
     op.add_column("asynch_task", sa.Column("promoted_at", TS, nullable=True))
     # Re-publishing every pending job after a wipe, in queue order.
     op.create_index("ix_asynch_task_state_enqueue", "asynch_task", ["state", "enqueue_at"])
+    # Autotune: a model's recently finished jobs.
+    op.create_index("ix_asynch_task_model_finished", "asynch_task", ["model_name", "finished_at"])
     # Retries waiting at the tail of a model's queue, oldest first.
     op.create_index("ix_asynch_task_retry_promote", "asynch_task", ["model_name", "enqueue_at"],
                     postgresql_where=sa.text(_PROMOTE_WHERE), sqlite_where=sa.text(_PROMOTE_WHERE))
@@ -50,6 +52,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("asynch_autotune_log")
     op.drop_index("ix_asynch_task_retry_promote", table_name="asynch_task")
+    op.drop_index("ix_asynch_task_model_finished", table_name="asynch_task")
     op.drop_index("ix_asynch_task_state_enqueue", table_name="asynch_task")
     with op.batch_alter_table("asynch_task") as batch:
         batch.drop_column("promoted_at")

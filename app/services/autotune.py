@@ -1,8 +1,9 @@
 """Autotune: fit each model's runtime limits to how it behaved recently.
 
-For every enabled model, over a window (default 3600 s) of jobs that ended
-done: P90 of finished_at - started_at, throughput = completed / window, and
-how many of them waited for a worker.  ``decide`` (pure) turns that into
+For every enabled model, over a window (default 3600 s, cut short by the
+model's last applied change) of jobs that ended done: P90 of finished_at -
+started_at, throughput = completed / window, and how many of them waited
+for a worker.  ``decide`` (pure) turns that into
 new runtime limits; ``autotune`` writes them to
 ``asynch:runtime:max_concurrency:{model}`` / ``asynch:runtime:queue_limit:{model}``
 with a TTL (they fall back to the configured caps if autotune stops) and
@@ -15,12 +16,12 @@ import math
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 
 from app import redis_scripts
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
-from app.db import transaction
+from app.db import is_postgres, transaction
 from app.errors import ValidationFailed
 from app.models import autotune_log, models, tasks
 from app.services.maintenance import Report
@@ -95,25 +96,19 @@ def decide(inputs: Inputs, *, current: Limits, caps: Limits, expected_seconds: f
     return Decision(action, reason, old, Limits(c, q))
 
 
-def gather(conn, since, until, queued_seconds: float) -> dict[str, Inputs]:
-    """Inputs per model from the jobs that ended done in [since, until]."""
+def gather(conn, model: str, since, until, queued_seconds: float) -> Inputs:
+    """Inputs from the model's jobs that ended done in [since, until]."""
     window = max(1e-9, (until - since).total_seconds())
-    rows = conn.execute(select(tasks.c.model_name, tasks.c.enqueue_at, tasks.c.started_at,
-                               tasks.c.finished_at).where(
-        tasks.c.state.in_([int(JobState.DONE), int(JobState.CLAIMED)]),
-        tasks.c.finished_at >= since, tasks.c.finished_at <= until,
-    ))
-    runs: dict[str, list[float]] = {}
-    waited: dict[str, int] = {}
-    for r in rows:
-        if r.started_at is None:
-            continue
-        started = as_utc(r.started_at)
-        runs.setdefault(r.model_name, []).append((as_utc(r.finished_at) - started).total_seconds())
-        if (started - as_utc(r.enqueue_at)).total_seconds() >= queued_seconds:
-            waited[r.model_name] = waited.get(r.model_name, 0) + 1
-    return {m: Inputs(samples=len(v), p90_seconds=p90(v), throughput_per_second=len(v) / window,
-                      queued=waited.get(m, 0)) for m, v in runs.items()}
+    rows = conn.execute(select(tasks.c.enqueue_at, tasks.c.started_at, tasks.c.finished_at).where(
+        tasks.c.model_name == model, tasks.c.finished_at >= since, tasks.c.finished_at <= until,
+        tasks.c.state.in_([int(JobState.DONE), int(JobState.CLAIMED)]), tasks.c.started_at.is_not(None),
+    )).all()
+    if not rows:
+        return Inputs()
+    runs = [(as_utc(r.finished_at) - as_utc(r.started_at)).total_seconds() for r in rows]
+    waited = sum(1 for r in rows if (as_utc(r.started_at) - as_utc(r.enqueue_at)).total_seconds() >= queued_seconds)
+    return Inputs(samples=len(runs), p90_seconds=p90(runs), throughput_per_second=len(runs) / window,
+                  queued=waited)
 
 
 def _effective(raw: str | None, cap: int) -> int:
@@ -124,45 +119,77 @@ def _effective(raw: str | None, cap: int) -> int:
         return cap
 
 
-def autotune(window_seconds: int | None = None, dry_run: bool = False) -> Report:
-    """Decide for every enabled model; unless ``dry_run``, write the limits
-    (compare-and-set: a concurrent run that changed them first wins) and
-    log the changes."""
+def _locked_model(conn, name: str):
+    q = select(models).where(models.c.model_name == name, models.c.enabled.is_(True))
+    return conn.execute(q.with_for_update(skip_locked=True) if is_postgres(conn) else q).first()
+
+
+def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
+    """One model's decision, written unless ``dry_run``.
+
+    Evidence is only what finished since the last applied change (and
+    within the window): a change must be judged by jobs that ran under it,
+    so a second run right after a change (another beat, a manual trigger)
+    has too few samples and leaves the limits alone instead of halving
+    twice.  The model row is locked (SKIP LOCKED) while deciding, so two
+    runs at once tune a model once; the Redis write is a compare-and-set
+    as well.  None: another run is tuning this model right now."""
     s = get_settings()
-    window = window_seconds if window_seconds and window_seconds > 0 else s.autotune_window_seconds
     now = clock_now()
     with transaction() as conn:
-        configured = conn.execute(select(models).where(models.c.enabled.is_(True))
-                                  .order_by(models.c.model_name)).all()
-        stats = gather(conn, now - timedelta(seconds=window), now, s.autotune_queued_seconds)
-    items, applied = [], 0
-    for m in configured:
-        inputs = stats.get(m.model_name, Inputs())
-        raw = redis_scripts.runtime_limits_raw(m.model_name)
+        m = _locked_model(conn, name)
+        if m is None:
+            return None
+        last = conn.execute(select(func.max(autotune_log.c.created_at))
+                            .where(autotune_log.c.model_name == name)).scalar()
+        since = max(now - timedelta(seconds=window), as_utc(last)) if last is not None else \
+            now - timedelta(seconds=window)
+        inputs = gather(conn, name, since, now, s.autotune_queued_seconds)
+        raw = redis_scripts.runtime_limits_raw(name)
         caps = Limits(m.max_concurrency, m.queue_limit)
         d = decide(inputs, current=Limits(_effective(raw[0], caps.max_concurrency),
                                           _effective(raw[1], caps.queue_limit)),
                    caps=caps, expected_seconds=m.expected_seconds, timeout_seconds=m.timeout_seconds,
                    min_samples=s.autotune_min_samples)
-        item = {"model": m.model_name, "action": d.action, "reason": d.reason, "old": asdict(d.old),
-                "new": asdict(d.new) if d.new else None, "inputs": asdict(inputs), "applied": False}
-        if d.new is not None and not dry_run:
-            # Written even when unchanged: it refreshes the TTL while autotune runs.
-            item["applied"] = redis_scripts.runtime_limits_cas(
-                m.model_name, raw, d.new.max_concurrency, d.new.queue_limit, s.autotune_ttl_seconds)
-            if not item["applied"]:
-                item["reason"] += "; not written: the limits changed meanwhile"
-            elif d.changes:
-                applied += 1
-                with transaction() as conn:
-                    conn.execute(insert(autotune_log).values(
-                        model_name=m.model_name, action=d.action,
-                        old_max_concurrency=d.old.max_concurrency, new_max_concurrency=d.new.max_concurrency,
-                        old_queue_limit=d.old.queue_limit, new_queue_limit=d.new.queue_limit,
-                        p90_seconds=inputs.p90_seconds, throughput_per_second=inputs.throughput_per_second,
-                        samples=inputs.samples, queued=inputs.queued, window_seconds=window, created_at=now))
-        items.append(item)
-    return Report(processed=applied, details={"window_seconds": window, "dry_run": dry_run, "models": items})
+        item = {"model": name, "action": d.action, "reason": d.reason, "old": asdict(d.old),
+                "new": asdict(d.new) if d.new else None, "inputs": asdict(inputs),
+                "evidence_seconds": round((now - since).total_seconds(), 3), "applied": False, "changed": False}
+        if d.new is None or dry_run:
+            return item
+        # Written even when unchanged: that refreshes the TTL while autotune runs.
+        item["applied"] = redis_scripts.runtime_limits_cas(
+            name, raw, d.new.max_concurrency, d.new.queue_limit, s.autotune_ttl_seconds)
+        if not item["applied"]:
+            item["reason"] += "; not written: the limits changed meanwhile"
+        elif d.changes:
+            item["changed"] = True
+            conn.execute(insert(autotune_log).values(
+                model_name=name, action=d.action,
+                old_max_concurrency=d.old.max_concurrency, new_max_concurrency=d.new.max_concurrency,
+                old_queue_limit=d.old.queue_limit, new_queue_limit=d.new.queue_limit,
+                p90_seconds=inputs.p90_seconds, throughput_per_second=inputs.throughput_per_second,
+                samples=inputs.samples, queued=inputs.queued, window_seconds=window, created_at=now))
+        return item
+
+
+def autotune(window_seconds: int | None = None, dry_run: bool = False) -> Report:
+    """Decide for every enabled model; unless ``dry_run``, write the limits
+    and log each change."""
+    s = get_settings()
+    window = window_seconds if window_seconds and window_seconds > 0 else s.autotune_window_seconds
+    with transaction() as conn:
+        names = [r.model_name for r in conn.execute(select(models.c.model_name).where(
+            models.c.enabled.is_(True)).order_by(models.c.model_name))]
+    items, busy = [], []
+    for name in names:
+        item = tune_model(name, window, dry_run)
+        if item is None:
+            busy.append(name)
+        else:
+            items.append(item)
+    changed = sum(1 for i in items if i["changed"])
+    return Report(processed=changed, details={"window_seconds": window, "dry_run": dry_run, "models": items,
+                                              "busy": busy})
 
 
 MAX_WINDOW_SECONDS = 30 * 86400
