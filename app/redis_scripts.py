@@ -1,7 +1,8 @@
 """Every Redis key and Lua script the system uses, in one place.
 
 Redis holds derived state only (DESIGN.md invariant 1): gate slots, runtime
-limits and wake-up signals.  Each script is registered once per client and
+limits, wake-up signals, the epoch marks that reveal a wipe, the beat leader
+lock and a short history of periodic runs.  Each script is registered once per client and
 wrapped in a typed function; its KEYS/ARGV contract is written above it.
 """
 from __future__ import annotations
