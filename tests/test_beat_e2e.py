@@ -92,8 +92,12 @@ def test_two_beats_fire_each_task_once_per_interval_and_the_standby_takes_over(t
         gaps = [b - a for a, b in zip(sent, sent[1:])]
         # Never two runs in one interval, whichever beat sent them...
         assert min(gaps) >= 0.6 * interval, (task, gaps)
-        # ...and no interval skipped, except the takeover (at most the lock TTL more).
-        assert max(gaps) <= 2 * interval + 3 + 1, (task, gaps)
+        # ...and no interval skipped (1.5 s of slack for a loaded machine), except
+        # across the takeover: the leader's last send, the lock TTL (3 s) and a
+        # renewal tick (1 s) to notice, then the standby's next due time.
+        steady = [g for a, g in zip(sent, gaps) if not a < killed_at < a + g]
+        assert max(steady) <= interval + 1.5, (task, gaps)
+        assert max(gaps) <= 2 * interval + 3 + 1 + 1.5, (task, gaps)
         # The standby sent nothing while the leader lived; then only it did.
         by = [pid_of[x["owner"]] for x in mine]
         before = [p for x, p in zip(mine, by) if x["sent_at"] < killed_at]
