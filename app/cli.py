@@ -120,11 +120,39 @@ def m_recover() -> None:
     click.echo(json.dumps(m.recover().as_dict()))
 
 
-@maintenance.command("retry", help="Re-admit retry_wait jobs whose backoff has passed.")
+@maintenance.command("retry", help="The worker pass: due retries re-admitted, long-waiting retries "
+                                    "promoted, lost messages re-sent (seed: /task/runWork).")
 def m_retry() -> None:
     from app.services import maintenance as m
 
-    click.echo(json.dumps(m.retry_due().as_dict()))
+    click.echo(json.dumps(m.run_work().as_dict()))
+
+
+@maintenance.command("cleanup", help="Delete expired claimed jobs and old terminal jobs with their "
+                                     "results; time out overdue jobs.")
+def m_cleanup() -> None:
+    from app.services import maintenance as m
+
+    click.echo(json.dumps(m.cleanup().as_dict()))
+
+
+@maintenance.command("autotune", help="Fit runtime max_concurrency/queue_limit to recent P90 and throughput.")
+@click.option("--window", type=click.IntRange(min=1), default=None,
+              help="Seconds to look back (default ASYNCH_AUTOTUNE_WINDOW_SECONDS).")
+@click.option("--dry-run", is_flag=True, help="Show the decision, write nothing.")
+def m_autotune(window: int | None, dry_run: bool) -> None:
+    from app.services import autotune
+
+    click.echo(json.dumps(autotune.autotune(window, dry_run).as_dict()))
+
+
+@maintenance.command("runs", help="Recent periodic runs (what beat got done, newest last).")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20)
+def m_runs(limit: int) -> None:
+    from app.services import periodic
+
+    for run in periodic.recent_runs(limit):
+        click.echo(json.dumps(run))
 
 
 # --- processes ----------------------------------------------------------------------
@@ -154,10 +182,10 @@ def worker_argv(concurrency: int = 2, queues: str | None = None) -> list[str]:
 
 def beat_argv(schedule_file: str = "celerybeat-schedule") -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat", "--loglevel", "INFO",
-            "-s", schedule_file]
+            "-s", schedule_file, "-S", "workers.beat:LeaderScheduler"]
 
 
-@main.command(help="Run Celery beat (run exactly one).")
+@main.command(help="Run Celery beat.  Several may run: one leads (Redis lock), the others stand by.")
 def beat() -> None:
     os.execvp(sys.executable, beat_argv())
 

@@ -95,9 +95,25 @@ class Settings:
     beat_autotune_seconds: float = 3600.0
     # Pending jobs older than this whose message may be lost get re-published.
     republish_after_seconds: float = 300.0
-    # Retention of terminal jobs that nobody claims.
+    # Retention of terminal jobs that nobody claims: failed/timeout/canceled,
+    # and done jobs never batch-claimed.  Claimed jobs use the model's
+    # auto_clean_seconds (expire_at).
     failed_retention_seconds: int = 7 * 86400
     done_retention_seconds: int = 7 * 86400
+    # Rows one maintenance transaction locks (SKIP LOCKED) and works on.
+    maintenance_batch: int = 500
+    # Beat leader lock: a beat that stops renewing it for this long loses
+    # it and a standby beat takes over.  Must exceed a beat tick.
+    beat_lock_ttl_seconds: float = 30.0
+    # Recent periodic runs kept in Redis (operators, tests); 0 keeps none.
+    beat_history_size: int = 1000
+    # Autotune: the window it looks back over, how long its runtime limits
+    # live without being refreshed, the fewest finished jobs it acts on, and
+    # how long a job must have waited for a worker to count as queued.
+    autotune_window_seconds: int = 3600
+    autotune_ttl_seconds: int = 7200
+    autotune_min_samples: int = 5
+    autotune_queued_seconds: float = 1.0
     log_level: str = "INFO"
 
     @property

@@ -11,6 +11,8 @@ or answer with other bytes:
   size          answer with this many bytes of b"x" (application/octet-stream)
   fail_first    fail (HTTP 503) the first N calls that carry this ``tag``
   hang          never answer (until the client gives up)
+  hold          wait until the test calls state.release(<hold>) (at most 60 s):
+                a call the test can keep in flight as long as it needs
 Every call is recorded (path, method, headers, payload, time) for tests.
 """
 from __future__ import annotations
@@ -29,12 +31,23 @@ class ModelState:
         self.in_flight = 0
         self.max_in_flight = 0
         self.fail_counts: dict[str, int] = {}
+        self.holds: dict[str, threading.Event] = {}
+
+    def hold(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.holds.setdefault(name, threading.Event())
+
+    def release(self, name: str) -> None:
+        self.hold(name).set()
 
     def reset(self) -> None:
         with self.lock:
             self.calls.clear()
             self.in_flight = self.max_in_flight = 0
             self.fail_counts.clear()
+            for ev in self.holds.values():
+                ev.set()  # nothing stays stuck from the previous test
+            self.holds = {}
 
 
 def _handler(state: ModelState):
@@ -80,6 +93,8 @@ def _handler(state: ModelState):
         def _respond(self, p: dict) -> None:
             if p.get("hang"):
                 time.sleep(3600)
+            if p.get("hold"):
+                state.hold(str(p["hold"])).wait(60)
             sleep_ms = float(p.get("sleep_ms") or 0)
             if sleep_ms:
                 time.sleep(sleep_ms / 1000.0)

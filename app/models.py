@@ -3,7 +3,7 @@ only describes them so queries can be written against names, not strings."""
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Column, Date, DateTime, Index, Integer, MetaData,
+    JSON, BigInteger, Boolean, Column, Date, DateTime, Float, Index, Integer, MetaData,
     SmallInteger, String, Table, Text, UniqueConstraint, text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -80,6 +80,8 @@ tasks = Table(
     Column("claimed_at", TS, nullable=True),
     Column("expire_at", TS, nullable=True),
     Column("updated_at", TS, nullable=False),
+    # When a pending retry was published at high priority (revision 0003).
+    Column("promoted_at", TS, nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_asynch_task_idem"),
     # Listing: a tenant's jobs newest first, optionally by model.
     Index("ix_asynch_task_tenant_created", "tenant_id", "created_at"),
@@ -92,6 +94,14 @@ tasks = Table(
     Index("ix_asynch_task_state_expire", "state", "expire_at"),
     Index("ix_asynch_task_state_updated", "state", "updated_at"),
     Index("ix_asynch_task_state_finished", "state", "finished_at"),
+    # Revision 0003: re-publishing pending jobs in queue order; retries
+    # waiting at the tail of a model's queue (promotion scan).
+    Index("ix_asynch_task_state_enqueue", "state", "enqueue_at"),
+    # Revision 0003: autotune reads a model's recently finished jobs.
+    Index("ix_asynch_task_model_finished", "model_name", "finished_at"),
+    Index("ix_asynch_task_retry_promote", "model_name", "enqueue_at",
+          postgresql_where=text("state = 0 AND retry_count > 0 AND promoted_at IS NULL"),
+          sqlite_where=text("state = 0 AND retry_count > 0 AND promoted_at IS NULL")),
 )
 
 model_stats = Table(
@@ -119,4 +129,23 @@ api_keys = Table(
     Column("created_at", TS, nullable=False),
     Column("revoked_at", TS, nullable=True),
     Index("ix_asynch_api_keys_tenant", "tenant_id"),
+)
+
+# Every runtime-limit change autotune applied (revision 0003).
+autotune_log = Table(
+    "asynch_autotune_log", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("model_name", String(128), nullable=False),
+    Column("old_max_concurrency", Integer, nullable=False),
+    Column("new_max_concurrency", Integer, nullable=False),
+    Column("old_queue_limit", Integer, nullable=False),
+    Column("new_queue_limit", Integer, nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("p90_seconds", Float, nullable=False),
+    Column("throughput_per_second", Float, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("queued", Integer, nullable=False),
+    Column("window_seconds", Integer, nullable=False),
+    Column("created_at", TS, nullable=False),
+    Index("ix_asynch_autotune_log_model_created", "model_name", "created_at"),
 )

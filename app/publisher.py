@@ -8,16 +8,24 @@ building it through ``send_task`` costs more CPU than the rest of an
 admission (bench/bench_admission.py).  tests/test_publisher.py checks the two
 forms against each other and a real worker consumes it in every e2e test.
 Any other broker (amqp://) goes through Celery's producer.
+
+Priorities are semantic (``Priority``) and mapped per transport, because the
+two brokers disagree on direction: kombu's Redis transport keeps one list
+per priority step and BRPOPs them in ascending order, so 0 is served first
+(kombu/transport/redis.py ``_brpop_start`` / ``_q_for_pri``), while RabbitMQ
+(``x-max-priority``) serves the HIGHEST number first.
 """
 from __future__ import annotations
 
 import base64
+import enum
 import json
 import logging
 import os
 import socket
 import threading
 import uuid
+from urllib.parse import urlparse
 
 import redis
 from celery import Celery
@@ -33,6 +41,44 @@ _broker: redis.Redis | None = None
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 _REPLY_TO = str(uuid.uuid4())
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+class Priority(enum.Enum):
+    HIGH = "high"      # retries jumping the queue, maintenance tasks
+    NORMAL = "normal"  # submissions, retries waiting at the tail
+
+
+_AMQP_SCHEMES = {"amqp", "amqps", "pyamqp", "librabbitmq"}
+# (HIGH, NORMAL) on each scale; NORMAL leaves room below and above it.
+_AMQP = {Priority.HIGH: MAX_PRIORITY, Priority.NORMAL: MAX_PRIORITY // 2}
+_KOMBU_VIRTUAL = {Priority.HIGH: 0, Priority.NORMAL: (MAX_PRIORITY + 1) // 2}
+
+
+def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
+    """The number the configured broker needs for ``priority``."""
+    url = broker_url if broker_url is not None else get_settings().effective_broker_url
+    scheme = urlparse(url).scheme.split("+")[0].lower()
+    table = _AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL
+    return table[priority]
+
+
+class Priority(enum.Enum):
+    HIGH = "high"      # retries jumping the queue, maintenance tasks
+    NORMAL = "normal"  # submissions, retries waiting at the tail
+
+
+_AMQP_SCHEMES = {"amqp", "amqps", "pyamqp", "librabbitmq"}
+# (HIGH, NORMAL) on each scale; NORMAL leaves room below and above it.
+_AMQP = {Priority.HIGH: MAX_PRIORITY, Priority.NORMAL: MAX_PRIORITY // 2}
+_KOMBU_VIRTUAL = {Priority.HIGH: 0, Priority.NORMAL: (MAX_PRIORITY + 1) // 2}
+
+
+def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
+    """The number the configured broker needs for ``priority``."""
+    url = broker_url if broker_url is not None else get_settings().effective_broker_url
+    scheme = urlparse(url).scheme.split("+")[0].lower()
+    table = _AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL
+    return table[priority]
 
 
 def producer_app() -> Celery:
@@ -84,19 +130,19 @@ def redis_message(task: str, args: list, queue: str, priority: int | None) -> tu
     return key, json.dumps(msg).encode()
 
 
-def publish(task: str, args: list, priority: int | None = None) -> None:
+def publish(task: str, args: list, priority: Priority = Priority.NORMAL) -> None:
     """Publish one message for ``task`` on the job queue; raises on failure."""
     app = producer_app()
     queue = get_settings().queue_name
+    number = broker_priority(priority)
     if _broker is not None:
-        key, payload = redis_message(task, args, queue, priority)
+        key, payload = redis_message(task, args, queue, number)
         _broker.lpush(key, payload)
         return
-    kw = {"priority": priority} if priority is not None else {}
-    app.send_task(task, args=args, queue=queue, **kw)
+    app.send_task(task, args=args, queue=queue, priority=number)
 
 
-def publish_run_job(job_id: str, attempt: int, priority: int | None = None) -> bool:
+def publish_run_job(job_id: str, attempt: int, priority: Priority = Priority.NORMAL) -> bool:
     """Publish; False (logged) if the broker refused.  Never raises: the job
     is already committed and recovery re-publishes pending jobs."""
     try:

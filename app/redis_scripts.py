@@ -1,7 +1,8 @@
 """Every Redis key and Lua script the system uses, in one place.
 
 Redis holds derived state only (DESIGN.md invariant 1): gate slots, runtime
-limits and wake-up signals.  Each script is registered once per client and
+limits, wake-up signals, the epoch marks that reveal a wipe, the beat leader
+lock and a short history of periodic runs.  Each script is registered once per client and
 wrapped in a typed function; its KEYS/ARGV contract is written above it.
 """
 from __future__ import annotations
@@ -43,11 +44,36 @@ def get_redis() -> redis.Redis:
 
 
 def reset_redis() -> None:
-    global _client, _client_pid
+    global _client, _client_pid, _broker, _broker_pid
     with _lock:
         _client = None
         _client_pid = None
+        _broker = None
+        _broker_pid = None
         _scripts.clear()
+
+
+_broker: redis.Redis | None = None
+_broker_pid: int | None = None
+
+
+def broker_redis() -> redis.Redis | None:
+    """A client on the broker's own Redis database when the broker is Redis
+    and not the same database as the gate (else None): a wipe of either one
+    must be noticed (see the epoch below)."""
+    global _broker, _broker_pid
+    s = get_settings()
+    url = s.effective_broker_url
+    if url == s.redis_url or url.split("://", 1)[0] not in ("redis", "rediss"):
+        return None
+    pid = os.getpid()
+    if _broker is None or _broker_pid != pid:
+        with _lock:
+            if _broker is None or _broker_pid != pid:
+                _broker = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5,
+                                               socket_timeout=10, retry_on_timeout=True)
+                _broker_pid = pid
+    return _broker
 
 
 # --- key names ---------------------------------------------------------------
@@ -74,6 +100,25 @@ def terminal_channel() -> str:
 
 def invalidate_channel() -> str:
     return f"{_p()}:events:invalidate"
+
+
+def epoch_key() -> str:
+    # Present while this Redis has not lost its data since recovery last
+    # looked; absent after a wipe (or on first start).
+    return f"{_p()}:epoch"
+
+
+def beat_lock_key() -> str:
+    return f"{_p()}:beat:leader"
+
+
+def beat_token_key() -> str:
+    # Monotonic fencing counter: every new leadership gets a larger token.
+    return f"{_p()}:beat:token"
+
+
+def beat_history_key() -> str:
+    return f"{_p()}:beat:history"
 
 
 # --- scripts -----------------------------------------------------------------
@@ -122,16 +167,68 @@ end
 return {added, removed}
 """
 
-_SOURCES = {"gate_admit": GATE_ADMIT, "gate_reconcile": GATE_RECONCILE}
-_scripts: dict[str, object] = {}
+# Delete a key only if it still holds our value (epoch rollback).
+# KEYS[1] key  ARGV[1] expected value.  Returns 1 if deleted.
+COMPARE_DELETE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# Beat leadership: take the lock if free, renew it if it is ours.
+# KEYS[1] lock (value "<token> <owner>")  KEYS[2] fencing counter
+# ARGV[1] owner id  ARGV[2] ttl in ms
+# Returns the fencing token (> 0) while the caller leads, else 0.  A new
+# leadership always gets a larger token than any before it (INCR), so work
+# stamped with an old token can be recognised and refused.
+LEADER_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local token, owner = string.match(cur, '^(%d+) (.+)$')
+  if owner == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return tonumber(token)
+  end
+  return 0
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return token
+"""
+
+# Give leadership up (clean beat shutdown) so a standby need not wait the TTL.
+# KEYS[1] lock  ARGV[1] owner id.  Returns 1 if released.
+LEADER_RELEASE = """
+local cur = redis.call('GET', KEYS[1])
+if cur and string.match(cur, '^%d+ (.+)$') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# Autotune writes both runtime limits only if nobody changed them since it
+# read them (two autotune runs at once must not halve twice).
+# KEYS[1] max_concurrency override  KEYS[2] queue_limit override
+# ARGV[1] expected max_concurrency ('' = absent)  ARGV[2] expected queue_limit ('' = absent)
+# ARGV[3] new max_concurrency  ARGV[4] new queue_limit  ARGV[5] ttl in ms
+# Returns 1 if written, 0 if the values had moved.
+RUNTIME_LIMITS_CAS = """
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 0 end
+if (redis.call('GET', KEYS[2]) or '') ~= ARGV[2] then return 0 end
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[5])
+redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5])
+return 1
+"""
+
+_SOURCES = {"gate_admit": GATE_ADMIT, "gate_reconcile": GATE_RECONCILE, "compare_delete": COMPARE_DELETE,
+            "leader_acquire": LEADER_ACQUIRE, "leader_release": LEADER_RELEASE,
+            "runtime_limits_cas": RUNTIME_LIMITS_CAS}
+_scripts: dict[tuple[str, int], object] = {}
 
 
-def _script(name: str):
-    r = get_redis()
-    s = _scripts.get(name)
+def _script(name: str, client: redis.Redis | None = None):
+    r = client if client is not None else get_redis()
+    s = _scripts.get((name, id(r)))
     if s is None:
         s = r.register_script(_SOURCES[name])
-        _scripts[name] = s
+        _scripts[(name, id(r))] = s
     return s
 
 
@@ -200,3 +297,80 @@ def publish_invalidate(what: str) -> None:
         get_redis().publish(invalidate_channel(), what)
     except redis.RedisError:
         pass
+
+
+def runtime_limits_raw(model: str) -> tuple[str | None, str | None]:
+    """The stored (max_concurrency, queue_limit) overrides as strings."""
+    mc, ql = get_redis().mget(runtime_max_concurrency_key(model), runtime_queue_limit_key(model))
+    return mc, ql
+
+
+def runtime_limits_cas(model: str, expected: tuple[str | None, str | None], new_max_concurrency: int,
+                       new_queue_limit: int, ttl_seconds: float) -> bool:
+    return bool(_script("runtime_limits_cas")(
+        keys=[runtime_max_concurrency_key(model), runtime_queue_limit_key(model)],
+        args=[expected[0] or "", expected[1] or "", int(new_max_concurrency), int(new_queue_limit),
+              max(1, int(ttl_seconds * 1000))],
+    ))
+
+
+# --- wipe detection -------------------------------------------------------------
+
+def _epoch_stores() -> list[tuple[str, redis.Redis]]:
+    stores = [("redis", get_redis())]
+    b = broker_redis()
+    if b is not None:
+        stores.append(("broker", b))
+    return stores
+
+
+def claim_epochs(token: str) -> list[str]:
+    """Mark every Redis we depend on with ``token`` where no mark is present.
+    Returns the names of the stores that had none: they were wiped (or this
+    is the first start), so whatever they held derived state for is gone."""
+    wiped = []
+    for name, client in _epoch_stores():
+        if client.set(epoch_key(), token, nx=True):
+            wiped.append(name)
+    return wiped
+
+
+def drop_epochs(token: str, names: Iterable[str]) -> None:
+    """Undo claim_epochs (the repair failed): the next pass sees the wipe again."""
+    for name, client in _epoch_stores():
+        if name in names:
+            _script("compare_delete", client)(keys=[epoch_key()], args=[token])
+
+
+# --- beat leadership ---------------------------------------------------------------
+
+def leader_acquire(owner: str, ttl_seconds: float) -> int:
+    """Fencing token (> 0) while ``owner`` holds the beat lock, else 0."""
+    return int(_script("leader_acquire")(keys=[beat_lock_key(), beat_token_key()],
+                                         args=[owner, max(1, int(ttl_seconds * 1000))]))
+
+
+def leader_release(owner: str) -> bool:
+    return bool(_script("leader_release")(keys=[beat_lock_key()], args=[owner]))
+
+
+def leader_current() -> tuple[int, str] | None:
+    """(token, owner) of the current beat leader, if any."""
+    v = get_redis().get(beat_lock_key())
+    if not v or " " not in v:
+        return None
+    token, owner = v.split(" ", 1)
+    return int(token), owner
+
+
+def record_beat_run(entry: str, keep: int) -> None:
+    if keep <= 0:
+        return
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.rpush(beat_history_key(), entry)
+    pipe.ltrim(beat_history_key(), -keep, -1)
+    pipe.execute()
+
+
+def beat_history(limit: int = 100) -> list[str]:
+    return get_redis().lrange(beat_history_key(), -max(1, limit), -1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable, Sequence
 
-from sqlalchemy import update
+from sqlalchemy import delete, update
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
@@ -118,13 +118,48 @@ def fail_attempt(
     return _cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values)
 
 
-def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime) -> Row | None:
-    """retry_wait -> pending (the caller already holds a gate slot for it)."""
+def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
+            *, promoted_at: datetime | None = None) -> Row | None:
+    """retry_wait -> pending (the caller already holds a gate slot for it).
+
+    ``promoted_at`` is set when the retry is published at high priority
+    straight away (retry_queue_max_seconds = 0); None means it waits at the
+    tail until the promotion pass.
+    """
     return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
         "retry_count": attempt,
         "enqueue_at": enqueue_at,
         "next_retry_at": None,
+        "promoted_at": promoted_at,
     })
+
+
+def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime,
+                     promote: bool = False) -> Row | None:
+    """Note that a pending attempt's message was sent again (not a state
+    change): ``updated_at`` restarts the lost-message clock, and with
+    ``promote`` the retry is marked as published at high priority, once.
+    None if the job moved on meanwhile (then the message is a no-op anyway).
+    """
+    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING),
+                               tasks.c.attempt == attempt)
+    vals = {"updated_at": now}
+    if promote:
+        stmt = stmt.where(tasks.c.promoted_at.is_(None))
+        vals["promoted_at"] = now
+    return conn.execute(stmt.values(**vals).returning(tasks.c.id)).first()
+
+
+def purge(conn: Connection, job_id: str, states: Sequence[S], older_than, before: datetime) -> Row | None:
+    """Hard-delete a job that is still in one of ``states`` with
+    ``older_than`` (a tasks column: expire_at, finished_at) before ``before``.
+    Cleanup deletes the stored object first; this guard makes sure the row it
+    then removes is still the one it judged expired (not claimed, not
+    re-dated meanwhile).  Returns the deleted row's id and result location.
+    """
+    stmt = delete(tasks).where(tasks.c.id == job_id, tasks.c.state.in_([int(x) for x in states]),
+                               older_than < before)
+    return conn.execute(stmt.returning(tasks.c.id, tasks.c.state, tasks.c.result_location)).first()
 
 
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Row | None:

@@ -15,6 +15,8 @@ configure_logging(get_settings().log_level)
 celery = Celery("asynch")
 celery.conf.update(celery_settings(get_settings()))
 celery.conf.beat_schedule = __import__("beat_schedule").build_schedule(get_settings())
+# Only the beat holding the Redis lock sends (workers/beat.py).
+celery.conf.beat_scheduler = "workers.beat:LeaderScheduler"
 celery.conf.imports = ("workers.tasks",)
 app = celery
 

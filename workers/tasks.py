@@ -1,9 +1,13 @@
-"""Thin Celery tasks: take ids, call the service layer, nothing else."""
+"""Thin Celery tasks: take ids, call the service layer, nothing else.
+
+Periodic tasks take the ``fence`` their beat stamped them with
+(app/services/periodic.py); called without one they simply run."""
 from __future__ import annotations
 
 from app.celery_config import RUN_JOB_TASK
 from app.errors import Unavailable
-from app.services import execution, maintenance
+from app.services import autotune, execution, maintenance
+from app.services.periodic import run_periodic
 from workers.celery_app import celery
 
 
@@ -18,11 +22,21 @@ def run_job(self, job_id: str, attempt: int) -> str:
         raise self.retry(exc=exc, countdown=2)
 
 
-@celery.task(name="asynch.retry_due", ignore_result=True)
-def retry_due() -> dict:
-    return maintenance.retry_due().as_dict()
+@celery.task(name="asynch.run_work", ignore_result=True)
+def run_work(fence: dict | None = None) -> dict:
+    return run_periodic("run_work", fence, maintenance.run_work)
 
 
 @celery.task(name="asynch.recover", ignore_result=True)
-def recover() -> dict:
-    return maintenance.recover().as_dict()
+def recover(fence: dict | None = None) -> dict:
+    return run_periodic("recover", fence, maintenance.recover)
+
+
+@celery.task(name="asynch.cleanup", ignore_result=True)
+def cleanup(fence: dict | None = None) -> dict:
+    return run_periodic("cleanup", fence, maintenance.cleanup)
+
+
+@celery.task(name="asynch.autotune", ignore_result=True)
+def autotune_models(fence: dict | None = None) -> dict:
+    return run_periodic("autotune", fence, autotune.autotune)
