@@ -11,7 +11,10 @@ or answer with other bytes:
   size          answer with this many bytes of b"x" (application/octet-stream)
   fail_first    fail (HTTP 503) the first N calls that carry this ``tag``
   hang          never answer (until the client gives up)
-Every call is recorded (path, method, headers, payload, time) for tests.
+Every call is recorded (path, method, headers, payload, time) for tests,
+and calls in flight are counted in total and per value of the
+``X-Stub-Tenant`` request header (tests send it through head_msg/modelKey),
+with the maximum each count reached.
 """
 from __future__ import annotations
 
@@ -28,12 +31,16 @@ class ModelState:
         self.calls: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.in_flight_by: dict[str, int] = {}
+        self.max_in_flight_by: dict[str, int] = {}
         self.fail_counts: dict[str, int] = {}
 
     def reset(self) -> None:
         with self.lock:
             self.calls.clear()
             self.in_flight = self.max_in_flight = 0
+            self.in_flight_by.clear()
+            self.max_in_flight_by.clear()
             self.fail_counts.clear()
 
 
@@ -67,17 +74,24 @@ def _handler(state: ModelState):
             payload = self._payload()
             call = {"path": urlsplit(self.path).path, "method": self.command,
                     "headers": dict(self.headers.items()), "payload": payload, "t": time.time()}
+            group = self.headers.get("X-Stub-Tenant", "")
             with state.lock:
                 state.calls.append(call)
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
+                n = state.in_flight_by[group] = state.in_flight_by.get(group, 0) + 1
+                state.max_in_flight_by[group] = max(state.max_in_flight_by.get(group, 0), n)
             try:
-                self._respond(payload)
+                answer = self._respond(payload)
             finally:
+                # Out of flight before the answer is written: once the caller
+                # has the answer, its next call must not overlap this one.
                 with state.lock:
                     state.in_flight -= 1
+                    state.in_flight_by[group] -= 1
+            self._send(*answer)
 
-        def _respond(self, p: dict) -> None:
+        def _respond(self, p: dict) -> tuple[int, bytes, str]:
             if p.get("hang"):
                 time.sleep(3600)
             sleep_ms = float(p.get("sleep_ms") or 0)
@@ -89,14 +103,14 @@ def _handler(state: ModelState):
                     n = state.fail_counts.get(tag, 0)
                     state.fail_counts[tag] = n + 1
                 if n < fail_first:
-                    return self._send(503, b'{"error":"warming up"}', "application/json")
+                    return 503, b'{"error":"warming up"}', "application/json"
             status = int(p.get("status") or 200)
             if p.get("size"):
-                return self._send(status, b"x" * int(p["size"]), "application/octet-stream")
+                return status, b"x" * int(p["size"]), "application/octet-stream"
             if p.get("content_type"):
-                return self._send(status, str(p.get("body", "")).encode(), str(p["content_type"]))
+                return status, str(p.get("body", "")).encode(), str(p["content_type"])
             body = json.dumps({"model": "demo-echo", "echo": p}, ensure_ascii=False).encode()
-            return self._send(status, body, "application/json")
+            return status, body, "application/json"
 
         do_GET = do_POST = _handle
 

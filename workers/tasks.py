@@ -1,14 +1,18 @@
 """Thin Celery tasks: take ids, call the service layer, nothing else."""
 from __future__ import annotations
 
-from app.celery_config import RUN_JOB_TASK
-from app.services import execution, maintenance
+from app.celery_config import DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, RUN_JOB_TASK
+from app.services import callbacks, concurrency, execution, maintenance
 from workers.celery_app import celery
 
 
-@celery.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def run_job(job_id: str, attempt: int) -> str:
-    return execution.run_attempt(job_id, attempt)
+@celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def run_job(self, job_id: str, attempt: int) -> str:
+    out = execution.run_attempt(job_id, attempt, chain_token=self.request.id)
+    if out == "no_permit":
+        # Not an attempt: come back later instead of holding this process.
+        raise self.retry(countdown=concurrency.retry_countdown(), max_retries=None)
+    return out
 
 
 @celery.task(name="asynch.retry_due", ignore_result=True)
@@ -19,3 +23,16 @@ def retry_due() -> dict:
 @celery.task(name="asynch.recover", ignore_result=True)
 def recover() -> dict:
     return maintenance.recover().as_dict()
+
+
+@celery.task(name=DELIVER_CALLBACK_TASK, bind=True, acks_late=True, ignore_result=True)
+def deliver_callback(self, callback_id: int) -> str:
+    out = callbacks.deliver(callback_id)
+    if out.status == "retry":
+        raise self.retry(countdown=out.retry_in, max_retries=None)
+    return out.status
+
+
+@celery.task(name=DELIVER_DUE_CALLBACKS_TASK, ignore_result=True)
+def deliver_due_callbacks() -> dict:
+    return callbacks.deliver_due_callbacks()

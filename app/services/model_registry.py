@@ -20,6 +20,7 @@ from app.errors import Conflict, NotFound, ValidationFailed
 from app.models import models, tasks
 from app.services.forms import validate_form_definition
 from app.services.headers import HeaderSpecError, parse_header_spec, redact
+from app.services.model_types import unknown_ids
 from app.states import ACTIVE_STATES
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -135,6 +136,24 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
     return clean, errs
 
 
+def _check_types(conn: Connection, clean: dict, errs: list[dict]) -> None:
+    """models_type must name existing asynch_models_type ids."""
+    if clean.get("models_type"):
+        missing = unknown_ids(conn, [int(x) for x in clean["models_type"].split(",")])
+        if missing:
+            errs.append({"pointer": "/models_type",
+                         "message": "unknown model type ids: " + ", ".join(map(str, missing))})
+
+
+# What a non-admin key sees of a model: enough to submit to it.
+USER_FIELDS = ("model_name", "models_type", "form", "enabled", "expected_seconds", "timeout_seconds",
+               "queue_limit", "max_concurrency", "remark")
+
+
+def view_for(m: dict, is_admin: bool) -> dict:
+    return m if is_admin else {k: m[k] for k in USER_FIELDS}
+
+
 def public_view(row) -> dict:
     """A model as shown to admins: every field, head_msg redacted."""
     d = {k: getattr(row, k) for k in FIELDS}
@@ -148,6 +167,7 @@ def create_model(conn: Connection, data: dict) -> dict:
     if not isinstance(data, dict):
         raise ValidationFailed("model must be a JSON object", [{"pointer": "", "message": "must be an object"}])
     clean, errs = _check(data, partial=False)
+    _check_types(conn, clean, errs)
     if errs:
         raise ValidationFailed("invalid model configuration", errs)
     now = clock_now()
@@ -178,6 +198,7 @@ def update_model(conn: Connection, name: str, data: dict) -> dict:
                                [{"pointer": "/model_name", "message": "cannot be changed"}])
     data.pop("model_name", None)
     clean, errs = _check(data, partial=True)
+    _check_types(conn, clean, errs)
     if errs:
         raise ValidationFailed("invalid model configuration", errs)
     row = conn.execute(update(models).where(models.c.model_name == name)
