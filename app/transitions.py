@@ -11,7 +11,7 @@ IllegalTransition before touching the database: that is a bug, not a race.
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
 from sqlalchemy import select, update
@@ -158,10 +158,11 @@ def claim_result(conn: Connection, job_id: str, expire_at: datetime) -> Row | No
     })
 
 
-def claim_results(conn: Connection, job_ids: Sequence[str], expire_at: datetime) -> list[Row]:
-    """done -> claimed for every job of ``job_ids`` still done, in one UPDATE.
+def claim_results(conn: Connection, job_ids: Sequence[str], keep_seconds: int) -> list[Row]:
+    """done -> claimed for every job of ``job_ids`` still done, in one UPDATE,
+    with expire_at = now + keep_seconds (the model's auto_clean_seconds).
 
-    The callers pass the ids of one model (one expire_at).  Rows are locked in
+    The callers pass the ids of one model (one retention).  Rows are locked in
     id order first, so two batches over overlapping ids queue behind each
     other instead of deadlocking; the loser re-checks ``state`` on each row
     after the winner commits and skips it.  Returns only the rows this call
@@ -174,7 +175,8 @@ def claim_results(conn: Connection, job_ids: Sequence[str], expire_at: datetime)
               .order_by(tasks.c.id).with_for_update())
     now = clock_now()
     stmt = (update(tasks).where(tasks.c.id.in_(locked.scalar_subquery()), tasks.c.state == int(S.DONE))
-            .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now, expire_at=expire_at,
+            .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now,
+                    expire_at=now + timedelta(seconds=keep_seconds),
                     passthrough_headers=None)
             .returning(*tasks.c))
     return list(conn.execute(stmt).all())

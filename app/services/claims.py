@@ -11,12 +11,11 @@ reported as not found and never touched.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
 
 from sqlalchemy import select
 
 from app import transitions
-from app.clock import as_utc, now as clock_now
+from app.clock import as_utc
 from app.config import get_settings
 from app.db import transaction
 from app.errors import ValidationFailed
@@ -66,7 +65,6 @@ def get_task_batch(principal: Principal, task_ids) -> list[dict]:
     ids = _ids(task_ids)
     if not ids:
         return []
-    now = clock_now()
     claimed: set[str] = set()
     with transaction() as conn:
         q = select(tasks.c.id, tasks.c.model_name, tasks.c.state).where(tasks.c.id.in_(ids))
@@ -81,8 +79,7 @@ def get_task_batch(principal: Principal, task_ids) -> list[dict]:
             keep = dict(conn.execute(select(models.c.model_name, models.c.auto_clean_seconds)
                                      .where(models.c.model_name.in_(list(done)))).all())
             for model, jids in done.items():
-                expire_at = now + timedelta(seconds=keep.get(model, 3600))
-                claimed.update(r.id for r in transitions.claim_results(conn, jids, expire_at))
+                claimed.update(r.id for r in transitions.claim_results(conn, jids, keep.get(model, 3600)))
         # Read after claiming: rows another call claimed meanwhile show as claimed.
         rows = {r.id: r for r in conn.execute(select(tasks).where(tasks.c.id.in_([v.id for v in visible])))}
     out = []
