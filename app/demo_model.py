@@ -34,9 +34,12 @@ class ModelState:
         self.in_flight_by: dict[str, int] = {}
         self.max_in_flight_by: dict[str, int] = {}
         self.fail_counts: dict[str, int] = {}
+        # Calls still running from before a reset() must not touch the new counts.
+        self.generation = 0
 
     def reset(self) -> None:
         with self.lock:
+            self.generation += 1
             self.calls.clear()
             self.in_flight = self.max_in_flight = 0
             self.in_flight_by.clear()
@@ -76,6 +79,7 @@ def _handler(state: ModelState):
                     "headers": dict(self.headers.items()), "payload": payload, "t": time.time()}
             group = self.headers.get("X-Stub-Tenant", "")
             with state.lock:
+                gen = state.generation
                 state.calls.append(call)
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
@@ -87,8 +91,9 @@ def _handler(state: ModelState):
                 # Out of flight before the answer is written: once the caller
                 # has the answer, its next call must not overlap this one.
                 with state.lock:
-                    state.in_flight -= 1
-                    state.in_flight_by[group] -= 1
+                    if gen == state.generation:
+                        state.in_flight -= 1
+                        state.in_flight_by[group] -= 1
             self._send(*answer)
 
         def _respond(self, p: dict) -> tuple[int, bytes, str]:

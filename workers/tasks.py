@@ -6,12 +6,16 @@ from app.services import callbacks, concurrency, execution, maintenance
 from workers.celery_app import celery
 
 
-@celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+# max_retries=None: waiting for a permit (or a callback's next try) is not
+# bounded by Celery's retry count; the job's budget and the callback's
+# max attempts bound it.
+@celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             max_retries=None)
 def run_job(self, job_id: str, attempt: int) -> str:
     out = execution.run_attempt(job_id, attempt, chain_token=self.request.id)
     if out == "no_permit":
         # Not an attempt: come back later instead of holding this process.
-        raise self.retry(countdown=concurrency.retry_countdown(), max_retries=None)
+        raise self.retry(countdown=concurrency.retry_countdown())
     return out
 
 
@@ -25,11 +29,11 @@ def recover() -> dict:
     return maintenance.recover().as_dict()
 
 
-@celery.task(name=DELIVER_CALLBACK_TASK, bind=True, acks_late=True, ignore_result=True)
+@celery.task(name=DELIVER_CALLBACK_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def deliver_callback(self, callback_id: int) -> str:
     out = callbacks.deliver(callback_id)
     if out.status == "retry":
-        raise self.retry(countdown=out.retry_in, max_retries=None)
+        raise self.retry(countdown=out.retry_in)
     return out.status
 
 
