@@ -48,12 +48,11 @@ def publish_run_job(job_id: str, attempt: int, priority: int | None = None) -> b
         return False
 
 
-def publish_task(name: str, args: list, countdown: float | None = None) -> bool:
+def publish_task(name: str, args: list) -> bool:
     """Publish any task by name; False (logged) if the broker refused.  For
     work whose durable record is a row that a sweep re-publishes."""
     try:
-        kw = {"countdown": countdown} if countdown else {}
-        producer_app().send_task(name, args=args, queue=get_settings().queue_name, **kw)
+        producer_app().send_task(name, args=args, queue=get_settings().queue_name)
         return True
     except Exception:
         log.exception("publish of %s failed; the sweep will re-publish", name)

@@ -176,7 +176,6 @@ def claim_results(conn: Connection, job_ids: Sequence[str], keep_seconds: int) -
     now = clock_now()
     stmt = (update(tasks).where(tasks.c.id.in_(locked.scalar_subquery()), tasks.c.state == int(S.DONE))
             .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now,
-                    expire_at=now + timedelta(seconds=keep_seconds),
-                    passthrough_headers=None)
+                    expire_at=now + timedelta(seconds=keep_seconds))
             .returning(*tasks.c))
     return list(conn.execute(stmt).all())

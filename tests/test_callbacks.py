@@ -239,7 +239,7 @@ def test_the_sweep_backfills_a_lost_callback_and_revives_an_abandoned_delivery(m
     with transaction() as conn:
         cb = conn.execute(select(callbacks_table).where(callbacks_table.c.job_id == job_id)).one()
         # A worker claims the delivery and dies before recording anything.
-        assert callbacks._claim(conn, cb.id, t[0]) is not None
+        assert callbacks.claim_delivery(conn, cb.id, t[0]) is not None
     assert callbacks.deliver(cb.id).status == "skipped"  # its lease still holds
     assert callbacks.deliver_due_callbacks()["published"] == 0
     t[0] += timedelta(minutes=5)

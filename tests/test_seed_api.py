@@ -114,6 +114,15 @@ def test_update_then_delete_a_model(client, admin_key, user_key):
     assert pointers(body) == {"/modelName"}
 
 
+def test_a_model_view_sent_back_keeps_its_secrets(client, admin_key):
+    ok(client.post("/model/createModel", json=SEED_MODEL, headers=auth(admin_key)))
+    view = ok(client.get("/model/getModel?modelName=model-service", headers=auth(admin_key)))
+    view["remark"] = "edited in a console"
+    data = ok(client.post("/model/updateModel", json=view, headers=auth(admin_key)))
+    assert data["remark"] == "edited in a console"
+    assert stored_model("model-service").head_msg == SEED_MODEL["headMsg"]  # not overwritten with ***
+
+
 @pytest.mark.parametrize("evil", ["API_KEY:x\r\nInjected:1", "API_KEY:x\nB:2", "API_KEY:x\rB:2", "A:1\x00"])
 def test_head_msg_with_cr_lf_is_refused_with_422_and_the_model_is_unchanged(client, admin_key, evil):
     ok(client.post("/model/createModel", json=SEED_MODEL, headers=auth(admin_key)))

@@ -99,7 +99,8 @@ class Outcome:
     retry_in: float | None = None
 
 
-def _claim(conn: Connection, callback_id: int, now: datetime) -> Row | None:
+def claim_delivery(conn: Connection, callback_id: int, now: datetime) -> Row | None:
+    """pending and due, or sending with an expired lease -> sending (attempt + 1)."""
     lease = now + timedelta(seconds=2 * get_settings().callback_timeout_seconds + 30)
     return conn.execute(update(callbacks).where(
         callbacks.c.id == callback_id,
@@ -113,7 +114,7 @@ def deliver(callback_id: int) -> Outcome:
     """One delivery attempt of one callback (the deliver_callback task)."""
     now = clock_now()
     with transaction() as conn:
-        cb = _claim(conn, callback_id, now)
+        cb = claim_delivery(conn, callback_id, now)
         if cb is None:
             cur = conn.execute(select(callbacks.c.status, callbacks.c.next_attempt_at)
                                .where(callbacks.c.id == callback_id)).first()

@@ -33,11 +33,11 @@ from app.errors import (
 from app.models import tasks
 from app.publisher import publish_run_job
 from app.services import waiters
-from app.services.netguard import callback_url_problem
 from app.services.forms import validate_payload
 from app.services.headers import HeaderSpecError, parse_header_spec
 from app.services.keys import Principal
 from app.services.model_registry import require_enabled_model
+from app.services.netguard import callback_url_problem
 from app.states import JobState, parse_v1_filter, v1_name
 from app.storage import ObjectMissing, get_storage
 

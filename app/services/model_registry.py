@@ -51,7 +51,8 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
     def err(field: str, msg: str) -> None:
         errs.append({"pointer": "/" + field, "message": msg})
 
-    unknown = sorted(set(data) - set(FIELDS))
+    # Read-only fields of a model view are ignored, so a view can be sent back.
+    unknown = sorted(set(data) - set(FIELDS) - {"created_at", "updated_at"})
     for k in unknown:
         err(k, "unknown field")
 
@@ -201,6 +202,11 @@ def update_model(conn: Connection, name: str, data: dict) -> dict:
     _check_types(conn, clean, errs)
     if errs:
         raise ValidationFailed("invalid model configuration", errs)
+    if "head_msg" in clean:
+        current = get_model_row(conn, name)
+        if current is not None and clean["head_msg"] == redact(current.head_msg) and current.head_msg:
+            # A view sent back (values shown as ***) keeps the stored secrets.
+            del clean["head_msg"]
     row = conn.execute(update(models).where(models.c.model_name == name)
                        .values(updated_at=clock_now(), **clean).returning(*models.c)).first()
     if row is None:
