@@ -115,8 +115,12 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
 
     with ThreadPoolExecutor(16) as ex:
         winners = [w for w in ex.map(racer, range(16)) if w]
-    assert len(winners) == 1, winners
+    # One racer moves the job out of running.  retry_wait -> canceled is a
+    # second, legal transition, so a cancel may also win right after a retry.
+    assert len(winners) == 1 or sorted(winners) == ["cancel", "retry"], winners
     row = job_row(job_id)
+    if len(winners) == 2:
+        assert row.state == JobState.CANCELED
     assert row.state in (JobState.DONE, JobState.FAILED, JobState.RETRY_WAIT, JobState.CANCELED)
     assert r.zcard("asynch:gate:race") == 0
     assert released.count(True) == 1  # the slot went back exactly once
