@@ -20,7 +20,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     flask_app.json.sort_keys = False
 
-    from app.api import errors, health, seed_maintenance, v1_admin, v1_jobs, v1_maintenance
+    from app.api import errors, health, seed, seed_maintenance, v1_admin, v1_business, v1_jobs, v1_maintenance
 
     errors.register(flask_app)
     flask_app.register_blueprint(health.bp)
@@ -28,6 +28,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.register_blueprint(v1_admin.bp)
     flask_app.register_blueprint(v1_maintenance.bp)
     flask_app.register_blueprint(seed_maintenance.bp)
+    flask_app.register_blueprint(v1_business.bp)
+    flask_app.register_blueprint(seed.bp)
 
     # The per-process listener (wake-ups, cache invalidations): started here
     # so invalidations reach a process before its first long-poll; it

@@ -7,6 +7,8 @@ from kombu import Queue
 from app.config import Settings
 
 RUN_JOB_TASK = "asynch.run_job"
+DELIVER_CALLBACK_TASK = "asynch.deliver_callback"
+DELIVER_DUE_CALLBACKS_TASK = "asynch.deliver_due_callbacks"
 MAX_PRIORITY = 9
 
 

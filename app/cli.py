@@ -261,7 +261,7 @@ def env_cmd() -> None:
     s = get_settings()
     for name, var in env_names().items():
         v = getattr(s, name)
-        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key") and v:
+        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key", "oss_authorization") and v:
             v = "***"
         click.echo(f"{var}={v}")
 

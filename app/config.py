@@ -44,7 +44,8 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Celery broker; empty means "the Redis above".  amqp:// works too.
     broker_url: str = ""
-    # Where results go: file:///abs/dir, file://relative/dir or s3://bucket/prefix
+    # Where results go: file:///abs/dir, file://relative/dir, s3://bucket/prefix
+    # or oss+http(s)://host:port/base (the seed's file service, see storage.py)
     storage_url: str = "file://data/results"
     s3_endpoint_url: str = ""
     s3_region: str = "us-east-1"
@@ -114,6 +115,29 @@ class Settings:
     autotune_ttl_seconds: int = 7200
     autotune_min_samples: int = 5
     autotune_queued_seconds: float = 1.0
+    # Per tenant+model concurrency (max_concurrency): a job that finds no
+    # permit is re-delivered after about this many seconds (with jitter),
+    # without counting as an attempt and without holding a worker process.
+    permit_retry_seconds: float = 2.0
+    # getTaskBatch: most task ids one call may name.
+    batch_max_ids: int = 1000
+    # Callbacks on done (seed 002): per-delivery timeout, attempts, backoff
+    # base * 2**(n-1) capped, with jitter.
+    callback_timeout_seconds: float = 10.0
+    callback_max_attempts: int = 8
+    callback_backoff_seconds: float = 5.0
+    callback_backoff_max_seconds: float = 3600.0
+    beat_callbacks_seconds: float = 15.0
+    # Operator allowlist for callback targets that would otherwise be refused
+    # (loopback, private, link-local ...): comma list of IPs, CIDRs or host names.
+    callback_allow_hosts: str = ""
+    # Trust X-User-Info from a gateway in front of the API for the job's
+    # creator.  Off: only the creator field / X-Creator header count.
+    trusted_gateway: bool = False
+    # OSS file service backend (storage_url oss+http://host:port/base): the
+    # Authorization sent when a job carries none of its own, and the timeout.
+    oss_authorization: str = ""
+    oss_timeout_seconds: float = 60.0
     log_level: str = "INFO"
 
     @property

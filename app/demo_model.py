@@ -13,7 +13,10 @@ or answer with other bytes:
   hang          never answer (until the client gives up)
   hold          wait until the test calls state.release(<hold>) (at most 60 s):
                 a call the test can keep in flight as long as it needs
-Every call is recorded (path, method, headers, payload, time) for tests.
+Every call is recorded (path, method, headers, payload, time) for tests,
+and calls in flight are counted in total and per value of the
+``X-Stub-Tenant`` request header (tests send it through head_msg/modelKey),
+with the maximum each count reached.
 """
 from __future__ import annotations
 
@@ -30,8 +33,12 @@ class ModelState:
         self.calls: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.in_flight_by: dict[str, int] = {}
+        self.max_in_flight_by: dict[str, int] = {}
         self.fail_counts: dict[str, int] = {}
         self.holds: dict[str, threading.Event] = {}
+        # Calls still running from before a reset() must not touch the new counts.
+        self.generation = 0
 
     def hold(self, name: str) -> threading.Event:
         with self.lock:
@@ -42,8 +49,11 @@ class ModelState:
 
     def reset(self) -> None:
         with self.lock:
+            self.generation += 1
             self.calls.clear()
             self.in_flight = self.max_in_flight = 0
+            self.in_flight_by.clear()
+            self.max_in_flight_by.clear()
             self.fail_counts.clear()
             for ev in self.holds.values():
                 ev.set()  # nothing stays stuck from the previous test
@@ -80,17 +90,26 @@ def _handler(state: ModelState):
             payload = self._payload()
             call = {"path": urlsplit(self.path).path, "method": self.command,
                     "headers": dict(self.headers.items()), "payload": payload, "t": time.time()}
+            group = self.headers.get("X-Stub-Tenant", "")
             with state.lock:
+                gen = state.generation
                 state.calls.append(call)
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
+                n = state.in_flight_by[group] = state.in_flight_by.get(group, 0) + 1
+                state.max_in_flight_by[group] = max(state.max_in_flight_by.get(group, 0), n)
             try:
-                self._respond(payload)
+                answer = self._respond(payload)
             finally:
+                # Out of flight before the answer is written: once the caller
+                # has the answer, its next call must not overlap this one.
                 with state.lock:
-                    state.in_flight -= 1
+                    if gen == state.generation:
+                        state.in_flight -= 1
+                        state.in_flight_by[group] -= 1
+            self._send(*answer)
 
-        def _respond(self, p: dict) -> None:
+        def _respond(self, p: dict) -> tuple[int, bytes, str]:
             if p.get("hang"):
                 time.sleep(3600)
             if p.get("hold"):
@@ -104,14 +123,14 @@ def _handler(state: ModelState):
                     n = state.fail_counts.get(tag, 0)
                     state.fail_counts[tag] = n + 1
                 if n < fail_first:
-                    return self._send(503, b'{"error":"warming up"}', "application/json")
+                    return 503, b'{"error":"warming up"}', "application/json"
             status = int(p.get("status") or 200)
             if p.get("size"):
-                return self._send(status, b"x" * int(p["size"]), "application/octet-stream")
+                return status, b"x" * int(p["size"]), "application/octet-stream"
             if p.get("content_type"):
-                return self._send(status, str(p.get("body", "")).encode(), str(p["content_type"]))
+                return status, str(p.get("body", "")).encode(), str(p["content_type"])
             body = json.dumps({"model": "demo-echo", "echo": p}, ensure_ascii=False).encode()
-            return self._send(status, body, "application/json")
+            return status, body, "application/json"
 
         do_GET = do_POST = _handle
 

@@ -3,7 +3,7 @@ only describes them so queries can be written against names, not strings."""
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Column, Date, DateTime, Float, Index, Integer, MetaData,
+    JSON, BigInteger, Boolean, Column, Date, DateTime, Float, ForeignKey, Index, Integer, MetaData,
     SmallInteger, String, Table, Text, UniqueConstraint, text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -54,6 +54,10 @@ tasks = Table(
     Column("callback_url", Text, nullable=True),
     # Per-job header override (seed: modelKey).  Secret: never returned.
     Column("model_key", Text, nullable=True),
+    # Headers passed through to the OSS file service (JSON object: its
+    # Authorization and X-User-Info).  Secret: never returned or logged;
+    # cleared when the job reaches a terminal state.
+    Column("passthrough_headers", Text, nullable=True),
     # JSON text as received: jsonb would refuse \u0000, which JSON allows.
     Column("request_payload", Text, nullable=False),
     # sha256 of the canonical payload + options: idempotent replays compare it.
@@ -114,6 +118,54 @@ model_stats = Table(
     Column("request_count", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("day", "tenant_id", "creator", "model_name", name="uq_asynch_model_stat"),
     Index("ix_asynch_model_stat_model_day", "model_name", "day"),
+    Index("ix_asynch_model_stat_tenant_day", "tenant_id", "day"),
+)
+
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+# One callback per done job with a callbackUrl (seed 002), delivered at least
+# once: pending -> sending (a lease) -> delivered | pending (backoff) | failed.
+callbacks = Table(
+    "asynch_callback", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False, unique=True),
+    Column("tenant_id", String(64), nullable=False),
+    # The exact URL requested (and signed): callbackUrl/bizName?task_id&state&oss_file&file_type.
+    Column("url", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", TS, nullable=False),
+    Column("lease_until", TS, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("delivered_at", TS, nullable=True),
+    Column("created_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    # The sweep: due pending deliveries, and sending ones whose lease ran out.
+    Index("ix_asynch_callback_status_next", "status", "next_attempt_at"),
+    Index("ix_asynch_callback_status_lease", "status", "lease_until"),
+)
+
+# The delivery log: one row per attempt.
+callback_attempts = Table(
+    "asynch_callback_attempt", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("callback_id", BigId, ForeignKey("asynch_callback.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", TS, nullable=False),
+    Column("duration_ms", Integer, nullable=False),
+    Column("address", String(64), nullable=True),
+    Column("http_status", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Index("ix_asynch_callback_attempt_callback", "callback_id", "attempt"),
+)
+
+# Per-tenant callback signing secrets, generated on first use.
+tenant_secrets = Table(
+    "asynch_tenant_secret", metadata,
+    Column("tenant_id", String(64), primary_key=True),
+    Column("secret", String(128), nullable=False),
+    Column("created_at", TS, nullable=False),
+    Column("rotated_at", TS, nullable=True),
 )
 
 api_keys = Table(

@@ -1,4 +1,4 @@
-"""Sends run_job messages by task name.  app/ never imports workers/: the API
+"""Sends run_job (and other) messages by task name.  app/ never imports workers/: the API
 only needs a producer, not the task code.  A message is a doorbell; the row
 is the truth, so a lost message is repaired by recovery, not by the caller.
 
@@ -150,4 +150,15 @@ def publish_run_job(job_id: str, attempt: int, priority: Priority = Priority.NOR
         return True
     except Exception:
         log.exception("publish failed; recovery will re-publish", extra={"job_id": job_id})
+        return False
+
+
+def publish_task(name: str, args: list) -> bool:
+    """Publish any task by name; False (logged) if the broker refused.  For
+    work whose durable record is a row that a sweep re-publishes."""
+    try:
+        producer_app().send_task(name, args=args, queue=get_settings().queue_name)
+        return True
+    except Exception:
+        log.exception("publish of %s failed; the sweep will re-publish", name)
         return False

@@ -121,6 +121,14 @@ def beat_history_key() -> str:
     return f"{_p()}:beat:history"
 
 
+def semaphore_key(model: str, tenant: str) -> str:
+    return f"{_p()}:sem:{model}:{tenant}"
+
+
+def permit_wait_key(job_id: str, attempt: int) -> str:
+    return f"{_p()}:permit_wait:{job_id}:{attempt}"
+
+
 # --- scripts -----------------------------------------------------------------
 
 # Admission gate: check the limit and take a slot in one step.
@@ -217,9 +225,57 @@ redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5])
 return 1
 """
 
+# Per tenant+model concurrency semaphore with expiring leases.
+# KEYS[1] semaphore sorted set (member lease id, score expiry in Redis time)
+# KEYS[2] runtime max_concurrency override (optional integer string)
+# ARGV[1] lease id  ARGV[2] configured max_concurrency (cap)  ARGV[3] lease ttl (s)
+# Returns {acquired 0|1, effective limit, holders after}.
+# Expiry uses the Redis server's clock, so workers with skewed clocks agree;
+# expired leases (a SIGKILLed worker's) are dropped before counting.  The
+# limit is the runtime override if present, never above the cap; <= 0 admits
+# nobody.
+SEM_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local limit = tonumber(ARGV[2])
+local rt = tonumber(redis.call('GET', KEYS[2]) or '')
+if rt and rt < limit then limit = rt end
+local held = redis.call('ZCARD', KEYS[1])
+if limit <= 0 then return {0, limit, held} end
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if held >= limit then return {0, limit, held} end
+  held = held + 1
+end
+local ttl = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('EXPIRE', KEYS[1], math.ceil(ttl) + 60)
+return {1, limit, held}
+"""
+
+# One re-delivery chain per waiting job attempt: a job that found no permit
+# re-publishes itself; a second message for the same attempt (recovery's
+# re-publish, a duplicate) sees another chain holding the key and stops.
+# KEYS[1] permit_wait key  ARGV[1] chain token (the Celery task id)  ARGV[2] ttl (ms)
+# Returns 1 if this chain holds (or took over) the key, else 0.
+# Drop the expired leases of one semaphore (a SIGKILLed worker's permits).
+# KEYS[1] semaphore sorted set.  Returns how many were dropped.
+SEM_REAP = """
+local t = redis.call('TIME')
+return redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+"""
+
+PERMIT_WAIT_HOLD = """
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
 _SOURCES = {"gate_admit": GATE_ADMIT, "gate_reconcile": GATE_RECONCILE, "compare_delete": COMPARE_DELETE,
             "leader_acquire": LEADER_ACQUIRE, "leader_release": LEADER_RELEASE,
-            "runtime_limits_cas": RUNTIME_LIMITS_CAS}
+            "runtime_limits_cas": RUNTIME_LIMITS_CAS, "sem_acquire": SEM_ACQUIRE,
+            "permit_wait_hold": PERMIT_WAIT_HOLD, "sem_reap": SEM_REAP}
 _scripts: dict[tuple[str, int], object] = {}
 
 
@@ -374,3 +430,40 @@ def record_beat_run(entry: str, keep: int) -> None:
 
 def beat_history(limit: int = 100) -> list[str]:
     return get_redis().lrange(beat_history_key(), -max(1, limit), -1)
+
+
+@dataclass(frozen=True)
+class PermitDecision:
+    acquired: bool
+    limit: int
+    holders: int
+
+
+def semaphore_acquire(model: str, tenant: str, lease_id: str, cap: int, ttl_seconds: float) -> PermitDecision:
+    acquired, limit, held = _script("sem_acquire")(
+        keys=[semaphore_key(model, tenant), runtime_max_concurrency_key(model)],
+        args=[lease_id, int(cap), f"{ttl_seconds:.3f}"],
+    )
+    return PermitDecision(bool(acquired), int(limit), int(held))
+
+
+def semaphore_release(model: str, tenant: str, lease_id: str) -> bool:
+    """Give a permit back.  Idempotent; an expired lease is simply gone."""
+    return bool(get_redis().zrem(semaphore_key(model, tenant), lease_id))
+
+
+def semaphore_reap_all() -> int:
+    """Expired leases dropped across every semaphore.  Acquire drops them
+    too; this returns them without waiting for the next acquire."""
+    prefix = semaphore_key("", "")[:-1]  # "<prefix>:sem:"
+    reap = _script("sem_reap")
+    return sum(int(reap(keys=[k])) for k in get_redis().scan_iter(match=prefix + "*", count=500))
+
+
+def semaphore_holders(model: str, tenant: str) -> list[str]:
+    return list(get_redis().zrange(semaphore_key(model, tenant), 0, -1))
+
+
+def permit_wait_hold(job_id: str, attempt: int, token: str, ttl_seconds: float) -> bool:
+    return bool(_script("permit_wait_hold")(keys=[permit_wait_key(job_id, attempt)],
+                                            args=[token, int(ttl_seconds * 1000)]))

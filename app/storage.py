@@ -2,10 +2,15 @@
 
 ``put`` returns a location string that ``get`` and ``delete`` accept and that
 is shown to callers as ``oss_file``.  Deleting what is already gone is fine.
-Backends: a local directory (default) and S3 via boto3.
+Backends: a local directory (default), S3 via boto3, and the seed's OSS file
+service (``oss+http(s)://host:port/base``).  ``put`` takes an optional
+``context``: headers of the job to pass through (only the OSS backend uses
+them).
 """
 from __future__ import annotations
 
+import logging
+import mimetypes
 import os
 import tempfile
 import threading
@@ -13,7 +18,11 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
+import requests
+
 from app.config import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 
 class StorageError(Exception):
@@ -25,7 +34,7 @@ class ObjectMissing(StorageError):
 
 
 class Storage(Protocol):
-    def put(self, key: str, data: bytes, content_type: str) -> str: ...
+    def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str: ...
     def get(self, location: str) -> bytes: ...
     def delete(self, location: str) -> None: ...
 
@@ -43,7 +52,7 @@ class LocalStorage:
             raise StorageError(f"location outside the storage root: {location}")
         return p
 
-    def put(self, key: str, data: bytes, content_type: str) -> str:
+    def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str:
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
         # Write to a temp file and rename: a reader never sees half a result.
@@ -100,7 +109,7 @@ class S3Storage:
             return location[len(head):]
         return f"{self.prefix}/{location}" if self.prefix else location
 
-    def put(self, key: str, data: bytes, content_type: str) -> str:
+    def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str:
         full = self._key(key)
         try:
             self.client.put_object(Bucket=self.bucket, Key=full, Body=data, ContentType=content_type)
@@ -124,6 +133,83 @@ class S3Storage:
             raise StorageError(f"s3 delete failed: {exc}") from exc
 
 
+class OssStorage:
+    """The seed's OSS file service: ``POST {base}/oss/file/uploadFile`` with a
+    multipart ``file`` part; the job's ``Authorization`` and ``X-User-Info``
+    are passed through (the operator's ASYNCH_OSS_AUTHORIZATION when the job
+    has none).  The answer's file URL is the location (oss_file): JSON with
+    the URL as ``data`` (a string), ``data.url`` / ``data.fileUrl`` /
+    ``data.path``, or a top-level ``url``; a ``code`` other than 0/200 or a
+    ``success: false`` is a failed upload.  ``get`` downloads that URL.  The
+    service has no delete: ``delete`` only logs (the file service's own
+    retention applies)."""
+
+    PASS_THROUGH = ("Authorization", "X-User-Info")
+
+    def __init__(self, base_url: str, settings: Settings):
+        self.base = base_url.rstrip("/")
+        self.timeout = settings.oss_timeout_seconds
+        self.default_auth = settings.oss_authorization
+        self.session = requests.Session()
+        self.session.trust_env = False
+
+    def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str:
+        headers = {}
+        for name in self.PASS_THROUGH:
+            v = (context or {}).get(name)
+            if v:
+                headers[name] = v
+        if "Authorization" not in headers and self.default_auth:
+            headers["Authorization"] = self.default_auth
+        ext = mimetypes.guess_extension((content_type or "").split(";")[0].strip()) or ".bin"
+        filename = key.strip("/").replace("/", "-") + ext
+        try:
+            resp = self.session.post(f"{self.base}/oss/file/uploadFile", headers=headers, timeout=self.timeout,
+                                     files={"file": (filename, data, content_type or "application/octet-stream")},
+                                     allow_redirects=False)
+        except requests.RequestException as exc:
+            raise StorageError(f"oss upload failed: {type(exc).__name__}") from exc
+        if resp.status_code != 200:
+            raise StorageError(f"oss upload failed: HTTP {resp.status_code}")
+        try:
+            body = resp.json()
+        except ValueError as exc:
+            raise StorageError("oss upload answered with no JSON") from exc
+        url = self._file_url(body)
+        if not url:
+            raise StorageError(f"oss upload refused: {str(body)[:200]}")
+        return url
+
+    @staticmethod
+    def _file_url(body) -> str | None:
+        if not isinstance(body, dict):
+            return None
+        if body.get("success") is False or body.get("code", 0) not in (0, 200, "0", "200"):
+            return None
+        data = body.get("data")
+        if isinstance(data, str) and data:
+            return data
+        if isinstance(data, dict):
+            for k in ("url", "fileUrl", "path"):
+                if isinstance(data.get(k), str) and data[k]:
+                    return data[k]
+        return body.get("url") if isinstance(body.get("url"), str) else None
+
+    def get(self, location: str) -> bytes:
+        try:
+            resp = self.session.get(location, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise StorageError(f"oss download failed: {type(exc).__name__}") from exc
+        if resp.status_code == 404:
+            raise ObjectMissing(location)
+        if resp.status_code != 200:
+            raise StorageError(f"oss download failed: HTTP {resp.status_code}")
+        return resp.content
+
+    def delete(self, location: str) -> None:
+        log.info("oss file service has no delete; left to its retention: %s", location)
+
+
 def storage_from_url(url: str, settings: Settings) -> Storage:
     parsed = urlparse(url)
     if parsed.scheme == "file":
@@ -134,6 +220,8 @@ def storage_from_url(url: str, settings: Settings) -> Storage:
         if not parsed.netloc:
             raise ValueError(f"storage URL needs a bucket: {url}")
         return S3Storage(parsed.netloc, parsed.path, settings)
+    if parsed.scheme in ("oss+http", "oss+https"):
+        return OssStorage(url[len("oss+"):], settings)
     raise ValueError(f"unsupported storage URL: {url}")
 
 

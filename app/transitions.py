@@ -11,16 +11,16 @@ IllegalTransition before touching the database: that is a bug, not a race.
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
 from app.models import tasks
-from app.states import JobState as S
+from app.states import TERMINAL_STATES, JobState as S
 
 # The state machine of DESIGN.md, and nothing else.
 ALLOWED: frozenset[tuple[S, S]] = frozenset({
@@ -65,6 +65,9 @@ def _cas(
     for clause in where:
         stmt = stmt.where(clause)
     vals = {"state": int(to_state), "updated_at": clock_now()}
+    if S(to_state) in TERMINAL_STATES:
+        # The OSS pass-through credentials are only needed for an upload.
+        vals["passthrough_headers"] = None
     vals.update(values or {})
     return conn.execute(stmt.values(**vals).returning(*tasks.c)).first()
 
@@ -188,3 +191,26 @@ def claim_result(conn: Connection, job_id: str, expire_at: datetime) -> Row | No
         "claimed_at": clock_now(),
         "expire_at": expire_at,
     })
+
+
+def claim_results(conn: Connection, job_ids: Sequence[str], keep_seconds: int) -> list[Row]:
+    """done -> claimed for every job of ``job_ids`` still done, in one UPDATE,
+    with expire_at = now + keep_seconds (the model's auto_clean_seconds).
+
+    The callers pass the ids of one model (one retention).  Rows are locked in
+    id order first, so two batches over overlapping ids queue behind each
+    other instead of deadlocking; the loser re-checks ``state`` on each row
+    after the winner commits and skips it.  Returns only the rows this call
+    moved: each job is claimed (and its expire_at set) by exactly one caller.
+    """
+    check_allowed([S.DONE], S.CLAIMED)
+    if not job_ids:
+        return []
+    locked = (select(tasks.c.id).where(tasks.c.id.in_(list(job_ids)), tasks.c.state == int(S.DONE))
+              .order_by(tasks.c.id).with_for_update())
+    now = clock_now()
+    stmt = (update(tasks).where(tasks.c.id.in_(locked.scalar_subquery()), tasks.c.state == int(S.DONE))
+            .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now,
+                    expire_at=now + timedelta(seconds=keep_seconds))
+            .returning(*tasks.c))
+    return list(conn.execute(stmt).all())

@@ -200,17 +200,21 @@ def make_model(model_server):
 # --- Celery workers in their own processes ---------------------------------------------
 
 class WorkerProcess:
-    def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w"):
+    def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w",
+                 extra_args: tuple[str, ...] = ()):
         self.env = {**os.environ, **env}
         self.concurrency = concurrency
         self.log_path = log_path
         self.name = name
+        # e.g. ("--include", "flaky_storage"): test-only modules the worker imports.
+        self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
 
     def start(self, ready_timeout: float = 60) -> "WorkerProcess":
         from app.cli import worker_argv
 
-        argv = worker_argv(self.concurrency, self.env["ASYNCH_QUEUE_NAME"]) + ["-n", f"{self.name}-{time.time_ns()}@%h"]
+        argv = (worker_argv(self.concurrency, self.env["ASYNCH_QUEUE_NAME"])
+                + ["-n", f"{self.name}-{time.time_ns()}@%h"] + self.extra_args)
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

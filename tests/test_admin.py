@@ -1,10 +1,12 @@
 """Model CRUD and API keys over v1: admins only, validated, secrets redacted."""
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
 from app.db import transaction
 from app.models import api_keys, models
+from app.services import model_types
 from conftest import auth
 
 MODEL = {"model_name": "chat", "base_url": "http://127.0.0.1:9/", "route": "/api/v1/chat",
@@ -13,6 +15,14 @@ MODEL = {"model_name": "chat", "base_url": "http://127.0.0.1:9/", "route": "/api
          "retry_times": 3, "retry_queue_max_seconds": 600, "auto_clean_seconds": 3600,
          "models_type": "1, 2,3", "remark": "chat model",
          "form": [{"field": "prompt", "label": "Prompt", "type": "text", "required": True}]}
+
+
+@pytest.fixture(autouse=True)
+def _types():
+    # MODEL's models_type names these; unknown type ids are refused.
+    with transaction() as conn:
+        for i in (1, 2, 3):
+            model_types.create_type(conn, {"type_id": i, "type_name": f"type {i}"})
 
 
 def test_admin_creates_reads_updates_deletes_a_model(client, admin_key):

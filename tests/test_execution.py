@@ -142,11 +142,11 @@ def test_upload_retry_does_not_call_the_model_again(make_model, model_server, mo
     assert isinstance(storage, LocalStorage)
     real_put, fails = storage.put, {"n": 0}
 
-    def flaky_put(key, data, ctype):
+    def flaky_put(key, data, ctype, context=None):
         if fails["n"] < 2:
             fails["n"] += 1
             raise StorageError("injected upload failure")
-        return real_put(key, data, ctype)
+        return real_put(key, data, ctype, context)
 
     monkeypatch.setattr(storage, "put", flaky_put)
     job_id = _submit("m", {"x": "y"})

@@ -44,3 +44,12 @@ def test_reconcile_gates_matches_the_database_after_a_wipe(make_model, r):
     assert rep.details["added"] == 3 and rep.details["removed"] == 1
     assert set(r.zrange("asynch:gate:m", 0, -1)) == ids
     assert r.zcard("asynch:gate:deleted-model") == 0
+
+
+def test_recovery_reclaims_expired_semaphore_leases(settings, r):
+    assert rs.semaphore_acquire("m", "t1", "dead-lease", cap=1, ttl_seconds=0.05).acquired
+    assert rs.semaphore_acquire("m", "t2", "live-lease", cap=1, ttl_seconds=60).acquired
+    time.sleep(0.1)  # the first lease runs out (Redis server time)
+    assert maintenance.reclaim_dead_permits().processed == 1
+    assert rs.semaphore_holders("m", "t1") == [] and rs.semaphore_holders("m", "t2") == ["live-lease"]
+    assert rs.semaphore_acquire("m", "t1", "next", cap=1, ttl_seconds=60).acquired

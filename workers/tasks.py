@@ -4,22 +4,29 @@ Periodic tasks take the ``fence`` their beat stamped them with
 (app/services/periodic.py); called without one they simply run."""
 from __future__ import annotations
 
-from app.celery_config import RUN_JOB_TASK
+from app.celery_config import DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, RUN_JOB_TASK
 from app.errors import Unavailable
-from app.services import autotune, execution, maintenance
+from app.services import autotune, callbacks, concurrency, execution, maintenance
 from app.services.periodic import run_periodic
 from workers.celery_app import celery
 
 
-@celery.task(bind=True, name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+# max_retries=None: waiting for a permit (or a callback's next try, or the
+# database coming back) is not bounded by Celery's retry count; the job's
+# budget and the callback's max attempts bound it.
+@celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
              max_retries=None)
 def run_job(self, job_id: str, attempt: int) -> str:
     try:
-        return execution.run_attempt(job_id, attempt)
+        out = execution.run_attempt(job_id, attempt, chain_token=self.request.id)
     except Unavailable as exc:
         # The database is away: ring the doorbell again shortly rather than
         # leave the job to the stale-pending sweep.
         raise self.retry(exc=exc, countdown=2)
+    if out == "no_permit":
+        # Not an attempt: come back later instead of holding this process.
+        raise self.retry(countdown=concurrency.retry_countdown())
+    return out
 
 
 @celery.task(name="asynch.run_work", ignore_result=True)
@@ -40,3 +47,16 @@ def cleanup(fence: dict | None = None) -> dict:
 @celery.task(name="asynch.autotune", ignore_result=True)
 def autotune_models(fence: dict | None = None) -> dict:
     return run_periodic("autotune", fence, autotune.autotune)
+
+
+@celery.task(name=DELIVER_CALLBACK_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
+def deliver_callback(self, callback_id: int) -> str:
+    out = callbacks.deliver(callback_id)
+    if out.status == "retry":
+        raise self.retry(countdown=out.retry_in)
+    return out.status
+
+
+@celery.task(name=DELIVER_DUE_CALLBACKS_TASK, ignore_result=True)
+def deliver_due_callbacks(fence: dict | None = None) -> dict:
+    return run_periodic("deliver_callbacks", fence, callbacks.deliver_due_callbacks)

@@ -1,7 +1,7 @@
 """maintenance: retry promotion marker, queue-order index, autotune log
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 Create Date: 2026-12-01
 
 Self-contained: only adds what the maintenance passes need, so it can be
@@ -11,7 +11,7 @@ from alembic import op
 import sqlalchemy as sa
 
 revision = "0003"
-down_revision = "0001"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 

@@ -1,13 +1,18 @@
-"""The one place errors become HTTP: every error body has an ``error`` string."""
+"""The one place errors become HTTP: every error body has an ``error`` string.
+
+Requests to the seed-002 routes get the seed's envelope instead:
+``{"code": <HTTP status>, "message": <the error text>, "data": null
+[, "errors": [...] with camelCase pointers]}`` with the same HTTP status."""
 from __future__ import annotations
 
 import logging
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask, has_request_context, jsonify, request
 from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
+from app.api.seed_fields import PATH_PREFIXES, camel_pointer
 from app.config import get_settings
 from app.errors import DomainError, QueueFull, Unauthorized, ValidationFailed
 
@@ -21,8 +26,19 @@ _HTTP_TEXT = {
 }
 
 
+def _seed_face() -> bool:
+    return has_request_context() and (request.blueprint == "seed" or request.path.startswith(PATH_PREFIXES))
+
+
+def _envelope(status: int, body: dict) -> dict:
+    out = {"code": status, "message": body["error"], "data": None}
+    if "errors" in body:
+        out["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
+    return out
+
+
 def _json(status: int, body: dict, headers: dict | None = None):
-    resp = jsonify(body)
+    resp = jsonify(_envelope(status, body) if _seed_face() else body)
     resp.status_code = status
     for k, v in (headers or {}).items():
         resp.headers[k] = v

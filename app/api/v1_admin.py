@@ -12,13 +12,8 @@ from app.services import keys, model_registry
 
 bp = Blueprint("v1_admin", __name__, url_prefix="/v1")
 
-# What a non-admin key sees of a model: enough to submit to it.
-_USER_FIELDS = ("model_name", "models_type", "form", "enabled", "expected_seconds", "timeout_seconds",
-                "queue_limit", "max_concurrency", "remark")
-
-
 def _for_caller(m: dict) -> dict:
-    return m if current_principal().is_admin else {k: m[k] for k in _USER_FIELDS}
+    return model_registry.view_for(m, current_principal().is_admin)
 
 
 @bp.get("/models")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request, url_for
 
+from app.api import job_context
 from app.api.auth import current_principal, require_key
 from app.api.body import json_object
 from app.errors import ValidationFailed
@@ -27,7 +28,9 @@ def submit_job(model: str):
         idempotency_key=request.headers.get("Idempotency-Key"),
         model_key=request.headers.get("X-Model-Key"),
         biz_name=request.headers.get("X-Biz-Name", ""),
-        creator=request.headers.get("X-Creator", ""),
+        creator=job_context.creator(),
+        callback_url=request.headers.get("X-Callback-Url") or None,
+        passthrough=job_context.passthrough(),
     )
     out = jobs.submit(principal, model, payload, opts)
     body = {"job_id": out.row.id, "state": "pending", **_urls(out.row)}

@@ -1,9 +1,11 @@
-"""One attempt of a job, on a worker: claim -> call the model -> store the
-response -> done, or a failed attempt (retry_wait / failed).
+"""One attempt of a job, on a worker: permit -> claim -> call the model ->
+store the response -> done, or a failed attempt (retry_wait / failed).
 
 Every state change goes through app.transitions with the attempt this
 worker claimed, so a worker that lost its row (lease expired, canceled,
 timed out) has its late writes refused and only cleans up after itself.
+The tenant+model permit (maxConcurrency) is taken before the claim, so a job
+without one stays pending at the same attempt ("no_permit").
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from app.clock import now as clock_now
 from app.config import get_settings
 from app.db import transaction
 from app.models import models, tasks
-from app.services import stats
-from app.services.jobs import after_terminal, release_slot
+from app.services import callbacks, concurrency, stats
+from app.services.jobs import after_terminal, passthrough_of, release_slot
 from app.services.model_client import ModelCallError, call_model
 from app.states import JobState
 from app.storage import StorageError, get_storage
@@ -33,26 +35,46 @@ def backoff_seconds(attempt: int) -> float:
     return min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * (2 ** max(0, attempt - 1)))
 
 
-def run_attempt(job_id: str, attempt: int) -> str:
+def run_attempt(job_id: str, attempt: int, chain_token: str | None = None) -> str:
     """Run the attempt a run_job(job_id, attempt) message stands for.
 
-    Returns what happened ("stale", "done", "retry_wait", "failed", "lost")
-    for logs and tests.  A duplicate or outdated message is "stale": the
-    claim CAS refuses it before anything else happens.
+    Returns what happened ("stale", "no_permit", "waiting_elsewhere", "done",
+    "retry_wait", "failed", "lost") for logs and tests.  A duplicate or
+    outdated message is "stale": the claim CAS refuses it before anything
+    else happens.  "no_permit": the tenant's maxConcurrency is in use; the
+    caller re-delivers the message later (``chain_token`` identifies that
+    re-delivery chain, see concurrency.keep_waiting); "waiting_elsewhere":
+    another message for this attempt is already waiting, drop this one.
     """
     settings = get_settings()
     with transaction() as conn:
-        job = conn.execute(select(tasks.c.model_name, tasks.c.state, tasks.c.attempt)
+        job = conn.execute(select(tasks.c.model_name, tasks.c.tenant_id, tasks.c.state, tasks.c.attempt)
                            .where(tasks.c.id == job_id)).first()
         if job is None or job.state != JobState.PENDING or job.attempt != attempt:
             return "stale"
         model = conn.execute(select(models).where(models.c.model_name == job.model_name)).first()
-        timeout = model.timeout_seconds if model is not None else 60
-        lease_until = clock_now() + timedelta(seconds=timeout + settings.lease_grace_seconds)
-        row = transitions.claim(conn, job_id, attempt, lease_until)
-    if row is None:
-        return "stale"
-    mine = attempt + 1
+    lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
+
+    permit = None
+    if model is not None:
+        permit = concurrency.acquire(model.model_name, job.tenant_id, model.max_concurrency,
+                                     job_id, attempt, lease_seconds)
+        if permit is None:
+            return "no_permit" if concurrency.keep_waiting(job_id, attempt, chain_token) else "waiting_elsewhere"
+    try:
+        with transaction() as conn:
+            row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds))
+        if row is None:
+            return "stale"
+        return _run_claimed(row, model, attempt + 1)
+    finally:
+        if permit is not None:
+            concurrency.release(permit)
+
+
+def _run_claimed(row, model, mine: int) -> str:
+    settings = get_settings()
+    job_id = row.id
     ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
 
     if model is None:
@@ -70,7 +92,7 @@ def run_attempt(job_id: str, attempt: int) -> str:
         _count_call(row)
 
         try:
-            location = _upload(job_id, mine, resp.body, resp.content_type, ctx)
+            location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
         except StorageError as exc:
             return _fail(row, mine, f"result upload failed: {exc}", permanent=False,
                          retry_times=model.retry_times, ctx=ctx)
@@ -84,6 +106,7 @@ def run_attempt(job_id: str, attempt: int) -> str:
             log.info("attempt lost its job before completing", extra=ctx)
             return "lost"
         after_terminal(won)
+        callbacks.schedule_for(won)
         log.info("job done", extra=ctx)
         return "done"
     except Exception as exc:
@@ -103,16 +126,18 @@ def _count_call(row) -> None:
         stats.count_call(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 
 
-def _upload(job_id: str, attempt: int, body: bytes, content_type: str, ctx: dict) -> str:
+def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None,
+            ctx: dict) -> str:
     """Store the response; retried here so the model is never called twice
-    for one response."""
+    for one response.  ``passthrough``: the job's headers for the OSS file
+    service (secrets: never logged)."""
     settings = get_settings()
     storage = get_storage()
     key = f"{clock_now():%Y/%m/%d}/{job_id}/{attempt}"
     last: StorageError | None = None
     for i in range(max(1, settings.upload_attempts)):
         try:
-            return storage.put(key, body, content_type)
+            return storage.put(key, body, content_type, context=passthrough)
         except StorageError as exc:
             last = exc
             log.warning("upload try %d failed: %s", i + 1, exc, extra=ctx)

@@ -37,6 +37,7 @@ from app.services.forms import validate_payload
 from app.services.headers import HeaderSpecError, parse_header_spec
 from app.services.keys import Principal
 from app.services.model_registry import enabled_model
+from app.services.netguard import callback_url_problem
 from app.states import JobState, parse_v1_filter, v1_name
 from app.storage import ObjectMissing, get_storage
 
@@ -57,6 +58,9 @@ class SubmitOptions:
     biz_name: str = ""
     callback_url: str | None = None
     model_key: str | None = None
+    # Headers for the OSS file service ({"Authorization": ..., "X-User-Info": ...});
+    # secrets, kept only until the job is terminal.
+    passthrough: dict[str, str] | None = None
     # Where the payload sits in the caller's request, for 422 pointers.
     pointer_base: str = ""
 
@@ -116,6 +120,14 @@ def _validate_options(opts: SubmitOptions) -> None:
         errs.append({"pointer": "/bizName", "message": "must be at most 128 characters"})
     if len(opts.creator) > 128:
         errs.append({"pointer": "/creator", "message": "must be at most 128 characters"})
+    for name, value in (opts.passthrough or {}).items():
+        if not isinstance(value, str) or len(value) > 8192 or any(c in value for c in "\r\n\x00"):
+            where = "/X-Oss-Authorization" if name == "Authorization" else "/" + name
+            errs.append({"pointer": where, "message": "must be at most 8192 characters without CR, LF or NUL"})
+    if opts.callback_url is not None:
+        problem = callback_url_problem(opts.callback_url)
+        if problem:
+            errs.append({"pointer": "/callbackUrl", "message": problem})
     if errs:
         raise ValidationFailed("invalid job options", errs)
 
@@ -149,6 +161,7 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
                 id=job_id, tenant_id=principal.tenant_id, creator=opts.creator,
                 model_name=model_name, biz_name=opts.biz_name, callback_url=opts.callback_url,
                 model_key=opts.model_key, request_payload=json.dumps(payload, ensure_ascii=False), request_hash=digest,
+                passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
                 idempotency_key=opts.idempotency_key, state=int(JobState.PENDING),
                 attempt=0, retry_count=0, created_at=now, enqueue_at=now, updated_at=now,
                 deadline_at=job_deadline(model, now),
@@ -168,6 +181,12 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
 
     publish_run_job(job_id, 0)
     return Submitted(row, replayed=False)
+
+
+def passthrough_of(row: Row) -> dict[str, str] | None:
+    """The job's OSS pass-through headers (never log or return them)."""
+    raw = getattr(row, "passthrough_headers", None)
+    return json.loads(raw) if raw else None
 
 
 def release_slot(model: str, job_id: str) -> None:

@@ -106,11 +106,9 @@ def reconcile_gates() -> Report:
 
 
 def reclaim_dead_permits() -> Report:
-    """Hook for the per-tenant+model semaphore: give back permits whose
-    lease holder is no longer running (worker died between taking a permit
-    and releasing it).  The semaphore lives in app/redis_scripts.py and is
-    wired in here at merge; until then there is nothing to reclaim."""
-    return Report(details={"wired": False})
+    """Give back semaphore permits whose lease expired (the worker died
+    between taking a permit and releasing it)."""
+    return Report(processed=redis_scripts.semaphore_reap_all())
 
 
 # --- retries ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from app.errors import Conflict, NotFound, ValidationFailed
 from app.models import models, tasks
 from app.services.forms import validate_form_definition
 from app.services.headers import HeaderSpecError, parse_header_spec, redact
+from app.services.model_types import unknown_ids
 from app.states import ACTIVE_STATES
 from app.redis_scripts import publish_invalidate
 from app.ttl_cache import MISSING, TTLCache
@@ -62,7 +63,8 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
     def err(field: str, msg: str) -> None:
         errs.append({"pointer": "/" + field, "message": msg})
 
-    unknown = sorted(set(data) - set(FIELDS))
+    # Read-only fields of a model view are ignored, so a view can be sent back.
+    unknown = sorted(set(data) - set(FIELDS) - {"created_at", "updated_at"})
     for k in unknown:
         err(k, "unknown field")
 
@@ -147,6 +149,24 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
     return clean, errs
 
 
+def _check_types(conn: Connection, clean: dict, errs: list[dict]) -> None:
+    """models_type must name existing asynch_models_type ids."""
+    if clean.get("models_type"):
+        missing = unknown_ids(conn, [int(x) for x in clean["models_type"].split(",")])
+        if missing:
+            errs.append({"pointer": "/models_type",
+                         "message": "unknown model type ids: " + ", ".join(map(str, missing))})
+
+
+# What a non-admin key sees of a model: enough to submit to it.
+USER_FIELDS = ("model_name", "models_type", "form", "enabled", "expected_seconds", "timeout_seconds",
+               "queue_limit", "max_concurrency", "remark")
+
+
+def view_for(m: dict, is_admin: bool) -> dict:
+    return m if is_admin else {k: m[k] for k in USER_FIELDS}
+
+
 def public_view(row) -> dict:
     """A model as shown to admins: every field, head_msg redacted."""
     d = {k: getattr(row, k) for k in FIELDS}
@@ -160,6 +180,7 @@ def create_model(conn: Connection, data: dict) -> dict:
     if not isinstance(data, dict):
         raise ValidationFailed("model must be a JSON object", [{"pointer": "", "message": "must be an object"}])
     clean, errs = _check(data, partial=False)
+    _check_types(conn, clean, errs)
     if errs:
         raise ValidationFailed("invalid model configuration", errs)
     now = clock_now()
@@ -191,8 +212,14 @@ def update_model(conn: Connection, name: str, data: dict) -> dict:
                                [{"pointer": "/model_name", "message": "cannot be changed"}])
     data.pop("model_name", None)
     clean, errs = _check(data, partial=True)
+    _check_types(conn, clean, errs)
     if errs:
         raise ValidationFailed("invalid model configuration", errs)
+    if "head_msg" in clean:
+        current = get_model_row(conn, name)
+        if current is not None and clean["head_msg"] == redact(current.head_msg) and current.head_msg:
+            # A view sent back (values shown as ***) keeps the stored secrets.
+            del clean["head_msg"]
     row = conn.execute(update(models).where(models.c.model_name == name)
                        .values(updated_at=clock_now(), **clean).returning(*models.c)).first()
     if row is None:

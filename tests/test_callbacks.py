@@ -1,0 +1,259 @@
+"""Callbacks on done: the seed's GET {callbackUrl}/{bizName}?task_id&state&oss_file&file_type,
+signed, durable, retried with backoff, never redirected, never sent to a
+refused address.  Deliveries run in-process against a real receiver over
+HTTP; time moves through app.clock."""
+from __future__ import annotations
+
+from datetime import timedelta
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+from sqlalchemy import delete, select
+
+from app.clock import as_utc, now, set_clock
+from app.config import set_settings
+from app.db import transaction
+from app.models import callbacks as callbacks_table
+from app.services import callback_secrets, callbacks, execution, jobs, netguard
+from app.services.keys import Principal
+from conftest import auth, job_row
+from stubs import CallbackReceiver, ConnectionSpy
+
+P = Principal("tenant-a", "user", None)
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    rcv = CallbackReceiver()
+    yield rcv
+    rcv.stop()
+
+
+@pytest.fixture(autouse=True)
+def _setup(settings, receiver):
+    receiver.reset()
+    set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_backoff_seconds=2.0))
+    yield
+    set_clock(None)
+
+
+@pytest.fixture
+def spy():
+    s = ConnectionSpy()
+    yield s
+    s.stop()
+
+
+def done_with_callback(make_model, url: str, biz: str = "order-7") -> tuple[str, int]:
+    make_model("m")
+    job_id = jobs.submit(P, "m", {"q": 1}, jobs.SubmitOptions(callback_url=url, biz_name=biz)).row.id
+    assert execution.run_attempt(job_id, 0) == "done"
+    with transaction() as conn:
+        cid = conn.execute(select(callbacks_table.c.id).where(callbacks_table.c.job_id == job_id)).scalar_one()
+    return job_id, cid
+
+
+def test_the_receiver_gets_exactly_the_seed_fields_and_a_valid_signature(make_model, receiver, client, user_key,
+                                                                        other_key):
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
+    assert callbacks.deliver(cid).status == "delivered"
+    (req,) = receiver.requests
+    row = job_row(job_id)
+    assert req["path"] == "/hook/order-7"
+    assert req["query"] == [("task_id", job_id), ("state", "2"), ("oss_file", row.result_location),
+                            ("file_type", "application/json")]
+    # What a receiver does: rebuild the URL it was called on and check the HMAC.
+    with transaction() as conn:
+        secret = callback_secrets.tenant_secret(conn, "tenant-a")["secret"]
+    url = f"{receiver.url}{req['path']}?{req['raw_query']}"
+    h = req["headers"]
+    assert h["X-Asynch-Signature"].startswith("sha256=") and h["X-Asynch-Task-Id"] == job_id
+    assert callback_secrets.verify(secret, job_id, h["X-Asynch-Timestamp"], url, h["X-Asynch-Signature"])
+    assert not callback_secrets.verify(secret + "x", job_id, h["X-Asynch-Timestamp"], url, h["X-Asynch-Signature"])
+    assert not callback_secrets.verify(secret, job_id, str(int(h["X-Asynch-Timestamp"]) + 1), url,
+                                       h["X-Asynch-Signature"])
+    # The delivery log, for the job's owner only.
+    view = client.get(f"/v1/jobs/{job_id}/callback", headers=auth(user_key)).get_json()
+    assert view["status"] == "delivered" and view["attempts"] == 1
+    assert [(e["attempt"], e["http_status"], e["address"], e["error"]) for e in view["log"]] == \
+        [(1, 200, "127.0.0.1", None)]
+    assert client.get(f"/v1/jobs/{job_id}/callback", headers=auth(other_key)).status_code == 404
+    # Delivered is final: a duplicate doorbell sends nothing.
+    assert callbacks.deliver(cid).status == "skipped" and len(receiver.requests) == 1
+
+
+def test_the_tenant_reads_its_secret_and_an_admin_rotates_it(make_model, receiver, client, user_key, admin_key):
+    first = client.get("/v1/tenants/tenant-a/callback-secret", headers=auth(user_key)).get_json()["secret"]
+    assert first.startswith("whsec_")
+    assert client.get("/v1/tenants/tenant-b/callback-secret", headers=auth(user_key)).status_code == 403
+    assert client.post("/v1/tenants/tenant-a/callback-secret/rotate", headers=auth(user_key)).status_code == 403
+    rotated = client.post("/v1/tenants/tenant-a/callback-secret/rotate", headers=auth(admin_key)).get_json()
+    assert rotated["secret"] != first and rotated["rotated_at"]
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
+    callbacks.deliver(cid)
+    req = receiver.requests[0]
+    url = f"{receiver.url}{req['path']}?{req['raw_query']}"
+    h = req["headers"]
+    assert callback_secrets.verify(rotated["secret"], job_id, h["X-Asynch-Timestamp"], url, h["X-Asynch-Signature"])
+
+
+def test_a_receiver_failing_3_times_then_succeeding_gets_the_callback(make_model, receiver):
+    t = [now()]
+    set_clock(lambda: t[0])
+    receiver.statuses = [500, 503, 502]
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook", biz="")
+    delays = []
+    for n in (1, 2, 3):
+        out = callbacks.deliver(cid)
+        assert out.status == "retry"
+        delays.append(out.retry_in)
+        # Equal jitter around base * 2**(n-1): between half of it and all of it.
+        assert 2.0 * 2 ** (n - 1) / 2 <= out.retry_in <= 2.0 * 2 ** (n - 1)
+        # Not due yet: a doorbell now does not send (it is told to come back).
+        early = callbacks.deliver(cid)
+        assert early.status == "retry" and early.retry_in == pytest.approx(out.retry_in, abs=0.01)
+        assert len(receiver.requests) == n
+        t[0] += timedelta(seconds=out.retry_in + 0.01)
+    assert callbacks.deliver(cid).status == "delivered"
+    assert len(receiver.requests) == 4 and receiver.requests[-1]["path"] == "/hook"
+    view = callbacks.delivery_view(P, job_id)
+    assert view["status"] == "delivered" and view["attempts"] == 4
+    assert [e["http_status"] for e in view["log"]] == [500, 503, 502, 200]
+    assert [e["error"] for e in view["log"]][:3] == ["HTTP 500", "HTTP 503", "HTTP 502"]
+
+
+def test_attempts_are_bounded(make_model, receiver, settings):
+    set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_max_attempts=2))
+    t = [now()]
+    set_clock(lambda: t[0])
+    receiver.statuses = [500] * 5
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
+    assert callbacks.deliver(cid).status == "retry"
+    t[0] += timedelta(hours=1)
+    assert callbacks.deliver(cid).status == "failed"
+    t[0] += timedelta(hours=1)
+    assert callbacks.deliver(cid).status == "skipped"
+    assert len(receiver.requests) == 2 and callbacks.delivery_view(P, job_id)["status"] == "failed"
+
+
+def test_redirects_are_not_followed(make_model, receiver, spy):
+    # The redirect target is an allowed address too: only not following it keeps us away.
+    receiver.redirect_to = f"http://127.0.0.1:{spy.port}/stolen"
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
+    out = callbacks.deliver(cid)
+    assert out.status == "retry"
+    assert callbacks.delivery_view(P, job_id)["log"][0]["error"] == "HTTP 302 (redirects are not followed)"
+    assert len(receiver.requests) == 1 and spy.accepted == 0
+
+
+def _ipv6_loopback_spy(port: int):
+    try:
+        return ConnectionSpy("::1", port)
+    except OSError:
+        return None  # no IPv6 here: the URL is still refused, nothing to observe
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1", "0x7f000001", "2130706433", "0177.0.0.1", "127.1", "localhost",
+                                  "[::1]", "[::ffff:127.0.0.1]", "0.0.0.0"])
+def test_loopback_in_any_spelling_is_refused_at_submit(client, make_model, user_key, spy, r, settings, form):
+    set_settings(settings.with_overrides(callback_allow_hosts=""))
+    make_model("m")
+    v6 = _ipv6_loopback_spy(spy.port)
+    try:
+        resp = client.post("/task/createTask", headers=auth(user_key), json={
+            "modelName": "m", "requestPayload": {}, "callbackUrl": f"http://{form}:{spy.port}/cb"})
+        body = resp.get_json()
+        assert resp.status_code == 422 and body["code"] == 422, body
+        assert [e["pointer"] for e in body["errors"]] == ["/callbackUrl"]
+        assert "refused address" in body["errors"][0]["message"]
+        assert spy.accepted == 0 and (v6 is None or v6.accepted == 0)
+        assert r.zcard("asynch:gate:m") == 0
+    finally:
+        if v6:
+            v6.stop()
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1/cb", "http://169.254.169.254/latest/meta-data/",
+                                 "http://192.168.1.1/", "http://100.64.0.1/", "http://[fe80::1]/",
+                                 "http://[::ffff:10.0.0.1]/", "http://[64:ff9b::a9fe:a9fe]/", "http://224.0.0.1/",
+                                 "http://user:pw@example.com/", "ftp://example.com/", "http://example.com/#frag"])
+def test_private_metadata_and_odd_urls_are_refused_at_submit(client, make_model, user_key, settings, url):
+    set_settings(settings.with_overrides(callback_allow_hosts=""))
+    make_model("m")
+    resp = client.post("/task/createTask", headers=auth(user_key), json={
+        "modelName": "m", "requestPayload": {}, "callbackUrl": url})
+    assert resp.status_code == 422 and resp.get_json()["errors"][0]["pointer"] == "/callbackUrl"
+
+
+def test_address_judgement():
+    import ipaddress
+
+    for a in ("8.8.8.8", "1.1.1.1", "2606:4700:4700::1111"):
+        assert not netguard.address_refused(ipaddress.ip_address(a)), a
+    for a in ("127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.0.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
+              "::1", "::", "fe80::1", "fc00::1", "::ffff:127.0.0.1", "2002:7f00:1::", "64:ff9b::7f00:1",
+              "239.1.1.1", "ff02::1", "240.0.0.1", "255.255.255.255"):
+        assert netguard.address_refused(ipaddress.ip_address(a)), a
+    assert netguard.check_url("http://8.8.8.8:8080/x?y=1").path_and_query == "/x?y=1"
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1", "0x7f000001", "2130706433", "localhost", "[::1]"])
+def test_delivery_rechecks_the_address_and_never_connects(make_model, settings, spy, form):
+    """Admitted at submit (an allowlist that was later removed, or a name
+    that now resolves elsewhere): the delivery refuses it without connecting."""
+    set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1,::1,localhost"))
+    v6 = _ipv6_loopback_spy(spy.port)
+    try:
+        job_id, cid = done_with_callback(make_model, f"http://{form}:{spy.port}/cb")
+        set_settings(settings.with_overrides(callback_allow_hosts=""))
+        assert callbacks.deliver(cid).status == "failed"  # a refused target is not retried
+        (entry,) = callbacks.delivery_view(P, job_id)["log"]
+        assert entry["error"].startswith("refused: resolves to a refused address") and entry["address"] is None
+        assert spy.accepted == 0 and (v6 is None or v6.accepted == 0)
+    finally:
+        if v6:
+            v6.stop()
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1/cb", "http://169.254.169.254/latest/meta-data/"])
+def test_delivery_refuses_private_and_metadata_targets(make_model, settings, url):
+    set_settings(settings.with_overrides(callback_allow_hosts="10.0.0.0/8,169.254.0.0/16"))
+    job_id, cid = done_with_callback(make_model, url)
+    set_settings(settings.with_overrides(callback_allow_hosts=""))
+    assert callbacks.deliver(cid).status == "failed"
+    (entry,) = callbacks.delivery_view(P, job_id)["log"]
+    assert entry["address"] is None and "refused address" in entry["error"]
+
+
+def test_the_sweep_backfills_a_lost_callback_and_revives_an_abandoned_delivery(make_model, receiver):
+    t = [now()]
+    set_clock(lambda: t[0])
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
+    # The winner died between its done commit and the callback insert:
+    with transaction() as conn:
+        conn.execute(delete(callbacks_table).where(callbacks_table.c.id == cid))
+    assert callbacks.deliver_due_callbacks()["backfilled"] == 0  # within the winner's grace
+    t[0] += timedelta(minutes=2)
+    rep = callbacks.deliver_due_callbacks()
+    assert rep["backfilled"] == 1 and rep["published"] == 1
+    with transaction() as conn:
+        cb = conn.execute(select(callbacks_table).where(callbacks_table.c.job_id == job_id)).one()
+        # A worker claims the delivery and dies before recording anything.
+        assert callbacks.claim_delivery(conn, cb.id, t[0]) is not None
+    assert callbacks.deliver(cb.id).status == "skipped"  # its lease still holds
+    assert callbacks.deliver_due_callbacks()["published"] == 0
+    t[0] += timedelta(minutes=5)
+    assert callbacks.deliver_due_callbacks()["published"] == 1
+    assert callbacks.deliver(cb.id).status == "delivered"
+    view = callbacks.delivery_view(P, job_id)
+    assert view["attempts"] == 2 and [e["attempt"] for e in view["log"]] == [2]
+    assert view["delivered_at"] == as_utc(t[0]).isoformat().replace("+00:00", "Z")
+
+
+def test_urls_with_a_query_keep_it_and_biz_names_are_escaped(make_model, receiver):
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook/?token=abc", biz="a b/c")
+    callbacks.deliver(cid)
+    req = receiver.requests[0]
+    assert req["path"] == "/hook/a%20b%2Fc"  # one path segment, whatever bizName holds
+    assert [k for k, _ in req["query"]] == ["token", "task_id", "state", "oss_file", "file_type"]
+    assert dict(parse_qsl(urlsplit(callbacks.callback_url_for(job_row(job_id))).query))["token"] == "abc"
