@@ -284,7 +284,8 @@ def after_terminal(row: Row) -> None:
 
 
 def list_jobs(principal: Principal, *, model_name: str | None = None, state: str | None = None,
-              limit: int = 50, cursor: str | None = None, tenant: str | None = None) -> tuple[list[Row], str | None]:
+              limit: int = 50, cursor: str | None = None, tenant: str | None = None,
+              since=None, until=None) -> tuple[list[Row], str | None]:
     s = get_settings()
     if not 1 <= limit <= s.list_max_limit:
         raise ValidationFailed("invalid query", [{"pointer": "/limit",
@@ -303,6 +304,10 @@ def list_jobs(principal: Principal, *, model_name: str | None = None, state: str
         except ValueError:
             raise ValidationFailed("invalid query", [{"pointer": "/state", "message":
                                    "must be one of pending, running, done, failed, timeout, canceled"}])
+    if since is not None:
+        q = q.where(tasks.c.created_at >= since)
+    if until is not None:
+        q = q.where(tasks.c.created_at < until)
     with transaction() as conn:
         if cursor:
             anchor = conn.execute(select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == cursor)).first()
