@@ -95,6 +95,10 @@ class Settings:
     failed_retention_seconds: int = 7 * 86400
     done_retention_seconds: int = 7 * 86400
     log_level: str = "INFO"
+    # /metrics: empty means no key needed; else "Authorization: Bearer <token>".
+    metrics_token: str = ""
+    # Workers refresh their liveness key this often; it expires after 3 intervals.
+    worker_heartbeat_seconds: float = 10.0
 
     @property
     def effective_broker_url(self) -> str:

@@ -297,6 +297,18 @@ PATHS["docs"] = {
                                 tag="meta", auth=NO_AUTH)},
 }
 
+PATHS["metrics"] = {
+    "/metrics": {"get": op(
+        "Prometheus metrics (text exposition format)",
+        {200: {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+         401: {"$ref": _R + "Unauthorized"}},
+        tag="meta", auth=[{}, {"metricsToken": []}],
+        description="No API key. When ASYNCH_METRICS_TOKEN is set, send it as `Authorization: Bearer <token>` "
+                    "(401 otherwise). Counters and histograms are cluster-wide (kept in Redis); gauges are "
+                    "read from PostgreSQL and Redis at scrape time; `asynch_metrics_source_up` says which "
+                    "answered.")},
+}
+
 
 def document(server_url: str | None = None) -> dict:
     """The whole document; a path documented by two blueprints is a bug."""
@@ -319,6 +331,7 @@ def document(server_url: str | None = None) -> dict:
             "responses": RESPONSES,
             "securitySchemes": {
                 "bearerAuth": {"type": "http", "scheme": "bearer", "description": "an API key (ak_...)"},
+                "metricsToken": {"type": "http", "scheme": "bearer", "description": "ASYNCH_METRICS_TOKEN"},
             },
         },
     }

@@ -9,6 +9,7 @@ from celery.signals import worker_process_init
 from app.celery_config import celery_settings
 from app.config import get_settings
 from app.logging_setup import configure_logging
+from workers.heartbeat import install as install_heartbeat
 
 configure_logging(get_settings().log_level)
 
@@ -17,6 +18,7 @@ celery.conf.update(celery_settings(get_settings()))
 celery.conf.beat_schedule = __import__("beat_schedule").build_schedule(get_settings())
 celery.conf.imports = ("workers.tasks",)
 app = celery
+install_heartbeat(celery)
 
 
 @worker_process_init.connect

@@ -22,12 +22,12 @@ from sqlalchemy import and_, insert, or_, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from app import redis_scripts, transitions
+from app import metrics, redis_scripts, transitions
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.db import transaction
 from app.errors import (
-    BadRequest, Conflict, Gone, JobNotFinished, NotFound, QueueFull, Unavailable,
+    BadRequest, Conflict, DomainError, Gone, JobNotFinished, NotFound, QueueFull, Unavailable,
     ValidationFailed,
 )
 from app.models import tasks
@@ -121,6 +121,20 @@ def _validate_options(opts: SubmitOptions) -> None:
 
 
 def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions = SubmitOptions()) -> Submitted:
+    try:
+        out = _submit(principal, model_name, payload, opts)
+    except DomainError as exc:
+        metrics.job_rejected(model_name, exc)
+        log.info("submission refused: %s", exc.message,
+                 extra={"model": model_name, "tenant": principal.tenant_id})
+        raise
+    if not out.replayed:
+        metrics.job_admitted(model_name)
+        log.info("job admitted", extra={"job_id": out.row.id, "model": model_name, "tenant": principal.tenant_id})
+    return out
+
+
+def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions) -> Submitted:
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
     _validate_options(opts)
@@ -277,6 +291,7 @@ def after_terminal(row: Row) -> None:
     terminal state: the slot goes back, waiters wake.  Best effort: if Redis
     is down, reconcile returns the slot and waiters end at their budget."""
     release_slot(row.model_name, row.id)
+    metrics.job_finished(row)
     try:
         redis_scripts.publish_terminal(row.id)
     except redis.RedisError:
