@@ -20,9 +20,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     flask_app.json.sort_keys = False
 
-    from app.api import docs, errors, health, metrics, v1_admin, v1_jobs
+    from app.api import docs, errors, health, metrics, request_log, v1_admin, v1_jobs
 
     errors.register(flask_app)
+    request_log.register(flask_app)
     flask_app.register_blueprint(health.bp)
     flask_app.register_blueprint(v1_jobs.bp)
     flask_app.register_blueprint(v1_admin.bp)

@@ -7,6 +7,7 @@ from flask import g, request
 
 from app.db import transaction
 from app.errors import Forbidden
+from app.logging_setup import bind
 from app.services.keys import Principal, authenticate
 
 
@@ -23,6 +24,7 @@ def current_principal() -> Principal:
         with transaction() as conn:
             p = authenticate(conn, _presented_key())
         g.principal = p
+        bind(tenant=p.tenant_id)
     return p
 
 
