@@ -67,11 +67,13 @@ def reconcile_gates() -> Report:
     return rep
 
 
-def retry_due(limit: int = BATCH) -> Report:
+def retry_due(limit: int = BATCH, only: list[str] | None = None) -> Report:
     """retry_wait jobs whose backoff has passed go back to pending through
     the gate.  A full gate leaves them waiting; they are never dropped.
-    retry_queue_max_seconds = 0: the retry goes to the head of the queue."""
+    retry_queue_max_seconds = 0: the retry goes to the head of the queue.
+    ``only``: these jobs, now, whatever their backoff (operator requeue)."""
     now = clock_now()
+    due = tasks.c.id.in_(only) if only is not None else tasks.c.next_retry_at <= now
     rep = Report(details={"gate_full": 0})
     published: list[tuple[str, int, int | None]] = []
     taken: list[tuple[str, str]] = []
@@ -81,7 +83,7 @@ def retry_due(limit: int = BATCH) -> Report:
                 tasks.c.id, tasks.c.model_name, tasks.c.attempt, tasks.c.created_at,
                 models.c.queue_limit, models.c.retry_queue_max_seconds,
             ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
-                tasks.c.state == int(JobState.RETRY_WAIT), tasks.c.next_retry_at <= now,
+                tasks.c.state == int(JobState.RETRY_WAIT), due,
             ).order_by(tasks.c.next_retry_at).limit(limit))).all()
             full: set[str] = set()
             for r in rows:

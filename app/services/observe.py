@@ -107,3 +107,27 @@ def timeline(row) -> list[dict]:
                    "detail": f"expires {iso(row.expire_at)}" if row.expire_at else ""})
     return ev
 
+
+
+def job_detail(row) -> dict:
+    """The poll body plus what an operator or the console's job page needs.
+    Never the secrets: modelKey and the callback URL stay out."""
+    import json
+
+    from app.services.jobs import status_view
+
+    iso = lambda t: as_utc(t).isoformat().replace("+00:00", "Z") if t else None  # noqa: E731
+    try:
+        payload = json.loads(row.request_payload)
+    except ValueError:
+        payload = None
+    return {
+        **status_view(row),
+        "internal_state": JobState(row.state).label,
+        "tenant": row.tenant_id, "creator": row.creator, "biz_name": row.biz_name,
+        "error": row.error,
+        "enqueue_at": iso(row.enqueue_at), "next_retry_at": iso(row.next_retry_at),
+        "deadline_at": iso(row.deadline_at), "claimed_at": iso(row.claimed_at), "expire_at": iso(row.expire_at),
+        "payload": payload,
+        "timeline": timeline(row),
+    }
