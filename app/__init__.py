@@ -20,7 +20,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     flask_app.json.sort_keys = False
 
-    from app.api import docs, errors, health, metrics, request_log, v1_admin, v1_jobs
+    from app.api import docs, errors, health, metrics, request_log, v1_admin, v1_jobs, v1_observe
 
     errors.register(flask_app)
     request_log.register(flask_app)
@@ -29,4 +29,5 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.register_blueprint(v1_admin.bp)
     flask_app.register_blueprint(docs.bp)
     flask_app.register_blueprint(metrics.bp)
+    flask_app.register_blueprint(v1_observe.bp)
     return flask_app

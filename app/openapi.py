@@ -141,6 +141,34 @@ SCHEMAS: dict[str, dict] = {
         "admin": {"type": "boolean"}, "name": {"type": "string"}}},
     "ApiKeyList": {"type": "object", "required": ["keys"], "properties": {
         "keys": {"type": "array", "items": ref("ApiKey")}}},
+    "ModelLive": {"type": "object", "required": ["model_name", "enabled", "queue_depth", "queue_limit", "running",
+                                                 "max_concurrency", "runtime"], "properties": {
+        "model_name": {"type": "string"}, "enabled": {"type": "boolean"},
+        "queue_depth": {"type": "integer", "description": "gate slots taken (pending + running)"},
+        "queue_limit": {"type": "integer", "description": "effective: runtime override capped by the configuration"},
+        "queue_limit_configured": {"type": "integer"},
+        "running": {"type": "integer"}, "pending": {"type": "integer"}, "retry_wait": {"type": "integer"},
+        "max_concurrency": {"type": "integer"}, "max_concurrency_configured": {"type": "integer"},
+        "runtime": {"type": "object", "description": "autotune's overrides (null: none)", "properties": {
+            "queue_limit": {"type": ["integer", "null"]}, "max_concurrency": {"type": ["integer", "null"]}}}}},
+    "Overview": {"type": "object", "required": ["models"], "properties": {
+        "models": {"type": "array", "items": ref("ModelLive")}}},
+    "Series": {"type": "object", "required": ["since", "bucket_minutes", "models"], "properties": {
+        "since": _ISO, "bucket_minutes": {"type": "integer"},
+        "models": {"type": "object", "additionalProperties": {"type": "array", "items": {
+            "type": "object", "required": ["done", "p90_seconds"], "properties": {
+                "done": {"type": "integer"}, "p90_seconds": {"type": ["number", "null"]}}}}}}},
+    "JobDetail": {"allOf": [ref("JobStatus"), {"type": "object", "required": ["timeline", "tenant", "internal_state"],
+                                               "properties": {
+        "internal_state": {"type": "string", "enum": ["pending", "running", "done", "failed", "claimed", "timeout",
+                                                      "canceled", "retry_wait"]},
+        "tenant": {"type": "string"}, "creator": {"type": "string"}, "biz_name": {"type": "string"},
+        "enqueue_at": _ISO_OR_NULL, "next_retry_at": _ISO_OR_NULL, "deadline_at": _ISO_OR_NULL,
+        "claimed_at": _ISO_OR_NULL, "expire_at": _ISO_OR_NULL, "payload": {},
+        "poll_url": {"type": "string"}, "result_url": {"type": "string"},
+        "timeline": {"type": "array", "items": {"type": "object", "required": ["at", "event", "detail"],
+                                                "properties": {"at": _ISO_OR_NULL, "event": {"type": "string"},
+                                                               "detail": {"type": "string"}}}}}}]},
     "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
     "Ready": {"type": "object", "required": ["status", "checks"], "properties": {
         "status": {"type": "string", "enum": ["ok", "unavailable"]},
@@ -289,6 +317,22 @@ PATHS["v1_admin"] = {
         "parameters": [path_param("key_id", {"type": "integer"})],
         "delete": op("Revoke an API key (admin)", {200: _json(ref("ApiKey"), "revoked")}, (403,),
                      tag="keys", path_params=True),
+    },
+}
+
+PATHS["v1_observe"] = {
+    "/v1/overview": {"get": op(
+        "Live numbers per model: queue depth vs limit, running vs concurrency, runtime overrides",
+        {200: _json(ref("Overview"), "models (users: enabled ones)")}, tag="observe")},
+    "/v1/overview/series": {"get": op(
+        "Done jobs and P90 created->finished seconds per model, in 12 buckets over the window",
+        {200: _json(ref("Series"), "series (users: their own jobs)")}, (422,), tag="observe",
+        params=[query("minutes", {"type": "integer", "minimum": 5, "maximum": 1440, "default": 60})])},
+    "/v1/jobs/{job_id}": {
+        "parameters": [_JOB],
+        "get": op("A job with its timeline (the console's job page)", {200: _json(ref("JobDetail"), "the job")},
+                  tag="jobs", path_params=True,
+                  description="The row keeps the latest attempt only: earlier attempts' errors are not kept."),
     },
 }
 

@@ -119,6 +119,13 @@ def test_real_responses_match_the_documented_schemas(client, make_model, admin_k
     conforms(client.get("/v1/keys", headers=auth(admin_key)), "/v1/keys", "get")
     conforms(client.delete(f"/v1/keys/{created.get_json()['id']}", headers=auth(admin_key)),
              "/v1/keys/{key_id}", "delete")
+    conforms(client.get("/v1/overview", headers=h), "/v1/overview", "get")
+    conforms(client.get("/v1/overview/series", headers=h), "/v1/overview/series", "get")
+    conforms(client.get("/v1/overview/series?minutes=2", headers=h), "/v1/overview/series", "get")
+    conforms(client.get(f"/v1/jobs/{job['job_id']}", headers=h), "/v1/jobs/{job_id}", "get")
+    conforms(client.get("/v1/jobs/job_nope", headers=h), "/v1/jobs/{job_id}", "get")
+    conforms(client.get("/metrics"), "/metrics", "get")
+    conforms(client.get("/openapi.json"), "/openapi.json", "get")
     conforms(client.get("/healthz"), "/healthz", "get")
     conforms(client.get("/readyz"), "/readyz", "get")
 

@@ -123,9 +123,9 @@ def job_detail(row) -> dict:
         payload = None
     return {
         **status_view(row),
+        **({"error": row.error} if row.error else {}),
         "internal_state": JobState(row.state).label,
         "tenant": row.tenant_id, "creator": row.creator, "biz_name": row.biz_name,
-        "error": row.error,
         "enqueue_at": iso(row.enqueue_at), "next_retry_at": iso(row.next_retry_at),
         "deadline_at": iso(row.deadline_at), "claimed_at": iso(row.claimed_at), "expire_at": iso(row.expire_at),
         "payload": payload,
