@@ -30,4 +30,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.register_blueprint(docs.bp)
     flask_app.register_blueprint(metrics.bp)
     flask_app.register_blueprint(v1_observe.bp)
+    from app.console import bp as console_bp
+
+    flask_app.register_blueprint(console_bp)
     return flask_app

@@ -336,6 +336,25 @@ PATHS["v1_observe"] = {
     },
 }
 
+_HTML = {200: {"description": "the page shell; its script calls the JSON API with the key from sessionStorage",
+               "content": {"text/html": {"schema": {"type": "string"}}}}}
+
+
+def _page(summary: str) -> dict:
+    return {"get": op(summary, _HTML, tag="console", auth=NO_AUTH)}
+
+
+PATHS["console"] = {
+    "/console/": {"get": op("The console: redirects to its models page",
+                            {302: {"description": "to /console/models"}}, tag="console", auth=NO_AUTH)},
+    "/console/login": _page("Console: log in with an API key"),
+    "/console/models": _page("Console: models with live queue/running numbers and the last hour's chart"),
+    "/console/models/edit": _page("Console: create or edit a model (admins)"),
+    "/console/submit": _page("Console: submit a job from the model's form"),
+    "/console/jobs": _page("Console: jobs, filtered by model, state, tenant and time"),
+    "/console/jobs/{job_id}": {"parameters": [_JOB], **_page("Console: a job, its timeline and its result")},
+}
+
 PATHS["docs"] = {
     "/openapi.json": {"get": op("This document", {200: _json({"type": "object"}, "OpenAPI 3.1")},
                                 tag="meta", auth=NO_AUTH)},
