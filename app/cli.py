@@ -343,6 +343,7 @@ def dev(port: int, model_port: int) -> None:
     click.echo(f"""
 model-asynch dev is up: API {base}, demo model {demo.url}, {len(children)} helper processes.
 Admin key (tenant "demo"): {key}
+Console: {base}/console (log in with the key)   Metrics: {base}/metrics   OpenAPI: {base}/openapi.json
 
 Submit a job, then wait for it and read its result:
   curl -s -X POST {base}/v1/models/demo-echo/jobs -H 'Authorization: Bearer {key}' \\

@@ -20,6 +20,10 @@ _ctx: ContextVar[dict] = ContextVar("asynch_log_context", default={})
 _SECRET_SHAPES = [
     (re.compile(r"\b(ak_[a-z0-9]{12})_[A-Za-z0-9_-]{8,}"), r"\1_***"),
     (re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+"), r"\1 ***"),
+    # PostgreSQL quotes the failing statement, with psycopg2's interpolated
+    # values (payloads, modelKey), in its error text; the engine already
+    # hides SQLAlchemy's own parameter dump (app/db.py hide_parameters).
+    (re.compile(r"(?m)^LINE \d+: .*$"), "LINE n: [statement hidden]"),
 ]
 
 
@@ -49,14 +53,14 @@ class ContextFilter(logging.Filter):
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
-               "logger": record.name, "msg": record.getMessage()}
+               "logger": record.name, "msg": mask_secrets(record.getMessage())}
         for k in _FIELDS:
             v = getattr(record, k, None)
             if v is not None:
                 out[k] = v
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return mask_secrets(json.dumps(out, ensure_ascii=False))
+            out["exc"] = mask_secrets(self.formatException(record.exc_info))
+        return json.dumps(out, ensure_ascii=False)
 
 
 def json_handler(stream=None) -> logging.Handler:

@@ -65,6 +65,11 @@ def test_no_secret_in_api_or_worker_logs_and_job_fields_present(
             client.get(job["poll_url"] + "/wait?timeout=1000", headers=auth(user_key))
         assert job_row(done["job_id"]).state == 2 and job_row(failed["job_id"]).state == 3
         client.get(done["result_url"], headers=auth(user_key))
+        # The worker logs just after its commit: let it finish before stopping it.
+        finals = {done["job_id"]: "job done", failed["job_id"]: "job failed", got["job_id"]: "Task asynch.run_job"}
+        wait_until(lambda: all(any(d.get("job_id") == j and d["msg"].startswith(m)
+                                   for d in _lines(worker_log.read_text(errors="replace")))
+                               for j, m in finals.items()), timeout=20, what="worker log lines")
     finally:
         w.stop()
 
@@ -106,3 +111,25 @@ def test_secret_shapes_are_masked_and_context_binds():
     inside, outside = _lines(buf.getvalue())
     assert inside["job_id"] == "job_1" and inside["tenant"] == "t" and key not in inside["msg"]
     assert "job_id" not in outside
+
+
+def test_a_logged_database_error_carries_no_statement_values():
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from app.db import transaction
+
+    buf = io.StringIO()
+    log = logging.getLogger("asynch.test.db")
+    log.addHandler(json_handler(buf))
+    log.propagate = False
+    try:
+        with transaction() as conn:
+            conn.execute(text("INSERT INTO no_such_table (k) VALUES (:k)"), {"k": MODEL_KEY_SECRET})
+    except DBAPIError as exc:
+        log.exception("database error: %s", exc)
+    finally:
+        log.propagate = True
+    out = buf.getvalue()
+    assert "no_such_table" in out and "statement hidden" in out
+    assert MODEL_KEY_SECRET not in out
