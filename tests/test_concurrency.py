@@ -115,7 +115,9 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
 
     with ThreadPoolExecutor(16) as ex:
         winners = [w for w in ex.map(racer, range(16)) if w]
-    assert len(winners) == 1, winners
+    # One racer wins the running row.  A retry leaves it in retry_wait, from
+    # which a later cancel legally wins too (retry_wait -> canceled).
+    assert len(winners) == 1 or sorted(winners) == ["cancel", "retry"], winners
     row = job_row(job_id)
     assert row.state in (JobState.DONE, JobState.FAILED, JobState.RETRY_WAIT, JobState.CANCELED)
     assert r.zcard("asynch:gate:race") == 0
