@@ -20,9 +20,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     flask_app.json.sort_keys = False
 
-    from app.api import errors, health, seed, seed_maintenance, v1_admin, v1_business, v1_jobs, v1_maintenance
+    from app.api import (docs, errors, health, metrics, request_log, seed, seed_maintenance, v1_admin, v1_business,
+                         v1_jobs, v1_maintenance, v1_observe)
 
     errors.register(flask_app)
+    request_log.register(flask_app)
     flask_app.register_blueprint(health.bp)
     flask_app.register_blueprint(v1_jobs.bp)
     flask_app.register_blueprint(v1_admin.bp)
@@ -30,6 +32,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.register_blueprint(seed_maintenance.bp)
     flask_app.register_blueprint(v1_business.bp)
     flask_app.register_blueprint(seed.bp)
+
+    flask_app.register_blueprint(docs.bp)
+    flask_app.register_blueprint(metrics.bp)
+    flask_app.register_blueprint(v1_observe.bp)
+    from app.console import bp as console_bp
+
+    flask_app.register_blueprint(console_bp)
 
     # The per-process listener (wake-ups, cache invalidations): started here
     # so invalidations reach a process before its first long-poll; it

@@ -99,6 +99,150 @@ def keys_revoke(key_id: int) -> None:
         raise click.ClickException(exc.message)
 
 
+# --- models ------------------------------------------------------------------------
+
+@main.group(help="Model configurations: JSON import/export, enable/disable.")
+def models() -> None:
+    pass
+
+
+def _fail(exc) -> click.ClickException:
+    errors = getattr(exc, "errors", None)
+    return click.ClickException(exc.message + ("\n" + json.dumps(errors, indent=2) if errors else ""))
+
+
+@models.command("export", help="Write models as a JSON list (head_msg left out unless --with-secrets).")
+@click.argument("names", nargs=-1)
+@click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True), default="-",
+              help="File to write (default: stdout).")
+@click.option("--with-secrets", is_flag=True, help="Include head_msg (header values are secrets).")
+def models_export(names: tuple[str, ...], out: str, with_secrets: bool) -> None:
+    from app.db import transaction
+    from app.services.model_io import export_models
+
+    with transaction() as conn:
+        data = export_models(conn, list(names) or None, with_secrets)
+    with click.open_file(out, "w") as f:
+        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    click.echo(f"# {len(data)} models exported", err=True)
+
+
+@models.command("import", help="Create or update models from a JSON file; all or nothing.")
+@click.argument("file", type=click.File("r"))
+def models_import(file) -> None:
+    from app.db import transaction
+    from app.errors import DomainError
+    from app.services.model_io import import_models
+
+    try:
+        data = json.load(file)
+    except ValueError as exc:
+        raise click.ClickException(f"{file.name}: invalid JSON: {exc}")
+    try:
+        with transaction() as conn:
+            click.echo(json.dumps(import_models(conn, data)))
+    except DomainError as exc:
+        raise _fail(exc)
+
+
+def _set_enabled(name: str, enabled: bool) -> None:
+    from app.db import transaction
+    from app.errors import DomainError
+    from app.services import model_registry
+
+    try:
+        with transaction() as conn:
+            m = model_registry.update_model(conn, name, {"enabled": enabled})
+    except DomainError as exc:
+        raise _fail(exc)
+    click.echo(json.dumps({"model_name": m["model_name"], "enabled": m["enabled"]}))
+
+
+@models.command("enable", help="Let a model take submissions again.")
+@click.argument("name")
+def models_enable(name: str) -> None:
+    _set_enabled(name, True)
+
+
+@models.command("disable", help="Refuse new submissions (404); admitted jobs still run.")
+@click.argument("name")
+def models_disable(name: str) -> None:
+    _set_enabled(name, False)
+
+
+# --- jobs ----------------------------------------------------------------------------
+
+@main.group(help="Inspect and steer jobs (as an operator: every tenant).")
+def jobs() -> None:
+    pass
+
+
+@jobs.command("show", help="A job: its fields and timeline, as JSON.")
+@click.argument("job_id")
+def jobs_show(job_id: str) -> None:
+    from app.errors import DomainError
+    from app.services.jobs import get_job
+    from app.services.observe import job_detail
+    from app.services.requeue import OPERATOR
+
+    try:
+        click.echo(json.dumps(job_detail(get_job(OPERATOR, job_id)), indent=2, ensure_ascii=False))
+    except DomainError as exc:
+        raise _fail(exc)
+
+
+@jobs.command("list", help="Jobs newest first, one JSON object a line.")
+@click.option("--model", default=None)
+@click.option("--state", default=None, help="pending, running, done, failed, timeout or canceled.")
+@click.option("--tenant", default=None)
+@click.option("--since", type=click.DateTime(), default=None, help="Created at or after (UTC).")
+@click.option("--until", type=click.DateTime(), default=None, help="Created before (UTC).")
+@click.option("--limit", type=int, default=50)
+def jobs_list(model, state, tenant, since, until, limit) -> None:
+    from datetime import timezone
+
+    from app.errors import DomainError
+    from app.services.jobs import list_jobs, status_view
+    from app.services.requeue import OPERATOR
+
+    utc = lambda t: t.replace(tzinfo=timezone.utc) if t else None  # noqa: E731
+    try:
+        rows, nxt = list_jobs(OPERATOR, model_name=model, state=state, tenant=tenant, limit=limit,
+                              since=utc(since), until=utc(until))
+    except DomainError as exc:
+        raise _fail(exc)
+    for r in rows:
+        click.echo(json.dumps({**status_view(r), "tenant": r.tenant_id}))
+    if nxt:
+        click.echo(f"# more: the page ends at {nxt}", err=True)
+
+
+@jobs.command("cancel", help="Cancel a pending, running or retry-waiting job.")
+@click.argument("job_id")
+def jobs_cancel(job_id: str) -> None:
+    from app.errors import DomainError
+    from app.services.jobs import cancel_job, status_view
+    from app.services.requeue import OPERATOR
+
+    try:
+        click.echo(json.dumps(status_view(cancel_job(OPERATOR, job_id))))
+    except DomainError as exc:
+        raise _fail(exc)
+
+
+@jobs.command("requeue", help="Re-send a pending job's message or re-admit a retry_wait job now; "
+                              "refuses running and terminal jobs.")
+@click.argument("job_id")
+def jobs_requeue(job_id: str) -> None:
+    from app.errors import DomainError
+    from app.services.requeue import requeue_job
+
+    try:
+        click.echo(json.dumps(requeue_job(job_id)))
+    except DomainError as exc:
+        raise _fail(exc)
+
+
 # --- maintenance ------------------------------------------------------------------
 
 @main.group(help="Run a maintenance pass now (what beat runs on its schedule).")
@@ -227,6 +371,7 @@ def dev(port: int, model_port: int) -> None:
     click.echo(f"""
 model-asynch dev is up: API {base}, demo model {demo.url}, {len(children)} helper processes.
 Admin key (tenant "demo"): {key}
+Console: {base}/console (log in with the key)   Metrics: {base}/metrics   OpenAPI: {base}/openapi.json
 
 Submit a job, then wait for it and read its result:
   curl -s -X POST {base}/v1/models/demo-echo/jobs -H 'Authorization: Bearer {key}' \\
@@ -261,7 +406,7 @@ def env_cmd() -> None:
     s = get_settings()
     for name, var in env_names().items():
         v = getattr(s, name)
-        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key", "oss_authorization") and v:
+        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key", "oss_authorization", "metrics_token") and v:
             v = "***"
         click.echo(f"{var}={v}")
 

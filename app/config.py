@@ -139,6 +139,10 @@ class Settings:
     oss_authorization: str = ""
     oss_timeout_seconds: float = 60.0
     log_level: str = "INFO"
+    # /metrics: empty means no key needed; else "Authorization: Bearer <token>".
+    metrics_token: str = ""
+    # Workers refresh their liveness key this often; it expires after 3 intervals.
+    worker_heartbeat_seconds: float = 10.0
 
     @property
     def effective_broker_url(self) -> str:

@@ -25,7 +25,7 @@ _engine_pid: int | None = None
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True)
 
         @event.listens_for(eng, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - dev mode only
@@ -43,6 +43,9 @@ def make_engine(url: str) -> Engine:
         # died with the server fails its first statement (a 503) and
         # SQLAlchemy then invalidates the whole pool.
         pool_recycle=1800,
+        # A statement's parameters (payloads, modelKey) never appear in an
+        # exception message, so a logged database error cannot leak them.
+        hide_parameters=True,
     )
 
 

@@ -1,25 +1,73 @@
 """Logging: one line of JSON per record, with job_id/model/tenant/attempt
-when the caller passed them as ``extra``."""
+when the caller passed them as ``extra`` or bound them for the current
+request/task with ``bind()`` (a context variable, so threads and requests do
+not mix).
+
+Secrets never reach a log line by construction (nothing logs headers,
+head_msg or modelKey); as a second line of defence anything shaped like an
+API key or a Bearer credential is masked in the final line.
+"""
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
+from contextvars import ContextVar, Token
 
 _FIELDS = ("job_id", "model", "tenant", "attempt")
+_ctx: ContextVar[dict] = ContextVar("asynch_log_context", default={})
+_SECRET_SHAPES = [
+    (re.compile(r"\b(ak_[a-z0-9]{12})_[A-Za-z0-9_-]{8,}"), r"\1_***"),
+    (re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+"), r"\1 ***"),
+    # PostgreSQL quotes the failing statement, with psycopg2's interpolated
+    # values (payloads, modelKey), in its error text; the engine already
+    # hides SQLAlchemy's own parameter dump (app/db.py hide_parameters).
+    (re.compile(r"(?m)^LINE \d+: .*$"), "LINE n: [statement hidden]"),
+]
+
+
+def bind(**fields) -> Token:
+    """Add fields to every record logged in this context; reset() undoes it."""
+    return _ctx.set({**_ctx.get(), **{k: v for k, v in fields.items() if v is not None}})
+
+
+def reset(token: Token) -> None:
+    _ctx.reset(token)
+
+
+def mask_secrets(text: str) -> str:
+    for pattern, repl in _SECRET_SHAPES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+class ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for k, v in _ctx.get().items():
+            if getattr(record, k, None) is None:
+                setattr(record, k, v)
+        return True
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
-               "logger": record.name, "msg": record.getMessage()}
+               "logger": record.name, "msg": mask_secrets(record.getMessage())}
         for k in _FIELDS:
             v = getattr(record, k, None)
             if v is not None:
                 out[k] = v
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = mask_secrets(self.formatException(record.exc_info))
         return json.dumps(out, ensure_ascii=False)
+
+
+def json_handler(stream=None) -> logging.Handler:
+    h = logging.StreamHandler(stream or sys.stderr)
+    h.setFormatter(JsonFormatter())
+    h.addFilter(ContextFilter())
+    return h
 
 
 _configured = False
@@ -29,9 +77,7 @@ def configure_logging(level: str = "INFO") -> None:
     global _configured
     if _configured:
         return
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(JsonFormatter())
     root = logging.getLogger()
-    root.handlers[:] = [h]
+    root.handlers[:] = [json_handler()]
     root.setLevel(level.upper())
     _configured = True

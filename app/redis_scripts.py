@@ -467,3 +467,73 @@ def semaphore_holders(model: str, tenant: str) -> list[str]:
 def permit_wait_hold(job_id: str, attempt: int, token: str, ttl_seconds: float) -> bool:
     return bool(_script("permit_wait_hold")(keys=[permit_wait_key(job_id, attempt)],
                                             args=[token, int(ttl_seconds * 1000)]))
+
+
+# --- metrics and worker liveness ---------------------------------------------------
+# Counters and histogram buckets live in a few hashes so every API and worker
+# process on every host adds to the same totals (app/metrics.py renders them).
+
+def metrics_key(name: str) -> str:
+    return f"{_p()}:metrics:{name}"
+
+
+def worker_key(node: str) -> str:
+    return f"{_p()}:worker:{node}"
+
+
+def metrics_bump(incrs: Iterable[tuple[str, str, float]]) -> None:
+    """Add to hash fields in one round trip (MULTI/EXEC, so a scrape never sees
+    a histogram bucket without its count).  incrs: (metric name, field, amount)."""
+    pipe = get_redis().pipeline(transaction=True)
+    for name, field_, amount in incrs:
+        if isinstance(amount, int):
+            pipe.hincrby(metrics_key(name), field_, amount)
+        else:
+            pipe.hincrbyfloat(metrics_key(name), field_, amount)
+    pipe.execute()
+
+
+def metrics_read(names: Iterable[str]) -> dict[str, dict[str, str]]:
+    names = list(names)
+    pipe = get_redis().pipeline(transaction=False)
+    for n in names:
+        pipe.hgetall(metrics_key(n))
+    return dict(zip(names, pipe.execute()))
+
+
+def worker_touch(node: str, fields: dict, ttl_seconds: int) -> None:
+    """Record a worker's liveness fields; the key lives ttl_seconds after the
+    last touch, so a worker that stops touching it disappears by itself."""
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.hset(worker_key(node), mapping=fields)
+    pipe.expire(worker_key(node), ttl_seconds)
+    pipe.execute()
+
+
+def worker_forget(node: str) -> None:
+    get_redis().delete(worker_key(node))
+
+
+def workers_read() -> dict[str, dict[str, str]]:
+    prefix = worker_key("")
+    keys = list(get_redis().scan_iter(match=prefix + "*", count=500))
+    pipe = get_redis().pipeline(transaction=False)
+    for k in keys:
+        pipe.hgetall(k)
+    return {k[len(prefix):]: v for k, v in zip(keys, pipe.execute()) if v}
+
+
+def gate_snapshot(model_names: Iterable[str]) -> dict[str, tuple[int, int | None, int | None]]:
+    """model -> (gate depth, runtime queue_limit, runtime max_concurrency) in one round trip."""
+    names = list(model_names)
+    pipe = get_redis().pipeline(transaction=False)
+    for n in names:
+        pipe.zcard(gate_key(n))
+        pipe.get(runtime_queue_limit_key(n))
+        pipe.get(runtime_max_concurrency_key(n))
+    res = pipe.execute()
+    out = {}
+    for i, n in enumerate(names):
+        depth, ql, mc = res[3 * i:3 * i + 3]
+        out[n] = (int(depth), int(ql) if ql is not None else None, int(mc) if mc is not None else None)
+    return out

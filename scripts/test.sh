@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Run the whole test suite on this machine: starts PostgreSQL, Redis and
-# RabbitMQ if needed, builds .venv, then pytest (extra arguments go to pytest).
+# RabbitMQ if needed, installs chromium (browser test), builds .venv, then
+# pytest (extra arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh --rabbitmq
+# Under CI a failed install fails the browser test rather than this script.
+bash scripts/browser.sh || echo "chromium install failed" >&2
 bash scripts/venv.sh
 exec .venv/bin/python -m pytest "$@"

@@ -4,11 +4,12 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_process_init
 
 from app.celery_config import celery_settings
 from app.config import get_settings
-from app.logging_setup import configure_logging
+from app.logging_setup import bind, configure_logging, reset
+from workers.heartbeat import install as install_heartbeat
 
 configure_logging(get_settings().log_level)
 
@@ -19,6 +20,7 @@ celery.conf.beat_schedule = __import__("beat_schedule").build_schedule(get_setti
 celery.conf.beat_scheduler = "workers.beat:LeaderScheduler"
 celery.conf.imports = ("workers.tasks",)
 app = celery
+install_heartbeat(celery)
 
 
 @worker_process_init.connect
@@ -30,3 +32,20 @@ def _fresh_connections(**_kw):
     reset_engine()
     reset_redis()
     logging.getLogger(__name__).debug("pool process initialised")
+
+
+_log_tokens: dict = {}
+
+
+@task_prerun.connect
+def _bind_job(task_id=None, args=None, **_kw):
+    # Everything logged while a run_job runs carries its job_id.
+    job_id = args[0] if args and isinstance(args[0], str) and args[0].startswith("job_") else None
+    _log_tokens[task_id] = bind(job_id=job_id)
+
+
+@task_postrun.connect
+def _unbind_job(task_id=None, **_kw):
+    token = _log_tokens.pop(task_id, None)
+    if token is not None:
+        reset(token)

@@ -7,6 +7,7 @@ from flask import g, request
 
 from app.db import transaction
 from app.errors import Forbidden
+from app.logging_setup import bind
 from app.services.keys import Principal, authenticate, authenticate_cached
 
 
@@ -22,6 +23,7 @@ def current_principal() -> Principal:
     if p is None:
         p = authenticate_cached(_presented_key(), _load)
         g.principal = p
+        bind(tenant=p.tenant_id)
     return p
 
 

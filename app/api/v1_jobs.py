@@ -1,6 +1,8 @@
 """v1 jobs: the async-jobs wire contract of seed 000 (DESIGN.md, v1)."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from flask import Blueprint, Response, jsonify, request, url_for
 
 from app.api import job_context
@@ -66,10 +68,22 @@ def _int_arg(name: str, default: int) -> int:
         raise ValidationFailed("invalid query", [{"pointer": "/" + name, "message": "must be an integer"}])
 
 
+def _time_arg(name: str):
+    raw = request.args.get(name)
+    if not raw:
+        return None
+    try:
+        t = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValidationFailed("invalid query", [{"pointer": "/" + name, "message": "must be an ISO 8601 time"}])
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
 def _list(model: str | None):
     rows, nxt = jobs.list_jobs(current_principal(), model_name=model, state=request.args.get("state"),
                                limit=_int_arg("limit", 50), cursor=request.args.get("cursor"),
-                               tenant=request.args.get("tenant"))
+                               tenant=request.args.get("tenant"),
+                               since=_time_arg("since"), until=_time_arg("until"))
     return jsonify({"jobs": [status_view(r) | _urls(r) for r in rows], "next_cursor": nxt})
 
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from app import transitions
+from app import metrics, transitions
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.db import transaction
@@ -81,15 +81,16 @@ def _run_claimed(row, model, mine: int) -> str:
         return _fail(row, mine, "model is no longer configured", permanent=True, retry_times=0, ctx=ctx)
 
     try:
+        t0 = time.monotonic()
         try:
             resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
                               head_msg=model.head_msg, model_key=row.model_key, payload=json.loads(row.request_payload),
                               timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes)
         except ModelCallError as exc:
             if exc.called:
-                _count_call(row)
+                _count_call(row, t0, ok=False)
             return _fail(row, mine, str(exc), permanent=exc.permanent, retry_times=model.retry_times, ctx=ctx)
-        _count_call(row)
+        _count_call(row, t0, ok=True)
 
         try:
             location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
@@ -121,7 +122,8 @@ def _run_claimed(row, model, mine: int) -> str:
             return "lost"
 
 
-def _count_call(row) -> None:
+def _count_call(row, t0: float, ok: bool) -> None:
+    metrics.model_call(row.model_name, time.monotonic() - t0, ok)
     with transaction() as conn:
         stats.count_call(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 

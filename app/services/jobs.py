@@ -22,12 +22,12 @@ from sqlalchemy import and_, insert, or_, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from app import redis_scripts, transitions
+from app import metrics, redis_scripts, transitions
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.db import transaction
 from app.errors import (
-    BadRequest, Conflict, Gone, JobNotFinished, NotFound, QueueFull, Unavailable,
+    BadRequest, Conflict, DomainError, Gone, JobNotFinished, NotFound, QueueFull, Unavailable,
     ValidationFailed,
 )
 from app.models import tasks
@@ -133,6 +133,20 @@ def _validate_options(opts: SubmitOptions) -> None:
 
 
 def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions = SubmitOptions()) -> Submitted:
+    try:
+        out = _submit(principal, model_name, payload, opts)
+    except DomainError as exc:
+        metrics.job_rejected(model_name, exc)
+        log.info("submission refused: %s", exc.message,
+                 extra={"model": model_name, "tenant": principal.tenant_id})
+        raise
+    if not out.replayed:
+        metrics.job_admitted(model_name)
+        log.info("job admitted", extra={"job_id": out.row.id, "model": model_name, "tenant": principal.tenant_id})
+    return out
+
+
+def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions) -> Submitted:
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
     _validate_options(opts)
@@ -296,6 +310,7 @@ def after_terminal(row: Row) -> None:
     terminal state: the slot goes back, waiters wake.  Best effort: if Redis
     is down, reconcile returns the slot and waiters end at their budget."""
     release_slot(row.model_name, row.id)
+    metrics.job_finished(row)
     try:
         redis_scripts.publish_terminal(row.id)
     except redis.RedisError:
@@ -303,7 +318,8 @@ def after_terminal(row: Row) -> None:
 
 
 def list_jobs(principal: Principal, *, model_name: str | None = None, state: str | None = None,
-              limit: int = 50, cursor: str | None = None, tenant: str | None = None) -> tuple[list[Row], str | None]:
+              limit: int = 50, cursor: str | None = None, tenant: str | None = None,
+              since=None, until=None) -> tuple[list[Row], str | None]:
     s = get_settings()
     if not 1 <= limit <= s.list_max_limit:
         raise ValidationFailed("invalid query", [{"pointer": "/limit",
@@ -322,6 +338,10 @@ def list_jobs(principal: Principal, *, model_name: str | None = None, state: str
         except ValueError:
             raise ValidationFailed("invalid query", [{"pointer": "/state", "message":
                                    "must be one of pending, running, done, failed, timeout, canceled"}])
+    if since is not None:
+        q = q.where(tasks.c.created_at >= since)
+    if until is not None:
+        q = q.where(tasks.c.created_at < until)
     with transaction() as conn:
         if cursor:
             anchor = conn.execute(select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == cursor)).first()

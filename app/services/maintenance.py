@@ -113,7 +113,7 @@ def reclaim_dead_permits() -> Report:
 
 # --- retries ---------------------------------------------------------------------------
 
-def retry_due(limit: int | None = None) -> Report:
+def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report:
     """retry_wait jobs whose backoff has passed go back to pending through
     the gate.  A full gate leaves them waiting; they are never dropped.
 
@@ -121,8 +121,10 @@ def retry_due(limit: int | None = None) -> Report:
     head of the queue (published at high priority, queue time backdated to
     its creation); > 0 puts it at the tail (normal priority) until
     promote_waiting_retries() lifts it after that many seconds.
+    ``only``: these jobs, now, whatever their backoff (operator requeue).
     """
     now = clock_now()
+    due = tasks.c.id.in_(only) if only is not None else tasks.c.next_retry_at <= now
     rep = Report(details={"gate_full": 0, "head": 0, "tail": 0})
     published: list[tuple[str, int, Priority]] = []
     taken: list[tuple[str, str]] = []
@@ -132,7 +134,7 @@ def retry_due(limit: int | None = None) -> Report:
                 tasks.c.id, tasks.c.model_name, tasks.c.attempt, tasks.c.created_at,
                 models.c.queue_limit, models.c.retry_queue_max_seconds,
             ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
-                tasks.c.state == int(JobState.RETRY_WAIT), tasks.c.next_retry_at <= now,
+                tasks.c.state == int(JobState.RETRY_WAIT), due,
             ).order_by(tasks.c.next_retry_at).limit(_batch(limit)))).all()
             full: set[str] = set()
             for r in rows:

@@ -1,0 +1,142 @@
+"""The OpenAPI document is valid 3.1, matches the registered routes both ways
+(so a route added without documentation fails here), and real responses
+match the schemas it documents for their status."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate
+
+from app import create_app
+from app.openapi import PATHS, document
+from conftest import auth
+
+_SKIP_METHODS = {"HEAD", "OPTIONS"}
+
+
+def _openapi_path(rule: str) -> str:
+    return re.sub(r"<(?:[a-z_]+:)?([A-Za-z_]+)>", r"{\1}", rule)
+
+
+def route_differences(app, doc: dict) -> tuple[set, set, set]:
+    """(registered but undocumented, documented but not registered,
+    registered but documented under another blueprint's entry)."""
+    registered = set()
+    misplaced = set()
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static" or rule.endpoint.endswith(".static"):
+            continue
+        path = _openapi_path(rule.rule)
+        bp = rule.endpoint.rsplit(".", 1)[0] if "." in rule.endpoint else None
+        for m in rule.methods - _SKIP_METHODS:
+            registered.add((path, m.lower()))
+            if m.lower() not in PATHS.get(bp, {}).get(path, {}):
+                misplaced.add((bp, path, m.lower()))
+    documented = {(p, m) for p, item in doc["paths"].items() for m in item if m != "parameters"}
+    return registered - documented, documented - registered, misplaced
+
+
+def test_document_is_valid_openapi_3_1():
+    doc = document()
+    assert doc["openapi"].startswith("3.1")
+    validate(doc)
+
+
+def test_every_route_is_documented_by_its_blueprint_and_nothing_else_is():
+    missing, extra, misplaced = route_differences(create_app(), document())
+    assert missing == set(), f"routes without documentation: {sorted(missing)}"
+    assert extra == set(), f"documented routes that do not exist: {sorted(extra)}"
+    assert misplaced == set(), f"documented under the wrong blueprint: {sorted(misplaced)}"
+
+
+def test_a_route_added_without_documentation_is_caught():
+    app = create_app()
+    app.add_url_rule("/v1/undocumented/<int:n>", "undocumented", lambda n: "", methods=["GET", "POST"])
+    missing, _extra, _ = route_differences(app, document())
+    assert missing == {("/v1/undocumented/{n}", "get"), ("/v1/undocumented/{n}", "post")}
+
+
+def test_served_document_is_the_module_document(client):
+    resp = client.get("/openapi.json")
+    assert resp.status_code == 200
+    assert resp.get_json() == document()
+
+
+def _resolve(node, doc):
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = doc
+            for part in node["$ref"].lstrip("#/").split("/"):
+                target = target[part]
+            return _resolve(target, doc)
+        return {k: _resolve(v, doc) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, doc) for v in node]
+    return node
+
+
+def conforms(resp, path: str, method: str) -> None:
+    """The response's status is documented for the operation, and a JSON body
+    matches its schema."""
+    doc = document()
+    op = _resolve(doc["paths"][path][method], doc)
+    documented = op["responses"].get(str(resp.status_code))
+    assert documented is not None, f"{method.upper()} {path} answered undocumented {resp.status_code}"
+    content = documented.get("content", {})
+    if "application/json" in content:
+        OAS31Validator(content["application/json"]["schema"]).validate(resp.get_json())
+
+
+@pytest.mark.e2e
+def test_real_responses_match_the_documented_schemas(client, make_model, admin_key, user_key, workers):
+    make_model("echo", form=[{"field": "prompt", "type": "string", "required": True}], head_msg="K:v")
+    h = auth(user_key)
+    conforms(client.get("/v1/models", headers=h), "/v1/models", "get")
+    conforms(client.get("/v1/models", headers=auth(admin_key)), "/v1/models", "get")
+    conforms(client.get("/v1/models/echo", headers=h), "/v1/models/{name}", "get")
+    conforms(client.get("/v1/models/nope", headers=h), "/v1/models/{name}", "get")
+    conforms(client.get("/v1/models"), "/v1/models", "get")
+    conforms(client.post("/v1/models", json={"model_name": "x"}, headers=auth(admin_key)), "/v1/models", "post")
+    conforms(client.post("/v1/models", json={"model_name": "x"}, headers=h), "/v1/models", "post")
+    bad = client.post("/v1/models/echo/jobs", json={}, headers=h)
+    assert bad.status_code == 422
+    conforms(bad, "/v1/models/{model}/jobs", "post")
+    ok = client.post("/v1/models/echo/jobs", json={"prompt": "hi"}, headers=h)
+    conforms(ok, "/v1/models/{model}/jobs", "post")
+    job = ok.get_json()
+    conforms(client.get(job["poll_url"], headers=h), "/v1/models/{model}/jobs/{job_id}", "get")
+    conforms(client.get(job["poll_url"] + "/wait?timeout=20000", headers=h),
+             "/v1/models/{model}/jobs/{job_id}/wait", "get")
+    conforms(client.get(job["result_url"], headers=h), "/v1/models/{model}/jobs/{job_id}/result", "get")
+    conforms(client.post(job["poll_url"] + "/cancel", headers=h), "/v1/models/{model}/jobs/{job_id}/cancel", "post")
+    conforms(client.get("/v1/jobs?since=2000-01-01T00:00:00Z", headers=h), "/v1/jobs", "get")
+    conforms(client.get("/v1/jobs?since=yesterday", headers=h), "/v1/jobs", "get")
+    conforms(client.get("/v1/models/echo/jobs?limit=1", headers=h), "/v1/models/{model}/jobs", "get")
+    created = client.post("/v1/keys", json={"tenant": "t1"}, headers=auth(admin_key))
+    conforms(created, "/v1/keys", "post")
+    conforms(client.get("/v1/keys", headers=auth(admin_key)), "/v1/keys", "get")
+    conforms(client.delete(f"/v1/keys/{created.get_json()['id']}", headers=auth(admin_key)),
+             "/v1/keys/{key_id}", "delete")
+    conforms(client.get("/v1/overview", headers=h), "/v1/overview", "get")
+    conforms(client.get("/v1/overview/series", headers=h), "/v1/overview/series", "get")
+    conforms(client.get("/v1/overview/series?minutes=2", headers=h), "/v1/overview/series", "get")
+    conforms(client.get(f"/v1/jobs/{job['job_id']}", headers=h), "/v1/jobs/{job_id}", "get")
+    conforms(client.get("/v1/jobs/job_nope", headers=h), "/v1/jobs/{job_id}", "get")
+    conforms(client.get("/metrics"), "/metrics", "get")
+    conforms(client.get("/openapi.json"), "/openapi.json", "get")
+    conforms(client.get("/healthz"), "/healthz", "get")
+    conforms(client.get("/readyz"), "/readyz", "get")
+
+
+def test_listing_filters_by_time_range(client, make_model, user_key):
+    make_model("echo")
+    h = auth(user_key)
+    job = client.post("/v1/models/echo/jobs", json={"a": 1}, headers=h).get_json()
+    ids = lambda q: [j["job_id"] for j in client.get("/v1/jobs" + q, headers=h).get_json()["jobs"]]  # noqa: E731
+    assert ids("?since=2000-01-01T00:00:00Z") == [job["job_id"]]
+    assert ids("?until=2000-01-01T00:00:00") == []
+    assert ids("?since=2999-01-01T00:00:00%2B00:00") == []
+    bad = client.get("/v1/jobs?until=soon", headers=h)
+    assert bad.status_code == 422 and bad.get_json()["errors"][0]["pointer"] == "/until"

@@ -1,0 +1,56 @@
+"""Worker liveness that means "consuming", not just "process alive".
+
+A consumer bootstep, started after the task consumer (so only while the
+worker is connected to the broker and subscribed to its queues), refreshes
+``asynch:worker:{node}`` from the worker's own event loop every
+ASYNCH_WORKER_HEARTBEAT_SECONDS; the key expires after 3 intervals.  A lost
+broker connection stops the step (the key is dropped), a blocked loop stops
+the refresh, a dead host lets the key expire.  Pool processes stamp the time
+they take a task.  /metrics turns these into asynch_worker_* gauges.
+"""
+from __future__ import annotations
+
+import threading
+
+from celery import bootsteps
+from celery.signals import task_prerun
+
+from app import metrics
+from app.config import get_settings
+
+
+class ConsumingHeartbeat(bootsteps.StartStopStep):
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent, **kwargs):
+        super().__init__(parent, **kwargs)
+        self.tref = None
+
+    def start(self, c):
+        self._beat(c)
+        self.tref = c.timer.call_repeatedly(get_settings().worker_heartbeat_seconds, self._beat, (c,), priority=10)
+
+    def _beat(self, c):
+        # The write runs off the event loop so a slow Redis never stalls
+        # consuming; the loop turning is what the beat proves.
+        queues = ",".join(sorted(q.name for q in c.task_consumer.queues)) if c.task_consumer else ""
+        threading.Thread(target=metrics.worker_heartbeat, args=(c.hostname, queues), daemon=True).start()
+
+    def stop(self, c):
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+        metrics.worker_stopped(c.hostname)
+
+    shutdown = stop
+
+
+def install(celery_app) -> None:
+    celery_app.steps["consumer"].add(ConsumingHeartbeat)
+
+
+@task_prerun.connect
+def _consumed(sender=None, **_kw):
+    hostname = getattr(getattr(sender, "request", None), "hostname", None)
+    if hostname:
+        metrics.worker_consumed(hostname)
