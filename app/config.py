@@ -139,6 +139,9 @@ class Settings:
     oss_authorization: str = ""
     oss_timeout_seconds: float = 60.0
     log_level: str = "INFO"
+    # Each process flushes its metric increments to Redis this often (0: at
+    # once, one round trip per event).
+    metrics_flush_seconds: float = 1.0
     # /metrics: empty means no key needed; else "Authorization: Bearer <token>".
     metrics_token: str = ""
     # Workers refresh their liveness key this often; it expires after 3 intervals.

@@ -1,10 +1,11 @@
 """Prometheus metrics that stay right across many API and worker processes
 on many hosts.
 
-Counters and histograms are not kept in process memory: each event is one
-MULTI/EXEC round trip of HINCRBY(FLOAT)s on a few Redis hashes
+Counters and histograms are not kept in process memory for long: each
+process sums its events and flushes them every ASYNCH_METRICS_FLUSH_SECONDS
+as one MULTI/EXEC of HINCRBY(FLOAT)s on a few Redis hashes
 (``redis_scripts.metrics_bump``), so whichever gunicorn process answers a
-scrape reports the cluster's totals.  Gauges are computed at scrape time
+scrape reports the cluster's totals (at most one flush interval behind).  Gauges are computed at scrape time
 from PostgreSQL (jobs by model and state) and Redis (gate depth, runtime
 overrides, worker liveness).  Recording never raises: a lost metric must
 not fail a job.
@@ -18,7 +19,10 @@ Callers:
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import threading
 import time
 from bisect import bisect_left
 
@@ -44,11 +48,78 @@ JOB_DURATION, CALL_DURATION = "job_duration", "model_call_duration"
 _HISTOGRAMS = {JOB_DURATION: JOB_BUCKETS, CALL_DURATION: CALL_BUCKETS}
 
 
+class _Buffer:
+    """Per-process sums of pending increments, written to Redis by a flusher
+    thread every ``metrics_flush_seconds`` in one MULTI/EXEC: the admission
+    path pays no Redis round trip for its metrics.  What a killed process
+    had not flushed (at most one interval) is lost: metrics, not ledger.
+    With metrics_flush_seconds = 0 every event is written at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: dict[tuple[str, str], float] = {}
+        self.pid: int | None = None
+        self.wake = threading.Event()
+
+    def add(self, incrs) -> None:
+        interval = get_settings().metrics_flush_seconds
+        if interval <= 0:
+            self._write(list(incrs))
+            return
+        if self.pid != os.getpid():
+            self._start(interval)
+        with self.lock:
+            for name, field_, amount in incrs:
+                k = (name, field_)
+                self.pending[k] = self.pending.get(k, 0) + amount
+
+    def _start(self, interval: float) -> None:
+        with _start_lock:
+            if self.pid == os.getpid():
+                return
+            if self.pid is not None:
+                # A forked child: the parent flushes what it had pending, and
+                # its lock may have been held by a thread that does not exist here.
+                self.lock = threading.Lock()
+                self.pending = {}
+            self.pid = os.getpid()
+            threading.Thread(target=self._run, args=(interval,), name="asynch-metrics-flush", daemon=True).start()
+            atexit.register(self.flush)
+
+    def _run(self, interval: float) -> None:
+        while True:
+            self.wake.wait(interval)
+            self.wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            batch, self.pending = self.pending, {}
+        if batch:
+            self._write([(n, f, a) for (n, f), a in batch.items()], requeue=batch)
+
+    def _write(self, incrs, requeue: dict | None = None) -> None:
+        try:
+            redis_scripts.metrics_bump(incrs)
+        except redis.RedisError as exc:
+            log.warning("metrics not recorded: %s", exc)
+            if requeue:  # keep them for the next flush rather than lose them
+                with self.lock:
+                    for k, v in requeue.items():
+                        self.pending[k] = self.pending.get(k, 0) + v
+
+
+_start_lock = threading.Lock()
+_buffer = _Buffer()
+
+
 def _bump(incrs) -> None:
-    try:
-        redis_scripts.metrics_bump(incrs)
-    except redis.RedisError as exc:
-        log.warning("metrics not recorded: %s", exc)
+    _buffer.add(incrs)
+
+
+def flush() -> None:
+    """Write what this process has buffered now (tests, shutdown)."""
+    _buffer.flush()
 
 
 def _observe(name: str, labels: tuple[str, ...], value: float) -> list[tuple[str, str, float]]:

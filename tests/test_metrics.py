@@ -48,6 +48,7 @@ def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings
     r.set("asynch:runtime:max_concurrency:idle", 2)
     metrics.callback_delivered("echo", True)
     metrics.callback_delivered("echo", False)
+    metrics.flush()  # this process buffers its increments (ASYNCH_METRICS_FLUSH_SECONDS)
 
     resp = client.get("/metrics")
     assert resp.status_code == 200 and resp.content_type.startswith("text/plain")
@@ -122,6 +123,14 @@ def test_two_api_processes_and_two_workers_report_the_database_totals(test_env, 
             codes = list(pool.map(one, range(200)))
         assert codes == [202] * 200
         wait_until(lambda: _db_totals("echo")[0] == {2: 200}, timeout=150, interval=0.5, what="200 jobs done")
+        # Every process flushes its buffered increments within one interval.
+        def flushed() -> bool:
+            sm = samples(requests.get(f"{base}/metrics", headers={"Connection": "close"}, timeout=30).text)
+            return (value(sm, "asynch_admissions_total", model="echo") == 200
+                    and value(sm, "asynch_model_call_duration_seconds_count", model="echo", outcome="ok") == 200
+                    and value(sm, "asynch_job_duration_seconds_count", model="echo", state="done") == 200)
+
+        wait_until(flushed, timeout=15, interval=0.3, what="metrics flushed")
 
         scrapes = [samples(requests.get(f"{base}/metrics", headers={"Connection": "close"}, timeout=30).text)
                    for _ in range(4)]
