@@ -69,7 +69,7 @@ def truncate_jobs() -> None:
     conn = psycopg2.connect(f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}")
     conn.autocommit = True
     with conn.cursor() as cur:
-        cur.execute("TRUNCATE asynch_task, asynch_model_stat")
+        cur.execute("TRUNCATE asynch_task, asynch_model_stat CASCADE")
     conn.close()
 
 
