@@ -63,6 +63,9 @@ class ModelState:
 def _handler(state: ModelState):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes: without TCP_NODELAY a
+        # keep-alive client waits for the delayed ACK (~40 ms) on every call.
+        disable_nagle_algorithm = True
 
         def log_message(self, *_a):  # quiet
             pass

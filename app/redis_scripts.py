@@ -341,6 +341,16 @@ def runtime_max_concurrency(model: str) -> int | None:
     return int(v) if v is not None else None
 
 
+def release_and_wake(model: str, job_id: str) -> bool:
+    """gate_release + publish_terminal in one round trip (release first).
+    True if the slot was still held."""
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.zrem(gate_key(model), job_id)
+    pipe.publish(terminal_channel(), job_id)
+    removed, _ = pipe.execute()
+    return bool(removed)
+
+
 def publish_terminal(job_id: str) -> None:
     """Wake long-poll waiters of ``job_id`` (all API processes)."""
     get_redis().publish(terminal_channel(), job_id)

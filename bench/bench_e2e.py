@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from bench import stack
 
-N = 2000
+N = int(__import__("os").environ.get("BENCH_E2E_JOBS", "2000"))
 RUNS = int(__import__("os").environ.get("BENCH_RUNS", "3"))
 
 

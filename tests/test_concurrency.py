@@ -81,15 +81,16 @@ def _running_job(make_model, r) -> str:
 
 def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
     job_id = _running_job(make_model, r)
-    released = []
-    real_release = redis_scripts.gate_release
+    released = []  # every slot release any racer performs, and whether it removed the slot
+    for name in ("gate_release", "release_and_wake"):
+        real = getattr(redis_scripts, name)
 
-    def counting_release(model, jid):
-        ok = real_release(model, jid)
-        released.append(ok)
-        return ok
+        def counting(model, jid, _real=real):
+            ok = _real(model, jid)
+            released.append(ok)
+            return ok
 
-    monkeypatch.setattr(redis_scripts, "gate_release", counting_release)
+        monkeypatch.setattr(redis_scripts, name, counting)
     p = Principal("tenant-a", "user", None)
     barrier = threading.Barrier(16)
 

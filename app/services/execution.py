@@ -14,7 +14,7 @@ import logging
 import time
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from app import metrics, transitions
 from app.clock import now as clock_now
@@ -47,22 +47,21 @@ def run_attempt(job_id: str, attempt: int, chain_token: str | None = None) -> st
     another message for this attempt is already waiting, drop this one.
     """
     settings = get_settings()
-    with transaction() as conn:
-        job = conn.execute(select(tasks.c.model_name, tasks.c.tenant_id, tasks.c.state, tasks.c.attempt)
-                           .where(tasks.c.id == job_id)).first()
-        if job is None or job.state != JobState.PENDING or job.attempt != attempt:
-            return "stale"
-        model = conn.execute(select(models).where(models.c.model_name == job.model_name)).first()
-    lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
-
     permit = None
-    if model is not None:
-        permit = concurrency.acquire(model.model_name, job.tenant_id, model.max_concurrency,
-                                     job_id, attempt, lease_seconds)
-        if permit is None:
-            return "no_permit" if concurrency.keep_waiting(job_id, attempt, chain_token) else "waiting_elsewhere"
     try:
+        # One transaction: read the job with its model, take the permit, claim.
         with transaction() as conn:
+            job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
+            if job is None or job.state != JobState.PENDING or job.attempt != attempt:
+                return "stale"
+            model = job if job.model_id is not None else None
+            lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
+            if model is not None:
+                permit = concurrency.acquire(model.model_name, job.tenant_id, model.max_concurrency,
+                                             job_id, attempt, lease_seconds)
+                if permit is None:
+                    waiting = concurrency.keep_waiting(job_id, attempt, chain_token)
+                    return "no_permit" if waiting else "waiting_elsewhere"
             row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds))
         if row is None:
             return "stale"
@@ -70,6 +69,16 @@ def run_attempt(job_id: str, attempt: int, chain_token: str | None = None) -> st
     finally:
         if permit is not None:
             concurrency.release(permit)
+
+
+# The job's pending-check fields and its model's whole row in one round trip
+# (an outer join: a deleted model leaves model_id NULL).
+_JOB_WITH_MODEL = (
+    select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, models.c.id.label("model_id"),
+           *[c for c in models.c if c.name != "id"])
+    .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
+    .where(tasks.c.id == bindparam("job_id"))
+)
 
 
 def _run_claimed(row, model, mine: int) -> str:
@@ -88,17 +97,21 @@ def _run_claimed(row, model, mine: int) -> str:
                               timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes)
         except ModelCallError as exc:
             if exc.called:
-                _count_call(row, t0, ok=False)
-            return _fail(row, mine, str(exc), permanent=exc.permanent, retry_times=model.retry_times, ctx=ctx)
-        _count_call(row, t0, ok=True)
+                metrics.model_call(row.model_name, time.monotonic() - t0, False)
+            return _fail(row, mine, str(exc), permanent=exc.permanent, retry_times=model.retry_times, ctx=ctx,
+                         counted=exc.called)
+        metrics.model_call(row.model_name, time.monotonic() - t0, True)
 
         try:
             location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
         except StorageError as exc:
             return _fail(row, mine, f"result upload failed: {exc}", permanent=False,
-                         retry_times=model.retry_times, ctx=ctx)
+                         retry_times=model.retry_times, ctx=ctx, counted=True)
 
         with transaction() as conn:
+            # The call is counted whether or not the job is still ours: the
+            # model did the work.  Same commit as the transition.
+            _count_call(conn, row)
             won = transitions.complete(conn, job_id, mine, location=location,
                                        content_type=resp.content_type, size=len(resp.body))
         if won is None:
@@ -122,10 +135,9 @@ def _run_claimed(row, model, mine: int) -> str:
             return "lost"
 
 
-def _count_call(row, t0: float, ok: bool) -> None:
-    metrics.model_call(row.model_name, time.monotonic() - t0, ok)
-    with transaction() as conn:
-        stats.count_call(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
+def _count_call(conn, row) -> None:
+    """One real call to the model service (asynch_model_stat)."""
+    stats.count_call(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 
 
 def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None,
@@ -155,10 +167,15 @@ def _delete_quietly(location: str) -> None:
         log.warning("orphan result not deleted: %s", location)
 
 
-def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict) -> str:
+def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,
+          counted: bool = False) -> str:
+    """A failed attempt; ``counted``: the model was called (count it in the
+    same commit as the transition)."""
     retry = not permanent and attempt <= retry_times
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(attempt)) if retry else None
     with transaction() as conn:
+        if counted:
+            _count_call(conn, row)
         won = transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at)
     if won is None:
         log.info("attempt lost its job before failing", extra=ctx)

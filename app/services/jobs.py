@@ -314,12 +314,11 @@ def after_terminal(row: Row) -> None:
     """Effects that follow a winning move out of pending/running into a
     terminal state: the slot goes back, waiters wake.  Best effort: if Redis
     is down, reconcile returns the slot and waiters end at their budget."""
-    release_slot(row.model_name, row.id)
     metrics.job_finished(row)
     try:
-        redis_scripts.publish_terminal(row.id)
+        redis_scripts.release_and_wake(row.model_name, row.id)
     except redis.RedisError:
-        log.warning("wake-up publish failed", extra={"job_id": row.id})
+        log.warning("slot release / wake-up failed; reconcile returns the slot", extra={"job_id": row.id})
 
 
 def list_jobs(principal: Principal, *, model_name: str | None = None, state: str | None = None,
