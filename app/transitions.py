@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
@@ -55,21 +55,39 @@ def _cas(
     values: dict | None = None,
 ) -> Row | None:
     check_allowed(from_states, to_state)
-    stmt = update(tasks).where(tasks.c.id == job_id)
-    if len(from_states) == 1:
-        stmt = stmt.where(tasks.c.state == int(from_states[0]))
-    else:
-        stmt = stmt.where(tasks.c.state.in_([int(s) for s in from_states]))
-    if attempt is not None:
-        stmt = stmt.where(tasks.c.attempt == attempt)
-    for clause in where:
-        stmt = stmt.where(clause)
     vals = {"state": int(to_state), "updated_at": clock_now()}
     if S(to_state) in TERMINAL_STATES:
         # The OSS pass-through credentials are only needed for an upload.
         vals["passthrough_headers"] = None
     vals.update(values or {})
-    return conn.execute(stmt.values(**vals).returning(*tasks.c)).first()
+    states = tuple(int(s) for s in from_states)
+    if where:
+        # Maintenance guards carry their own literals: built per call (rare).
+        stmt = _guarded(states, attempt is not None).where(*where)
+        stmt = stmt.values(**vals).returning(*tasks.c)
+        return conn.execute(stmt, {"_id": job_id, "_attempt": attempt}).first()
+    # Hot paths: one statement per shape, built once, values as parameters.
+    key = (states, attempt is not None, tuple(sorted(vals)))
+    stmt = _STATEMENTS.get(key)
+    if stmt is None:
+        stmt = _guarded(states, attempt is not None).values(
+            {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+        _STATEMENTS[key] = stmt
+    params = {f"v_{k}": v for k, v in vals.items()}
+    params.update(_id=job_id, _attempt=attempt)
+    return conn.execute(stmt, params).first()
+
+
+_STATEMENTS: dict[tuple, object] = {}
+
+
+def _guarded(states: tuple[int, ...], with_attempt: bool):
+    """UPDATE asynch_task WHERE id = :_id AND state IN (...) [AND attempt = :_attempt]."""
+    stmt = update(tasks).where(tasks.c.id == bindparam("_id"))
+    stmt = stmt.where(tasks.c.state == states[0]) if len(states) == 1 else stmt.where(tasks.c.state.in_(states))
+    if with_attempt:
+        stmt = stmt.where(tasks.c.attempt == bindparam("_attempt"))
+    return stmt
 
 
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime) -> Row | None:
