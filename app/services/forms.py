@@ -17,7 +17,7 @@ from app.errors import ValidationFailed
 
 FIELD_TYPES = {"string", "text", "number", "integer", "boolean", "select",
                "array", "object", "url", "image"}
-_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}\Z")
 
 
 def _escape(token: str) -> str:

@@ -44,7 +44,7 @@ from app.storage import ObjectMissing, get_storage
 log = logging.getLogger(__name__)
 
 
-_PRINTABLE_KEY = re.compile(r"^[\x20-\x7e]{1,255}$")
+_PRINTABLE_KEY = re.compile(r"^[\x20-\x7e]{1,255}\Z")
 
 
 def new_job_id() -> str:

@@ -30,7 +30,21 @@ from app.ttl_cache import MISSING, TTLCache
 # invalidate it; other processes see a change within model_cache_seconds.
 _cache = TTLCache(lambda: get_settings().model_cache_seconds)
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Column sizes (app/models.py): longer values are refused here, not by the database.
+MAX_URL_PART = 1024
+MAX_TYPE_LIST = 512
+# base_url: http(s), a non-empty authority (an IPv6 literal in brackets), no
+# spaces or control characters anywhere.  The OpenAPI document uses the same
+# patterns (app/openapi.py).
+_URL_CHAR = r"[^\x00-\x20\x7f]"
+_AUTH_CHAR = r"[^/?#\[\]\x00-\x20\x7f]"
+BASE_URL_PATTERN = (rf"[Hh][Tt][Tt][Pp][Ss]?://(?:{_AUTH_CHAR}+|{_AUTH_CHAR}*\[[0-9A-Fa-f:.]+\]{_AUTH_CHAR}*)"
+                    rf"(?:[/?#]{_URL_CHAR}*)?")
+ROUTE_PATTERN = rf"/{_URL_CHAR}*"
+_BASE_URL = re.compile(BASE_URL_PATTERN)
+_ROUTE = re.compile(ROUTE_PATTERN)
+_TYPE_LIST = re.compile(r"\s*\d+(\s*,\s*\d+)*\s*", re.ASCII)  # ASCII: no other scripts' digits
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" also matches before a final newline
 
 # field -> (default, validator returning an error message or None)
 _INT_FIELDS = {
@@ -79,17 +93,23 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
             clean["model_name"] = v
     if present("base_url") or not partial:
         v = data.get("base_url")
-        u = urlparse(v) if isinstance(v, str) else None
-        if not u or u.scheme not in ("http", "https") or not u.netloc:
-            err("base_url", "is required: an http(s) URL")
+        try:
+            # urlparse checks a bracketed host is an IPv6 address.
+            u = urlparse(v) if isinstance(v, str) else None
+        except ValueError:  # e.g. "http://[::1": an unclosed IPv6 bracket
+            u = None
+        if not u or not _BASE_URL.fullmatch(v) or len(v) > MAX_URL_PART:
+            err("base_url", f"is required: an http(s) URL of at most {MAX_URL_PART} characters, no spaces "
+                            "or control characters")
         else:
             clean["base_url"] = v.rstrip("/")
     if present("route"):
         v = data["route"]
         if v is None or v == "":
             clean["route"] = ""
-        elif not isinstance(v, str) or not v.startswith("/") or any(c in v for c in "\r\n\x00 "):
-            err("route", "must be a path starting with /")
+        elif not isinstance(v, str) or not _ROUTE.fullmatch(v) or len(v) > MAX_URL_PART:
+            err("route", f"must be a path starting with / of at most {MAX_URL_PART} characters, no spaces "
+                         "or control characters")
         else:
             clean["route"] = v
     if present("http_method"):
@@ -131,8 +151,10 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
         v = data["models_type"]
         if v is None or v == "":
             clean["models_type"] = ""
-        elif not isinstance(v, str) or not re.match(r"^\s*\d+(\s*,\s*\d+)*\s*$", v):
-            err("models_type", "must be a comma-separated list of type ids, e.g. 1,2,3")
+        elif not isinstance(v, str) or not _TYPE_LIST.fullmatch(v) or \
+                len(",".join(p.strip() for p in v.split(","))) > MAX_TYPE_LIST:
+            err("models_type", f"must be a comma-separated list of type ids, e.g. 1,2,3 "
+                               f"(at most {MAX_TYPE_LIST} characters)")
         else:
             clean["models_type"] = ",".join(p.strip() for p in v.split(","))
     if present("form"):
