@@ -91,7 +91,9 @@ _POINTER_ERRORS = {"type": "array", "items": {
     "type": "object", "required": ["pointer", "message"],
     "properties": {"pointer": {"type": "string"}, "message": {"type": "string"}}}}
 
-_HEADER_PART = r"[ \t]*(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+[ \t]*:[^,\x00-\x08\x0a-\x1f\x7f]*)?"
+_NO_NUL = "^[^\\x00]*$"
+_TEXT = {"type": "string", "pattern": _NO_NUL}
+_HEADER_PART = r"\s*(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+\s*:[^,\x00-\x08\x0a-\x1f\x7f]*)?"
 _HEADER_SPEC = {"type": ["string", "null"], "pattern": f"^{_HEADER_PART}(?:,{_HEADER_PART})*$",
                 "description": "K:V,K2:V2 headers: names are HTTP tokens, values have no control characters "
                                "(CR, LF, NUL refused); secret, shown back as K:***"}
@@ -107,7 +109,7 @@ def _int(lo: int, hi, description: str = "") -> dict:
 # What a model write accepts (v1 names; the seed face uses their camelCase).
 _MODEL_INPUT_FIELDS: dict[str, dict] = {
     "model_name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"},
-    "models_type": {"type": ["string", "null"], "pattern": "^(?:[ \\t]*[0-9]+(?:[ \\t]*,[ \\t]*[0-9]+)*[ \\t]*)?$",
+    "models_type": {"type": ["string", "null"], "pattern": "^(?:\\s*[0-9]+(?:\\s*,\\s*[0-9]+)*\\s*)?$",
                     "maxLength": 512,
                     "description": "comma list of model type ids that exist, e.g. 1,2 (unknown ids: 422)"},
     "form": {"type": ["array", "null"], "items": ref("FormField"),
@@ -125,7 +127,7 @@ _MODEL_INPUT_FIELDS: dict[str, dict] = {
     "retry_times": _int(0, 100, "retries after the first try"),
     "retry_queue_max_seconds": _int(0, 7 * 86400),
     "auto_clean_seconds": _int(0, 365 * 86400, "retention after a batch claim"),
-    "remark": {"type": ["string", "null"], "maxLength": 4000},
+    "remark": {"type": ["string", "null"], "maxLength": 4000, "pattern": _NO_NUL},
     "created_at": {"description": "read-only: ignored, so a model view can be sent back"},
     "updated_at": {"description": "read-only: ignored, so a model view can be sent back"},
 }
@@ -170,12 +172,13 @@ _MODEL_TYPE_FIELDS = {"type_id": {"type": "integer"}, "type_name": {"type": "str
 _MODEL_TYPE_INPUT = {
     "type_id": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1,
                 "description": "absent: the next free id"},
-    "type_name": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[^\\x00-\\x1f]*\\S[^\\x00-\\x1f]*$",
+    "type_name": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[^\\x00-\\x1f]*[^\\x00-\\x1f\\s][^\\x00-\\x1f]*$",
                   "description": "not blank, no control characters"},
-    "remark": {"type": ["string", "null"], "maxLength": 4000},
+    "remark": {"type": ["string", "null"], "maxLength": 4000, "pattern": _NO_NUL},
 }
-_TASK_ID = {"type": "string", "minLength": 1, "maxLength": 40}
-_DAY = {"type": "string", "format": "date", "description": "YYYY-MM-DD"}
+_TASK_ID = {"type": "string", "minLength": 1, "maxLength": 40, "pattern": _NO_NUL}
+_TENANT_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"}
+_DAY = {"anyOf": [{"type": "string", "format": "date"}, {"const": ""}], "description": "YYYY-MM-DD (empty: none)"}
 
 _JOB_STATUS_PROPS = {
     "job_id": {"type": "string", "pattern": "^job_"},
@@ -206,12 +209,12 @@ SCHEMAS: dict[str, dict] = {
                      "enum": ["string", "text", "number", "integer", "boolean", "select", "array", "object",
                               "url", "image"]},
             "required": {"type": "boolean"},
-            "options": {"type": "array", "description": "the value must be one of them (a select needs some)"},
+            "options": {"type": ["array", "null"], "description": "the value must be one of them (a select needs some)"},
             "minLength": {"type": "integer", "minimum": 0}, "maxLength": {"type": "integer", "minimum": 0},
             "min": {"type": "number"}, "max": {"type": "number"},
             "pattern": {"type": "string", "format": "regex"}},
         "if": {"required": ["type"], "properties": {"type": {"const": "select"}}},
-        "then": {"required": ["options"], "properties": {"options": {"minItems": 1}}}},
+        "then": {"required": ["options"], "properties": {"options": {"type": "array", "minItems": 1}}}},
     "JobAccepted": {"type": "object", "required": ["job_id", "state", "poll_url", "result_url"], "properties": {
         "job_id": {"type": "string", "pattern": "^job_"}, "state": {"type": "string", "enum": V1_STATES},
         "poll_url": {"type": "string"}, "result_url": {"type": "string"}}},
@@ -242,8 +245,9 @@ SCHEMAS: dict[str, dict] = {
     "ApiKeyCreated": {"allOf": [ref("ApiKey"), {"type": "object", "required": ["key"], "properties": {
         "key": {"type": "string", "description": "the key itself, shown once"}}}]},
     "ApiKeyInput": {"type": "object", "required": ["tenant"], "properties": {
-        "tenant": {"type": "string"}, "role": {"type": "string", "enum": ["admin", "user"]},
-        "admin": {"type": "boolean"}, "name": {"type": "string"}}},
+        "tenant": _TENANT_ID, "role": {"type": "string", "enum": ["admin", "user"], "default": "user"},
+        "admin": {"type": ["boolean", "null"], "description": "true: the same as role admin"},
+        "name": {"type": "string", "maxLength": 128, "pattern": _NO_NUL}}},
     "ApiKeyList": {"type": "object", "required": ["keys"], "properties": {
         "keys": {"type": "array", "items": ref("ApiKey")}}},
     "ModelLive": {"type": "object", "required": ["model_name", "enabled", "queue_depth", "queue_limit", "running",
@@ -336,7 +340,7 @@ SCHEMAS: dict[str, dict] = {
     "ModelTypeInput": {"type": "object", "required": ["type_name"], "additionalProperties": False,
                        "properties": _MODEL_TYPE_INPUT},
     "ModelTypePatch": {"type": "object", "additionalProperties": False, "properties": {
-        **_MODEL_TYPE_INPUT, "type_id": {"description": "ignored: the path names the type"}}},
+        **_MODEL_TYPE_INPUT, "type_id": {"type": ["integer", "null"], "description": "if given, the path's"}}},
     "ModelTypeList": {"type": "object", "required": ["model_types"], "properties": {
         "model_types": {"type": "array", "items": ref("ModelType")}}},
     "Usage": {"type": "object", "required": ["from", "to", "rows", "total"], "properties": {
@@ -409,8 +413,8 @@ def op(summary: str, ok: dict[int, dict], errors: tuple[int, ...] = (), *, tag: 
     """One operation.  ``ok`` maps success codes to response objects; error
     codes become $refs to the shared responses, plus those implied by
     authentication (401, and 503 when the key lookup cannot reach the
-    database), an admin-only route (403), path parameters (404) and a body
-    (400, 413).  ``face="seed"``: the errors come in the seed's envelope."""
+    database), an admin-only route (403), path parameters (404), query
+    parameters (422) and a body (400, 413).  ``face="seed"``: the errors come in the seed's envelope."""
     security = BEARER if auth is None else auth
     codes = set(errors)
     if security == BEARER:
@@ -422,6 +426,8 @@ def op(summary: str, ok: dict[int, dict], errors: tuple[int, ...] = (), *, tag: 
         codes.add(404)
     if body is not None:
         codes |= {400, 413}
+    if any(p["in"] == "query" for p in params or ()):
+        codes.add(422)  # at least a NUL in a value
     prefix = "Seed" if face == "seed" else ""
     out: dict[str, Any] = {"summary": summary, "tags": [tag], "security": security,
                            "responses": {str(c): r for c, r in sorted(ok.items())}}
@@ -452,15 +458,16 @@ def header(name: str, description: str) -> dict:
             "description": description}
 
 
+_ISO_QUERY = {"anyOf": [{"type": "string", "format": "date-time"}, {"const": ""}]}
 _MODEL = path_param("model", description="model_name")
 _JOB = path_param("job_id", description="job id (job_...)")
 _LIST_QUERY = [
     query("state", {"type": "string", "enum": V1_STATES}),
     query("limit", {"type": "integer", "minimum": 1, "maximum": Setting("list_max_limit"), "default": 50}),
-    query("cursor", {"type": "string"}, "next_cursor of the previous page"),
-    query("tenant", {"type": "string"}, "admins: only this tenant's jobs"),
-    query("since", _ISO, "only jobs created at or after this time (ISO 8601)"),
-    query("until", _ISO, "only jobs created before this time (ISO 8601)"),
+    query("cursor", _TEXT, "next_cursor of the previous page"),
+    query("tenant", _TEXT, "admins: only this tenant's jobs"),
+    query("since", _ISO_QUERY, "only jobs created at or after this time (ISO 8601; no offset: UTC)"),
+    query("until", _ISO_QUERY, "only jobs created before this time (ISO 8601; no offset: UTC)"),
 ]
 
 _POLL = _json(ref("JobStatus"), "the poll body")
@@ -539,7 +546,7 @@ PATHS["v1_admin"] = {
     },
     "/v1/keys": {
         "get": op("List API keys (admin; never the secrets)", {200: _json(ref("ApiKeyList"), "keys")},
-                  tag="keys", params=[query("tenant", {"type": "string"})], admin=True),
+                  tag="keys", params=[query("tenant", _TEXT)], admin=True),
         "post": op("Create an API key (admin); the key is shown once",
                    {201: _json(ref("ApiKeyCreated"), "created")}, (422,), tag="keys", body=ref("ApiKeyInput"),
                    admin=True),
@@ -557,8 +564,8 @@ _SEED_TASK_HEADERS = [header("Idempotency-Key", "1-255 printable ASCII; the same
                       header("X-Oss-Authorization", "sent as Authorization to the OSS file service"),
                       header("X-User-Info", "passed to the OSS file service; the creator behind a trusted gateway")]
 _STATS_QUERY = [query("from", _DAY, "first day (inclusive)"), query("to", _DAY, "last day (inclusive)"),
-                query("tenant", {"type": "string"}, "users: only their own (another: 403)"),
-                query("model", {"type": "string"})]
+                query("tenant", _TEXT, "users: only their own (another: 403)"),
+                query("model", _TEXT)]
 _OPTIONAL_BODY = {"type": "object", "description": "optional; ignored"}
 
 PATHS["seed"] = {
@@ -570,7 +577,7 @@ PATHS["seed"] = {
         {200: _seed_ok(ref("SeedModel"), "the model")}, (404, 422), body=ref("SeedModelPatch"), admin=True, **_SEED)},
     "/model/getModel": {"get": op(
         "A model (users: enabled ones, fewer fields)", {200: _seed_ok(ref("SeedModel"), "the model")}, (404, 422),
-        params=[query("modelName", {"type": "string", "minLength": 1}, required=True)], **_SEED)},
+        params=[query("modelName", {**_TEXT, "minLength": 1}, required=True)], **_SEED)},
     "/model/listModel": {"get": op(
         "Models (users: enabled ones, fewer fields)",
         {200: _seed_ok({"type": "array", "items": ref("SeedModel")}, "the models")}, **_SEED)},
@@ -579,7 +586,7 @@ PATHS["seed"] = {
         {200: _seed_ok({"type": "object", "required": ["modelName"], "properties": {
             "modelName": {"type": "string"}}}, "deleted")}, (404, 409, 422),
         body={"type": "object", "required": ["modelName"], "properties": {
-            "modelName": {"type": "string", "minLength": 1}}}, admin=True, **_SEED)},
+            "modelName": {**_TEXT, "minLength": 1}}}, admin=True, **_SEED)},
     "/modelType/create": {"post": op(
         "Create a model type (without typeId: the next free id)", {200: _seed_ok(ref("SeedModelType"), "the type")},
         (409, 422), body=ref("SeedModelTypeInput"), admin=True, **_SEED)},
@@ -606,7 +613,7 @@ PATHS["seed"] = {
         description="Unknown ids and other tenants' ids are answered as not found and never touched.")},
     "/task/getTaskResult": {"get": op(
         "One task (another tenant's: 404)", {200: _seed_ok(ref("SeedTask"), "the task")}, (404, 422),
-        params=[query("taskId", {"type": "string", "minLength": 1}, required=True)], **_SEED)},
+        params=[query("taskId", {**_TEXT, "minLength": 1}, required=True)], **_SEED)},
     "/stat/getModelStat": {"get": op(
         "Usage counts (as /v1/stats)", {200: _seed_ok(ref("Usage"), "counts")}, (403, 422), params=_STATS_QUERY,
         **_SEED)},
@@ -629,7 +636,7 @@ PATHS["seed_maintenance"] = {
 }
 
 _TYPE_ID = path_param("type_id", {"type": "integer", "minimum": 0})
-_TENANT = path_param("tenant", {"type": "string"}, "tenant id")
+_TENANT = path_param("tenant", _TENANT_ID, "tenant id")
 
 PATHS["v1_business"] = {
     "/v1/stats": {"get": op(
@@ -757,8 +764,11 @@ def document(server_url: str | None = None) -> dict:
         "openapi": "3.1.0",
         "info": {"title": "model-asynch", "version": "1.0.0",
                  "description": "Asynchronous model-inference jobs. Every error body has an `error` string; "
-                                "422 adds `errors: [{pointer, message}]`. A method a path does not list "
-                                "answers 405 with `Allow`."},
+                                "422 adds `errors: [{pointer, message}]` (the seed-002 routes answer in their "
+                                "envelope `{code, message, data: null[, errors]}`). A method a path does not "
+                                "list answers 405 with `Allow`. No string may hold NUL (U+0000): in a path "
+                                "that is 404, in a query value or a JSON body 422; unpaired surrogates "
+                                "in a JSON body are 400. JSON numbers with no fraction (2.0) are integers."},
         "security": BEARER,
         "paths": paths,
         "components": {

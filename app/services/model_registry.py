@@ -22,6 +22,7 @@ from app.models import models, tasks
 from app.services.forms import validate_form_definition
 from app.services.headers import HeaderSpecError, parse_header_spec, redact
 from app.services.model_types import unknown_ids
+from app.services.values import as_int
 from app.states import ACTIVE_STATES
 from app.redis_scripts import publish_invalidate
 from app.ttl_cache import MISSING, TTLCache
@@ -63,10 +64,6 @@ FIELDS = ("model_name", "models_type", "form", "base_url", "route", "http_method
 def _invalidate(name: str) -> None:
     _cache.invalidate(name)
     publish_invalidate("models")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
@@ -129,21 +126,21 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
         v = data["enabled"]
         if isinstance(v, bool):
             clean["enabled"] = v
-        elif _is_int(v) and v in (0, 1):
+        elif as_int(v) in (0, 1):
             clean["enabled"] = bool(v)
         else:
             err("enabled", "must be true/false (or 1/0)")
     if present("timeout_seconds"):
-        v = data["timeout_seconds"]
+        v = as_int(data["timeout_seconds"])
         cap = get_settings().max_model_timeout_seconds
-        if not _is_int(v) or not 1 <= v <= cap:
+        if v is None or not 1 <= v <= cap:
             err("timeout_seconds", f"must be an integer from 1 to {cap}")
         else:
             clean["timeout_seconds"] = v
     for k, (_default, lo, hi) in _INT_FIELDS.items():
         if present(k):
-            v = data[k]
-            if not _is_int(v) or not lo <= v <= hi:
+            v = as_int(data[k])
+            if v is None or not lo <= v <= hi:
                 err(k, f"must be an integer from {lo} to {hi}")
             else:
                 clean[k] = v
