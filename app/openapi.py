@@ -767,8 +767,8 @@ def document(server_url: str | None = None) -> dict:
                                 "422 adds `errors: [{pointer, message}]` (the seed-002 routes answer in their "
                                 "envelope `{code, message, data: null[, errors]}`). A method a path does not "
                                 "list answers 405 with `Allow`. No string may hold NUL (U+0000): in a path "
-                                "that is 404, in a query value or a JSON body 422; unpaired surrogates "
-                                "in a JSON body are 400. JSON numbers with no fraction (2.0) are integers."},
+                                "that is 404, in a query value or a JSON body 422 (a job's payload may: "
+                                "it is data for the model); unpaired surrogates in a JSON body are 400. JSON numbers with no fraction (2.0) are integers."},
         "security": BEARER,
         "paths": paths,
         "components": {

@@ -41,16 +41,19 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def nul_pointer(data, raw: str | bytes) -> str | None:
-    """The JSON pointer of the first key or string holding U+0000, if any.
-    PostgreSQL text cannot store it (the driver refuses it even as a query
-    parameter), so no stored name, id or setting may contain one.  JSON can
-    only carry it escaped, so bodies without that escape are not walked."""
-    if (b"\\u0000" if isinstance(raw, bytes) else "\\u0000") not in raw:
+def nul_pointer(data, raw: str | bytes, allowed: tuple[str, ...] = ()) -> str | None:
+    """The JSON pointer of the first key or string holding U+0000, outside
+    the subtrees at ``allowed``.  PostgreSQL text cannot store it (the driver
+    refuses it even as a query parameter), so no stored name, id or setting
+    may contain one.  JSON can only carry it escaped, so bodies without that
+    escape are not walked."""
+    if "" in allowed or (b"\\u0000" if isinstance(raw, bytes) else "\\u0000") not in raw:
         return None
     stack = [("", data)]
     while stack:
         ptr, v = stack.pop()
+        if ptr in allowed:
+            continue
         if isinstance(v, str):
             if "\x00" in v:
                 return ptr
@@ -64,9 +67,11 @@ def nul_pointer(data, raw: str | bytes) -> str | None:
     return None
 
 
-def json_object(*, stored: bool = True) -> dict:
-    """The body as a JSON object.  ``stored=False`` for bodies whose content
-    is only read, never stored or looked up (NUL characters then do no harm)."""
+def json_object(*, nul_allowed: tuple[str, ...] = ()) -> dict:
+    """The body as a JSON object; a NUL character anywhere but under the
+    pointers in ``nul_allowed`` is a 422.  Those are a job's payload (stored
+    as JSON text, where NUL is escaped, and forwarded to the model as data)
+    and bodies that are only read ("" for the whole body)."""
     raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
     if not raw or not raw.strip():
         raise BadRequest("request body is empty")
@@ -76,7 +81,7 @@ def json_object(*, stored: bool = True) -> dict:
         raise BadRequest(f"invalid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
-    where = nul_pointer(data, raw) if stored else None
+    where = nul_pointer(data, raw, nul_allowed)
     if where is not None:
         raise ValidationFailed("invalid request body", [{"pointer": where, "message": "must not contain NUL characters"}])
     return data

@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify, request
 
 from app.api import job_context
 from app.api.auth import current_principal, require_admin, require_key
-from app.api.body import json_object, nul_pointer, parse_json
+from app.api.body import json_object, parse_json
 from app.api.seed_fields import to_camel, to_snake
 from app.db import transaction
 from app.errors import NotFound, ValidationFailed
@@ -150,10 +150,6 @@ def _payload(body: dict, errs: list):
             v = parse_json(v)
         except ValueError:
             v = None
-        where = nul_pointer(v, body["requestPayload"]) if isinstance(v, dict) else None
-        if where is not None:
-            errs.append({"pointer": "/requestPayload" + where, "message": "must not contain NUL characters"})
-            return None
     if not isinstance(v, dict):
         errs.append({"pointer": "/requestPayload", "message": "must be a JSON object"})
         return None
@@ -163,7 +159,7 @@ def _payload(body: dict, errs: list):
 @bp.post("/task/createTask")
 @require_key
 def create_task():
-    body = json_object()
+    body = json_object(nul_allowed=("/requestPayload",))
     errs: list = []
     model = _required_str(body.get("modelName"), "/modelName", errs)
     payload = _payload(body, errs)

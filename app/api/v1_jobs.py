@@ -25,7 +25,7 @@ def _urls(row) -> dict:
 @require_key
 def submit_job(model: str):
     principal = current_principal()
-    payload = json_object()
+    payload = json_object(nul_allowed=("",))  # the body is the payload
     opts = SubmitOptions(
         idempotency_key=request.headers.get("Idempotency-Key"),
         model_key=request.headers.get("X-Model-Key"),

@@ -7,7 +7,6 @@ save and only its header names are ever shown back.
 from __future__ import annotations
 
 import re
-from typing import Any
 from urllib.parse import urlparse
 
 from sqlalchemy import delete, func, insert, select, update
