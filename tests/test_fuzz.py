@@ -29,7 +29,7 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import text
 
-from conftest import ROOT, make_key
+from conftest import make_key
 
 pytestmark = pytest.mark.slow
 
@@ -154,7 +154,8 @@ def _run(api_url: str, key: str, config: Path, tmp: Path, label: str) -> tuple[i
             "--generation-deterministic", "--workers", "1", "--no-color",
             "--header", f"Authorization: Bearer {key}",
             "--report", "json", "--report-json-path", str(report), "--request-timeout", "30"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    # cwd: schemathesis keeps a crash cache in .schemathesis/ of its working directory.
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp)
     out = proc.stdout + proc.stderr
     (tmp / f"schemathesis-{label}.txt").write_text(out)
     return proc.returncode, out, json.loads(report.read_text()) if report.exists() else {}
