@@ -20,11 +20,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     flask_app.json.sort_keys = False
 
-    from app.api import (docs, errors, health, metrics, request_log, seed, seed_maintenance, v1_admin, v1_business,
-                         v1_jobs, v1_maintenance, v1_observe)
+    from app.api import (docs, errors, health, input_guard, metrics, request_log, seed, seed_maintenance,
+                         v1_admin, v1_business, v1_jobs, v1_maintenance, v1_observe)
 
     errors.register(flask_app)
     request_log.register(flask_app)
+    input_guard.register(flask_app)
     flask_app.register_blueprint(health.bp)
     flask_app.register_blueprint(v1_jobs.bp)
     flask_app.register_blueprint(v1_admin.bp)

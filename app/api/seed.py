@@ -5,13 +5,11 @@ enveloped by app/api/errors.py.  Same Bearer API keys; model and model-type
 writes need an admin key."""
 from __future__ import annotations
 
-import json
-
 from flask import Blueprint, jsonify, request
 
 from app.api import job_context
 from app.api.auth import current_principal, require_admin, require_key
-from app.api.body import json_object
+from app.api.body import json_object, parse_json
 from app.api.seed_fields import to_camel, to_snake
 from app.db import transaction
 from app.errors import NotFound, ValidationFailed
@@ -149,7 +147,7 @@ def _payload(body: dict, errs: list):
     v = body.get("requestPayload", {})
     if isinstance(v, str):
         try:
-            v = json.loads(v)
+            v = parse_json(v)
         except ValueError:
             v = None
     if not isinstance(v, dict):
@@ -161,7 +159,7 @@ def _payload(body: dict, errs: list):
 @bp.post("/task/createTask")
 @require_key
 def create_task():
-    body = json_object()
+    body = json_object(nul_allowed=("/requestPayload",))
     errs: list = []
     model = _required_str(body.get("modelName"), "/modelName", errs)
     payload = _payload(body, errs)

@@ -17,7 +17,7 @@ def _ok(data):
 
 def _optional_object() -> dict:
     # The seed's bodies here are optional: nothing (or an empty body) means defaults.
-    return json_object() if request.get_data(cache=True).strip() else {}
+    return json_object(nul_allowed=("",)) if request.get_data(cache=True).strip() else {}
 
 
 @bp.post("/task/runWork")

@@ -7,7 +7,7 @@ from flask import Blueprint, jsonify, request
 from app.api.auth import current_principal, require_admin, require_key
 from app.api.body import json_object
 from app.db import transaction
-from app.errors import NotFound
+from app.errors import NotFound, ValidationFailed
 from app.services import keys, model_registry
 
 bp = Blueprint("v1_admin", __name__, url_prefix="/v1")
@@ -64,6 +64,8 @@ def delete_model(name: str):
 @require_admin
 def create_key():
     body = json_object()
+    if body.get("admin") is not None and not isinstance(body["admin"], bool):
+        raise ValidationFailed("invalid API key request", [{"pointer": "/admin", "message": "must be true or false"}])
     role = "admin" if body.get("admin") is True else body.get("role", "user")
     with transaction() as conn:
         key, view = keys.create_key(conn, body.get("tenant"), role, body.get("name", ""))

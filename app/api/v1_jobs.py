@@ -25,7 +25,7 @@ def _urls(row) -> dict:
 @require_key
 def submit_job(model: str):
     principal = current_principal()
-    payload = json_object()
+    payload = json_object(nul_allowed=("",))  # the body is the payload
     opts = SubmitOptions(
         idempotency_key=request.headers.get("Idempotency-Key"),
         model_key=request.headers.get("X-Model-Key"),
@@ -74,9 +74,10 @@ def _time_arg(name: str):
         return None
     try:
         t = datetime.fromisoformat(raw)
-    except ValueError:
+        # In UTC: PostgreSQL refuses offsets past +-15:59, which Python takes.
+        return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):  # OverflowError: year 1 or 9999 moved out of range
         raise ValidationFailed("invalid query", [{"pointer": "/" + name, "message": "must be an ISO 8601 time"}])
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _list(model: str | None):

@@ -27,7 +27,7 @@ def run_pass(name: str):
 @bp.post("/autotune")
 @require_admin
 def run_autotune():
-    body = json_object() if request.get_data(cache=True).strip() else {}
+    body = json_object(nul_allowed=("",)) if request.get_data(cache=True).strip() else {}
     window, dry_run = autotune.parse_request(body, "window_seconds", "dry_run")
     return jsonify(autotune.autotune(window, dry_run).as_dict())
 

@@ -25,6 +25,7 @@ from app.db import is_postgres, transaction
 from app.errors import ValidationFailed
 from app.models import autotune_log, models, tasks
 from app.services.maintenance import Report
+from app.services.values import as_int
 from app.states import JobState
 
 # A P90 below this (sub-millisecond stub models) is treated as this, so the
@@ -199,8 +200,9 @@ def parse_request(body: dict, window_field: str, dry_run_field: str) -> tuple[in
     """(window, dry_run) from a request body; absent or <= 0 window means
     the default (seed: windowSeconds).  Field names differ per API face."""
     errs = []
-    window = body.get(window_field)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+    raw = body.get(window_field)
+    window = as_int(raw)
+    if raw is not None and window is None:
         errs.append({"pointer": f"/{window_field}", "message": "must be an integer number of seconds"})
     elif window is not None and window > MAX_WINDOW_SECONDS:
         errs.append({"pointer": f"/{window_field}", "message": f"must be at most {MAX_WINDOW_SECONDS}"})

@@ -14,10 +14,11 @@ import re
 from typing import Any
 
 from app.errors import ValidationFailed
+from app.services.values import as_int
 
 FIELD_TYPES = {"string", "text", "number", "integer", "boolean", "select",
                "array", "object", "url", "image"}
-_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}\Z")
 
 
 def _escape(token: str) -> str:
@@ -46,7 +47,7 @@ def validate_form_definition(form: Any, pointer: str = "/form") -> list[dict]:
         else:
             seen.add(name)
         t = f.get("type", "string")
-        if t not in FIELD_TYPES:
+        if not isinstance(t, str) or t not in FIELD_TYPES:  # a dict or list is not hashable
             errs.append({"pointer": p + "/type", "message": f"must be one of {sorted(FIELD_TYPES)}"})
         if "required" in f and not isinstance(f["required"], bool):
             errs.append({"pointer": p + "/required", "message": "must be true or false"})
@@ -61,12 +62,12 @@ def validate_form_definition(form: Any, pointer: str = "/form") -> list[dict]:
             if k in f and (not isinstance(f[k], (int, float)) or isinstance(f[k], bool)):
                 errs.append({"pointer": f"{p}/{k}", "message": "must be a number"})
         for k in ("minLength", "maxLength"):
-            if k in f and (not isinstance(f[k], int) or isinstance(f[k], bool) or f[k] < 0):
+            if k in f and (as_int(f[k]) is None or f[k] < 0):
                 errs.append({"pointer": f"{p}/{k}", "message": "must be a non-negative integer"})
         if "pattern" in f:
             try:
                 re.compile(f["pattern"])
-            except (re.error, TypeError):
+            except (re.error, TypeError, ValueError, OverflowError, RecursionError):
                 errs.append({"pointer": p + "/pattern", "message": "must be a valid regular expression"})
     return errs
 

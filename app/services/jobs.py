@@ -44,7 +44,7 @@ from app.storage import ObjectMissing, get_storage
 log = logging.getLogger(__name__)
 
 
-_PRINTABLE_KEY = re.compile(r"^[\x20-\x7e]{1,255}$")
+_PRINTABLE_KEY = re.compile(r"^[\x20-\x7e]{1,255}\Z")
 
 
 # Built once: values arrive as parameters, so each admission skips building
@@ -348,7 +348,12 @@ def list_jobs(principal: Principal, *, model_name: str | None = None, state: str
         q = q.where(tasks.c.created_at < until)
     with transaction() as conn:
         if cursor:
-            anchor = conn.execute(select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == cursor)).first()
+            # Only the caller's own jobs are cursors: another tenant's id must not
+            # answer differently from an unknown one (that would confirm it exists).
+            aq = select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == cursor)
+            if not principal.is_admin:
+                aq = aq.where(tasks.c.tenant_id == principal.tenant_id)
+            anchor = conn.execute(aq).first()
             if anchor is None:
                 raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}])
             q = q.where(or_(tasks.c.created_at < anchor.created_at,

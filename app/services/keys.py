@@ -21,7 +21,7 @@ from app.redis_scripts import publish_invalidate
 from app.ttl_cache import MISSING, TTLCache
 
 ROLES = ("admin", "user")
-TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" also matches before a final newline
 _KEY = re.compile(r"^ak_([a-z0-9]{12})_([A-Za-z0-9_-]{20,128})$")
 # Presented-key hash -> Principal, for keys that authenticated.
 _cache = TTLCache(lambda: get_settings().auth_cache_seconds)

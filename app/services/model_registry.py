@@ -7,7 +7,6 @@ save and only its header names are ever shown back.
 from __future__ import annotations
 
 import re
-from typing import Any
 from urllib.parse import urlparse
 
 from sqlalchemy import delete, func, insert, select, update
@@ -22,6 +21,7 @@ from app.models import models, tasks
 from app.services.forms import validate_form_definition
 from app.services.headers import HeaderSpecError, parse_header_spec, redact
 from app.services.model_types import unknown_ids
+from app.services.values import as_int
 from app.states import ACTIVE_STATES
 from app.redis_scripts import publish_invalidate
 from app.ttl_cache import MISSING, TTLCache
@@ -30,7 +30,21 @@ from app.ttl_cache import MISSING, TTLCache
 # invalidate it; other processes see a change within model_cache_seconds.
 _cache = TTLCache(lambda: get_settings().model_cache_seconds)
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Column sizes (app/models.py): longer values are refused here, not by the database.
+MAX_URL_PART = 1024
+MAX_TYPE_LIST = 512
+# base_url: http(s), a non-empty authority (an IPv6 literal in brackets), no
+# spaces or control characters anywhere.  The OpenAPI document uses the same
+# patterns (app/openapi.py).
+_URL_CHAR = r"[^\x00-\x20\x7f]"
+_AUTH_CHAR = r"[^/?#\[\]\x00-\x20\x7f]"
+BASE_URL_PATTERN = (rf"[Hh][Tt][Tt][Pp][Ss]?://(?:{_AUTH_CHAR}+|{_AUTH_CHAR}*\[[0-9A-Fa-f:.]+\]{_AUTH_CHAR}*)"
+                    rf"(?:[/?#]{_URL_CHAR}*)?")
+ROUTE_PATTERN = rf"/{_URL_CHAR}*"
+_BASE_URL = re.compile(BASE_URL_PATTERN)
+_ROUTE = re.compile(ROUTE_PATTERN)
+_TYPE_LIST = re.compile(r"\s*\d+(\s*,\s*\d+)*\s*", re.ASCII)  # ASCII: no other scripts' digits
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" also matches before a final newline
 
 # field -> (default, validator returning an error message or None)
 _INT_FIELDS = {
@@ -49,10 +63,6 @@ FIELDS = ("model_name", "models_type", "form", "base_url", "route", "http_method
 def _invalidate(name: str) -> None:
     _cache.invalidate(name)
     publish_invalidate("models")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
@@ -79,17 +89,23 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
             clean["model_name"] = v
     if present("base_url") or not partial:
         v = data.get("base_url")
-        u = urlparse(v) if isinstance(v, str) else None
-        if not u or u.scheme not in ("http", "https") or not u.netloc:
-            err("base_url", "is required: an http(s) URL")
+        try:
+            # urlparse checks a bracketed host is an IPv6 address.
+            u = urlparse(v) if isinstance(v, str) else None
+        except ValueError:  # e.g. "http://[::1": an unclosed IPv6 bracket
+            u = None
+        if not u or not _BASE_URL.fullmatch(v) or len(v) > MAX_URL_PART:
+            err("base_url", f"is required: an http(s) URL of at most {MAX_URL_PART} characters, no spaces "
+                            "or control characters")
         else:
             clean["base_url"] = v.rstrip("/")
     if present("route"):
         v = data["route"]
         if v is None or v == "":
             clean["route"] = ""
-        elif not isinstance(v, str) or not v.startswith("/") or any(c in v for c in "\r\n\x00 "):
-            err("route", "must be a path starting with /")
+        elif not isinstance(v, str) or not _ROUTE.fullmatch(v) or len(v) > MAX_URL_PART:
+            err("route", f"must be a path starting with / of at most {MAX_URL_PART} characters, no spaces "
+                         "or control characters")
         else:
             clean["route"] = v
     if present("http_method"):
@@ -109,21 +125,21 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
         v = data["enabled"]
         if isinstance(v, bool):
             clean["enabled"] = v
-        elif _is_int(v) and v in (0, 1):
+        elif as_int(v) in (0, 1):
             clean["enabled"] = bool(v)
         else:
             err("enabled", "must be true/false (or 1/0)")
     if present("timeout_seconds"):
-        v = data["timeout_seconds"]
+        v = as_int(data["timeout_seconds"])
         cap = get_settings().max_model_timeout_seconds
-        if not _is_int(v) or not 1 <= v <= cap:
+        if v is None or not 1 <= v <= cap:
             err("timeout_seconds", f"must be an integer from 1 to {cap}")
         else:
             clean["timeout_seconds"] = v
     for k, (_default, lo, hi) in _INT_FIELDS.items():
         if present(k):
-            v = data[k]
-            if not _is_int(v) or not lo <= v <= hi:
+            v = as_int(data[k])
+            if v is None or not lo <= v <= hi:
                 err(k, f"must be an integer from {lo} to {hi}")
             else:
                 clean[k] = v
@@ -131,8 +147,10 @@ def _check(data: dict, partial: bool) -> tuple[dict, list[dict]]:
         v = data["models_type"]
         if v is None or v == "":
             clean["models_type"] = ""
-        elif not isinstance(v, str) or not re.match(r"^\s*\d+(\s*,\s*\d+)*\s*$", v):
-            err("models_type", "must be a comma-separated list of type ids, e.g. 1,2,3")
+        elif not isinstance(v, str) or not _TYPE_LIST.fullmatch(v) or \
+                len(",".join(p.strip() for p in v.split(","))) > MAX_TYPE_LIST:
+            err("models_type", f"must be a comma-separated list of type ids, e.g. 1,2,3 "
+                               f"(at most {MAX_TYPE_LIST} characters)")
         else:
             clean["models_type"] = ",".join(p.strip() for p in v.split(","))
     if present("form"):

@@ -9,12 +9,12 @@ from sqlalchemy.exc import IntegrityError
 from app.clock import now as clock_now
 from app.errors import Conflict, NotFound, ValidationFailed
 from app.models import model_types, models
+from app.services.values import as_int
 
 FIELDS = ("type_id", "type_name", "remark")
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+MAX_TYPE_ID = 2**31 - 1  # the column is an INTEGER
 
 
 def _check(data: dict, partial: bool) -> dict:
@@ -24,10 +24,11 @@ def _check(data: dict, partial: bool) -> dict:
     for k in sorted(set(data) - set(FIELDS)):
         errs.append({"pointer": "/" + k, "message": "unknown field"})
     if "type_id" in data and data["type_id"] is not None:
-        if not _is_int(data["type_id"]) or not 1 <= data["type_id"] <= 2**31 - 1:
-            errs.append({"pointer": "/type_id", "message": "must be a positive integer"})
+        v = as_int(data["type_id"])
+        if v is None or not 1 <= v <= MAX_TYPE_ID:
+            errs.append({"pointer": "/type_id", "message": f"must be an integer from 1 to {MAX_TYPE_ID}"})
         else:
-            clean["type_id"] = data["type_id"]
+            clean["type_id"] = v
     if "type_name" in data or not partial:
         v = data.get("type_name")
         if not isinstance(v, str) or not v.strip() or len(v) > 128 or any(ord(c) < 0x20 for c in v):
@@ -57,7 +58,7 @@ def create_type(conn: Connection, data: dict) -> dict:
     given = "type_id" in clean
     for _ in range(5):
         if not given:
-            clean["type_id"] = conn.execute(select(func.coalesce(func.max(model_types.c.type_id), 0) + 1)).scalar_one()
+            clean["type_id"] = _free_id(conn)
         try:
             with conn.begin_nested():
                 row = conn.execute(insert(model_types).values(created_at=clock_now(), **clean)
@@ -69,11 +70,30 @@ def create_type(conn: Connection, data: dict) -> dict:
     raise Conflict("could not allocate a model type id; retry")
 
 
+def _free_id(conn: Connection) -> int:
+    """max + 1; once that would not fit the column, the lowest free id."""
+    top = conn.execute(select(func.coalesce(func.max(model_types.c.type_id), 0))).scalar_one()
+    if top < MAX_TYPE_ID:
+        return top + 1
+    t, u = model_types.alias("t"), model_types.alias("u")
+    gap = conn.execute(select(func.min(t.c.type_id + 1)).select_from(
+        t.outerjoin(u, u.c.type_id == t.c.type_id + 1)).where(u.c.type_id.is_(None), t.c.type_id < MAX_TYPE_ID)
+    ).scalar()
+    if conn.execute(select(model_types.c.type_id).where(model_types.c.type_id == 1)).first() is None:
+        return 1
+    if gap is None:
+        raise Conflict("no free model type id")
+    return gap
+
+
 def update_type(conn: Connection, type_id, data: dict) -> dict:
-    if not _is_int(type_id):
+    type_id = as_int(type_id)
+    if type_id is None:
         raise ValidationFailed("invalid model type", [{"pointer": "/type_id", "message": "must be an integer"}])
     data = dict(data)
-    data.pop("type_id", None)
+    given = data.pop("type_id", None)
+    if given is not None and as_int(given) != type_id:
+        raise ValidationFailed("invalid model type", [{"pointer": "/type_id", "message": "cannot be changed"}])
     clean = _check(data, partial=True)
     if not clean:
         row = conn.execute(select(model_types).where(model_types.c.type_id == type_id)).first()
@@ -96,7 +116,8 @@ def _users_of(conn: Connection, type_id: int) -> list[str]:
 
 
 def delete_type(conn: Connection, type_id) -> None:
-    if not _is_int(type_id):
+    type_id = as_int(type_id)
+    if type_id is None:
         raise ValidationFailed("invalid model type", [{"pointer": "/type_id", "message": "must be an integer"}])
     # Lock the type first so a model saved concurrently either sees it gone or blocks us.
     if conn.execute(select(model_types.c.type_id).where(model_types.c.type_id == type_id)
