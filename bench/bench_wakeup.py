@@ -71,9 +71,9 @@ def main() -> dict:
     api_url = f"http://127.0.0.1:{aport}"
     # Enough worker threads that 200 sleeping model calls overlap.
     worker = stack.Proc("worker", [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-P",
-                                   "threads", "-c", "100", "-Q", "asynch-bench", "--without-gossip",
-                                   "--without-mingle", "-n", "wake@%h"])
-    worker.wait_for(r"ready\.")
+                                   "threads", "-c", "40", "-Q", "asynch-bench", "--without-gossip",
+                                   "--without-mingle", "--loglevel", "INFO", "-n", "wake@%h"])
+    worker.wait_for(r"ready\.", timeout=180)
     out = {}
     try:
         for mode in ("wait", "poll"):
