@@ -54,7 +54,7 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
         with lock:
             return random.choice(admitted) if admitted else None
 
-    def poller():
+    def poller(me: int):
         s = requests.Session()
         while not stop.is_set():
             jid = pick()
@@ -66,7 +66,9 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
                 problems.append(f"poll {resp.status_code}")
                 continue
             with lock:
-                seen[jid].append(resp.json()["state"])
+                # Per poller: one thread's reads are in time order, the
+                # interleaving of several threads' appends is not.
+                seen[(me, jid)].append(resp.json()["state"])
 
     def waiter():
         s = requests.Session()
@@ -83,8 +85,8 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
             with lock:
                 waits.append((resp.json()["state"], took, budget / 1000))
 
-    threads = ([threading.Thread(target=submitter) for _ in range(4)] + [threading.Thread(target=poller)
-               for _ in range(3)] + [threading.Thread(target=waiter) for _ in range(2)])
+    threads = ([threading.Thread(target=submitter) for _ in range(4)] + [threading.Thread(target=poller, args=(i,))
+               for i in range(3)] + [threading.Thread(target=waiter) for _ in range(2)])
     with maintenance_loop():
         for t in threads:
             t.start()
@@ -97,7 +99,7 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
     assert problems == []
     rows = assert_ledger_invariants(admitted, r, [model])
     # Terminal states absorb: once a poller saw one, it never saw anything else.
-    for jid, states in seen.items():
+    for (_, jid), states in seen.items():
         first = next((i for i, s in enumerate(states) if s in TERMINAL), None)
         if first is not None:
             assert set(states[first:]) == {states[first]}, (jid, states)
