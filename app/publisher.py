@@ -62,25 +62,6 @@ def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
     return table[priority]
 
 
-class Priority(enum.Enum):
-    HIGH = "high"      # retries jumping the queue, maintenance tasks
-    NORMAL = "normal"  # submissions, retries waiting at the tail
-
-
-_AMQP_SCHEMES = {"amqp", "amqps", "pyamqp", "librabbitmq"}
-# (HIGH, NORMAL) on each scale; NORMAL leaves room below and above it.
-_AMQP = {Priority.HIGH: MAX_PRIORITY, Priority.NORMAL: MAX_PRIORITY // 2}
-_KOMBU_VIRTUAL = {Priority.HIGH: 0, Priority.NORMAL: (MAX_PRIORITY + 1) // 2}
-
-
-def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
-    """The number the configured broker needs for ``priority``."""
-    url = broker_url if broker_url is not None else get_settings().effective_broker_url
-    scheme = urlparse(url).scheme.split("+")[0].lower()
-    table = _AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL
-    return table[priority]
-
-
 def producer_app() -> Celery:
     global _app, _pid, _broker
     if _app is None or _pid != os.getpid():

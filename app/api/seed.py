@@ -89,9 +89,7 @@ def get_model():
 @require_key
 def list_models():
     with transaction() as conn:
-        items = model_registry.list_models(conn)
-    if not current_principal().is_admin:
-        items = [m for m in items if m["enabled"]]
+        items = model_registry.visible_models(conn, current_principal())
     return ok([_model_view(m) for m in items])
 
 

@@ -20,9 +20,7 @@ def _for_caller(m: dict) -> dict:
 @require_key
 def list_models():
     with transaction() as conn:
-        items = model_registry.list_models(conn)
-    if not current_principal().is_admin:
-        items = [m for m in items if m["enabled"]]
+        items = model_registry.visible_models(conn, current_principal())
     return jsonify({"models": [_for_caller(m) for m in items]})
 
 

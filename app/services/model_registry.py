@@ -277,6 +277,12 @@ def enabled_model(name: str):
     return row
 
 
+def visible_models(conn: Connection, principal) -> list[dict]:
+    """The models a key may see: admins all, other keys the enabled ones."""
+    items = list_models(conn)
+    return items if principal.is_admin else [m for m in items if m["enabled"]]
+
+
 def list_models(conn: Connection) -> list[dict]:
     rows = conn.execute(select(models).order_by(models.c.model_name)).all()
     return [public_view(r) for r in rows]
