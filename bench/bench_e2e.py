@@ -36,6 +36,9 @@ def _done_ours() -> int:
         return conn.execute(select(func.count()).select_from(tasks).where(tasks.c.state == 2)).scalar_one()
 
 
+RSS: dict[str, float] = {}
+
+
 def _drain(start_worker, done, n: int) -> float:
     w = start_worker()
     t0 = time.monotonic()
@@ -44,7 +47,9 @@ def _drain(start_worker, done, n: int) -> float:
             if time.monotonic() - t0 > 600:
                 raise RuntimeError("drain did not finish")
             time.sleep(0.02)
-        return n / (time.monotonic() - t0)
+        rate = n / (time.monotonic() - t0)
+        RSS[w.name] = max(w.rss_mb() or [0.0])  # largest process of the worker, after the run
+        return rate
     finally:
         w.stop()
 
@@ -82,8 +87,10 @@ def main() -> dict:
         model.stop()
     summary = {"ours_jobs_s": stack.median(res["ours"]), "naive_tasks_s": stack.median(res["naive"])}
     summary["ratio"] = summary["ours_jobs_s"] / summary["naive_tasks_s"]
+    summary["worker_rss_mb"] = RSS.get("worker")
     print(f"end to end ({N} jobs): ours {summary['ours_jobs_s']:.0f} jobs/s | bare Celery HTTP task "
-          f"{summary['naive_tasks_s']:.0f} tasks/s | ratio {summary['ratio']:.2f}x")
+          f"{summary['naive_tasks_s']:.0f} tasks/s | ratio {summary['ratio']:.2f}x | worker RSS max "
+          f"{summary['worker_rss_mb']:.0f} MB")
     return summary
 
 
