@@ -68,3 +68,14 @@ def assert_ledger_invariants(admitted: list[str], r, models: list[str]) -> dict:
     active = [x for x in rows.values() if JobState(x.state) in SLOT_STATES]
     assert active == []
     return rows
+
+
+def model_payloads(model_server) -> list[dict]:
+    """The payloads the stub model received, in arrival order."""
+    with model_server.state.lock:
+        return [c["payload"] for c in model_server.state.calls]
+
+
+def called_with(model_server, key: str, value) -> bool:
+    """Has the stub model received a call whose payload has key == value?"""
+    return any(p.get(key) == value for p in model_payloads(model_server))

@@ -26,6 +26,7 @@ from app.services.keys import Principal
 from app.states import JobState, SLOT_STATES
 from app.storage import get_storage
 from conftest import WorkerProcess, job_row, wait_until
+from stress_util import called_with, model_payloads
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -54,15 +55,6 @@ def _submit(model: str, payload: dict) -> str:
     return jobs.submit(P, model, payload).row.id
 
 
-def _calls(model_server) -> list[dict]:
-    with model_server.state.lock:
-        return [c["payload"] for c in model_server.state.calls]
-
-
-def _in_flight(model_server, key: str, value) -> bool:
-    return any(p.get(key) == value for p in _calls(model_server))
-
-
 def _states(ids) -> dict[str, int]:
     with transaction() as conn:
         return {r.id: r.state for r in conn.execute(select(tasks.c.id, tasks.c.state).where(tasks.c.id.in_(list(ids))))}
@@ -84,7 +76,7 @@ def test_sigkilled_worker_job_is_retried_on_another_worker_and_ends_once(
     events.subscribe(redis_scripts.terminal_channel())
     try:
         job_id = _submit("victim", {"hold": "kill-me"})
-        wait_until(lambda: _in_flight(model_server, "hold", "kill-me"), what="the call in flight on worker a")
+        wait_until(lambda: called_with(model_server, "hold", "kill-me"), what="the call in flight on worker a")
         assert job_row(job_id).state == JobState.RUNNING
         b = WorkerProcess(test_env, concurrency=1, log_path=tmp_path / "b.log", name="b").start()
         os.killpg(a.proc.pid, signal.SIGKILL)  # the whole worker: main process and its pool
@@ -106,7 +98,7 @@ def test_sigkilled_worker_job_is_retried_on_another_worker_and_ends_once(
         assert row.attempt == 2 and row.retry_count == 1 and row.error is None
         assert row.result_location.endswith(f"{job_id}/2")
         assert "asynch.run_job" in (tmp_path / "b.log").read_text()
-        assert [p.get("hold") for p in _calls(model_server)] == ["kill-me", "kill-me"]
+        assert [p.get("hold") for p in model_payloads(model_server)] == ["kill-me", "kill-me"]
         # Exactly one terminal record: one wake-up, one stored result, slot given back.
         wakeups, drain_until = [], time.time() + 1.0  # a second wake-up would be buffered by now
         while time.time() < drain_until:
@@ -138,7 +130,7 @@ def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, ma
 
         # Both worker processes get a held job; 398 more queue up behind them.
         held = [_submit("bulk", {"i": 100 + i, "hold": "mid-run"}) for i in range(2)]
-        wait_until(lambda: sum(1 for p in _calls(model_server) if p.get("hold")) == 2, what="both held")
+        wait_until(lambda: sum(1 for p in model_payloads(model_server) if p.get("hold")) == 2, what="both held")
         rest = [_submit("bulk", {"i": 102 + i}) for i in range(398)]
         every = first + held + rest
 
@@ -168,7 +160,7 @@ def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, ma
         assert active == set() and redis_scripts.gate_members("bulk") == active
         assert redis_scripts.gate_depth("bulk") == 0
         assert tuple(attempts) == (1, 500)  # each job ran one attempt
-        calls = [p["i"] for p in _calls(model_server)]
+        calls = [p["i"] for p in model_payloads(model_server)]
         assert sorted(calls) == list(range(500))  # each exactly once: duplicates were no-ops
     finally:
         model_server.state.release("mid-run")

@@ -20,6 +20,7 @@ from app.services import execution, jobs, maintenance
 from app.services.keys import Principal
 from app.states import JobState
 from conftest import WorkerProcess, job_row, wait_until
+from stress_util import called_with, model_payloads
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,15 +35,6 @@ def _wall_clock():
 
 def _submit(model: str, payload: dict) -> str:
     return jobs.submit(P, model, payload).row.id
-
-
-def _calls(model_server) -> list[dict]:
-    with model_server.state.lock:
-        return [c["payload"] for c in model_server.state.calls]
-
-
-def _in_flight(model_server, key: str, value) -> bool:
-    return any(p.get(key) == value for p in _calls(model_server))
 
 
 def _all_done(ids) -> bool:
@@ -67,7 +59,7 @@ def _ordering_run(model_server, threshold: int, promote_after_threshold: bool) -
     asked, promoted); then the worker is let go.  Returns the order in which
     the model received the calls after that, and what the promotion passes did."""
     blocker = _submit("ord", {"k": "blocker", "hold": "busy"})
-    wait_until(lambda: _in_flight(model_server, "k", "blocker"), what="the worker holding the blocker")
+    wait_until(lambda: called_with(model_server, "k", "blocker"), what="the worker holding the blocker")
     failed = _submit("ord", {"k": "F", "tag": "F", "fail_first": 1})
     assert execution.run_attempt(failed, 0) == "retry_wait"  # F's first try, in this process
     waiting = [_submit("ord", {"k": f"W{i}"}) for i in range(4)]
@@ -83,7 +75,7 @@ def _ordering_run(model_server, threshold: int, promote_after_threshold: bool) -
     model_server.state.release("busy")
     ids = [blocker, failed, *waiting]
     wait_until(lambda: _all_done(ids), timeout=60, what="all jobs done")
-    order = [p["k"] for p in _calls(model_server)]
+    order = [p["k"] for p in model_payloads(model_server)]
     assert order[:2] == ["blocker", "F"]  # the held call, then F's failed first try
     row = job_row(failed)
     assert row.attempt == 2 and row.retry_count == 1
