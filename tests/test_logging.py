@@ -75,7 +75,7 @@ def test_no_secret_in_api_or_worker_logs_and_job_fields_present(
 
     api_text = api_log.getvalue()
     worker_text = worker_log.read_text(errors="replace")
-    for secret in (HEAD_SECRET, MODEL_KEY_SECRET, BAD_SPEC_SECRET, user_key, user_key.split("_")[2], forged):
+    for secret in (HEAD_SECRET, MODEL_KEY_SECRET, BAD_SPEC_SECRET, user_key, user_key.split("_", 2)[2], forged):
         assert secret not in api_text, f"{secret} in API log"
         assert secret not in worker_text, f"{secret} in worker log"
 
