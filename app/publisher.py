@@ -97,7 +97,7 @@ def redis_message(task: str, args: list, queue: str, priority: int | None) -> tu
             "lang": "py", "task": task, "id": tid, "shadow": None, "eta": None, "expires": None,
             "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
             "root_id": tid, "parent_id": None, "argsrepr": repr(list(args)), "kwargsrepr": "{}",
-            "origin": _ORIGIN, "ignore_result": None, "replaced_task_nesting": 0,
+            "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
             "stamped_headers": None, "stamps": {},
         },
         "properties": {
