@@ -2,6 +2,9 @@
 
 ``put`` returns a location string that ``get`` and ``delete`` accept and that
 is shown to callers as ``oss_file``.  Deleting what is already gone is fine.
+``delete_many`` is what cleanup calls: one request per 1,000 objects on S3,
+and it answers which locations it could not delete (location -> reason)
+instead of raising, so one bad object does not hold back a whole batch.
 Backends: a local directory (default), S3 via boto3, and the seed's OSS file
 service (``oss+http(s)://host:port/base``).  ``put`` takes an optional
 ``context``: headers of the job to pass through (only the OSS backend uses
@@ -15,7 +18,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 from urllib.parse import urlparse
 
 import requests
@@ -37,6 +40,18 @@ class Storage(Protocol):
     def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str: ...
     def get(self, location: str) -> bytes: ...
     def delete(self, location: str) -> None: ...
+    def delete_many(self, locations: Sequence[str]) -> dict[str, str]: ...
+
+
+def delete_each(storage: Storage, locations: Sequence[str]) -> dict[str, str]:
+    """``delete_many`` for a backend with no bulk call: one ``delete`` each."""
+    failed = {}
+    for loc in locations:
+        try:
+            storage.delete(loc)
+        except (StorageError, OSError) as exc:
+            failed[loc] = str(exc)
+    return failed
 
 
 class LocalStorage:
@@ -82,6 +97,9 @@ class LocalStorage:
             self._path(location).unlink()
         except FileNotFoundError:
             pass
+
+    def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
+        return delete_each(self, locations)  # an unlink is a system call, not a round trip
 
 
 class S3Storage:
@@ -131,6 +149,26 @@ class S3Storage:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(location))
         except Exception as exc:
             raise StorageError(f"s3 delete failed: {exc}") from exc
+
+    # DeleteObjects takes at most 1,000 keys per request.
+    BULK = 1000
+
+    def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
+        failed: dict[str, str] = {}
+        for i in range(0, len(locations), self.BULK):
+            chunk = {self._key(loc): loc for loc in locations[i:i + self.BULK]}
+            try:
+                # Quiet: the answer lists only the keys that failed.
+                resp = self.client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": k} for k in chunk], "Quiet": True})
+            except Exception as exc:  # the whole request failed: none is known deleted
+                failed.update((loc, f"s3 delete failed: {exc}") for loc in chunk.values())
+                continue
+            for err in resp.get("Errors", []):
+                loc = chunk.get(err.get("Key"))
+                if loc is not None:
+                    failed[loc] = f"s3 delete failed: {err.get('Code')}: {err.get('Message')}"
+        return failed
 
 
 class OssStorage:
@@ -208,6 +246,11 @@ class OssStorage:
 
     def delete(self, location: str) -> None:
         log.info("oss file service has no delete; left to its retention: %s", location)
+
+    def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
+        if locations:
+            log.info("oss file service has no delete; %d files left to its retention", len(locations))
+        return {}
 
 
 def storage_from_url(url: str, settings: Settings) -> Storage:

@@ -11,16 +11,19 @@ IllegalTransition before touching the database: that is a bug, not a race.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Iterable, Sequence
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import DateTime, bindparam, delete, func, literal, select, update
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
-from app.models import tasks
+from app.models import models, tasks
 from app.states import TERMINAL_STATES, JobState as S
+
+# The retention of a claimed result whose model row is gone (the column's default).
+DEFAULT_KEEP_SECONDS = 3600
 
 # The state machine of DESIGN.md, and nothing else.
 ALLOWED: frozenset[tuple[S, S]] = frozenset({
@@ -171,16 +174,19 @@ def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: dateti
     return conn.execute(stmt.values(**vals).returning(tasks.c.id)).first()
 
 
-def purge(conn: Connection, job_id: str, states: Sequence[S], older_than, before: datetime) -> Row | None:
-    """Hard-delete a job that is still in one of ``states`` with
-    ``older_than`` (a tasks column: expire_at, finished_at) before ``before``.
-    Cleanup deletes the stored object first; this guard makes sure the row it
-    then removes is still the one it judged expired (not claimed, not
-    re-dated meanwhile).  Returns the deleted row's id and result location.
-    """
-    stmt = delete(tasks).where(tasks.c.id == job_id, tasks.c.state.in_([int(x) for x in states]),
+def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], older_than,
+               before: datetime) -> list[Row]:
+    """Hard-delete the jobs of ``job_ids`` that are still in one of ``states``
+    with ``older_than`` (a tasks column: expire_at, finished_at) before
+    ``before``, in one DELETE.  Cleanup deletes the stored objects first; this
+    guard makes sure each row it then removes is still one it judged expired
+    (not claimed, not re-dated meanwhile).  Returns the deleted rows' id,
+    state and result location."""
+    if not job_ids:
+        return []
+    stmt = delete(tasks).where(tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(x) for x in states]),
                                older_than < before)
-    return conn.execute(stmt.returning(tasks.c.id, tasks.c.state, tasks.c.result_location)).first()
+    return list(conn.execute(stmt.returning(tasks.c.id, tasks.c.state, tasks.c.result_location)).all())
 
 
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Row | None:
@@ -211,24 +217,33 @@ def claim_result(conn: Connection, job_id: str, expire_at: datetime) -> Row | No
     })
 
 
-def claim_results(conn: Connection, job_ids: Sequence[str], keep_seconds: int) -> list[Row]:
-    """done -> claimed for every job of ``job_ids`` still done, in one UPDATE,
-    with expire_at = now + keep_seconds (the model's auto_clean_seconds).
+def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | None,
+                  default_keep_seconds: int = DEFAULT_KEEP_SECONDS, returning: Sequence = tuple(tasks.c)) -> list[Row]:
+    """done -> claimed for every job of ``job_ids`` still done (and of
+    ``tenant_id``, unless None), in one UPDATE, with expire_at = now + the
+    job's model's auto_clean_seconds (``default_keep_seconds`` for a model
+    that is gone).
 
-    The callers pass the ids of one model (one retention).  Rows are locked in
-    id order first, so two batches over overlapping ids queue behind each
-    other instead of deadlocking; the loser re-checks ``state`` on each row
-    after the winner commits and skips it.  Returns only the rows this call
-    moved: each job is claimed (and its expire_at set) by exactly one caller.
+    Rows are locked in id order first, so two batches over overlapping ids
+    queue behind each other instead of deadlocking; the loser re-checks
+    ``state`` on each row after the winner commits and skips it.  Returns only
+    the rows this call moved: each job is claimed (and its expire_at set) by
+    exactly one caller.  ``returning``: the columns to return (a batch of a
+    thousand rows need not carry their payloads back).
     """
     check_allowed([S.DONE], S.CLAIMED)
     if not job_ids:
         return []
-    locked = (select(tasks.c.id).where(tasks.c.id.in_(list(job_ids)), tasks.c.state == int(S.DONE))
-              .order_by(tasks.c.id).with_for_update())
+    where = [tasks.c.id.in_(list(job_ids)), tasks.c.state == int(S.DONE)]
+    if tenant_id is not None:
+        where.append(tasks.c.tenant_id == tenant_id)
+    locked = select(tasks.c.id).where(*where).order_by(tasks.c.id).with_for_update()
+    # Correlated to the row being updated: one primary-key probe of asynch_models per row.
+    keep = select(models.c.auto_clean_seconds).where(models.c.model_name == tasks.c.model_name).scalar_subquery()
     now = clock_now()
     stmt = (update(tasks).where(tasks.c.id.in_(locked.scalar_subquery()), tasks.c.state == int(S.DONE))
             .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now,
-                    expire_at=now + timedelta(seconds=keep_seconds))
-            .returning(*tasks.c))
+                    expire_at=literal(now, DateTime(timezone=True))
+                    + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(keep, default_keep_seconds)))
+            .returning(*returning))
     return list(conn.execute(stmt).all())

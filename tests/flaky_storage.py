@@ -34,5 +34,8 @@ class FirstTryFails:
     def delete(self, location):
         return self.inner.delete(location)
 
+    def delete_many(self, locations):
+        return self.inner.delete_many(locations)
+
 
 storage.storage_from_url = lambda url, settings: FirstTryFails(_real_factory(url, settings))

@@ -79,3 +79,31 @@ def test_s3_storage_interface(s3_settings):
 
     with pytest.raises(ObjectMissing):
         st.get(loc)
+
+
+def test_s3_delete_many_is_one_bulk_call_and_reports_what_failed(s3_settings):
+    st = get_storage()
+    locs = [st.put(f"bulk/{i}", b"x", "text/plain") for i in range(5)]
+    calls = []
+    real = st.client.delete_objects
+
+    def counting(**kw):
+        calls.append(len(kw["Delete"]["Objects"]))
+        return real(**kw)
+
+    st.client.delete_objects = counting
+    try:
+        missing = f"s3://{BUCKET}/results/bulk/never-stored"
+        assert st.delete_many(locs + [missing]) == {}  # a missing object is not a failure
+    finally:
+        del st.client.delete_objects
+    assert calls == [6]
+    from app.storage import ObjectMissing
+
+    for loc in locs:
+        with pytest.raises(ObjectMissing):
+            st.get(loc)
+    # A bucket that is not there: every location is reported, none raised.
+    gone = S3Storage("no-such-bucket", "", s3_settings)
+    failed = gone.delete_many(["a", "b"])
+    assert set(failed) == {"a", "b"} and all("s3 delete failed" in v for v in failed.values())

@@ -296,6 +296,23 @@ def test_get_task_batch_claims_only_the_callers_done_tasks(client, seed_model, u
     assert again[0]["state"] == 4 and again[0]["claimed"] is False and again[0]["expire_at"] == data[0]["expire_at"]
 
 
+def test_get_task_batch_gives_each_task_its_own_models_retention(client, seed_model, user_key):
+    seed_model("short", autoCleanSeconds=60)
+    seed_model("long", autoCleanSeconds=7200)
+    seed_model("gone", autoCleanSeconds=5)
+    a, b, c = done_task("tenant-a", "short"), done_task("tenant-a", "long"), done_task("tenant-a", "gone")
+    with transaction() as conn:
+        conn.execute(models.delete().where(models.c.model_name == "gone"))
+    data = ok(client.post("/task/getTaskBatch", json={"taskIds": [a, b, c]}, headers=auth(user_key)))
+    assert [d["claimed"] for d in data] == [True, True, True]
+    from app.transitions import DEFAULT_KEEP_SECONDS
+
+    for jid, keep in ((a, 60), (b, 7200), (c, DEFAULT_KEEP_SECONDS)):
+        row = job_row(jid)
+        assert row.state == JobState.CLAIMED
+        assert as_utc(row.expire_at) - as_utc(row.claimed_at) == timedelta(seconds=keep), jid
+
+
 def test_200_concurrent_batch_calls_claim_each_of_50_done_tasks_exactly_once(api_url, client, seed_model, user_key):
     seed_model("m", autoCleanSeconds=900, queueLimit=100)
     ids = [done_task("tenant-a", "m", {"prompt": str(i)}) for i in range(50)]

@@ -3,14 +3,12 @@ single-task view (getTaskResult).
 
 getTaskBatch moves every done task it names to claimed with
 expire_at = now + the model's auto_clean_seconds, through
-transitions.claim_results: one guarded UPDATE per model, so among any number
+transitions.claim_results: one guarded UPDATE, so among any number
 of concurrent calls each task is claimed, and its expire_at set, exactly once
 (``claimed: true`` in the one answer that did it).  Another tenant's ids are
 reported as not found and never touched.
 """
 from __future__ import annotations
-
-from collections import defaultdict
 
 from sqlalchemy import select
 
@@ -19,7 +17,7 @@ from app.clock import as_utc
 from app.config import get_settings
 from app.db import transaction
 from app.errors import ValidationFailed
-from app.models import models, tasks
+from app.models import tasks
 from app.services.keys import Principal
 from app.states import JobState, seed_code
 
@@ -30,6 +28,12 @@ _ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.
 def _iso(dt) -> str | None:
     dt = as_utc(dt)
     return dt.isoformat().replace("+00:00", "Z") if dt else None
+
+
+# What task_view reads: a batch fetches only these, never the payloads.
+VIEW_COLUMNS = tuple(tasks.c[n] for n in (
+    "id", "state", "result_location", "result_content_type", "expire_at", "model_name", "biz_name",
+    "retry_count", "created_at", "finished_at", "error"))
 
 
 def task_view(row, claimed: bool | None = None) -> dict:
@@ -65,23 +69,17 @@ def get_task_batch(principal: Principal, task_ids) -> list[dict]:
     ids = _ids(task_ids)
     if not ids:
         return []
-    claimed: set[str] = set()
+    tenant = None if principal.is_admin else principal.tenant_id
     with transaction() as conn:
-        q = select(tasks.c.id, tasks.c.model_name, tasks.c.state).where(tasks.c.id.in_(ids))
-        if not principal.is_admin:
-            q = q.where(tasks.c.tenant_id == principal.tenant_id)
-        visible = conn.execute(q).all()
-        done: dict[str, list[str]] = defaultdict(list)
-        for r in visible:
-            if r.state == JobState.DONE:
-                done[r.model_name].append(r.id)
-        if done:
-            keep = dict(conn.execute(select(models.c.model_name, models.c.auto_clean_seconds)
-                                     .where(models.c.model_name.in_(list(done)))).all())
-            for model, jids in done.items():
-                claimed.update(r.id for r in transitions.claim_results(conn, jids, keep.get(model, 3600)))
-        # Read after claiming: rows another call claimed meanwhile show as claimed.
-        rows = {r.id: r for r in conn.execute(select(tasks).where(tasks.c.id.in_([v.id for v in visible])))}
+        rows = {r.id: r for r in transitions.claim_results(conn, ids, tenant, returning=VIEW_COLUMNS)}
+        claimed = set(rows)
+        rest = [i for i in ids if i not in claimed]
+        if rest:
+            # Read after claiming: rows another call claimed meanwhile show as claimed.
+            q = select(*VIEW_COLUMNS).where(tasks.c.id.in_(rest))
+            if tenant is not None:
+                q = q.where(tasks.c.tenant_id == tenant)
+            rows.update((r.id, r) for r in conn.execute(q))
     out = []
     for tid in ids:
         row = rows.get(tid)

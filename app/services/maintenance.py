@@ -37,7 +37,7 @@ from app.publisher import Priority, publish_run_job
 from app.services.execution import backoff_seconds
 from app.services.jobs import after_terminal, release_slot
 from app.states import JobState, SLOT_STATES
-from app.storage import StorageError, get_storage
+from app.storage import get_storage
 
 log = logging.getLogger(__name__)
 
@@ -302,30 +302,24 @@ def time_out_overdue(limit: int | None = None) -> Report:
 # --- cleanup ----------------------------------------------------------------------------
 
 def _purge_batch(states: Sequence[JobState], older_than, before, limit: int) -> tuple[int, int, int, int]:
-    """Delete one SKIP LOCKED batch: each stored object first, then its row
-    (guarded).  Holding the row lock while deleting the object is what makes
-    two cleanups delete each object once.  Returns (rows seen, rows deleted,
-    objects deleted, object errors)."""
-    storage = get_storage()
-    deleted = objects = errors = 0
+    """Delete one SKIP LOCKED batch: the stored objects first (in bulk), then
+    the rows whose object is gone (one guarded DELETE).  Holding the row locks
+    while deleting the objects is what makes two cleanups delete each object
+    once.  Returns (rows seen, rows deleted, objects deleted, object errors)."""
     with transaction() as conn:
         rows = conn.execute(_locked(conn, select(tasks.c.id, tasks.c.result_location).where(
             tasks.c.state.in_([int(x) for x in states]), older_than < before,
         ).order_by(older_than).limit(limit))).all()
+        locations = [r.result_location for r in rows if r.result_location]
+        failed = get_storage().delete_many(locations) if locations else {}
         for r in rows:
-            if r.result_location:
-                try:
-                    storage.delete(r.result_location)  # an object already gone is fine
-                except (StorageError, OSError) as exc:
-                    # Keep the row: it still points at the object to delete next time.
-                    log.warning("result not deleted, keeping the job for the next pass: %s", exc,
-                                extra={"job_id": r.id})
-                    errors += 1
-                    continue
-                objects += 1
-            if transitions.purge(conn, r.id, states, older_than, before) is not None:
-                deleted += 1
-    return len(rows), deleted, objects, errors
+            if r.result_location in failed:
+                # Keep the row: it still points at the object to delete next time.
+                log.warning("result not deleted, keeping the job for the next pass: %s",
+                            failed[r.result_location], extra={"job_id": r.id})
+        ids = [r.id for r in rows if r.result_location not in failed]
+        deleted = len(transitions.purge_many(conn, ids, states, older_than, before))
+    return len(rows), deleted, len(locations) - len(failed), len(failed)
 
 
 def cleanup(limit: int | None = None) -> Report:
