@@ -8,10 +8,24 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from app.states import JobState as S
+
 metadata = MetaData()
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 TS = DateTime(timezone=True)
+
+
+def _in(*states: S) -> str:
+    return f"state = {int(states[0])}" if len(states) == 1 else f"state IN ({', '.join(str(int(x)) for x in states)})"
+
+
+def _partial(name: str, cols: list[str], where: str) -> Index:
+    """An index over the rows ``where`` holds.  The queries must spell the predicate with literal states for the planner
+    to use it; psycopg2 sends bound values inline, so ``state IN (...)``
+    built from parameters qualifies."""
+    return Index(name, *cols, postgresql_where=text(where), sqlite_where=text(where))
+
 
 models = Table(
     "asynch_models", metadata,
@@ -92,20 +106,19 @@ tasks = Table(
     Index("ix_asynch_task_tenant_model_created", "tenant_id", "model_name", "created_at"),
     # Gate reconcile / depth: active rows of a model.
     Index("ix_asynch_task_model_state", "model_name", "state"),
-    # Maintenance scans: by state and the time that matters for that state.
-    Index("ix_asynch_task_state_lease", "state", "lease_expires_at"),
-    Index("ix_asynch_task_state_retry", "state", "next_retry_at"),
-    Index("ix_asynch_task_state_expire", "state", "expire_at"),
-    Index("ix_asynch_task_state_updated", "state", "updated_at"),
-    Index("ix_asynch_task_state_finished", "state", "finished_at"),
-    # Revision 0003: re-publishing pending jobs in queue order; retries
-    # waiting at the tail of a model's queue (promotion scan).
-    Index("ix_asynch_task_state_enqueue", "state", "enqueue_at"),
-    # Revision 0003: autotune reads a model's recently finished jobs.
-    Index("ix_asynch_task_model_finished", "model_name", "finished_at"),
-    Index("ix_asynch_task_retry_promote", "model_name", "enqueue_at",
-          postgresql_where=text("state = 0 AND retry_count > 0 AND promoted_at IS NULL"),
-          sqlite_where=text("state = 0 AND retry_count > 0 AND promoted_at IS NULL")),
+    # Maintenance scans (revision 0004): each a partial index over the
+    # state it looks for, so a row version enters only its own state's index.
+    _partial("ix_asynch_task_retry_due", ["next_retry_at"], _in(S.RETRY_WAIT)),
+    _partial("ix_asynch_task_running_lease", ["lease_expires_at"], _in(S.RUNNING)),
+    _partial("ix_asynch_task_pending_enqueue", ["enqueue_at", "id"], _in(S.PENDING)),
+    _partial("ix_asynch_task_slot_deadline", ["deadline_at"], _in(S.PENDING, S.RUNNING)),
+    _partial("ix_asynch_task_claimed_expire", ["expire_at"], _in(S.CLAIMED)),
+    _partial("ix_asynch_task_ended_finished", ["finished_at"], _in(S.DONE, S.FAILED, S.TIMEOUT, S.CANCELED)),
+    # Autotune reads a model's recently finished jobs.
+    _partial("ix_asynch_task_finished_by_model", ["model_name", "finished_at"], "finished_at IS NOT NULL"),
+    # Retries waiting at the tail of a model's queue (promotion scan, revision 0003).
+    _partial("ix_asynch_task_retry_promote", ["model_name", "enqueue_at"],
+             f"{_in(S.PENDING)} AND retry_count > 0 AND promoted_at IS NULL"),
 )
 
 model_stats = Table(
