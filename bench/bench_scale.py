@@ -3,8 +3,8 @@
 Seeds the table with SQL (generate_series), then runs every hot operation
 through the real service code while capturing the SQL it sends, and prints
 EXPLAIN (ANALYZE) of each captured statement, flagging any sequential scan
-of asynch_task.  Also times getTaskBatch(1,000 ids) and a cleanup pass over
-100,000 expired claimed jobs.
+of asynch_task.  Also times getTaskBatch(1,000 ids) over 11 fresh id sets (median) and a
+cleanup pass over 100,000 expired claimed jobs with their result files.
 """
 from __future__ import annotations
 
@@ -36,6 +36,18 @@ SELECT 'job_' || lpad(to_hex(i), 24, '0'), 'tenant-' || (i %% 50), '', 'model-' 
     now() + interval '1 day', now() - (i %% 43200) * interval '1 minute'
 FROM generate_series(1, %(rows)s) AS s(i)
 """
+
+
+def seed_objects() -> float:
+    """The expired jobs' result files, so cleanup deletes real objects."""
+    from app.storage import get_storage
+
+    t0 = time.monotonic()
+    root = get_storage().root / "seed"
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(1, EXPIRED + 1):
+        (root / str(i)).write_bytes(b'{"ok":1}\n')
+    return time.monotonic() - t0
 
 
 def seed() -> float:
@@ -103,6 +115,29 @@ def hot_operations():
     return ops
 
 
+def timed_batches(n: int = 11) -> dict:
+    """getTaskBatch over n fresh sets of 1,000 ids (each set ~85% done rows,
+    the rest failed or already claimed): every call claims for real."""
+    import statistics
+
+    from app.services import claims
+    from app.services.keys import Principal
+
+    admin = Principal("admin", "admin", None)
+    took, claimed = [], 0
+    for k in range(1, n + 1):
+        start = EXPIRED + 1 + k * 1000
+        ids = ["job_" + format(i, "x").zfill(24) for i in range(start, start + 1000)]
+        t0 = time.monotonic()
+        out = claims.get_task_batch(admin, ids)
+        took.append((time.monotonic() - t0) * 1000)
+        claimed += sum(1 for d in out if d["claimed"])
+    med = statistics.median(took)
+    print(f"\ngetTaskBatch(1,000 ids) x{n}, fresh ids each: median {med:.1f} ms, "
+          f"min {min(took):.1f}, max {max(took):.1f} ({claimed / n:.0f} claimed per call)")
+    return {"median_ms": med, "min_ms": min(took), "max_ms": max(took), "calls": n}
+
+
 def timed_cleanup() -> dict:
     """A full cleanup pass over the EXPIRED claimed jobs (retention of other
     terminal jobs pushed out of reach so only those qualify)."""
@@ -114,6 +149,10 @@ def timed_cleanup() -> dict:
     rep = maintenance.cleanup()
     took = time.monotonic() - t0
     deleted = rep.details["claimed"]
+    from app.storage import get_storage
+
+    left = sum(1 for _ in (get_storage().root / "seed").iterdir())
+    print(f"cleanup report: {rep.as_dict()}; seeded objects left on disk: {left}")
     print(f"\ncleanup: {deleted} expired claimed jobs (and their objects) deleted in {took:.1f} s "
           f"= {deleted / took:.0f} jobs/s")
     return {"deleted": deleted, "seconds": took, "jobs_per_s": deleted / took}
@@ -130,6 +169,7 @@ def main() -> dict:
 
     took = seed()
     print(f"seeded {ROWS} rows in {took:.1f} s")
+    print(f"wrote {EXPIRED} result objects in {seed_objects():.1f} s")
     engine = get_engine()
     out = {"rows": ROWS, "seed_s": took, "ops": {}}
     for name, fn in hot_operations():
@@ -148,6 +188,7 @@ def main() -> dict:
               f"{'  !! SEQUENTIAL SCAN' if seq else ''}")
         for pl in plans:
             print("   " + pl.replace("\n", "\n   "))
+    out["get_task_batch"] = timed_batches()
     out["cleanup"] = timed_cleanup()
     bad = [k for k, v in out["ops"].items() if v["seq_scan"]]
     print(f"\nscale: {len(out['ops'])} hot operations at {ROWS} rows; sequential scans: {bad or 'none'}")
