@@ -19,13 +19,17 @@ from app.config import get_settings
 from app.errors import Unavailable
 
 _lock = threading.Lock()
-_engine: Engine | None = None
+# (pid, autocommit) -> engine: one pool for transactions, one small pool whose
+# connections are always in autocommit mode (single_statement()).
+_engines: dict[bool, Engine] = {}
 _engine_pid: int | None = None
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, autocommit: bool = False) -> Engine:
+    iso = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
     if url.startswith("sqlite"):
-        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True)
+        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True,
+                            **iso)
 
         @event.listens_for(eng, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - dev mode only
@@ -37,8 +41,8 @@ def make_engine(url: str) -> Engine:
         return eng
     return create_engine(
         url,
-        pool_size=10,
-        max_overflow=20,
+        pool_size=5 if autocommit else 10,
+        max_overflow=15 if autocommit else 20,
         # No pre-ping: it costs a round trip per checkout.  A connection that
         # died with the server fails its first statement (a 503) and
         # SQLAlchemy then invalidates the whole pool.
@@ -46,29 +50,36 @@ def make_engine(url: str) -> Engine:
         # A statement's parameters (payloads, modelKey) never appear in an
         # exception message, so a logged database error cannot leak them.
         hide_parameters=True,
+        # Set once at connect: switching a pooled connection per checkout
+        # would cost a "SET default_transaction_isolation" round trip.
+        **iso,
     )
 
 
-def get_engine() -> Engine:
-    global _engine, _engine_pid
+def get_engine(autocommit: bool = False) -> Engine:
+    global _engine_pid
     pid = os.getpid()
-    if _engine is None or _engine_pid != pid:
+    eng = _engines.get(autocommit) if _engine_pid == pid else None
+    if eng is None:
         with _lock:
-            if _engine is None or _engine_pid != pid:
-                if _engine is not None:
+            if _engine_pid != pid:
+                for inherited in _engines.values():
                     # Inherited across fork: drop the parent's sockets unclosed.
-                    _engine.dispose(close=False)
-                _engine = make_engine(get_settings().database_url)
+                    inherited.dispose(close=False)
+                _engines.clear()
                 _engine_pid = pid
-    return _engine
+            eng = _engines.get(autocommit)
+            if eng is None:
+                eng = _engines[autocommit] = make_engine(get_settings().database_url, autocommit)
+    return eng
 
 
 def reset_engine() -> None:
-    global _engine, _engine_pid
+    global _engine_pid
     with _lock:
-        if _engine is not None:
-            _engine.dispose()
-        _engine = None
+        for eng in _engines.values():
+            eng.dispose()
+        _engines.clear()
         _engine_pid = None
 
 
@@ -77,14 +88,29 @@ def is_postgres(conn: Connection) -> bool:
 
 
 @contextmanager
-def transaction() -> Iterator[Connection]:
-    """BEGIN ... COMMIT on a pooled connection; a lost database is a 503."""
+def _lost_database_is_unavailable() -> Iterator[None]:
     try:
-        with get_engine().begin() as conn:
-            yield conn
+        yield
     except OperationalError as exc:
         raise Unavailable("database unavailable") from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise Unavailable("database unavailable") from exc
         raise
+
+
+@contextmanager
+def transaction() -> Iterator[Connection]:
+    """BEGIN ... COMMIT on a pooled connection; a lost database is a 503."""
+    with _lost_database_is_unavailable(), get_engine().begin() as conn:
+        yield conn
+
+
+@contextmanager
+def single_statement() -> Iterator[Connection]:
+    """A pooled connection in autocommit mode, for ONE statement that is its
+    own transaction (the admission INSERT ... RETURNING): one round trip
+    instead of BEGIN, statement, COMMIT.  Never run two dependent statements
+    in it; use transaction()."""
+    with _lost_database_is_unavailable(), get_engine(autocommit=True).connect() as conn:
+        yield conn

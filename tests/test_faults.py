@@ -76,6 +76,16 @@ def test_sigkill_a_worker_process_every_two_seconds(fault_worker, make_model, mo
         finally:
             stop.set()
             t.join()
+    # A kill between a job's terminal commit and its slot release leaves the
+    # slot behind (the order that never over-admits); beat's reconcile pass
+    # returns it.  At most one such slot per kill, and none after reconcile.
+    leaked = r.zrange("asynch:gate:kill", 0, -1)
+    assert len(leaked) <= len(kills), (leaked, kills)
+    from app.config import get_settings, set_settings
+    from app.services.maintenance import reconcile_gates
+
+    set_settings(get_settings().with_overrides(reconcile_grace_seconds=0))  # the slots are young
+    reconcile_gates()
     rows = assert_ledger_invariants(ids, r, ["kill"])
     states = Counter(JobState(x.state).label for x in rows.values())
     assert states == {"done": 300}, states

@@ -141,6 +141,9 @@ def seeded(make_model, settings):
     set_settings(settings)
     yield keys, ids
     # Doorbells published by fuzzed submissions: no worker of this session may run them later.
+    from app import outbox
+
+    outbox.flush()
     broker = redis_lib.Redis.from_url(settings.effective_broker_url)
     for k in broker.scan_iter(f"*{settings.queue_name}*"):
         if not k.startswith(b"_kombu"):

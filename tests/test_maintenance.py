@@ -45,12 +45,18 @@ def broker(settings):
 
 
 def purge_queue(b, queue: str) -> None:
+    from app import outbox
+
+    outbox.flush()  # a submission's message leaves after its 202: lose it for real
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])
 
 
 def queued(b, queue: str) -> list[tuple[int, str, int]]:
     """(priority, job id, attempt) of every run_job message, in the order a
     worker takes them: priority list 0 first, each list FIFO (LPUSH/BRPOP)."""
+    from app import outbox
+
+    outbox.flush()
     out = []
     for pri in range(10):
         key = queue if pri == 0 else f"{queue}:{pri}"

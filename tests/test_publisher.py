@@ -38,3 +38,102 @@ def test_fast_message_matches_celery_send_task(settings, priority):
     assert {k: v for k, v in ours.items() if k not in ("headers", "properties")} == \
         {k: v for k, v in theirs.items() if k not in ("headers", "properties")}
     assert ours["headers"]["id"] == ours["headers"]["root_id"] == ours["properties"]["correlation_id"]
+
+
+# --- the outbox: admissions' messages sent after the 202, batched ----------------------------
+
+def _queued_args(settings) -> list:
+    """run_job args of every message on the session's queue, in serving order."""
+    import base64
+
+    b = redis_lib.Redis.from_url(settings.effective_broker_url)
+    out = []
+    for key in [settings.queue_name] + [f"{settings.queue_name}:{i}" for i in range(1, 10)]:
+        for raw in reversed(b.lrange(key, 0, -1)):
+            out.append(json.loads(base64.b64decode(json.loads(raw)["body"]))[0])
+    return out
+
+
+@pytest.fixture
+def empty_queue(settings):
+    from app import outbox
+
+    outbox.flush()
+    b = redis_lib.Redis.from_url(settings.effective_broker_url)
+    b.delete(settings.queue_name, *[f"{settings.queue_name}:{i}" for i in range(1, 10)])
+    yield
+    b.delete(settings.queue_name, *[f"{settings.queue_name}:{i}" for i in range(1, 10)])
+
+
+def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settings, empty_queue, monkeypatch):
+    import threading
+
+    from app import outbox, publisher
+
+    batches, real = [], publisher.publish_run_jobs
+
+    def recording(jobs, *a, **kw):
+        batches.append(len(jobs))
+        return real(jobs, *a, **kw)
+
+    monkeypatch.setattr(publisher, "publish_run_jobs", recording)
+    barrier = threading.Barrier(8)
+
+    def send(t):
+        barrier.wait()
+        for i in range(100):
+            outbox.send_soon(f"job_t{t}_{i}", i % 3)
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outbox.flush(10)
+    got = _queued_args(settings)
+    assert sorted(map(tuple, got)) == sorted((f"job_t{t}_{i}", i % 3) for t in range(8) for i in range(100))
+    for t in range(8):  # each thread's messages are served in the order it sent them
+        mine = [a[0] for a in got if a[0].startswith(f"job_t{t}_")]
+        assert mine == [f"job_t{t}_{i}" for i in range(100)]
+    assert sum(batches) == 800 and len(batches) < 800, batches
+
+
+def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty_queue, monkeypatch):
+    from app import outbox, publisher
+
+    class Down:
+        def lpush(self, *a):
+            raise redis_lib.ConnectionError("broker down (injected)")
+
+    publisher.producer_app()
+    monkeypatch.setattr(publisher, "_broker", Down())
+    outbox.send_soon("job_refused", 0)
+    assert outbox.flush(5)  # refused, logged: recovery re-publishes it from the row
+    monkeypatch.undo()
+    outbox.send_soon("job_after", 0)
+    assert outbox.flush(5)
+    assert _queued_args(settings) == [["job_after", 0]]
+
+
+def _send_in_child(out):
+    from app import outbox
+
+    outbox.send_soon("job_from_child", 1)
+    out.put(outbox.flush(10))
+
+
+def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
+    import multiprocessing as mp
+
+    from app import outbox
+
+    outbox.send_soon("job_from_parent", 0)  # the parent's sender thread exists before the fork
+    assert outbox.flush(5)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_send_in_child, args=(q,))
+    p.start()
+    assert q.get(timeout=20) is True
+    p.join(10)
+    assert p.exitcode == 0
+    assert _queued_args(settings) == [["job_from_parent", 0], ["job_from_child", 1]]

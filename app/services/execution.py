@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, select
 from app import metrics, transitions
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.db import transaction
+from app.db import single_statement, transaction
 from app.models import models, tasks
 from app.services import callbacks, concurrency, stats
 from app.services.jobs import after_terminal, passthrough_of, release_slot
@@ -49,19 +49,22 @@ def run_attempt(job_id: str, attempt: int, chain_token: str | None = None) -> st
     settings = get_settings()
     permit = None
     try:
-        # One transaction: read the job with its model, take the permit, claim.
-        with transaction() as conn:
+        # Two single-statement round trips (no BEGIN/COMMIT): read the job
+        # with its model, take the permit, then the claim CAS, which re-checks
+        # state and attempt itself.
+        with single_statement() as conn:
             job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
-            if job is None or job.state != JobState.PENDING or job.attempt != attempt:
-                return "stale"
-            model = job if job.model_id is not None else None
-            lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
-            if model is not None:
-                permit = concurrency.acquire(model.model_name, job.tenant_id, model.max_concurrency,
-                                             job_id, attempt, lease_seconds)
-                if permit is None:
-                    waiting = concurrency.keep_waiting(job_id, attempt, chain_token)
-                    return "no_permit" if waiting else "waiting_elsewhere"
+        if job is None or job.state != JobState.PENDING or job.attempt != attempt:
+            return "stale"
+        model = job if job.model_id is not None else None
+        lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
+        if model is not None:
+            permit = concurrency.acquire(model.model_name, job.tenant_id, model.max_concurrency,
+                                         job_id, attempt, lease_seconds)
+            if permit is None:
+                waiting = concurrency.keep_waiting(job_id, attempt, chain_token)
+                return "no_permit" if waiting else "waiting_elsewhere"
+        with single_statement() as conn:
             row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds))
         if row is None:
             return "stale"

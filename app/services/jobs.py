@@ -22,16 +22,15 @@ from sqlalchemy import and_, insert, or_, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from app import metrics, redis_scripts, transitions
+from app import metrics, outbox, redis_scripts, transitions
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
-from app.db import transaction
+from app.db import single_statement, transaction
 from app.errors import (
     BadRequest, Conflict, DomainError, Gone, JobNotFinished, NotFound, QueueFull, Unavailable,
     ValidationFailed,
 )
 from app.models import tasks
-from app.publisher import publish_run_job
 from app.services import waiters
 from app.services.forms import validate_payload
 from app.services.headers import HeaderSpecError, parse_header_spec
@@ -175,7 +174,8 @@ def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpt
     # From here on we hold a slot: every way out but a commit gives it back.
     try:
         now = clock_now()
-        with transaction() as conn:
+        # One statement, its own transaction: one round trip (no BEGIN/COMMIT).
+        with single_statement() as conn:
             row = conn.execute(_INSERT_JOB, dict(
                 id=job_id, tenant_id=principal.tenant_id, creator=opts.creator,
                 model_name=model_name, biz_name=opts.biz_name, callback_url=opts.callback_url,
@@ -198,7 +198,7 @@ def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpt
         release_slot(model_name, job_id)
         raise
 
-    publish_run_job(job_id, 0)
+    outbox.send_soon(job_id, 0)  # after the commit; the response does not wait for the broker
     return Submitted(row, replayed=False)
 
 
