@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -17,14 +17,28 @@ from app.services.keys import Principal
 
 
 def count_call(conn: Connection, day: date, tenant_id: str, creator: str, model_name: str, n: int = 1) -> None:
-    ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    stmt = ins(model_stats).values(day=day, tenant_id=tenant_id, creator=creator or "",
-                                   model_name=model_name, request_count=n)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["day", "tenant_id", "creator", "model_name"],
-        set_={"request_count": model_stats.c.request_count + n},
-    )
-    conn.execute(stmt)
+    conn.execute(_upsert(conn.dialect.name), {"day": day, "tenant_id": tenant_id, "creator": creator or "",
+                                               "model_name": model_name, "n": n})
+
+
+_UPSERTS: dict[str, object] = {}
+
+
+def _upsert(dialect: str):
+    """The count upsert, built once per dialect (it runs once per completed
+    job; building it per call cost more CPU than the rest of the worker's
+    bookkeeping)."""
+    stmt = _UPSERTS.get(dialect)
+    if stmt is None:
+        ins = pg_insert if dialect == "postgresql" else sqlite_insert
+        base = ins(model_stats).values(day=bindparam("day"), tenant_id=bindparam("tenant_id"),
+                                       creator=bindparam("creator"), model_name=bindparam("model_name"),
+                                       request_count=bindparam("n"))
+        stmt = _UPSERTS[dialect] = base.on_conflict_do_update(
+            index_elements=["day", "tenant_id", "creator", "model_name"],
+            set_={"request_count": model_stats.c.request_count + base.excluded.request_count},
+        )
+    return stmt
 
 
 def read_stats(conn: Connection, *, day_from: date | None = None, day_to: date | None = None,
