@@ -229,7 +229,7 @@ def load_job(conn: Connection, principal: Principal, job_id: str, model_name: st
 
 
 def get_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
-    with transaction() as conn:
+    with single_statement() as conn:  # one SELECT: no BEGIN/COMMIT round trips (status polls are hot)
         return load_job(conn, principal, job_id, model_name)
 
 
@@ -283,7 +283,7 @@ def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str
     get_job(principal, job_id, model_name)  # 404 before waiting
 
     def read():
-        with transaction() as conn:
+        with single_statement() as conn:
             return load_job(conn, principal, job_id, model_name)
 
     return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, read)
