@@ -24,8 +24,11 @@ def _fill_ours(n: int) -> None:
     from app.services.keys import Principal
 
     p = Principal("bench", "user", None)
+    from app import outbox
+
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda i: jobs.submit(p, "bench-echo", {"i": i}), range(n)))
+    outbox.flush()  # every message on the broker before the clock starts
 
 
 def _done_ours() -> int:

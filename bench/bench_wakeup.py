@@ -22,12 +22,14 @@ def _measure(api: str, key: str, ids: list[str], mode: str) -> list[float]:
     from sqlalchemy import select
 
     got: dict[str, float] = {}
+    first_sent: dict[str, float] = {}
     h = {"Authorization": f"Bearer {key}"}
 
     def waiter(job_id: str) -> None:
         s = requests.Session()
         url = f"{api}/v1/models/bench-echo/jobs/{job_id}"
         while True:
+            first_sent.setdefault(job_id, time.time())
             if mode == "wait":
                 body = s.get(url + "/wait?timeout=60000", headers=h, timeout=70).json()
             else:
@@ -46,13 +48,23 @@ def _measure(api: str, key: str, ids: list[str], mode: str) -> list[float]:
     with transaction() as conn:
         fin = {r.id: as_utc(r.finished_at).timestamp()
                for r in conn.execute(select(tasks.c.id, tasks.c.finished_at).where(tasks.c.id.in_(ids)))}
+    late = [j for j in ids if first_sent[j] > fin[j]]
+    if late:  # a client that asked after its job ended measures its own start-up, not the wake-up
+        raise RuntimeError(f"{len(late)} clients started after their job finished: raise the jobs' sleep")
+    if mode == "wait":
+        t0 = min(fin.values())
+        worst = sorted(ids, key=lambda j: got[j] - fin[j])[-8:]
+        print("   slowest at (s after the first finish):",
+              ", ".join(f"{fin[j] - t0:.2f}s:{(got[j] - fin[j]) * 1000:.0f}ms" for j in worst))
     return [(got[j] - fin[j]) * 1000 for j in ids]
 
 
 def _submit(api: str, key: str) -> list[str]:
     h = {"Authorization": f"Bearer {key}"}
-    # Staggered finishing times over ~3 s so wake-ups do not all coincide.
-    return [requests.post(f"{api}/v1/models/bench-echo/jobs", json={"sleep_ms": 1000 + (i * 10) % 2000},
+    # Staggered finishing times over 2 s, starting 3 s after the last
+    # submission at the earliest, so every client is waiting before its job
+    # ends (checked in _measure) and wake-ups do not all coincide.
+    return [requests.post(f"{api}/v1/models/bench-echo/jobs", json={"sleep_ms": 3000 + (i * 10) % 2000},
                           headers=h, timeout=10).json()["job_id"] for i in range(WAITERS)]
 
 
@@ -79,8 +91,8 @@ def main() -> dict:
         for mode in ("wait", "poll"):
             lat = _measure(api_url, key, _submit(api_url, key), mode)
             out[mode] = {"p50_ms": stack.pct(lat, 50), "p99_ms": stack.pct(lat, 99), "n": len(lat)}
-            print(f"  {mode}: p50 {out[mode]['p50_ms']:.1f} ms  p99 {out[mode]['p99_ms']:.1f} ms  (n={len(lat)})",
-                  flush=True)
+            print(f"  {mode}: p50 {out[mode]['p50_ms']:.1f} ms  p99 {out[mode]['p99_ms']:.1f} ms  (n={len(lat)}; "
+                  f"slowest {', '.join(f'{x:.0f}' for x in sorted(lat)[-5:])} ms)", flush=True)
     finally:
         worker.stop()
         api.stop()
