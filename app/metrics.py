@@ -182,10 +182,20 @@ def worker_heartbeat(node: str, queues: str = "") -> None:
         log.warning("worker heartbeat not recorded: %s", exc)
 
 
+_last_consumed_stamp = 0.0
+
+
 def worker_consumed(node: str) -> None:
-    """The worker took a task off the queue."""
+    """The worker took a task off the queue.  Stamped at most once a second
+    per process: a stuck-queue alert needs seconds, not one Redis round
+    trip per task."""
+    global _last_consumed_stamp
+    now = time.time()
+    if now - _last_consumed_stamp < 1.0:
+        return
+    _last_consumed_stamp = now
     try:
-        redis_scripts.worker_touch(node, {"consumed": f"{time.time():.3f}"}, _worker_ttl())
+        redis_scripts.worker_touch(node, {"consumed": f"{now:.3f}"}, _worker_ttl())
     except redis.RedisError as exc:
         log.warning("worker liveness not recorded: %s", exc)
 
