@@ -5,6 +5,7 @@ autocommit (no BEGIN/COMMIT on the wire), which is why no COMMIT is counted
 for it."""
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 
@@ -12,7 +13,7 @@ from sqlalchemy import event
 
 from bench import stack
 
-N = 200
+N = int(__import__("os").environ.get("BENCH_COST_JOBS", "200"))
 
 
 class Counting:
@@ -108,6 +109,7 @@ def main() -> dict:
           f"round trips | completed: {out['complete_sql']:.1f} SQL, {out['complete_redis']:.1f} Redis")
     print(f"  admit SQL by kind: {out['admit_sql_by_kind']}")
     print(f"  complete SQL by kind: {out['complete_sql_by_kind']}")
+    print("COST-JSON " + json.dumps(out))  # for tests/test_bench_cost.py
     return out
 
 

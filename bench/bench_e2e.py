@@ -17,7 +17,7 @@ N = int(__import__("os").environ.get("BENCH_E2E_JOBS", "2000"))
 RUNS = int(__import__("os").environ.get("BENCH_RUNS", "3"))
 
 
-def _fill_ours(n: int) -> None:
+def _fill_ours(n: int, model: str = "bench-echo") -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from app.services import jobs
@@ -27,7 +27,7 @@ def _fill_ours(n: int) -> None:
     from app import outbox
 
     with ThreadPoolExecutor(8) as ex:
-        list(ex.map(lambda i: jobs.submit(p, "bench-echo", {"i": i}), range(n)))
+        list(ex.map(lambda i: jobs.submit(p, model, {"i": i}), range(n)))
     outbox.flush()  # every message on the broker before the clock starts
 
 

@@ -1,0 +1,33 @@
+"""The round-trip budget of a job, counted by bench/bench_cost.py against the
+real services (in a subprocess: the bench uses its own database and Redis
+databases).  A change that adds a statement or a Redis call to the
+admission or the worker path fails here, not only in a benchmark."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_admission_is_one_statement_and_two_redis_round_trips_and_completion_stays_in_budget():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCH_")}
+    env.update(PYTHONPATH=str(ROOT), BENCH_COST_JOBS="30")
+    out = subprocess.run([sys.executable, "-m", "bench.bench_cost"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    [line] = [x for x in out.stdout.splitlines() if x.startswith("COST-JSON ")]
+    cost = json.loads(line[len("COST-JSON "):])
+    # Gate EVALSHA + the outbox's LPUSH; the INSERT in autocommit (no BEGIN/COMMIT).
+    assert cost["admit_sql_by_kind"] == {"INSERT": 1.0}
+    assert cost["admit_redis"] == 2.0
+    # Read, claim, then BEGIN + stats upsert + done UPDATE + COMMIT; permit,
+    # slot release + wake-up pipeline, permit release.
+    assert cost["complete_sql"] <= 6.0, cost["complete_sql_by_kind"]
+    assert cost["complete_redis"] <= 3.0
