@@ -100,7 +100,9 @@ tasks = Table(
     Column("updated_at", TS, nullable=False),
     # When a pending retry was published at high priority (revision 0003).
     Column("promoted_at", TS, nullable=True),
-    UniqueConstraint("tenant_id", "idempotency_key", name="uq_asynch_task_idem"),
+    # One job per (tenant, Idempotency-Key); rows without a key stay out of it (revision 0005).
+    Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
+          postgresql_where=text("idempotency_key IS NOT NULL"), sqlite_where=text("idempotency_key IS NOT NULL")),
     # Listing: a tenant's jobs newest first, optionally by model.
     Index("ix_asynch_task_tenant_created", "tenant_id", "created_at"),
     Index("ix_asynch_task_tenant_model_created", "tenant_id", "model_name", "created_at"),
