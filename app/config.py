@@ -41,6 +41,12 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 @dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///asynch.db"
+    # Connections each of a process's two pools keeps open.  At least the
+    # API's threads per process: a pool smaller than the concurrency closes
+    # each overflow connection on return and opens a new one on the next
+    # checkout (a PostgreSQL backend fork per request; admission measured
+    # ~490 req/s with 5, ~700 with 20, bench/bench_admission.py).
+    db_pool_size: int = 16
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Celery broker; empty means "the Redis above".  amqp:// works too.
     broker_url: str = ""

@@ -25,7 +25,7 @@ _engines: dict[bool, Engine] = {}
 _engine_pid: int | None = None
 
 
-def make_engine(url: str, autocommit: bool = False) -> Engine:
+def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engine:
     iso = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
     if url.startswith("sqlite"):
         eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True,
@@ -41,8 +41,8 @@ def make_engine(url: str, autocommit: bool = False) -> Engine:
         return eng
     return create_engine(
         url,
-        pool_size=5 if autocommit else 10,
-        max_overflow=15 if autocommit else 20,
+        pool_size=max(1, pool_size),
+        max_overflow=max(1, pool_size),
         # No pre-ping: it costs a round trip per checkout.  A connection that
         # died with the server fails its first statement (a 503) and
         # SQLAlchemy then invalidates the whole pool.
@@ -70,7 +70,8 @@ def get_engine(autocommit: bool = False) -> Engine:
                 _engine_pid = pid
             eng = _engines.get(autocommit)
             if eng is None:
-                eng = _engines[autocommit] = make_engine(get_settings().database_url, autocommit)
+                s = get_settings()
+                eng = _engines[autocommit] = make_engine(s.database_url, autocommit, s.db_pool_size)
     return eng
 
 
