@@ -42,6 +42,8 @@ def send_soon(job_id: str, attempt: int) -> None:
 def flush(timeout: float = 5.0) -> bool:
     """Wait until every queued message has been handed to the broker (or
     refused); False if that took longer than ``timeout``."""
+    if _pid != os.getpid():
+        return True  # no sender of ours here (a forked child inherits only the parent's counts)
     with _cond:
         return _cond.wait_for(lambda: _unsent == 0, timeout)
 

@@ -43,17 +43,6 @@ class Storage(Protocol):
     def delete_many(self, locations: Sequence[str]) -> dict[str, str]: ...
 
 
-def delete_each(storage: Storage, locations: Sequence[str]) -> dict[str, str]:
-    """``delete_many`` for a backend with no bulk call: one ``delete`` each."""
-    failed = {}
-    for loc in locations:
-        try:
-            storage.delete(loc)
-        except (StorageError, OSError) as exc:
-            failed[loc] = str(exc)
-    return failed
-
-
 class LocalStorage:
     """Files under a root directory; location is the key relative to it."""
 
@@ -99,7 +88,14 @@ class LocalStorage:
             pass
 
     def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
-        return delete_each(self, locations)  # an unlink is a system call, not a round trip
+        # One unlink each: a system call, not a round trip.
+        failed = {}
+        for loc in locations:
+            try:
+                self.delete(loc)
+            except (StorageError, OSError) as exc:
+                failed[loc] = str(exc)
+        return failed
 
 
 class S3Storage:

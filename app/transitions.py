@@ -209,14 +209,6 @@ def time_out(conn: Connection, job_id: str, *, now: datetime) -> Row | None:
                 })
 
 
-def claim_result(conn: Connection, job_id: str, expire_at: datetime) -> Row | None:
-    """done -> claimed (batch claim by the business side), exactly once."""
-    return _cas(conn, job_id, [S.DONE], S.CLAIMED, values={
-        "claimed_at": clock_now(),
-        "expire_at": expire_at,
-    })
-
-
 def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | None,
                   default_keep_seconds: int = DEFAULT_KEEP_SECONDS, returning: Sequence = tuple(tasks.c)) -> list[Row]:
     """done -> claimed for every job of ``job_ids`` still done (and of

@@ -161,8 +161,8 @@ def test_transitions_refuse_wrong_state_and_stale_attempt(make_model, r):
         # Terminal states absorb everything.
         assert transitions.fail_attempt(conn, job_id, 1, "late", retry_at=None) is None
         assert transitions.cancel(conn, job_id, None) is None
-        assert transitions.claim_result(conn, job_id, now()) is not None
-        assert transitions.claim_result(conn, job_id, now()) is None
+        assert [x.id for x in transitions.claim_results(conn, [job_id], None)] == [job_id]
+        assert transitions.claim_results(conn, [job_id], None) == []
     row = job_row(job_id)
     assert row.state == JobState.CLAIMED and row.result_location == "l"
 
