@@ -31,7 +31,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 
 # The code.  README* is optional (pyproject names README.md; the glob keeps the
 # build working whether or not it exists).  alembic.ini and alembic/ must sit
-# next to app/: `asynch db upgrade` finds them relative to app/cli.py.
+# next to app/: `asynch db upgrade` finds them relative to app/cli/.
 COPY beat_schedule.py alembic.ini README* ./
 COPY app ./app
 COPY workers ./workers
@@ -42,8 +42,8 @@ RUN pip install . \
 
 # `pip install .` installs the dependencies' metadata and the `asynch` console
 # script; PYTHONPATH makes the source tree above shadow the copy in
-# site-packages, because app/cli.py locates alembic.ini and alembic/ relative
-# to its own file (Path(__file__).parent.parent), which in site-packages has
+# site-packages, because app/cli/ locates alembic.ini and alembic/ relative
+# to its own file (Path(__file__).parents[2]), which in site-packages has
 # neither.
 ENV PYTHONPATH=/opt/model-asynch
 

@@ -6,7 +6,7 @@ identical passes is worth nothing, the next one is already scheduled."""
 from __future__ import annotations
 
 from app.config import Settings
-from app.publisher import Priority, broker_priority
+from app.infra.publisher import Priority, broker_priority
 
 
 def build_schedule(s: Settings) -> dict:

@@ -7,7 +7,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 from app.config import get_settings
-from app.models import metadata
+from app.infra.tables import metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):

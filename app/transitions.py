@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
-from app.models import models, tasks
+from app.infra.tables import models, tasks
 from app.states import TERMINAL_STATES, JobState as S
 
 # The retention of a claimed result whose model row is gone (the column's default).

@@ -70,11 +70,12 @@ def main() -> dict:
     from app.config import load_settings, set_settings
 
     set_settings(load_settings())
-    from app import outbox
-    from app.db import get_engine
-    from app.publisher import producer_app
-    from app.services import execution, jobs
-    from app.services.keys import Principal
+    from app.infra import outbox
+    from app.infra.db import get_engine
+    from app.infra.publisher import producer_app
+    from app.jobs import execution
+    from app.jobs import service as jobs
+    from app.tenancy.keys import Principal
 
     stack.create_model("bench-echo", f"http://127.0.0.1:{mport}")
     p = Principal("bench", "user", None)

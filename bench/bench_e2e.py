@@ -20,11 +20,11 @@ RUNS = int(__import__("os").environ.get("BENCH_RUNS", "3"))
 def _fill_ours(n: int, model: str = "bench-echo") -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from app.services import jobs
-    from app.services.keys import Principal
+    from app.jobs import service as jobs
+    from app.tenancy.keys import Principal
 
     p = Principal("bench", "user", None)
-    from app import outbox
+    from app.infra import outbox
 
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda i: jobs.submit(p, model, {"i": i}), range(n)))
@@ -32,8 +32,8 @@ def _fill_ours(n: int, model: str = "bench-echo") -> None:
 
 
 def _done_ours() -> int:
-    from app.db import transaction
-    from app.models import tasks
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
 
     with transaction() as conn:
         return conn.execute(select(func.count()).select_from(tasks).where(tasks.c.state == 2)).scalar_one()

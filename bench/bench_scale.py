@@ -40,7 +40,7 @@ FROM generate_series(1, %(rows)s) AS s(i)
 
 def seed_objects() -> float:
     """The expired jobs' result files, so cleanup deletes real objects."""
-    from app.storage import get_storage
+    from app.infra.storage import get_storage
 
     t0 = time.monotonic()
     root = get_storage().root / "seed"
@@ -98,8 +98,9 @@ def explain(engine, statement: str, params) -> str:
 
 def hot_operations():
     """(name, callable) pairs, each calling the real service code."""
-    from app.services import jobs, maintenance
-    from app.services.keys import Principal
+    from app.jobs import service as jobs
+    from app.maintenance import passes as maintenance
+    from app.tenancy.keys import Principal
 
     p = Principal("tenant-7", "user", None)
     ops = [
@@ -112,7 +113,7 @@ def hot_operations():
         ("republish stale pending", maintenance.republish_stale_pending),
         ("reconcile gates", maintenance.reconcile_gates),
     ]
-    from app.services import claims
+    from app.jobs import claims
 
     ids = ["job_" + format(i, "x").zfill(24) for i in range(EXPIRED + 1, EXPIRED + 1001)]
     ops.append(("getTaskBatch 1000", lambda: claims.get_task_batch(Principal("admin", "admin", None), ids)))
@@ -124,8 +125,8 @@ def timed_batches(n: int = 11) -> dict:
     the rest failed or already claimed): every call claims for real."""
     import statistics
 
-    from app.services import claims
-    from app.services.keys import Principal
+    from app.jobs import claims
+    from app.tenancy.keys import Principal
 
     admin = Principal("admin", "admin", None)
     took, claimed = [], 0
@@ -146,14 +147,14 @@ def timed_cleanup() -> dict:
     """A full cleanup pass over the EXPIRED claimed jobs (retention of other
     terminal jobs pushed out of reach so only those qualify)."""
     from app.config import get_settings, set_settings
-    from app.services import maintenance
+    from app.maintenance import passes as maintenance
 
     set_settings(get_settings().with_overrides(failed_retention_seconds=10 ** 8, done_retention_seconds=10 ** 8))
     t0 = time.monotonic()
     rep = maintenance.cleanup()
     took = time.monotonic() - t0
     deleted = rep.details["claimed"]
-    from app.storage import get_storage
+    from app.infra.storage import get_storage
 
     left = sum(1 for _ in (get_storage().root / "seed").iterdir())
     print(f"cleanup report: {rep.as_dict()}; seeded objects left on disk: {left}")
@@ -169,7 +170,7 @@ def main() -> dict:
     from app.config import load_settings, set_settings
 
     set_settings(load_settings())
-    from app.db import get_engine
+    from app.infra.db import get_engine
 
     took = seed()
     print(f"seeded {ROWS} rows in {took:.1f} s")

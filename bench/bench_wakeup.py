@@ -17,8 +17,8 @@ WAITERS = 200
 
 def _measure(api: str, key: str, ids: list[str], mode: str) -> list[float]:
     from app.clock import as_utc
-    from app.db import transaction
-    from app.models import tasks
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
     from sqlalchemy import select
 
     got: dict[str, float] = {}

@@ -150,7 +150,7 @@ def celery_worker(name: str, app: str, queue: str, concurrency: int = 2, extra_e
 
 
 def stub_model(port: int) -> Proc:
-    code = ("import time; from app.demo_model import DemoModelServer; "
+    code = ("import time; from app.cli.demo_model import DemoModelServer; "
             f"s = DemoModelServer(port={port}).start(); print('stub up', flush=True); time.sleep(10**6)")
     p = Proc("stub-model", [sys.executable, "-c", code])
     p.wait_for("stub up")
@@ -158,8 +158,8 @@ def stub_model(port: int) -> Proc:
 
 
 def create_model(name: str, base_url: str, **kw) -> None:
-    from app.db import transaction
-    from app.services.model_registry import create_model as create
+    from app.infra.db import transaction
+    from app.catalog.registry import create_model as create
 
     data = {"model_name": name, "base_url": base_url, "route": "/bench", "queue_limit": 1_000_000,
             "max_concurrency": 64, "timeout_seconds": 30, "expected_seconds": 1, "retry_times": 0}
@@ -169,8 +169,8 @@ def create_model(name: str, base_url: str, **kw) -> None:
 
 
 def create_key(tenant: str = "bench") -> str:
-    from app.db import transaction
-    from app.services.keys import create_key as create
+    from app.infra.db import transaction
+    from app.tenancy.keys import create_key as create
 
     with transaction() as conn:
         return create(conn, tenant, "user")[0]

@@ -73,9 +73,9 @@ def test_env(tmp_path_factory) -> dict:
 def settings(test_env):
     from app.cli import upgrade_db
     from app.config import load_settings, set_settings
-    from app.db import reset_engine
-    from app.publisher import reset_producer
-    from app.redis_scripts import reset_redis
+    from app.infra.db import reset_engine
+    from app.infra.publisher import reset_producer
+    from app.infra.redis_scripts import reset_redis
 
     s = load_settings()
     set_settings(s)
@@ -91,9 +91,9 @@ def settings(test_env):
 def clean_state(settings):
     """Every test starts from empty tables and an empty test Redis db."""
     from app.config import set_settings
-    from app.db import get_engine
-    from app.models import metadata
-    from app.ttl_cache import clear_all
+    from app.infra.db import get_engine
+    from app.infra.tables import metadata
+    from app.infra.caches import clear_all
 
     set_settings(settings)
     names = ", ".join(t.name for t in metadata.sorted_tables)
@@ -114,7 +114,7 @@ def r(settings) -> redis_lib.Redis:
 
 @pytest.fixture(scope="session")
 def _model_server():
-    from app.demo_model import DemoModelServer
+    from app.cli.demo_model import DemoModelServer
 
     srv = DemoModelServer().start()
     yield srv
@@ -153,8 +153,8 @@ def client(settings):
 # --- keys and models -------------------------------------------------------------------
 
 def make_key(tenant: str, admin: bool = False) -> str:
-    from app.db import transaction
-    from app.services.keys import create_key
+    from app.infra.db import transaction
+    from app.tenancy.keys import create_key
 
     with transaction() as conn:
         key, _ = create_key(conn, tenant, "admin" if admin else "user")
@@ -182,8 +182,8 @@ def auth(key: str) -> dict:
 
 @pytest.fixture
 def make_model(model_server):
-    from app.db import transaction
-    from app.services.model_registry import create_model
+    from app.infra.db import transaction
+    from app.catalog.registry import create_model
 
     def _make(name: str = "echo", **kw) -> dict:
         data = {"model_name": name, "base_url": model_server.url, "route": "/v1/echo",
@@ -267,8 +267,8 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = 
 def job_row(job_id: str):
     from sqlalchemy import select
 
-    from app.db import transaction
-    from app.models import tasks
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
 
     with transaction() as conn:
         return conn.execute(select(tasks).where(tasks.c.id == job_id)).first()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from app import storage
+from app.infra import storage
 
 MARK = b'"flaky_upload": true'
 _real_factory = storage.storage_from_url

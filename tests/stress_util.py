@@ -7,15 +7,15 @@ from contextlib import contextmanager
 
 from sqlalchemy import select
 
-from app.db import transaction
-from app.models import tasks
+from app.infra.db import transaction
+from app.infra.tables import tasks
 from app.states import SLOT_STATES, TERMINAL_STATES, JobState
 
 
 @contextmanager
 def maintenance_loop(interval: float = 0.3, republish_after: float | None = None, reconcile: bool = False):
     """Run retry/recovery passes in a thread for the duration of the block."""
-    from app.services import maintenance
+    from app.maintenance import passes as maintenance
 
     stop = threading.Event()
     errors: list[BaseException] = []

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.db import transaction
-from app.models import api_keys, models
-from app.services import model_types
+from app.infra.db import transaction
+from app.infra.tables import api_keys, models
+from app.catalog import model_types
 from conftest import auth
 
 MODEL = {"model_name": "chat", "base_url": "http://127.0.0.1:9/", "route": "/api/v1/chat",

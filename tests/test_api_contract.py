@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from app.db import transaction
-from app.models import tasks
+from app.infra.db import transaction
+from app.infra.tables import tasks
 from conftest import auth, make_key
 
 

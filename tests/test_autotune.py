@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import insert, select
 
 from app.clock import now, set_clock
-from app.db import transaction
-from app.models import autotune_log, tasks
-from app.services import autotune as at
-from app.services.autotune import Inputs, Limits, decide
+from app.infra.db import transaction
+from app.infra.tables import autotune_log, tasks
+from app.maintenance import autotune as at
+from app.maintenance.autotune import Inputs, Limits, decide
 from app.states import JobState
 from conftest import auth
 
@@ -145,7 +145,7 @@ def test_run_over_finished_jobs_writes_limits_with_ttl_and_logs(make_model, r, s
     assert s.p90_seconds == 9.0 and s.samples == 10 and s.window_seconds == 3600 and s.action == "decrease"
 
     # The gate obeys the new queue limit at once.
-    from app import redis_scripts
+    from app.infra import redis_scripts
 
     decisions = [redis_scripts.gate_admit("slowpoke", f"j{i}", 30).admitted for i in range(8)]
     assert decisions.count(True) == 6

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from app import redis_scripts
-from app.services import periodic
+from app.infra import redis_scripts
+from app.maintenance import periodic
 from conftest import ROOT, WorkerProcess, wait_until
 
 

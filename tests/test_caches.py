@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
-from app import redis_scripts
-from app.db import transaction
-from app.models import api_keys, models
-from app.services import model_registry
-from app.services.keys import authenticate, authenticate_cached
-from app.services.waiters import hub
+from app.infra import redis_scripts
+from app.infra.db import transaction
+from app.infra.tables import api_keys, models
+from app.catalog import registry as model_registry
+from app.tenancy.keys import authenticate, authenticate_cached
+from app.infra.wakeups import hub
 from conftest import make_key, wait_until
 
 

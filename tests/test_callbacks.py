@@ -12,10 +12,14 @@ from sqlalchemy import delete, select
 
 from app.clock import as_utc, now, set_clock
 from app.config import set_settings
-from app.db import transaction
-from app.models import callbacks as callbacks_table
-from app.services import callback_secrets, callbacks, execution, jobs, netguard
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.infra.tables import callbacks as callbacks_table
+from app.callbacks import secrets as callback_secrets
+from app.callbacks import delivery as callbacks
+from app.jobs import execution
+from app.jobs import service as jobs
+from app.infra.http import netguard
+from app.tenancy.keys import Principal
 from conftest import auth, job_row
 from stubs import CallbackReceiver, ConnectionSpy
 

@@ -9,8 +9,8 @@ import pytest
 
 from sqlalchemy import select
 
-from app.db import transaction
-from app.models import api_keys
+from app.infra.db import transaction
+from app.infra.tables import api_keys
 from conftest import ROOT, auth, wait_until
 
 
@@ -139,8 +139,8 @@ def test_jobs_show_list_cancel_requeue(test_env, make_model, user_key, r):
 
     from app import transitions
     from app.clock import now
-    from app.services import jobs as svc
-    from app.services.keys import Principal
+    from app.jobs import service as svc
+    from app.tenancy.keys import Principal
 
     env = _env(test_env)
     make_model("echo", retry_times=2)

@@ -12,13 +12,14 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from app import redis_scripts, transitions
+from app import transitions
+from app.infra import redis_scripts
 from app.clock import now
-from app.db import transaction
+from app.infra.db import transaction
 from app.errors import Conflict
-from app.models import tasks
-from app.services import jobs
-from app.services.keys import Principal
+from app.infra.tables import tasks
+from app.jobs import service as jobs
+from app.tenancy.keys import Principal
 from app.states import JobState
 from conftest import auth, job_row
 
@@ -46,7 +47,7 @@ def test_64_threads_at_a_gate_of_8_get_exactly_8(api_url, make_model, user_key, 
 def _admit_many(args):
     redis_url, prefix, n, tag = args
     from app.config import Settings, set_settings
-    from app.redis_scripts import gate_admit, reset_redis
+    from app.infra.redis_scripts import gate_admit, reset_redis
 
     set_settings(Settings(redis_url=redis_url, redis_prefix=prefix))
     reset_redis()

@@ -11,8 +11,8 @@ import os
 import pytest
 from sqlalchemy import func, select
 
-from app.db import transaction
-from app.models import tasks
+from app.infra.db import transaction
+from app.infra.tables import tasks
 from conftest import make_key
 
 try:

@@ -12,12 +12,14 @@ from sqlalchemy import select
 
 from app import transitions
 from app.clock import now, set_clock
-from app.db import transaction
-from app.models import model_stats
-from app.services import execution, jobs, maintenance
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.infra.tables import model_stats
+from app.jobs import execution
+from app.jobs import service as jobs
+from app.maintenance import passes as maintenance
+from app.tenancy.keys import Principal
 from app.states import JobState
-from app.storage import LocalStorage, StorageError, get_storage
+from app.infra.storage import LocalStorage, StorageError, get_storage
 from conftest import job_row
 
 P = Principal("tenant-a", "user", None)
@@ -198,7 +200,7 @@ def test_deleted_model_fails_its_pending_jobs(make_model, r):
     job_id = _submit("gone", {})
     from sqlalchemy import delete
 
-    from app.models import models
+    from app.infra.tables import models
 
     with transaction() as conn:
         conn.execute(delete(models).where(models.c.model_name == "gone"))

@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-from app.services import jobs
-from app.services.keys import Principal
+from app.jobs import service as jobs
+from app.tenancy.keys import Principal
 from app.states import JobState
 from conftest import WorkerProcess, job_row, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop, rows_for
@@ -82,7 +82,7 @@ def test_sigkill_a_worker_process_every_two_seconds(fault_worker, make_model, mo
     leaked = r.zrange("asynch:gate:kill", 0, -1)
     assert len(leaked) <= len(kills), (leaked, kills)
     from app.config import get_settings, set_settings
-    from app.services.maintenance import reconcile_gates
+    from app.maintenance.passes import reconcile_gates
 
     set_settings(get_settings().with_overrides(reconcile_grace_seconds=0))  # the slots are young
     reconcile_gates()
@@ -137,7 +137,7 @@ def test_sigstop_past_the_lease_then_sigcont(fault_worker, make_model, model_ser
     after = job_row(jid)
     assert (after.state, after.attempt, after.result_location, after.finished_at) == \
         (done.state, done.attempt, done.result_location, done.finished_at)
-    from app.storage import get_storage
+    from app.infra.storage import get_storage
 
     files = [p for p in get_storage().root.rglob("*") if p.is_file() and jid in str(p)]
     assert [p.name for p in files] == ["2"]

@@ -97,10 +97,10 @@ def _done(job_id: str, model: str) -> None:
 
     from app import transitions
     from app.clock import now
-    from app.db import transaction
-    from app.services import callbacks
-    from app.services.jobs import release_slot
-    from app.storage import get_storage
+    from app.infra.db import transaction
+    from app.callbacks import delivery as callbacks
+    from app.jobs.service import release_slot
+    from app.infra.storage import get_storage
 
     body = b'{"echo": "fuzz"}'
     with transaction() as conn:
@@ -117,10 +117,11 @@ def seeded(make_model, settings):
     revoke the keys the run uses), two models, a model type, and jobs of
     two tenants: pending and done."""
     from app.config import set_settings
-    from app.db import get_engine, transaction
-    from app.services import jobs, model_types
-    from app.services.jobs import SubmitOptions
-    from app.services.keys import Principal
+    from app.infra.db import get_engine, transaction
+    from app.jobs import service as jobs
+    from app.catalog import model_types
+    from app.jobs.service import SubmitOptions
+    from app.tenancy.keys import Principal
 
     with get_engine().begin() as conn:
         conn.execute(text("ALTER SEQUENCE asynch_api_keys_id_seq RESTART WITH 1000000"))
@@ -141,7 +142,7 @@ def seeded(make_model, settings):
     set_settings(settings)
     yield keys, ids
     # Doorbells published by fuzzed submissions: no worker of this session may run them later.
-    from app import outbox
+    from app.infra import outbox
 
     outbox.flush()
     broker = redis_lib.Redis.from_url(settings.effective_broker_url)
@@ -228,8 +229,8 @@ def test_nul_in_a_path_query_or_body_is_refused_not_a_500(client, make_model, ad
 def job_count() -> int:
     from sqlalchemy import func, select
 
-    from app.db import transaction
-    from app.models import tasks
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
 
     with transaction() as conn:
         return conn.execute(select(func.count()).select_from(tasks)).scalar_one()

@@ -155,7 +155,7 @@ def test_a_new_route_with_an_id_fails_the_classification():
 
 
 def test_admin_only_routes_are_the_documents_admin_operations():
-    from app.openapi import document
+    from app.web.openapi import document
 
     doc = document()
     marked = {(m.upper(), p) for p, item in doc["paths"].items() for m, o in item.items()
@@ -172,13 +172,16 @@ def world(make_model, client):
 
     from app import transitions
     from app.clock import now
-    from app.db import transaction
-    from app.services import callbacks, jobs, model_types, stats
-    from app.services.jobs import SubmitOptions, release_slot
-    from app.services.keys import Principal
+    from app.infra.db import transaction
+    from app.callbacks import delivery as callbacks
+    from app.jobs import service as jobs
+    from app.catalog import model_types
+    from app.jobs import stats
+    from app.jobs.service import SubmitOptions, release_slot
+    from app.tenancy.keys import Principal
     from app.config import get_settings, set_settings
-    from app.models import api_keys
-    from app.storage import get_storage
+    from app.infra.tables import api_keys
+    from app.infra.storage import get_storage
 
     admin, key_a, key_b = make_key("ops", admin=True), make_key(A), make_key(B)
     with transaction() as conn:
@@ -210,8 +213,8 @@ def world(make_model, client):
 def snapshot(r, a_jobs: tuple[str, ...], exclude_tenant: str | None = None) -> dict:
     """Every row of every table (except rows of ``exclude_tenant``), the gate
     slots of A's jobs, the semaphores and runtime limits."""
-    from app.db import transaction
-    from app.models import metadata
+    from app.infra.db import transaction
+    from app.infra.tables import metadata
 
     out = {}
     with transaction() as conn:

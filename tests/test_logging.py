@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from app.logging_setup import bind, json_handler, mask_secrets, reset
+from app.infra.logs import bind, json_handler, mask_secrets, reset
 from conftest import WorkerProcess, auth, job_row, wait_until
 
 HEAD_SECRET = "hm-SECRET-7f3a9c"
@@ -117,7 +117,7 @@ def test_a_logged_database_error_carries_no_statement_values():
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError
 
-    from app.db import transaction
+    from app.infra.db import transaction
 
     buf = io.StringIO()
     log = logging.getLogger("asynch.test.db")

@@ -18,13 +18,15 @@ import redis as redis_lib
 from sqlalchemy import func, insert, select
 
 from app.clock import now, set_clock
-from app.db import transaction
-from app.models import tasks
-from app.publisher import Priority, broker_priority
-from app.services import execution, jobs, maintenance
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.infra.tables import tasks
+from app.infra.publisher import Priority, broker_priority
+from app.jobs import execution
+from app.jobs import service as jobs
+from app.maintenance import passes as maintenance
+from app.tenancy.keys import Principal
 from app.states import JobState
-from app.storage import get_storage
+from app.infra.storage import get_storage
 from conftest import auth, job_row
 
 P = Principal("tenant-a", "user", None)
@@ -45,7 +47,7 @@ def broker(settings):
 
 
 def purge_queue(b, queue: str) -> None:
-    from app import outbox
+    from app.infra import outbox
 
     outbox.flush()  # a submission's message leaves after its 202: lose it for real
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])
@@ -54,7 +56,7 @@ def purge_queue(b, queue: str) -> None:
 def queued(b, queue: str) -> list[tuple[int, str, int]]:
     """(priority, job id, attempt) of every run_job message, in the order a
     worker takes them: priority list 0 first, each list FIFO (LPUSH/BRPOP)."""
-    from app import outbox
+    from app.infra import outbox
 
     outbox.flush()
     out = []
@@ -293,7 +295,7 @@ def test_cleanup_deletes_what_expired_and_nothing_else(settings):
 
 
 def test_cleanup_keeps_a_job_whose_object_could_not_be_deleted(monkeypatch):
-    from app.storage import StorageError
+    from app.infra.storage import StorageError
 
     loc = stored("sticky")
     insert_job("sticky", JobState.CLAIMED, location=loc, expire_at=now() - timedelta(seconds=5))
@@ -387,8 +389,8 @@ def test_two_cleanups_in_threads_delete_each_expired_job_and_object_once(setting
 
 def _cleanup_in_child(start, out):
     from app.config import load_settings, set_settings
-    from app.services import maintenance as m
-    from app.storage import get_storage as storage_of
+    from app.maintenance import passes as m
+    from app.infra.storage import get_storage as storage_of
 
     set_settings(load_settings().with_overrides(maintenance_batch=10))
     storage = storage_of()

@@ -15,10 +15,10 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from app import metrics
+from app.infra import metrics
 from app.config import set_settings
-from app.db import transaction
-from app.models import model_stats, tasks
+from app.infra.db import transaction
+from app.infra.tables import model_stats, tasks
 from conftest import ROOT, WorkerProcess, auth, free_port, wait_until
 
 

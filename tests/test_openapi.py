@@ -10,7 +10,7 @@ from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
 from app import create_app
-from app.openapi import PATHS, document
+from app.web.openapi import PATHS, document
 from conftest import auth
 
 _SKIP_METHODS = {"HEAD", "OPTIONS"}

@@ -92,7 +92,7 @@ def _all_done(ids) -> bool:
 @pytest.fixture(autouse=True)
 def _fresh_pool_afterwards():
     yield
-    from app.db import get_engine
+    from app.infra.db import get_engine
 
     get_engine().dispose()  # no connection from before a restart survives into the next test
 
@@ -112,7 +112,7 @@ def test_redis_wiped_and_restarted_mid_run(api_url, outage_worker, make_model, u
             wait_until(lambda: len(sub.admitted) >= 200, timeout=90, what="200 admissions")
         wait_until(lambda: _all_done(sub.admitted), timeout=120, interval=0.5, what="every admitted job done")
         # One more reconcile after the last job: the gates equal the (empty) active set.
-        from app.services.maintenance import reconcile_gates
+        from app.maintenance.passes import reconcile_gates
 
         reconcile_gates()
     assert_ledger_invariants(sub.admitted, r, ["rwipe"])

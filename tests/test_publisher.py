@@ -7,8 +7,8 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 
-from app.celery_config import RUN_JOB_TASK, celery_settings
-from app.publisher import redis_message
+from app.infra.celery_config import RUN_JOB_TASK, celery_settings
+from app.infra.publisher import redis_message
 
 SCRATCH_DB = 7
 
@@ -56,7 +56,7 @@ def _queued_args(settings) -> list:
 
 @pytest.fixture
 def empty_queue(settings):
-    from app import outbox
+    from app.infra import outbox
 
     outbox.flush()
     b = redis_lib.Redis.from_url(settings.effective_broker_url)
@@ -68,7 +68,8 @@ def empty_queue(settings):
 def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settings, empty_queue, monkeypatch):
     import threading
 
-    from app import outbox, publisher
+    from app.infra import outbox
+    from app.infra import publisher
 
     batches, real = [], publisher.publish_run_jobs
 
@@ -99,7 +100,8 @@ def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settin
 
 
 def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty_queue, monkeypatch):
-    from app import outbox, publisher
+    from app.infra import outbox
+    from app.infra import publisher
 
     class Down:
         def lpush(self, *a):
@@ -116,7 +118,7 @@ def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty
 
 
 def _send_in_child(out):
-    from app import outbox
+    from app.infra import outbox
 
     outbox.send_soon("job_from_child", 1)
     out.put(outbox.flush(10))
@@ -125,7 +127,7 @@ def _send_in_child(out):
 def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
     import multiprocessing as mp
 
-    from app import outbox
+    from app.infra import outbox
 
     outbox.send_soon("job_from_parent", 0)  # the parent's sender thread exists before the fork
     assert outbox.flush(5)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from app.config import set_settings
-from app.publisher import reset_producer
+from app.infra.publisher import reset_producer
 from conftest import WorkerProcess
 from test_stress import run_stress
 
@@ -34,7 +34,7 @@ def amqp_api(settings):
 
 
 def test_stress_with_rabbitmq(api_url, amqp_worker, amqp_api, make_model, user_key, model_server, r):
-    from app.publisher import producer_app
+    from app.infra.publisher import producer_app
 
     assert producer_app().conf.broker_url.startswith("amqp://")
     make_model("rabbit", queue_limit=6, max_concurrency=4, retry_times=1)

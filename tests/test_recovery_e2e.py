@@ -17,14 +17,15 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import func, select
 
-from app import redis_scripts
+from app.infra import redis_scripts
 from app.clock import set_clock
-from app.db import transaction
-from app.models import tasks
-from app.services import jobs, maintenance
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.infra.tables import tasks
+from app.jobs import service as jobs
+from app.maintenance import passes as maintenance
+from app.tenancy.keys import Principal
 from app.states import JobState, SLOT_STATES
-from app.storage import get_storage
+from app.infra.storage import get_storage
 from conftest import WorkerProcess, job_row, wait_until
 from stress_util import called_with, model_payloads
 
@@ -40,7 +41,7 @@ def _wall_clock():
 
 
 def purge_queue(b, queue: str) -> None:
-    from app import outbox
+    from app.infra import outbox
 
     outbox.flush()  # a submission's message leaves after its 202: lose it for real
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])

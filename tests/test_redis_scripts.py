@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import time
 
-from app import redis_scripts as rs
-from app.services import jobs, maintenance
-from app.services.keys import Principal
+from app.infra import redis_scripts as rs
+from app.jobs import service as jobs
+from app.maintenance import passes as maintenance
+from app.tenancy.keys import Principal
 
 
 def test_admit_is_idempotent_per_job_and_release_is_idempotent(settings, r):

@@ -14,10 +14,12 @@ import redis as redis_lib
 from sqlalchemy import select
 
 from app.clock import set_clock
-from app.db import transaction
-from app.models import tasks
-from app.services import execution, jobs, maintenance
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.infra.tables import tasks
+from app.jobs import execution
+from app.jobs import service as jobs
+from app.maintenance import passes as maintenance
+from app.tenancy.keys import Principal
 from app.states import JobState
 from conftest import WorkerProcess, job_row, wait_until
 from stress_util import called_with, model_payloads

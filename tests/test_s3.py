@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from app.config import set_settings
-from app.storage import S3Storage, get_storage
+from app.infra.storage import S3Storage, get_storage
 from conftest import WorkerProcess, auth, free_port, job_row, submit, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -75,7 +75,7 @@ def test_s3_storage_interface(s3_settings):
     assert st.get(loc) == b"\x00\x01bytes"
     st.delete(loc)
     st.delete(loc)  # already gone: not an error
-    from app.storage import ObjectMissing
+    from app.infra.storage import ObjectMissing
 
     with pytest.raises(ObjectMissing):
         st.get(loc)
@@ -98,7 +98,7 @@ def test_s3_delete_many_is_one_bulk_call_and_reports_what_failed(s3_settings):
     finally:
         del st.client.delete_objects
     assert calls == [6]
-    from app.storage import ObjectMissing
+    from app.infra.storage import ObjectMissing
 
     for loc in locs:
         with pytest.raises(ObjectMissing):

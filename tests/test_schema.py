@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from app.db import get_engine
-from app.models import metadata
+from app.infra.db import get_engine
+from app.infra.tables import metadata
 
 MIRROR = "models_py_mirror"
 

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from app.db import transaction
-from app.services import keys
+from app.infra.db import transaction
+from app.tenancy import keys
 from conftest import auth, make_key
 
 

@@ -16,10 +16,12 @@ from sqlalchemy import func, select
 
 from app.clock import as_utc
 from app.config import set_settings
-from app.db import transaction
-from app.models import models, tasks
-from app.services import execution, jobs, model_types
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.infra.tables import models, tasks
+from app.jobs import execution
+from app.jobs import service as jobs
+from app.catalog import model_types
+from app.tenancy.keys import Principal
 from app.states import JobState
 from conftest import auth, job_row
 

@@ -16,8 +16,8 @@ import pytest
 import requests
 
 from app.config import set_settings
-from app.services import callback_secrets
-from app.storage import ObjectMissing, OssStorage, StorageError, get_storage
+from app.callbacks import secrets as callback_secrets
+from app.infra.storage import ObjectMissing, OssStorage, StorageError, get_storage
 from conftest import WorkerProcess, auth, job_row, wait_until
 from stubs import CallbackReceiver, OssStub
 

@@ -14,11 +14,13 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from app import redis_scripts as rs
-from app.db import transaction
-from app.models import tasks
-from app.services import concurrency, execution, jobs
-from app.services.keys import Principal
+from app.infra import redis_scripts as rs
+from app.infra.db import transaction
+from app.infra.tables import tasks
+from app.jobs import concurrency
+from app.jobs import execution
+from app.jobs import service as jobs
+from app.tenancy.keys import Principal
 from app.states import JobState
 from conftest import WorkerProcess, job_row, wait_until
 

@@ -9,11 +9,13 @@ from datetime import date
 import pytest
 from sqlalchemy import select
 
-from app.db import transaction
-from app.models import model_stats, tasks
-from app.publisher import publish_run_job
-from app.services import jobs, maintenance, stats
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.infra.tables import model_stats, tasks
+from app.infra.publisher import publish_run_job
+from app.jobs import service as jobs
+from app.maintenance import passes as maintenance
+from app.jobs import stats
+from app.tenancy.keys import Principal
 from app.states import JobState
 from conftest import ROOT, WorkerProcess, auth, wait_until
 

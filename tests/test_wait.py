@@ -12,9 +12,10 @@ import requests
 
 from app import transitions
 from app.clock import now
-from app.db import transaction
-from app.services import jobs, waiters
-from app.services.keys import Principal
+from app.infra.db import transaction
+from app.jobs import service as jobs
+from app.infra import wakeups as waiters
+from app.tenancy.keys import Principal
 from conftest import auth, job_row, submit, wait_until
 
 pytestmark = pytest.mark.e2e

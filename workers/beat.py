@@ -11,7 +11,7 @@ import logging
 
 from celery.beat import PersistentScheduler
 
-from app.services.periodic import Leadership
+from app.maintenance.periodic import Leadership
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import logging
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_process_init
 
-from app.celery_config import celery_settings
+from app.infra.celery_config import celery_settings
 from app.config import get_settings
-from app.logging_setup import bind, configure_logging, reset
+from app.infra.logs import bind, configure_logging, reset
 from workers.heartbeat import install as install_heartbeat
 
 configure_logging(get_settings().log_level)
@@ -26,8 +26,8 @@ install_heartbeat(celery)
 @worker_process_init.connect
 def _fresh_connections(**_kw):
     # A forked pool process must not reuse the parent's sockets.
-    from app.db import reset_engine
-    from app.redis_scripts import reset_redis
+    from app.infra.db import reset_engine
+    from app.infra.redis_scripts import reset_redis
 
     reset_engine()
     reset_redis()

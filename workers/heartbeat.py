@@ -15,7 +15,7 @@ import threading
 from celery import bootsteps
 from celery.signals import task_prerun
 
-from app import metrics
+from app.infra import metrics
 from app.config import get_settings
 
 

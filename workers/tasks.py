@@ -4,10 +4,14 @@ Periodic tasks take the ``fence`` their beat stamped them with
 (app/services/periodic.py); called without one they simply run."""
 from __future__ import annotations
 
-from app.celery_config import DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, RUN_JOB_TASK
+from app.infra.celery_config import DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, RUN_JOB_TASK
 from app.errors import Unavailable
-from app.services import autotune, callbacks, concurrency, execution, maintenance
-from app.services.periodic import run_periodic
+from app.maintenance import autotune
+from app.callbacks import delivery as callbacks
+from app.jobs import concurrency
+from app.jobs import execution
+from app.maintenance import passes as maintenance
+from app.maintenance.periodic import run_periodic
 from workers.celery_app import celery
 
 

@@ -1,0 +1,146 @@
+"""A model's ``form``: the field list the console renders and every payload
+is validated against.
+
+A form is a JSON array of objects: {field, label, type, required, ...}.
+Types: string, text, number, integer, boolean, select (with ``options``),
+array, object, url, image (a URL or data: URI string).  Optional rules:
+minLength/maxLength (strings, arrays), min/max (numbers), pattern (strings),
+options (any type: the value must be one of them).  Fields not in the form
+pass through to the model untouched.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from app.errors import ValidationFailed
+from app.catalog.values import as_int
+
+FIELD_TYPES = {"string", "text", "number", "integer", "boolean", "select",
+               "array", "object", "url", "image"}
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}\Z")
+
+
+def _escape(token: str) -> str:
+    # JSON Pointer (RFC 6901) escaping.
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def validate_form_definition(form: Any, pointer: str = "/form") -> list[dict]:
+    """Errors in a form definition itself (empty list if it is fine)."""
+    errs: list[dict] = []
+    if form is None:
+        return errs
+    if not isinstance(form, list):
+        return [{"pointer": pointer, "message": "must be an array of field objects"}]
+    seen = set()
+    for i, f in enumerate(form):
+        p = f"{pointer}/{i}"
+        if not isinstance(f, dict):
+            errs.append({"pointer": p, "message": "must be an object"})
+            continue
+        name = f.get("field")
+        if not isinstance(name, str) or not _FIELD_NAME.match(name):
+            errs.append({"pointer": p + "/field", "message": "must be a field name (letters, digits, _ . -)"})
+        elif name in seen:
+            errs.append({"pointer": p + "/field", "message": f"duplicate field {name!r}"})
+        else:
+            seen.add(name)
+        t = f.get("type", "string")
+        if not isinstance(t, str) or t not in FIELD_TYPES:  # a dict or list is not hashable
+            errs.append({"pointer": p + "/type", "message": f"must be one of {sorted(FIELD_TYPES)}"})
+        if "required" in f and not isinstance(f["required"], bool):
+            errs.append({"pointer": p + "/required", "message": "must be true or false"})
+        if "label" in f and not isinstance(f["label"], str):
+            errs.append({"pointer": p + "/label", "message": "must be a string"})
+        opts = f.get("options")
+        if t == "select" and not (isinstance(opts, list) and opts):
+            errs.append({"pointer": p + "/options", "message": "a select needs a non-empty options array"})
+        elif opts is not None and not isinstance(opts, list):
+            errs.append({"pointer": p + "/options", "message": "must be an array"})
+        for k in ("min", "max"):
+            if k in f and (not isinstance(f[k], (int, float)) or isinstance(f[k], bool)):
+                errs.append({"pointer": f"{p}/{k}", "message": "must be a number"})
+        for k in ("minLength", "maxLength"):
+            if k in f and (as_int(f[k]) is None or f[k] < 0):
+                errs.append({"pointer": f"{p}/{k}", "message": "must be a non-negative integer"})
+        if "pattern" in f:
+            try:
+                re.compile(f["pattern"])
+            except (re.error, TypeError, ValueError, OverflowError, RecursionError):
+                errs.append({"pointer": p + "/pattern", "message": "must be a valid regular expression"})
+    return errs
+
+
+def _option_value(o: Any) -> Any:
+    # Options may be plain values or {"value", "label"} objects.
+    return o.get("value") if isinstance(o, dict) and "value" in o else o
+
+
+def _type_error(t: str, v: Any) -> str | None:
+    if t in ("string", "text", "url", "image", "select"):
+        if t == "select":
+            return None  # checked against options
+        if not isinstance(v, str):
+            return "must be a string"
+        if t == "url" and not re.match(r"^https?://", v):
+            return "must be an http(s) URL"
+        if t == "image" and not (re.match(r"^https?://", v) or v.startswith("data:")):
+            return "must be an image URL or a data: URI"
+        return None
+    if t == "boolean":
+        return None if isinstance(v, bool) else "must be true or false"
+    if t == "integer":
+        return None if isinstance(v, int) and not isinstance(v, bool) else "must be an integer"
+    if t == "number":
+        return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "must be a number"
+    if t == "array":
+        return None if isinstance(v, list) else "must be an array"
+    if t == "object":
+        return None if isinstance(v, dict) else "must be an object"
+    return None
+
+
+def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dict]:
+    """Every problem of ``payload`` against ``form``, each with a JSON pointer."""
+    errs: list[dict] = []
+    for f in form or []:
+        name = f["field"]
+        p = f"{base}/{_escape(name)}"
+        t = f.get("type", "string")
+        if name not in payload or payload[name] is None:
+            if f.get("required"):
+                errs.append({"pointer": p, "message": "is required"})
+            continue
+        v = payload[name]
+        msg = _type_error(t, v)
+        if msg:
+            errs.append({"pointer": p, "message": msg})
+            continue
+        if f.get("required") and isinstance(v, str) and v.strip() == "":
+            errs.append({"pointer": p, "message": "must not be empty"})
+            continue
+        opts = f.get("options")
+        if isinstance(opts, list) and opts and v not in [_option_value(o) for o in opts]:
+            errs.append({"pointer": p, "message": "must be one of the options: "
+                         + ", ".join(repr(_option_value(o)) for o in opts)})
+            continue
+        if isinstance(v, (str, list)):
+            if "minLength" in f and len(v) < f["minLength"]:
+                errs.append({"pointer": p, "message": f"must have at least {f['minLength']} characters/items"})
+            if "maxLength" in f and len(v) > f["maxLength"]:
+                errs.append({"pointer": p, "message": f"must have at most {f['maxLength']} characters/items"})
+        if isinstance(v, str) and "pattern" in f and not re.search(f["pattern"], v):
+            errs.append({"pointer": p, "message": f"must match {f['pattern']}"})
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if "min" in f and v < f["min"]:
+                errs.append({"pointer": p, "message": f"must be >= {f['min']}"})
+            if "max" in f and v > f["max"]:
+                errs.append({"pointer": p, "message": f"must be <= {f['max']}"})
+    return errs
+
+
+def validate_payload(form: list | None, payload: dict, base: str = "") -> None:
+    errs = payload_errors(form, payload, base)
+    if errs:
+        raise ValidationFailed("request body does not match the model's form", errs)

@@ -1,0 +1,174 @@
+"""Sends run_job (and other) messages by task name.  app/ never imports workers/: the API
+only needs a producer, not the task code.  A message is a doorbell; the row
+is the truth, so a lost message is repaired by recovery, not by the caller.
+
+With a Redis broker the message is written with one LPUSH in exactly the
+form Celery's own producer writes (protocol 2, kombu's Redis transport);
+building it through ``send_task`` costs more CPU than the rest of an
+admission (bench/bench_admission.py).  tests/test_publisher.py checks the two
+forms against each other and a real worker consumes it in every e2e test.
+Any other broker (amqp://) goes through Celery's producer.
+
+Priorities are semantic (``Priority``) and mapped per transport, because the
+two brokers disagree on direction: kombu's Redis transport keeps one list
+per priority step and BRPOPs them in ascending order, so 0 is served first
+(kombu/transport/redis.py ``_brpop_start`` / ``_q_for_pri``), while RabbitMQ
+(``x-max-priority``) serves the HIGHEST number first.
+"""
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from urllib.parse import urlparse
+
+import redis
+from celery import Celery
+
+from app.infra.celery_config import MAX_PRIORITY, RUN_JOB_TASK, celery_settings
+from app.config import get_settings
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_app: Celery | None = None
+_pid: int | None = None
+_broker: redis.Redis | None = None
+_sep: str = ""
+_ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
+_REPLY_TO = str(uuid.uuid4())
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+class Priority(enum.Enum):
+    HIGH = "high"      # retries jumping the queue, maintenance tasks
+    NORMAL = "normal"  # submissions, retries waiting at the tail
+
+
+_AMQP_SCHEMES = {"amqp", "amqps", "pyamqp", "librabbitmq"}
+# (HIGH, NORMAL) on each scale; NORMAL leaves room below and above it.
+_AMQP = {Priority.HIGH: MAX_PRIORITY, Priority.NORMAL: MAX_PRIORITY // 2}
+_KOMBU_VIRTUAL = {Priority.HIGH: 0, Priority.NORMAL: (MAX_PRIORITY + 1) // 2}
+
+
+def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
+    """The number the configured broker needs for ``priority``."""
+    url = broker_url if broker_url is not None else get_settings().effective_broker_url
+    scheme = urlparse(url).scheme.split("+")[0].lower()
+    table = _AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL
+    return table[priority]
+
+
+def producer_app() -> Celery:
+    global _app, _pid, _broker, _sep
+    if _app is None or _pid != os.getpid():
+        with _lock:
+            if _app is None or _pid != os.getpid():
+                s = get_settings()
+                app = Celery("asynch-producer", set_as_current=False)
+                conf = celery_settings(s)
+                app.conf.update(conf)
+                # kombu's priority-list separator, read once: building the
+                # settings (kombu Queue objects) costs ~40 us per publish.
+                _sep = conf["broker_transport_options"]["sep"]
+                url = s.effective_broker_url
+                _broker = (redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+                           if url.startswith(("redis://", "rediss://")) else None)
+                _app, _pid = app, os.getpid()
+    return _app
+
+
+def reset_producer() -> None:
+    global _app, _pid, _broker
+    with _lock:
+        _app, _pid, _broker = None, None, None
+
+
+def redis_message(task: str, args: list, queue: str, priority: int | None) -> tuple[str, bytes]:
+    """(list key, payload) of a Celery protocol-2 message on kombu's Redis
+    transport, as ``send_task(task, args, queue=queue, priority=...)`` writes it."""
+    tid = str(uuid.uuid4())
+    pri = min(MAX_PRIORITY, max(0, int(priority or 0)))
+    body = json.dumps([list(args), {}, _EMBED]).encode()
+    msg = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py", "task": task, "id": tid, "shadow": None, "eta": None, "expires": None,
+            "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
+            "root_id": tid, "parent_id": None, "argsrepr": repr(list(args)), "kwargsrepr": "{}",
+            "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
+            "stamped_headers": None, "stamps": {},
+        },
+        "properties": {
+            "correlation_id": tid, "reply_to": _REPLY_TO, "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": pri, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    producer_app()  # sets _sep (once per process)
+    key = f"{queue}{_sep}{pri}" if pri else queue
+    return key, json.dumps(msg).encode()
+
+
+def publish(task: str, args: list, priority: Priority = Priority.NORMAL) -> None:
+    """Publish one message for ``task`` on the job queue; raises on failure."""
+    app = producer_app()
+    queue = get_settings().queue_name
+    number = broker_priority(priority)
+    if _broker is not None:
+        key, payload = redis_message(task, args, queue, number)
+        _broker.lpush(key, payload)
+        return
+    app.send_task(task, args=args, queue=queue, priority=number)
+
+
+def publish_run_job(job_id: str, attempt: int, priority: Priority = Priority.NORMAL) -> bool:
+    """Publish; False (logged) if the broker refused.  Never raises: the job
+    is already committed and recovery re-publishes pending jobs."""
+    try:
+        publish(RUN_JOB_TASK, [job_id, attempt], priority)
+        return True
+    except Exception:
+        log.exception("publish failed; recovery will re-publish", extra={"job_id": job_id})
+        return False
+
+
+def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.NORMAL) -> int:
+    """Publish the run_job messages of many jobs: one LPUSH of all of them on
+    Redis (in order: kombu pops the list's tail, so the first job is served
+    first).  Returns how many were handed over; never raises (recovery
+    re-publishes what was refused)."""
+    if not jobs:
+        return 0
+    try:
+        app = producer_app()
+        queue = get_settings().queue_name
+        number = broker_priority(priority)
+        if _broker is None:
+            for job_id, attempt in jobs:
+                app.send_task(RUN_JOB_TASK, args=[job_id, attempt], queue=queue, priority=number)
+            return len(jobs)
+        messages = [redis_message(RUN_JOB_TASK, [job_id, attempt], queue, number) for job_id, attempt in jobs]
+        _broker.lpush(messages[0][0], *(payload for _, payload in messages))
+        return len(jobs)
+    except Exception:
+        log.exception("publish of %d run_job messages failed; recovery will re-publish", len(jobs),
+                      extra={"job_id": jobs[0][0]})
+        return 0
+
+
+def publish_task(name: str, args: list) -> bool:
+    """Publish any task by name; False (logged) if the broker refused.  For
+    work whose durable record is a row that a sweep re-publishes."""
+    try:
+        producer_app().send_task(name, args=args, queue=get_settings().queue_name)
+        return True
+    except Exception:
+        log.exception("publish of %s failed; the sweep will re-publish", name)
+        return False

@@ -1,0 +1,196 @@
+"""One attempt of a job, on a worker: permit -> claim -> call the model ->
+store the response -> done, or a failed attempt (retry_wait / failed).
+
+Every state change goes through app.transitions with the attempt this
+worker claimed, so a worker that lost its row (lease expired, canceled,
+timed out) has its late writes refused and only cleans up after itself.
+The tenant+model permit (maxConcurrency) is taken before the claim, so a job
+without one stays pending at the same attempt ("no_permit").
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+
+from sqlalchemy import bindparam, select
+
+from app import transitions
+from app.infra import metrics
+from app.clock import now as clock_now
+from app.config import get_settings
+from app.infra.db import single_statement, transaction
+from app.infra.tables import models, tasks
+from app.callbacks import delivery as callbacks
+from app.jobs import concurrency
+from app.jobs import stats
+from app.jobs.service import after_terminal, passthrough_of, release_slot
+from app.infra.http.model_client import ModelCallError, call_model
+from app.states import JobState
+from app.infra.storage import StorageError, get_storage
+
+log = logging.getLogger(__name__)
+
+
+def backoff_seconds(attempt: int) -> float:
+    s = get_settings()
+    return min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * (2 ** max(0, attempt - 1)))
+
+
+def run_attempt(job_id: str, attempt: int, chain_token: str | None = None) -> str:
+    """Run the attempt a run_job(job_id, attempt) message stands for.
+
+    Returns what happened ("stale", "no_permit", "waiting_elsewhere", "done",
+    "retry_wait", "failed", "lost") for logs and tests.  A duplicate or
+    outdated message is "stale": the claim CAS refuses it before anything
+    else happens.  "no_permit": the tenant's maxConcurrency is in use; the
+    caller re-delivers the message later (``chain_token`` identifies that
+    re-delivery chain, see concurrency.keep_waiting); "waiting_elsewhere":
+    another message for this attempt is already waiting, drop this one.
+    """
+    settings = get_settings()
+    permit = None
+    try:
+        # Two single-statement round trips (no BEGIN/COMMIT): read the job
+        # with its model, take the permit, then the claim CAS, which re-checks
+        # state and attempt itself.
+        with single_statement() as conn:
+            job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
+        if job is None or job.state != JobState.PENDING or job.attempt != attempt:
+            return "stale"
+        model = job if job.model_id is not None else None
+        lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
+        if model is not None:
+            permit = concurrency.acquire(model.model_name, job.tenant_id, model.max_concurrency,
+                                         job_id, attempt, lease_seconds)
+            if permit is None:
+                waiting = concurrency.keep_waiting(job_id, attempt, chain_token)
+                return "no_permit" if waiting else "waiting_elsewhere"
+        with single_statement() as conn:
+            row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds))
+        if row is None:
+            return "stale"
+        return _run_claimed(row, model, attempt + 1)
+    finally:
+        if permit is not None:
+            concurrency.release(permit)
+
+
+# The job's pending-check fields and its model's whole row in one round trip
+# (an outer join: a deleted model leaves model_id NULL).
+_JOB_WITH_MODEL = (
+    select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, models.c.id.label("model_id"),
+           *[c for c in models.c if c.name != "id"])
+    .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
+    .where(tasks.c.id == bindparam("job_id"))
+)
+
+
+def _run_claimed(row, model, mine: int) -> str:
+    settings = get_settings()
+    job_id = row.id
+    ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
+
+    if model is None:
+        return _fail(row, mine, "model is no longer configured", permanent=True, retry_times=0, ctx=ctx)
+
+    try:
+        t0 = time.monotonic()
+        try:
+            resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
+                              head_msg=model.head_msg, model_key=row.model_key, payload=json.loads(row.request_payload),
+                              timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes)
+        except ModelCallError as exc:
+            if exc.called:
+                metrics.model_call(row.model_name, time.monotonic() - t0, False)
+            return _fail(row, mine, str(exc), permanent=exc.permanent, retry_times=model.retry_times, ctx=ctx,
+                         counted=exc.called)
+        metrics.model_call(row.model_name, time.monotonic() - t0, True)
+
+        try:
+            location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
+        except StorageError as exc:
+            return _fail(row, mine, f"result upload failed: {exc}", permanent=False,
+                         retry_times=model.retry_times, ctx=ctx, counted=True)
+
+        with transaction() as conn:
+            # The call is counted whether or not the job is still ours: the
+            # model did the work.  Same commit as the transition.
+            _count_call(conn, row)
+            won = transitions.complete(conn, job_id, mine, location=location,
+                                       content_type=resp.content_type, size=len(resp.body))
+        if won is None:
+            # Canceled, timed out or recovered while we worked: not ours any more.
+            _delete_quietly(location)
+            log.info("attempt lost its job before completing", extra=ctx)
+            return "lost"
+        after_terminal(won)
+        callbacks.schedule_for(won)
+        log.info("job done", extra=ctx)
+        return "done"
+    except Exception as exc:
+        # A bug or an outage in our own bookkeeping: fail the attempt (retryable)
+        # rather than leave it running until its lease runs out.
+        log.exception("attempt crashed", extra=ctx)
+        try:
+            return _fail(row, mine, f"internal error: {type(exc).__name__}", permanent=False,
+                         retry_times=model.retry_times, ctx=ctx)
+        except Exception:
+            log.exception("could not record the crashed attempt; recovery will", extra=ctx)
+            return "lost"
+
+
+def _count_call(conn, row) -> None:
+    """One real call to the model service (asynch_model_stat)."""
+    stats.count_call(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
+
+
+def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None,
+            ctx: dict) -> str:
+    """Store the response; retried here so the model is never called twice
+    for one response.  ``passthrough``: the job's headers for the OSS file
+    service (secrets: never logged)."""
+    settings = get_settings()
+    storage = get_storage()
+    key = f"{clock_now():%Y/%m/%d}/{job_id}/{attempt}"
+    last: StorageError | None = None
+    for i in range(max(1, settings.upload_attempts)):
+        try:
+            return storage.put(key, body, content_type, context=passthrough)
+        except StorageError as exc:
+            last = exc
+            log.warning("upload try %d failed: %s", i + 1, exc, extra=ctx)
+            time.sleep(min(2.0, 0.2 * (2 ** i)))
+    assert last is not None
+    raise last
+
+
+def _delete_quietly(location: str) -> None:
+    try:
+        get_storage().delete(location)
+    except StorageError:
+        log.warning("orphan result not deleted: %s", location)
+
+
+def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,
+          counted: bool = False) -> str:
+    """A failed attempt; ``counted``: the model was called (count it in the
+    same commit as the transition)."""
+    retry = not permanent and attempt <= retry_times
+    retry_at = clock_now() + timedelta(seconds=backoff_seconds(attempt)) if retry else None
+    with transaction() as conn:
+        if counted:
+            _count_call(conn, row)
+        won = transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at)
+    if won is None:
+        log.info("attempt lost its job before failing", extra=ctx)
+        return "lost"
+    if won.state == JobState.RETRY_WAIT:
+        # Not terminal: the slot goes back, waiters keep waiting.
+        release_slot(won.model_name, won.id)
+        log.info("attempt failed, will retry: %s", error, extra=ctx)
+        return "retry_wait"
+    after_terminal(won)
+    log.info("job failed: %s", error, extra=ctx)
+    return "failed"

@@ -1,0 +1,367 @@
+"""Jobs as callers see them: submit, status, wait, result, cancel, list.
+
+Submit order matters (invariants 1, 3, 4): validate everything first (bad
+input never touches the gate), take a gate slot, insert the row, commit, and
+only then publish the doorbell.  Any failure between the gate and the commit
+gives the slot back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import redis
+from sqlalchemy import and_, insert, or_, select
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import IntegrityError
+
+from app import transitions
+from app.infra import metrics
+from app.infra import outbox
+from app.infra import redis_scripts
+from app.clock import as_utc, now as clock_now
+from app.config import get_settings
+from app.infra.db import single_statement, transaction
+from app.errors import (
+    BadRequest, Conflict, DomainError, Gone, JobNotFinished, NotFound, QueueFull, Unavailable,
+    ValidationFailed,
+)
+from app.infra.tables import tasks
+from app.infra import wakeups as waiters
+from app.catalog.forms import validate_payload
+from app.infra.http.headers import HeaderSpecError, parse_header_spec
+from app.tenancy.keys import Principal
+from app.catalog.registry import enabled_model
+from app.infra.http.netguard import callback_url_problem
+from app.states import JobState, parse_v1_filter, v1_name
+from app.infra.storage import ObjectMissing, get_storage
+
+log = logging.getLogger(__name__)
+
+
+_PRINTABLE_KEY = re.compile(r"^[\x20-\x7e]{1,255}\Z")
+
+
+# Built once: values arrive as parameters, so each admission skips building
+# and cache-keying a 20-value statement (bench/bench_admission.py).
+_INSERT_JOB = insert(tasks).returning(*tasks.c)
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(12)
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    idempotency_key: str | None = None
+    creator: str = ""
+    biz_name: str = ""
+    callback_url: str | None = None
+    model_key: str | None = None
+    # Headers for the OSS file service ({"Authorization": ..., "X-User-Info": ...});
+    # secrets, kept only until the job is terminal.
+    passthrough: dict[str, str] | None = None
+    # Where the payload sits in the caller's request, for 422 pointers.
+    pointer_base: str = ""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    row: Row
+    replayed: bool
+
+
+def request_hash(model: str, payload: Any, opts: SubmitOptions) -> str:
+    canon = json.dumps([model, payload, opts.biz_name, opts.callback_url, opts.model_key],
+                       sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def retry_after_seconds(model_row) -> int:
+    # About one job's turn at the model's concurrency; bounded to be useful.
+    per_slot = model_row.expected_seconds / max(1, model_row.max_concurrency)
+    return int(min(300, max(1, math.ceil(per_slot))))
+
+
+def job_deadline(model_row, created):
+    """The job's whole budget: every allowed attempt at its full model timeout
+    plus lease grace, plus the queue allowance.  Past it: timeout."""
+    s = get_settings()
+    attempts = model_row.retry_times + 1
+    return created + timedelta(seconds=attempts * (model_row.timeout_seconds + s.lease_grace_seconds)
+                               + s.job_queue_budget_seconds)
+
+
+def _find_idempotent(conn: Connection, tenant_id: str, key: str) -> Row | None:
+    return conn.execute(select(tasks).where(tasks.c.tenant_id == tenant_id,
+                                            tasks.c.idempotency_key == key)).first()
+
+
+def _replay(existing: Row, model: str, digest: str) -> Submitted:
+    if existing.model_name != model or existing.request_hash != digest:
+        raise ValidationFailed("Idempotency-Key was already used with a different request",
+                               [{"pointer": "/Idempotency-Key", "message": "reused with a different body"}])
+    return Submitted(existing, replayed=True)
+
+
+def _validate_options(opts: SubmitOptions) -> None:
+    errs = []
+    if opts.idempotency_key is not None and not _PRINTABLE_KEY.match(opts.idempotency_key):
+        errs.append({"pointer": "/Idempotency-Key", "message": "must be 1-255 printable ASCII characters"})
+    for name, value in (("/bizName", opts.biz_name), ("/creator", opts.creator)):
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            errs.append({"pointer": name, "message": "must not contain control characters"})
+    if opts.model_key is not None:
+        try:
+            parse_header_spec(opts.model_key)
+        except HeaderSpecError as exc:
+            errs.append({"pointer": "/modelKey", "message": str(exc)})
+    if len(opts.biz_name) > 128:
+        errs.append({"pointer": "/bizName", "message": "must be at most 128 characters"})
+    if len(opts.creator) > 128:
+        errs.append({"pointer": "/creator", "message": "must be at most 128 characters"})
+    for name, value in (opts.passthrough or {}).items():
+        if not isinstance(value, str) or len(value) > 8192 or any(c in value for c in "\r\n\x00"):
+            where = "/X-Oss-Authorization" if name == "Authorization" else "/" + name
+            errs.append({"pointer": where, "message": "must be at most 8192 characters without CR, LF or NUL"})
+    if opts.callback_url is not None:
+        problem = callback_url_problem(opts.callback_url)
+        if problem:
+            errs.append({"pointer": "/callbackUrl", "message": problem})
+    if errs:
+        raise ValidationFailed("invalid job options", errs)
+
+
+def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions = SubmitOptions()) -> Submitted:
+    try:
+        out = _submit(principal, model_name, payload, opts)
+    except DomainError as exc:
+        metrics.job_rejected(model_name, exc)
+        log.info("submission refused: %s", exc.message,
+                 extra={"model": model_name, "tenant": principal.tenant_id})
+        raise
+    if not out.replayed:
+        metrics.job_admitted(model_name)
+        log.info("job admitted", extra={"job_id": out.row.id, "model": model_name, "tenant": principal.tenant_id})
+    return out
+
+
+def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions) -> Submitted:
+    if not isinstance(payload, dict):
+        raise BadRequest("request body must be a JSON object")
+    _validate_options(opts)
+    model = enabled_model(model_name)
+    validate_payload(model.form, payload, opts.pointer_base)
+    digest = request_hash(model_name, payload, opts)
+    if opts.idempotency_key:
+        with transaction() as conn:
+            existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
+        if existing is not None:
+            return _replay(existing, model_name, digest)
+
+    job_id = new_job_id()
+    try:
+        decision = redis_scripts.gate_admit(model_name, job_id, model.queue_limit)
+    except redis.RedisError as exc:
+        raise Unavailable("admission gate unavailable") from exc
+    if not decision.admitted:
+        raise QueueFull(decision.limit, retry_after_seconds(model))
+
+    # From here on we hold a slot: every way out but a commit gives it back.
+    try:
+        now = clock_now()
+        # One statement, its own transaction: one round trip (no BEGIN/COMMIT).
+        with single_statement() as conn:
+            row = conn.execute(_INSERT_JOB, dict(
+                id=job_id, tenant_id=principal.tenant_id, creator=opts.creator,
+                model_name=model_name, biz_name=opts.biz_name, callback_url=opts.callback_url,
+                model_key=opts.model_key, request_payload=json.dumps(payload, ensure_ascii=False), request_hash=digest,
+                passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
+                idempotency_key=opts.idempotency_key, state=int(JobState.PENDING),
+                attempt=0, retry_count=0, created_at=now, enqueue_at=now, updated_at=now,
+                deadline_at=job_deadline(model, now),
+            )).one()
+    except IntegrityError:
+        release_slot(model_name, job_id)
+        if opts.idempotency_key:
+            # Lost a race with the same key: answer with the winner's job.
+            with transaction() as conn:
+                existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
+            if existing is not None:
+                return _replay(existing, model_name, digest)
+        raise
+    except BaseException:
+        release_slot(model_name, job_id)
+        raise
+
+    outbox.send_soon(job_id, 0)  # after the commit; the response does not wait for the broker
+    return Submitted(row, replayed=False)
+
+
+def passthrough_of(row: Row) -> dict[str, str] | None:
+    """The job's OSS pass-through headers (never log or return them)."""
+    raw = getattr(row, "passthrough_headers", None)
+    return json.loads(raw) if raw else None
+
+
+def release_slot(model: str, job_id: str) -> None:
+    try:
+        redis_scripts.gate_release(model, job_id)
+    except redis.RedisError:
+        log.warning("slot release failed; reconcile will repair it", extra={"job_id": job_id})
+
+
+def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:
+    """A job the principal may see; another tenant's job does not exist."""
+    q = select(tasks).where(tasks.c.id == job_id)
+    if not principal.is_admin:
+        q = q.where(tasks.c.tenant_id == principal.tenant_id)
+    if model_name is not None:
+        q = q.where(tasks.c.model_name == model_name)
+    row = conn.execute(q).first()
+    if row is None:
+        raise NotFound(f"job not found: {job_id}")
+    return row
+
+
+def get_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
+    with single_statement() as conn:  # one SELECT: no BEGIN/COMMIT round trips (status polls are hot)
+        return load_job(conn, principal, job_id, model_name)
+
+
+def elapsed_ms(row: Row) -> int:
+    end = as_utc(row.finished_at) or clock_now()
+    return max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
+
+
+def _iso(dt) -> str | None:
+    dt = as_utc(dt)
+    return dt.isoformat().replace("+00:00", "Z") if dt else None
+
+
+def status_view(row: Row) -> dict:
+    """The v1 poll body."""
+    body = {
+        "job_id": row.id,
+        "model": row.model_name,
+        "state": v1_name(row.state),
+        "elapsed_ms": elapsed_ms(row),
+        "attempt": row.attempt,
+        "retry_count": row.retry_count,
+        "created_at": _iso(row.created_at),
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+    }
+    if row.error and JobState(row.state) in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED,
+                                             JobState.RETRY_WAIT):
+        body["error"] = row.error
+    if row.result_size is not None and JobState(row.state) in (JobState.DONE, JobState.CLAIMED):
+        body["result_size"] = row.result_size
+        body["content_type"] = row.result_content_type
+    return body
+
+
+def parse_wait_ms(raw: str | None) -> int:
+    """Seed 000: milliseconds, default 30000, cap 300000; <=0 or junk -> default."""
+    s = get_settings()
+    try:
+        ms = int(raw) if raw is not None else 0
+    except ValueError:
+        ms = 0
+    if ms <= 0:
+        ms = s.wait_default_ms
+    return min(ms, s.wait_max_ms)
+
+
+def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None) -> Row:
+    """Return when the job is terminal or the budget ends (it may then still be
+    pending/running).  Never returns early on pending -> running."""
+    get_job(principal, job_id, model_name)  # 404 before waiting
+
+    def read():
+        with single_statement() as conn:
+            return load_job(conn, principal, job_id, model_name)
+
+    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, read)
+
+
+def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
+    row = get_job(principal, job_id, model_name)
+    if JobState(row.state) not in (JobState.DONE, JobState.CLAIMED):
+        raise JobNotFinished(f"job not finished (state: {v1_name(row.state)})")
+    try:
+        data = get_storage().get(row.result_location)
+    except ObjectMissing as exc:
+        raise Gone(f"result no longer available: {job_id}") from exc
+    return data, row.result_content_type or "application/octet-stream", row
+
+
+def cancel_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
+    with transaction() as conn:
+        row = load_job(conn, principal, job_id, model_name)
+        won = transitions.cancel(conn, job_id, None if principal.is_admin else principal.tenant_id)
+    if won is None:
+        raise Conflict(f"job already finished (state: {v1_name(row.state)})")
+    after_terminal(won)
+    return won
+
+
+def after_terminal(row: Row) -> None:
+    """Effects that follow a winning move out of pending/running into a
+    terminal state: the slot goes back, waiters wake.  Best effort: if Redis
+    is down, reconcile returns the slot and waiters end at their budget."""
+    metrics.job_finished(row)
+    try:
+        redis_scripts.release_and_wake(row.model_name, row.id)
+    except redis.RedisError:
+        log.warning("slot release / wake-up failed; reconcile returns the slot", extra={"job_id": row.id})
+
+
+def list_jobs(principal: Principal, *, model_name: str | None = None, state: str | None = None,
+              limit: int = 50, cursor: str | None = None, tenant: str | None = None,
+              since=None, until=None) -> tuple[list[Row], str | None]:
+    s = get_settings()
+    if not 1 <= limit <= s.list_max_limit:
+        raise ValidationFailed("invalid query", [{"pointer": "/limit",
+                                                  "message": f"must be from 1 to {s.list_max_limit}"}])
+    q = select(tasks)
+    if principal.is_admin:
+        if tenant:
+            q = q.where(tasks.c.tenant_id == tenant)
+    else:
+        q = q.where(tasks.c.tenant_id == principal.tenant_id)
+    if model_name:
+        q = q.where(tasks.c.model_name == model_name)
+    if state:
+        try:
+            q = q.where(tasks.c.state.in_([int(x) for x in parse_v1_filter(state)]))
+        except ValueError:
+            raise ValidationFailed("invalid query", [{"pointer": "/state", "message":
+                                   "must be one of pending, running, done, failed, timeout, canceled"}])
+    if since is not None:
+        q = q.where(tasks.c.created_at >= since)
+    if until is not None:
+        q = q.where(tasks.c.created_at < until)
+    with transaction() as conn:
+        if cursor:
+            # Only the caller's own jobs are cursors: another tenant's id must not
+            # answer differently from an unknown one (that would confirm it exists).
+            aq = select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == cursor)
+            if not principal.is_admin:
+                aq = aq.where(tasks.c.tenant_id == principal.tenant_id)
+            anchor = conn.execute(aq).first()
+            if anchor is None:
+                raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}])
+            q = q.where(or_(tasks.c.created_at < anchor.created_at,
+                            and_(tasks.c.created_at == anchor.created_at, tasks.c.id < anchor.id)))
+        rows = conn.execute(q.order_by(tasks.c.created_at.desc(), tasks.c.id.desc()).limit(limit + 1)).all()
+    nxt = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], nxt
+

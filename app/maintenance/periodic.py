@@ -1,0 +1,112 @@
+"""Beat leadership and the wrapper every periodic task runs through.
+
+Several beat processes may run (one per host, for availability); exactly one
+sends the schedule.  Each beat ticks ``Leadership.refresh()``: one Lua step
+takes the Redis lock if it is free or renews it if it is ours
+(``LEADER_ACQUIRE``), so a standby beat takes over at most
+ASYNCH_BEAT_LOCK_TTL_SECONDS after the leader stops renewing.  Every new
+leadership gets a larger fencing token, and the leader stamps each message
+it sends with (owner, token).  A worker runs a stamped task only while that
+stamp is still the current leadership (``run_periodic``), so a beat that
+lost the lock without noticing (paused, partitioned) cannot get work done
+behind the new leader's back.
+
+Manual triggers (CLI, HTTP) call the services directly: the passes are safe
+to overlap (SKIP LOCKED, CAS), the lock only keeps the schedule single.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import Callable
+
+import redis
+
+from app.infra import redis_scripts
+from app.config import get_settings
+
+log = logging.getLogger(__name__)
+
+
+class Leadership:
+    def __init__(self, owner: str | None = None, ttl_seconds: float | None = None):
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.ttl = ttl_seconds if ttl_seconds is not None else get_settings().beat_lock_ttl_seconds
+        self.token = 0
+        self._checked = float("-inf")
+
+    @property
+    def renew_every(self) -> float:
+        # Three renewals per TTL: one slow tick does not lose the lock.
+        return max(0.2, self.ttl / 3)
+
+    def refresh(self, force: bool = False) -> int:
+        """Take or renew the lock (at most every renew_every unless forced).
+        Returns the fencing token while leading, else 0."""
+        if not force and time.monotonic() - self._checked < self.renew_every:
+            return self.token
+        before = self.token
+        try:
+            self.token = redis_scripts.leader_acquire(self.owner, self.ttl)
+        except redis.RedisError as exc:
+            # Leadership cannot be proven without Redis: stand by.
+            log.warning("beat lock unavailable, standing by: %s", exc)
+            self.token = 0
+        self._checked = time.monotonic()
+        if self.token != before:
+            if self.token:
+                log.warning("beat %s leads (fencing token %d)", self.owner, self.token)
+            else:
+                log.warning("beat %s stands by", self.owner)
+        return self.token
+
+    def fence(self) -> dict | None:
+        """The stamp for a message about to be sent, or None if not leading.
+        Renewed right before sending, so the stamp is as fresh as it can be."""
+        token = self.refresh(force=True)
+        if not token:
+            return None
+        return {"owner": self.owner, "token": token, "sent_at": time.time()}
+
+    def release(self) -> None:
+        try:
+            if redis_scripts.leader_release(self.owner):
+                log.warning("beat %s released leadership", self.owner)
+        except redis.RedisError:
+            pass
+        self.token = 0
+
+
+def fence_holds(fence: dict) -> bool:
+    return redis_scripts.leader_current() == (int(fence.get("token", 0)), str(fence.get("owner")))
+
+
+def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dict:
+    """Run one periodic pass.  ``fence`` is the stamp of the beat that sent
+    it (None for a direct call): a stamp that is no longer the current
+    leadership means the pass is skipped.  Each run that goes ahead is
+    appended to a capped Redis list (``asynch maintenance runs``)."""
+    if fence is not None and not fence_holds(fence):
+        log.warning("periodic %s skipped: sent by a beat that no longer leads (token %s)",
+                    name, fence.get("token"))
+        return {"skipped": "fenced"}
+    started = time.time()
+    out = fn()
+    out = out.as_dict() if hasattr(out, "as_dict") else out
+    entry = {"task": name, "ran_at": started, "took": round(time.time() - started, 4),
+             "processed": out.get("processed") if isinstance(out, dict) else None}
+    if fence is not None:
+        entry.update(owner=fence.get("owner"), token=fence.get("token"), sent_at=fence.get("sent_at"))
+    try:
+        redis_scripts.record_beat_run(json.dumps(entry), get_settings().beat_history_size)
+    except redis.RedisError:
+        pass
+    return out
+
+
+def recent_runs(limit: int = 100) -> list[dict]:
+    return [json.loads(x) for x in redis_scripts.beat_history(limit)]

@@ -1,0 +1,39 @@
+"""``asynch jobs requeue``: nudge a job that is waiting, never revive one that
+ended.  Terminal states are absorbing (DESIGN.md invariant 5), so requeue
+only re-sends what the state machine already allows:
+
+  pending     re-publish its run message for the current attempt (a lost
+              doorbell; a duplicate is refused by the claim CAS);
+  retry_wait  re-admit it through the gate now instead of after its backoff
+              (the same path as beat's retry pass);
+  running     refused: a dead worker's lease expiry turns it into a retry;
+  terminal    refused: submit a new job instead.
+"""
+from __future__ import annotations
+
+from app.errors import Conflict
+from app.infra.publisher import publish_run_job
+from app.maintenance import passes as maintenance
+from app.jobs.service import get_job
+from app.tenancy.keys import Principal
+from app.states import JobState
+
+OPERATOR = Principal(tenant_id="admin", role="admin", key_id=None)
+
+
+def requeue_job(job_id: str) -> dict:
+    row = get_job(OPERATOR, job_id)
+    state = JobState(row.state)
+    if state == JobState.PENDING:
+        if not publish_run_job(row.id, row.attempt):
+            raise Conflict("the broker refused the message; recovery will re-publish it")
+        return {"job_id": row.id, "action": "republished", "attempt": row.attempt}
+    if state == JobState.RETRY_WAIT:
+        rep = maintenance.retry_due(only=[row.id])
+        if rep.processed != 1:
+            raise Conflict(f"job not re-admitted ({rep.as_dict()}): its model's queue is full or it moved on")
+        return {"job_id": row.id, "action": "readmitted", "attempt": row.attempt}
+    if state == JobState.RUNNING:
+        raise Conflict(f"cannot requeue job {job_id}: it is running (attempt {row.attempt}); "
+                       "if its worker died, lease recovery retries it")
+    raise Conflict(f"cannot requeue job {job_id}: it is {state.label}, a terminal state; submit a new job")

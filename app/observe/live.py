@@ -1,0 +1,133 @@
+"""What operators look at: live numbers per model (the console's models page
+and /metrics' gauges), throughput and P90 latency over a window, and a job's
+timeline.  Reads only; computed at request time from the rows (the truth)
+and the Redis gates (the admission view)."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import func, select
+
+from app.infra import redis_scripts
+from app.clock import as_utc, now as clock_now
+from app.infra.db import transaction
+from app.infra.tables import models, tasks
+from app.states import JobState
+
+
+def job_counts(conn) -> dict[tuple[str, str], int]:
+    """(model, state label) -> rows; one GROUP BY over (model_name, state),
+    which ix_asynch_task_model_state answers."""
+    q = select(tasks.c.model_name, tasks.c.state, func.count()).group_by(tasks.c.model_name, tasks.c.state)
+    return {(m, JobState(s).label): n for m, s, n in conn.execute(q)}
+
+
+def model_live(include_disabled: bool = True) -> list[dict]:
+    """Every configured model with its queue depth vs limit, running vs
+    concurrency, runtime overrides (autotune) and enabled state."""
+    with transaction() as conn:
+        rows = conn.execute(select(models.c.model_name, models.c.enabled, models.c.queue_limit,
+                                   models.c.max_concurrency).order_by(models.c.model_name)).all()
+        counts = job_counts(conn)
+    if not include_disabled:
+        rows = [r for r in rows if r.enabled]
+    gates = redis_scripts.gate_snapshot(r.model_name for r in rows)
+    out = []
+    for r in rows:
+        depth, rt_ql, rt_mc = gates[r.model_name]
+        out.append({
+            "model_name": r.model_name,
+            "enabled": bool(r.enabled),
+            "queue_depth": depth,
+            "queue_limit": min(r.queue_limit, rt_ql) if rt_ql is not None else r.queue_limit,
+            "queue_limit_configured": r.queue_limit,
+            "running": counts.get((r.model_name, "running"), 0),
+            "pending": counts.get((r.model_name, "pending"), 0),
+            "retry_wait": counts.get((r.model_name, "retry_wait"), 0),
+            "max_concurrency": min(r.max_concurrency, rt_mc) if rt_mc is not None else r.max_concurrency,
+            "max_concurrency_configured": r.max_concurrency,
+            "runtime": {"queue_limit": rt_ql, "max_concurrency": rt_mc},
+        })
+    return out
+
+
+def _p90(values: list[float]) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    # Nearest-rank: the smallest value with at least 90% of values at or below it.
+    return v[max(0, -(-9 * len(v) // 10) - 1)]
+
+
+def throughput_series(minutes: int = 60, bucket_minutes: int = 5, tenant_id: str | None = None) -> dict:
+    """Per model: finished-done jobs and P90 of created -> finished seconds,
+    per bucket over the last ``minutes``.  ix_asynch_task_state_finished
+    answers the range; the window is small, so percentiles are computed here
+    (the same on PostgreSQL and SQLite)."""
+    now = clock_now()
+    start = now - timedelta(minutes=minutes)
+    q = select(tasks.c.model_name, tasks.c.created_at, tasks.c.finished_at).where(
+        tasks.c.state.in_([int(JobState.DONE), int(JobState.CLAIMED)]), tasks.c.finished_at >= start)
+    if tenant_id is not None:
+        q = q.where(tasks.c.tenant_id == tenant_id)
+    n_buckets = max(1, -(-minutes // bucket_minutes))
+    per: dict[str, list[list[float]]] = {}
+    with transaction() as conn:
+        for m, created, finished in conn.execute(q):
+            i = int((as_utc(finished) - start).total_seconds() // (bucket_minutes * 60))
+            per.setdefault(m, [[] for _ in range(n_buckets)])[min(i, n_buckets - 1)].append(
+                (as_utc(finished) - as_utc(created)).total_seconds())
+    return {
+        "since": start.isoformat().replace("+00:00", "Z"), "bucket_minutes": bucket_minutes,
+        "models": {m: [{"done": len(b), "p90_seconds": _p90(b)} for b in buckets] for m, buckets in sorted(per.items())},
+    }
+
+
+def timeline(row) -> list[dict]:
+    """A job's history as far as its row keeps it: the row holds the latest
+    attempt's start and error only (no per-attempt history table)."""
+    iso = lambda t: as_utc(t).isoformat().replace("+00:00", "Z") if t else None  # noqa: E731
+    ev = [{"at": iso(row.created_at), "event": "created", "detail": "admitted through the gate"}]
+    if row.retry_count:
+        ev.append({"at": iso(row.enqueue_at), "event": "requeued",
+                   "detail": f"re-admitted for retry {row.retry_count}"})
+    if row.started_at:
+        ev.append({"at": iso(row.started_at), "event": "started", "detail": f"attempt {row.attempt}"})
+    state = JobState(row.state)
+    if state == JobState.RETRY_WAIT:
+        ev.append({"at": iso(row.updated_at), "event": "attempt_failed",
+                   "detail": f"attempt {row.attempt}: {row.error or ''}".strip()})
+        if row.next_retry_at:
+            ev.append({"at": iso(row.next_retry_at), "event": "retry_due", "detail": "next attempt after"})
+    if row.finished_at:
+        detail = state.label if not row.error else f"{state.label}: {row.error}"
+        ev.append({"at": iso(row.finished_at), "event": "finished", "detail": detail})
+    if row.claimed_at:
+        ev.append({"at": iso(row.claimed_at), "event": "claimed",
+                   "detail": f"expires {iso(row.expire_at)}" if row.expire_at else ""})
+    return ev
+
+
+
+def job_detail(row) -> dict:
+    """The poll body plus what an operator or the console's job page needs.
+    Never the secrets: modelKey and the callback URL stay out."""
+    import json
+
+    from app.jobs.service import status_view
+
+    iso = lambda t: as_utc(t).isoformat().replace("+00:00", "Z") if t else None  # noqa: E731
+    try:
+        payload = json.loads(row.request_payload)
+    except ValueError:
+        payload = None
+    return {
+        **status_view(row),
+        **({"error": row.error} if row.error else {}),
+        "internal_state": JobState(row.state).label,
+        "tenant": row.tenant_id, "creator": row.creator, "biz_name": row.biz_name,
+        "enqueue_at": iso(row.enqueue_at), "next_retry_at": iso(row.next_retry_at),
+        "deadline_at": iso(row.deadline_at), "claimed_at": iso(row.claimed_at), "expire_at": iso(row.expire_at),
+        "payload": payload,
+        "timeline": timeline(row),
+    }

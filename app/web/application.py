@@ -1,0 +1,40 @@
+"""The Flask application factory: settings, blueprints, one JSON error handler."""
+from __future__ import annotations
+
+from flask import Flask
+
+from app.config import Settings, get_settings, set_settings
+from app.infra.logs import configure_logging
+from app.infra.wakeups import hub
+from app.web import (docs, errors, health, input_guard, metrics, request_log, seed, seed_maintenance, v1_admin,
+                     v1_business, v1_jobs, v1_maintenance, v1_observe)
+from app.web.console import bp as console_bp
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    if settings is not None:
+        set_settings(settings)
+    settings = get_settings()
+    configure_logging(settings.log_level)
+
+    flask_app = Flask("app")
+    # Werkzeug refuses larger bodies with 413 before reading them.
+    flask_app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    flask_app.json.sort_keys = False
+
+    errors.register(flask_app)
+    request_log.register(flask_app)
+    input_guard.register(flask_app)
+    for module in (health, v1_jobs, v1_admin, v1_maintenance, seed_maintenance, v1_business, seed, docs, metrics,
+                   v1_observe):
+        flask_app.register_blueprint(module.bp)
+    flask_app.register_blueprint(console_bp)
+
+    # The per-process listener (wake-ups, cache invalidations): started here
+    # so invalidations reach a process before its first long-poll; it
+    # re-starts itself after a fork.
+    @flask_app.before_request
+    def _listener():
+        hub.ensure_started(ready_timeout=0)
+
+    return flask_app

@@ -1,0 +1,88 @@
+"""The one place errors become HTTP: every error body has an ``error`` string.
+
+Requests to the seed-002 routes get the seed's envelope instead:
+``{"code": <HTTP status>, "message": <the error text>, "data": null
+[, "errors": [...] with camelCase pointers]}`` with the same HTTP status."""
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Flask, has_request_context, jsonify, request
+from sqlalchemy.exc import OperationalError
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
+
+from app.web.seed_fields import PATH_PREFIXES, camel_pointer
+from app.config import get_settings
+from app.errors import DomainError, QueueFull, Unauthorized, ValidationFailed
+
+log = logging.getLogger(__name__)
+
+_HTTP_TEXT = {
+    400: "bad request",
+    404: "not found",
+    405: "method not allowed",
+    415: "unsupported media type",
+}
+
+
+def _seed_face() -> bool:
+    return has_request_context() and (request.blueprint == "seed" or request.path.startswith(PATH_PREFIXES))
+
+
+def _envelope(status: int, body: dict) -> dict:
+    out = {"code": status, "message": body["error"], "data": None}
+    if "errors" in body:
+        out["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
+    return out
+
+
+def _json(status: int, body: dict, headers: dict | None = None):
+    resp = jsonify(_envelope(status, body) if _seed_face() else body)
+    resp.status_code = status
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+def register(app: Flask) -> None:
+    @app.errorhandler(DomainError)
+    def domain_error(exc: DomainError):
+        body = {"error": exc.message}
+        headers = {}
+        if isinstance(exc, ValidationFailed):
+            body["errors"] = exc.errors
+        if isinstance(exc, QueueFull):
+            headers["Retry-After"] = str(exc.retry_after)
+        if isinstance(exc, Unauthorized):
+            headers["WWW-Authenticate"] = 'Bearer realm="asynch"'
+        if exc.status == 503:
+            headers["Retry-After"] = "5"
+        return _json(exc.status, body, headers)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(_exc):
+        return _json(413, {"error": f"request body too large (max {get_settings().max_body_bytes} bytes)"})
+
+    @app.errorhandler(MethodNotAllowed)
+    def not_allowed(exc: MethodNotAllowed):
+        headers = {"Allow": ", ".join(sorted(exc.valid_methods or []))}
+        return _json(405, {"error": "method not allowed"}, headers)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        code = exc.code or 500
+        return _json(code, {"error": _HTTP_TEXT.get(code, exc.name.lower())})
+
+    @app.errorhandler(OperationalError)
+    def db_down(_exc):
+        return _json(503, {"error": "database unavailable"}, {"Retry-After": "5"})
+
+    @app.errorhandler(redis.RedisError)
+    def redis_down(_exc):
+        return _json(503, {"error": "redis unavailable"}, {"Retry-After": "5"})
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception):
+        log.exception("unhandled error")
+        return _json(500, {"error": "internal error"})
