@@ -1,0 +1,145 @@
+"""Commands that run the system's processes: the API, workers, beat, the
+all-in-one dev stack, and the database migration."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+
+from app.cli.base import ROOT, upgrade_db
+from app.config import env_names, get_settings
+
+
+# --- database ------------------------------------------------------------------
+
+@click.group(help="Database schema (Alembic).")
+def db() -> None:
+    pass
+
+
+@db.command("upgrade", help="Apply every migration (alembic upgrade head).")
+def db_upgrade() -> None:
+    upgrade_db()
+    click.echo("database at head")
+
+
+
+
+# --- processes ----------------------------------------------------------------------
+
+@click.command(help="Run the API under gunicorn.")
+@click.option("--bind", default="0.0.0.0:8000")
+@click.option("--workers", default=2, type=int)
+@click.option("--threads", default=16, type=int, help="Threads per process (long-polls hold one).")
+def api(bind: str, workers: int, threads: int) -> None:
+    os.execvp(sys.executable, [sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", str(workers),
+                               "--threads", str(threads), "--worker-class", "gthread",
+                               "--access-logfile", "-", "app.wsgi:app"])
+
+
+@click.command(help="Run a Celery worker.")
+@click.option("--concurrency", "-c", default=2, type=int)
+@click.option("--queues", "-Q", default=None, help="Queues to consume (default: the configured one).")
+def worker(concurrency: int, queues: str | None) -> None:
+    os.execvp(sys.executable, worker_argv(concurrency, queues))
+
+
+def worker_argv(concurrency: int = 2, queues: str | None = None) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--loglevel", "INFO",
+            "-c", str(concurrency), "-Q", queues or get_settings().queue_name, "--without-gossip",
+            "--without-mingle"]
+
+
+def beat_argv(schedule_file: str = "celerybeat-schedule") -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat", "--loglevel", "INFO",
+            "-s", schedule_file, "-S", "workers.beat:LeaderScheduler"]
+
+
+@click.command(help="Run Celery beat.  Several may run: one leads (Redis lock), the others stand by.")
+def beat() -> None:
+    os.execvp(sys.executable, beat_argv())
+
+
+@click.command(help="All in one: migrate, a demo echo model, an admin key, the API, a worker and beat.")
+@click.option("--port", default=8000, type=int)
+@click.option("--model-port", default=8765, type=int)
+def dev(port: int, model_port: int) -> None:
+    from werkzeug.serving import make_server
+
+    from app import create_app
+    from app.infra.db import transaction
+    from app.cli.demo_model import DemoModelServer
+    from app.errors import Conflict
+    from app.tenancy import keys as key_svc
+    from app.catalog import registry as model_registry
+
+    os.chdir(ROOT)
+    upgrade_db()
+    demo = DemoModelServer(port=model_port).start()
+    with transaction() as conn:
+        try:
+            model_registry.create_model(conn, {
+                "model_name": "demo-echo", "base_url": demo.url, "route": "/echo",
+                "http_method": "POST", "queue_limit": 100, "max_concurrency": 4,
+                "timeout_seconds": 30, "expected_seconds": 1, "retry_times": 2,
+                "form": [{"field": "prompt", "label": "Prompt", "type": "string", "required": True}],
+                "remark": "echoes its payload back (asynch dev)",
+            })
+        except Conflict:
+            model_registry.update_model(conn, "demo-echo", {"base_url": demo.url, "enabled": True})
+        key, _ = key_svc.create_key(conn, "demo", "admin", "asynch dev")
+
+    (ROOT / "data").mkdir(exist_ok=True)
+    children = [subprocess.Popen(worker_argv(2)),
+                subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")))]
+
+    server = make_server("127.0.0.1", port, create_app(), threaded=True)
+    base = f"http://127.0.0.1:{port}"
+    click.echo(f"""
+model-asynch dev is up: API {base}, demo model {demo.url}, {len(children)} helper processes.
+Admin key (tenant "demo"): {key}
+Console: {base}/console (log in with the key)   Metrics: {base}/metrics   OpenAPI: {base}/openapi.json
+
+Submit a job, then wait for it and read its result:
+  curl -s -X POST {base}/v1/models/demo-echo/jobs -H 'Authorization: Bearer {key}' \\
+       -H 'Content-Type: application/json' -d '{{"prompt": "hello"}}'
+  curl -s '{base}/v1/models/demo-echo/jobs/<job_id>/wait?timeout=5000' -H 'Authorization: Bearer {key}'
+  curl -s {base}/v1/models/demo-echo/jobs/<job_id>/result -H 'Authorization: Bearer {key}'
+Ctrl-C stops everything.
+""", err=True)
+
+    def _stop(*_a):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for c in children:
+            c.terminate()
+        deadline = time.time() + 10
+        for c in children:
+            try:
+                c.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                c.kill()
+        demo.stop()
+
+
+
+@click.command("env", help="List every ASYNCH_ environment variable and its current value.")
+def env_cmd() -> None:
+    s = get_settings()
+    for name, var in env_names().items():
+        v = getattr(s, name)
+        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key", "oss_authorization", "metrics_token") and v:
+            v = "***"
+        click.echo(f"{var}={v}")
+
+
