@@ -158,22 +158,19 @@ def stub_model(port: int) -> Proc:
 
 
 def create_model(name: str, base_url: str, **kw) -> None:
-    from app.infra.db import transaction
     from app.catalog.registry import create_model as create
+    from app.catalog.schemas import ModelInput
 
     data = {"model_name": name, "base_url": base_url, "route": "/bench", "queue_limit": 1_000_000,
             "max_concurrency": 64, "timeout_seconds": 30, "expected_seconds": 1, "retry_times": 0}
     data.update(kw)
-    with transaction() as conn:
-        create(conn, data)
+    create(ModelInput(**data))
 
 
 def create_key(tenant: str = "bench") -> str:
-    from app.infra.db import transaction
     from app.tenancy.keys import create_key as create
 
-    with transaction() as conn:
-        return create(conn, tenant, "user")[0]
+    return create(tenant, "user")[0]
 
 
 def pct(values: list[float], p: float) -> float:

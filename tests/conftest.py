@@ -153,11 +153,9 @@ def client(settings):
 # --- keys and models -------------------------------------------------------------------
 
 def make_key(tenant: str, admin: bool = False) -> str:
-    from app.infra.db import transaction
     from app.tenancy.keys import create_key
 
-    with transaction() as conn:
-        key, _ = create_key(conn, tenant, "admin" if admin else "user")
+    key, _ = create_key(tenant, "admin" if admin else "user")
     return key
 
 
@@ -182,16 +180,16 @@ def auth(key: str) -> dict:
 
 @pytest.fixture
 def make_model(model_server):
-    from app.infra.db import transaction
     from app.catalog.registry import create_model
+    from app.catalog.schemas import ModelInput, model_view
+    from app.contract import dump, parse
 
     def _make(name: str = "echo", **kw) -> dict:
         data = {"model_name": name, "base_url": model_server.url, "route": "/v1/echo",
                 "http_method": "POST", "queue_limit": 16, "max_concurrency": 4,
                 "timeout_seconds": 10, "expected_seconds": 1, "retry_times": 0}
         data.update(kw)
-        with transaction() as conn:
-            return create_model(conn, data)
+        return dump(model_view(create_model(parse(ModelInput, data)), True))
 
     return _make
 

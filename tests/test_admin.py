@@ -7,6 +7,7 @@ from sqlalchemy import select
 from app.infra.db import transaction
 from app.infra.tables import api_keys, models
 from app.catalog import model_types
+from app.catalog.schemas import ModelTypeInput
 from conftest import auth
 
 MODEL = {"model_name": "chat", "base_url": "http://127.0.0.1:9/", "route": "/api/v1/chat",
@@ -20,9 +21,8 @@ MODEL = {"model_name": "chat", "base_url": "http://127.0.0.1:9/", "route": "/api
 @pytest.fixture(autouse=True)
 def _types():
     # MODEL's models_type names these; unknown type ids are refused.
-    with transaction() as conn:
-        for i in (1, 2, 3):
-            model_types.create_type(conn, {"type_id": i, "type_name": f"type {i}"})
+    for i in (1, 2, 3):
+        model_types.create_type(ModelTypeInput(type_id=i, type_name=f"type {i}"))
 
 
 def test_admin_creates_reads_updates_deletes_a_model(client, admin_key):

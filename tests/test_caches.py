@@ -8,7 +8,7 @@ from app.infra import redis_scripts
 from app.infra.db import transaction
 from app.infra.tables import api_keys, models
 from app.catalog import registry as model_registry
-from app.tenancy.keys import authenticate, authenticate_cached
+from app.tenancy.keys import authenticate
 from app.infra.wakeups import hub
 from conftest import make_key, wait_until
 
@@ -33,18 +33,14 @@ def test_revoked_key_stops_working_on_an_invalidation_message():
     key = make_key("t")
     hub.ensure_started()
 
-    def load(k):
-        with transaction() as conn:
-            return authenticate(conn, k)
-
-    assert authenticate_cached(key, load).tenant_id == "t"
+    assert authenticate(key).tenant_id == "t"
     _changed_elsewhere(update(api_keys).values(revoked_at=api_keys.c.created_at))
-    assert authenticate_cached(key, load).tenant_id == "t"  # cached
+    assert authenticate(key).tenant_id == "t"  # cached
     redis_scripts.publish_invalidate("keys")
 
     def rejected():
         try:
-            authenticate_cached(key, load)
+            authenticate(key)
             return False
         except Exception as exc:
             return "invalid API key" in str(exc)

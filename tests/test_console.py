@@ -89,16 +89,25 @@ def test_login_submit_watch_done_and_open_the_result(page, api_url, workers, mak
     page.click("#login-form button")
     page.wait_for_url("**/console/submit?model=echo")
 
-    # The form is the model's definition; client-side rules mirror the server's.
+    # The form is the model's definition.  The console judges nothing itself:
+    # an invalid payload goes to the server, and the page shows the server's
+    # 422 messages next to the fields its pointers name.
     page.wait_for_selector('[data-pointer="/prompt"] input')
     labels = page.locator("#job-fields label").all_text_contents()
     assert labels == ["Prompt *", "Count", "Mode *", "Flag"]
     page.fill('[data-pointer="/prompt"] input', "h")
     page.fill('[data-pointer="/n"] input', "9")
-    page.click("#submit-job")
+    with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/v1/models/echo/jobs")) as sent:
+        page.click("#submit-job")
+    refused = sent.value.json()
+    assert sent.value.status == 422
+    page.wait_for_selector('[data-pointer="/n"].invalid')
+    for e in refused["errors"]:  # exactly the server's words, where its pointers say
+        assert page.text_content(f'[data-pointer="{e["pointer"]}"] .error') == e["message"]
+    assert {e["pointer"] for e in refused["errors"]} == {"/prompt", "/n"}
     assert "at least 2" in page.text_content('[data-pointer="/prompt"] .error')
     assert "must be <= 5" in page.text_content('[data-pointer="/n"] .error')
-    assert _jobs() == 0  # nothing was sent
+    assert _jobs() == 0  # refused by the server, nothing admitted
 
     page.fill('[data-pointer="/prompt"] input', "hello")
     page.fill('[data-pointer="/n"] input', "3")

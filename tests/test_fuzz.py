@@ -120,14 +120,14 @@ def seeded(make_model, settings):
     from app.infra.db import get_engine, transaction
     from app.jobs import service as jobs
     from app.catalog import model_types
+    from app.catalog.schemas import ModelTypeInput
     from app.jobs.service import SubmitOptions
     from app.tenancy.keys import Principal
 
     with get_engine().begin() as conn:
         conn.execute(text("ALTER SEQUENCE asynch_api_keys_id_seq RESTART WITH 1000000"))
     keys = {"admin": make_key("ops", admin=True), "user": make_key("tenant-a"), "other": make_key("tenant-b")}
-    with transaction() as conn:
-        model_types.create_type(conn, {"type_id": 1, "type_name": "chat"})
+    model_types.create_type(ModelTypeInput(**{"type_id": 1, "type_name": "chat"}))
     make_model("echo", form=[{"field": "prompt", "type": "string", "required": True}], queue_limit=1000)
     make_model("free", queue_limit=1000, models_type="1")
     ids = []

@@ -155,9 +155,10 @@ def test_a_new_route_with_an_id_fails_the_classification():
 
 
 def test_admin_only_routes_are_the_documents_admin_operations():
+    from app import create_app
     from app.web.openapi import document
 
-    doc = document()
+    doc = document(create_app())
     marked = {(m.upper(), p) for p, item in doc["paths"].items() for m, o in item.items()
               if m != "parameters" and o.get("x-admin-only")}
     listed = {(m, p) for m, rule in ADMIN_ONLY for p in _openapi_paths(rule)}
@@ -176,6 +177,7 @@ def world(make_model, client):
     from app.callbacks import delivery as callbacks
     from app.jobs import service as jobs
     from app.catalog import model_types
+    from app.catalog.schemas import ModelTypeInput
     from app.jobs import stats
     from app.jobs.service import SubmitOptions, release_slot
     from app.tenancy.keys import Principal
@@ -184,8 +186,8 @@ def world(make_model, client):
     from app.infra.storage import get_storage
 
     admin, key_a, key_b = make_key("ops", admin=True), make_key(A), make_key(B)
+    model_types.create_type(ModelTypeInput(**{"type_id": 1, "type_name": "chat"}))
     with transaction() as conn:
-        model_types.create_type(conn, {"type_id": 1, "type_name": "chat"})
         a_key_id = conn.execute(select(api_keys.c.id).where(api_keys.c.tenant_id == A)).scalar_one()
     make_model(MODEL, form=[{"field": "prompt", "type": "string", "required": True}])
     make_model("idle")

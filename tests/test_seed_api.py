@@ -21,6 +21,7 @@ from app.infra.tables import models, tasks
 from app.jobs import execution
 from app.jobs import service as jobs
 from app.catalog import model_types
+from app.catalog.schemas import ModelTypeInput
 from app.tenancy.keys import Principal
 from app.states import JobState
 from conftest import auth, job_row
@@ -37,9 +38,8 @@ FORM = [{"field": "prompt", "label": "Prompt", "type": "string", "required": Tru
 
 @pytest.fixture(autouse=True)
 def _types():
-    with transaction() as conn:
-        for i in (1, 2, 3):
-            model_types.create_type(conn, {"type_id": i, "type_name": f"type {i}"})
+    for i in (1, 2, 3):
+        model_types.create_type(ModelTypeInput(type_id=i, type_name=f"type {i}"))
 
 
 def ok(resp) -> dict | list:

@@ -14,6 +14,7 @@ from app import transitions
 from app.clock import now
 from app.infra.db import transaction
 from app.jobs import service as jobs
+from app.jobs.schemas import WaitQuery
 from app.infra import wakeups as waiters
 from app.tenancy.keys import Principal
 from conftest import auth, job_row, submit, wait_until
@@ -62,12 +63,15 @@ def test_running_does_not_wake_a_waiter(api_url, workers, make_model, user_key):
 
 
 def test_wait_default_and_cap(settings):
-    assert jobs.parse_wait_ms(None) == 30000
-    assert jobs.parse_wait_ms("0") == 30000
-    assert jobs.parse_wait_ms("-5") == 30000
-    assert jobs.parse_wait_ms("soon") == 30000
-    assert jobs.parse_wait_ms("1500") == 1500
-    assert jobs.parse_wait_ms("999999999") == 300000
+    def budget(raw):
+        return WaitQuery(timeout=raw).budget_ms()
+
+    assert budget(None) == 30000
+    assert budget("0") == 30000
+    assert budget("-5") == 30000
+    assert budget("soon") == 30000
+    assert budget("1500") == 1500
+    assert budget("999999999") == 300000
 
 
 def test_finish_between_read_and_wait_is_not_lost(make_model):

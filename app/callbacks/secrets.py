@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 
 from sqlalchemy import select, update
@@ -20,7 +21,12 @@ from sqlalchemy.engine import Connection
 from app.clock import now as clock_now
 from app.errors import ValidationFailed
 from app.infra.tables import tenant_secrets
-from app.tenancy.keys import TENANT
+from app.errors import Forbidden
+from app.infra.db import transaction
+from app.tenancy.keys import Principal
+from app.tenancy.schemas import TENANT_PATTERN
+
+TENANT = re.compile(TENANT_PATTERN.replace("$", "\\Z"))  # \Z: "$" also matches before a final newline
 
 
 def _new_secret() -> str:
@@ -30,6 +36,20 @@ def _new_secret() -> str:
 def _check_tenant(tenant_id: str) -> None:
     if not isinstance(tenant_id, str) or not TENANT.match(tenant_id):
         raise ValidationFailed("invalid tenant", [{"pointer": "/tenant", "message": "must be 1-64 letters, digits, _ . -"}])
+
+
+def secret_of(principal: Principal, tenant_id: str) -> dict:
+    """A tenant's secret for its own keys or an admin (else 403)."""
+    if not principal.is_admin and principal.tenant_id != tenant_id:
+        raise Forbidden("admin key required")
+    with transaction() as conn:
+        return tenant_secret(conn, tenant_id)
+
+
+def rotate(tenant_id: str) -> dict:
+    """A new secret for ``tenant_id`` (admins): its own unit of work."""
+    with transaction() as conn:
+        return rotate_secret(conn, tenant_id)
 
 
 def tenant_secret(conn: Connection, tenant_id: str) -> dict:
@@ -51,8 +71,7 @@ def rotate_secret(conn: Connection, tenant_id: str) -> dict:
 
 
 def _view(row) -> dict:
-    return {"tenant": row.tenant_id, "secret": row.secret, "created_at": row.created_at.isoformat(),
-            "rotated_at": row.rotated_at.isoformat() if row.rotated_at else None}
+    return {"tenant": row.tenant_id, "secret": row.secret, "created_at": row.created_at, "rotated_at": row.rotated_at}
 
 
 def sign(secret: str, task_id: str, timestamp: int, url: str) -> str:

@@ -1,5 +1,7 @@
 """A model's ``form``: the field list the console renders and every payload
-is validated against.
+is validated against.  The definition's own shape is declared by FormField
+(app/catalog/schemas.py); this module applies a form to a payload, and is
+the only place that does (the console shows the 422s it produces).
 
 A form is a JSON array of objects: {field, label, type, required, ...}.
 Types: string, text, number, integer, boolean, select (with ``options``),
@@ -14,11 +16,6 @@ import re
 from typing import Any
 
 from app.errors import ValidationFailed
-from app.catalog.values import as_int
-
-FIELD_TYPES = {"string", "text", "number", "integer", "boolean", "select",
-               "array", "object", "url", "image"}
-_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}\Z")
 
 
 def _escape(token: str) -> str:
@@ -26,55 +23,14 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def validate_form_definition(form: Any, pointer: str = "/form") -> list[dict]:
-    """Errors in a form definition itself (empty list if it is fine)."""
-    errs: list[dict] = []
-    if form is None:
-        return errs
-    if not isinstance(form, list):
-        return [{"pointer": pointer, "message": "must be an array of field objects"}]
-    seen = set()
-    for i, f in enumerate(form):
-        p = f"{pointer}/{i}"
-        if not isinstance(f, dict):
-            errs.append({"pointer": p, "message": "must be an object"})
-            continue
-        name = f.get("field")
-        if not isinstance(name, str) or not _FIELD_NAME.match(name):
-            errs.append({"pointer": p + "/field", "message": "must be a field name (letters, digits, _ . -)"})
-        elif name in seen:
-            errs.append({"pointer": p + "/field", "message": f"duplicate field {name!r}"})
-        else:
-            seen.add(name)
-        t = f.get("type", "string")
-        if not isinstance(t, str) or t not in FIELD_TYPES:  # a dict or list is not hashable
-            errs.append({"pointer": p + "/type", "message": f"must be one of {sorted(FIELD_TYPES)}"})
-        if "required" in f and not isinstance(f["required"], bool):
-            errs.append({"pointer": p + "/required", "message": "must be true or false"})
-        if "label" in f and not isinstance(f["label"], str):
-            errs.append({"pointer": p + "/label", "message": "must be a string"})
-        opts = f.get("options")
-        if t == "select" and not (isinstance(opts, list) and opts):
-            errs.append({"pointer": p + "/options", "message": "a select needs a non-empty options array"})
-        elif opts is not None and not isinstance(opts, list):
-            errs.append({"pointer": p + "/options", "message": "must be an array"})
-        for k in ("min", "max"):
-            if k in f and (not isinstance(f[k], (int, float)) or isinstance(f[k], bool)):
-                errs.append({"pointer": f"{p}/{k}", "message": "must be a number"})
-        for k in ("minLength", "maxLength"):
-            if k in f and (as_int(f[k]) is None or f[k] < 0):
-                errs.append({"pointer": f"{p}/{k}", "message": "must be a non-negative integer"})
-        if "pattern" in f:
-            try:
-                re.compile(f["pattern"])
-            except (re.error, TypeError, ValueError, OverflowError, RecursionError):
-                errs.append({"pointer": p + "/pattern", "message": "must be a valid regular expression"})
-    return errs
-
-
 def _option_value(o: Any) -> Any:
     # Options may be plain values or {"value", "label"} objects.
     return o.get("value") if isinstance(o, dict) and "value" in o else o
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality: true is not 1 (Python's True == 1 would let it pass)."""
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
 def _type_error(t: str, v: Any) -> str | None:
@@ -121,7 +77,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
             errs.append({"pointer": p, "message": "must not be empty"})
             continue
         opts = f.get("options")
-        if isinstance(opts, list) and opts and v not in [_option_value(o) for o in opts]:
+        if isinstance(opts, list) and opts and not any(_same(v, _option_value(o)) for o in opts):
             errs.append({"pointer": p, "message": "must be one of the options: "
                          + ", ".join(repr(_option_value(o)) for o in opts)})
             continue

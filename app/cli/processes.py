@@ -71,27 +71,24 @@ def dev(port: int, model_port: int) -> None:
     from werkzeug.serving import make_server
 
     from app import create_app
-    from app.infra.db import transaction
+    from app.catalog import registry
+    from app.catalog.schemas import ModelInput, ModelPatch
     from app.cli.demo_model import DemoModelServer
     from app.errors import Conflict
     from app.tenancy import keys as key_svc
-    from app.catalog import registry as model_registry
 
     os.chdir(ROOT)
     upgrade_db()
     demo = DemoModelServer(port=model_port).start()
-    with transaction() as conn:
-        try:
-            model_registry.create_model(conn, {
-                "model_name": "demo-echo", "base_url": demo.url, "route": "/echo",
-                "http_method": "POST", "queue_limit": 100, "max_concurrency": 4,
-                "timeout_seconds": 30, "expected_seconds": 1, "retry_times": 2,
-                "form": [{"field": "prompt", "label": "Prompt", "type": "string", "required": True}],
-                "remark": "echoes its payload back (asynch dev)",
-            })
-        except Conflict:
-            model_registry.update_model(conn, "demo-echo", {"base_url": demo.url, "enabled": True})
-        key, _ = key_svc.create_key(conn, "demo", "admin", "asynch dev")
+    try:
+        registry.create_model(ModelInput(
+            model_name="demo-echo", base_url=demo.url, route="/echo", http_method="POST", queue_limit=100,
+            max_concurrency=4, timeout_seconds=30, expected_seconds=1, retry_times=2,
+            form=[{"field": "prompt", "label": "Prompt", "type": "string", "required": True}],
+            remark="echoes its payload back (asynch dev)"))
+    except Conflict:
+        registry.update_model("demo-echo", ModelPatch(base_url=demo.url, enabled=True))
+    key, _ = key_svc.create_key("demo", "admin", "asynch dev")
 
     (ROOT / "data").mkdir(exist_ok=True)
     children = [subprocess.Popen(worker_argv(2)),

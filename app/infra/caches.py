@@ -1,49 +1,64 @@
-"""A small per-process cache with a time-to-live, for the hot admission
-path (API keys, model configuration).  What a cached entry may hide is
-bounded by its TTL: a revoked key or a changed model is seen by every API
-process within that many seconds (at once by the process that changed it).
+"""The per-process TTL caches of the admission path (API keys, model rows),
+on cachetools, and the one switch that clears them all.
+
+What a cached entry may hide is bounded by its TTL: a revoked key or a
+changed model is seen by every API process within that many seconds (at
+once by the process that changed it, and by the others as soon as the
+invalidation message reaches their listener: app/infra/wakeups.py).
+cachetools' caches are not thread-safe, so each has a lock; its TTL is read
+from the settings when the cache is first used in a process (tests change
+settings between runs: ``clear_all`` rebuilds them).
 """
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Callable
 
+from cachetools import Cache
+
 MISSING = object()
-_registry: list["TTLCache"] = []
 
 
-class TTLCache:
-    def __init__(self, ttl: Callable[[], float], maxsize: int = 10_000) -> None:
-        self._ttl = ttl
-        self._maxsize = maxsize
-        self._data: dict[Any, tuple[float, Any]] = {}
+class ProcessCache:
+    def __init__(self, factory: Callable[[], Cache], enabled: Callable[[], bool]) -> None:
+        self._factory = factory
+        self._enabled = enabled
         self._lock = threading.Lock()
-        _registry.append(self)
+        self._cache: Cache | None = None
 
-    def get(self, key: Any) -> Any:
-        hit = self._data.get(key)
-        if hit is None or hit[0] < time.monotonic():
-            return MISSING
-        return hit[1]
+    def _get_cache(self) -> Cache:
+        if self._cache is None:
+            self._cache = self._factory()
+        return self._cache
+
+    def get(self, key: Any, default: Any = MISSING) -> Any:
+        with self._lock:
+            return self._get_cache().get(key, default)
 
     def set(self, key: Any, value: Any) -> None:
-        ttl = self._ttl()
-        if ttl <= 0:
+        if not self._enabled():
             return
         with self._lock:
-            if len(self._data) >= self._maxsize:
-                self._data.clear()  # crude but bounded; refills from the database
-            self._data[key] = (time.monotonic() + ttl, value)
+            self._get_cache()[key] = value
 
-    def invalidate(self, key: Any = MISSING) -> None:
+    def pop(self, key: Any) -> None:
         with self._lock:
-            if key is MISSING:
-                self._data.clear()
-            else:
-                self._data.pop(key, None)
+            self._get_cache().pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache = None  # rebuilt with the current settings on next use
+
+
+_registry: list[ProcessCache] = []
+
+
+def register(factory: Callable[[], Cache], enabled: Callable[[], bool] = lambda: True) -> ProcessCache:
+    cache = ProcessCache(factory, enabled)
+    _registry.append(cache)
+    return cache
 
 
 def clear_all() -> None:
-    for c in _registry:
-        c.invalidate()
+    for cache in _registry:
+        cache.clear()

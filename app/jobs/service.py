@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,7 +25,7 @@ from app import transitions
 from app.infra import metrics
 from app.infra import outbox
 from app.infra import redis_scripts
-from app.clock import as_utc, now as clock_now
+from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import single_statement, transaction
 from app.errors import (
@@ -36,17 +35,14 @@ from app.errors import (
 from app.infra.tables import tasks
 from app.infra import wakeups as waiters
 from app.catalog.forms import validate_payload
-from app.infra.http.headers import HeaderSpecError, parse_header_spec
 from app.tenancy.keys import Principal
 from app.catalog.registry import enabled_model
 from app.infra.http.netguard import callback_url_problem
+from app.jobs.schemas import JobListQuery, SubmitOptions
 from app.states import JobState, parse_v1_filter, v1_name
 from app.infra.storage import ObjectMissing, get_storage
 
 log = logging.getLogger(__name__)
-
-
-_PRINTABLE_KEY = re.compile(r"^[\x20-\x7e]{1,255}\Z")
 
 
 # Built once: values arrive as parameters, so each admission skips building
@@ -56,20 +52,6 @@ _INSERT_JOB = insert(tasks).returning(*tasks.c)
 
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(12)
-
-
-@dataclass(frozen=True)
-class SubmitOptions:
-    idempotency_key: str | None = None
-    creator: str = ""
-    biz_name: str = ""
-    callback_url: str | None = None
-    model_key: str | None = None
-    # Headers for the OSS file service ({"Authorization": ..., "X-User-Info": ...});
-    # secrets, kept only until the job is terminal.
-    passthrough: dict[str, str] | None = None
-    # Where the payload sits in the caller's request, for 422 pointers.
-    pointer_base: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,35 +93,17 @@ def _replay(existing: Row, model: str, digest: str) -> Submitted:
     return Submitted(existing, replayed=True)
 
 
-def _validate_options(opts: SubmitOptions) -> None:
-    errs = []
-    if opts.idempotency_key is not None and not _PRINTABLE_KEY.match(opts.idempotency_key):
-        errs.append({"pointer": "/Idempotency-Key", "message": "must be 1-255 printable ASCII characters"})
-    for name, value in (("/bizName", opts.biz_name), ("/creator", opts.creator)):
-        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-            errs.append({"pointer": name, "message": "must not contain control characters"})
-    if opts.model_key is not None:
-        try:
-            parse_header_spec(opts.model_key)
-        except HeaderSpecError as exc:
-            errs.append({"pointer": "/modelKey", "message": str(exc)})
-    if len(opts.biz_name) > 128:
-        errs.append({"pointer": "/bizName", "message": "must be at most 128 characters"})
-    if len(opts.creator) > 128:
-        errs.append({"pointer": "/creator", "message": "must be at most 128 characters"})
-    for name, value in (opts.passthrough or {}).items():
-        if not isinstance(value, str) or len(value) > 8192 or any(c in value for c in "\r\n\x00"):
-            where = "/X-Oss-Authorization" if name == "Authorization" else "/" + name
-            errs.append({"pointer": where, "message": "must be at most 8192 characters without CR, LF or NUL"})
+def _check_callback(opts: SubmitOptions) -> None:
+    """The callback target must be public (the SSRF guard); the rest of the
+    options were judged by their declaration (app/jobs/schemas.py)."""
     if opts.callback_url is not None:
         problem = callback_url_problem(opts.callback_url)
         if problem:
-            errs.append({"pointer": "/callbackUrl", "message": problem})
-    if errs:
-        raise ValidationFailed("invalid job options", errs)
+            raise ValidationFailed("invalid job options", [{"pointer": "/callbackUrl", "message": problem}])
 
 
-def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions = SubmitOptions()) -> Submitted:
+def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | None = None) -> Submitted:
+    opts = opts if opts is not None else SubmitOptions()
     try:
         out = _submit(principal, model_name, payload, opts)
     except DomainError as exc:
@@ -156,7 +120,7 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
 def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions) -> Submitted:
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
-    _validate_options(opts)
+    _check_callback(opts)
     model = enabled_model(model_name)
     validate_payload(model.form, payload, opts.pointer_base)
     digest = request_hash(model_name, payload, opts)
@@ -236,50 +200,6 @@ def get_job(principal: Principal, job_id: str, model_name: str | None = None) ->
         return load_job(conn, principal, job_id, model_name)
 
 
-def elapsed_ms(row: Row) -> int:
-    end = as_utc(row.finished_at) or clock_now()
-    return max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
-
-
-def _iso(dt) -> str | None:
-    dt = as_utc(dt)
-    return dt.isoformat().replace("+00:00", "Z") if dt else None
-
-
-def status_view(row: Row) -> dict:
-    """The v1 poll body."""
-    body = {
-        "job_id": row.id,
-        "model": row.model_name,
-        "state": v1_name(row.state),
-        "elapsed_ms": elapsed_ms(row),
-        "attempt": row.attempt,
-        "retry_count": row.retry_count,
-        "created_at": _iso(row.created_at),
-        "started_at": _iso(row.started_at),
-        "finished_at": _iso(row.finished_at),
-    }
-    if row.error and JobState(row.state) in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED,
-                                             JobState.RETRY_WAIT):
-        body["error"] = row.error
-    if row.result_size is not None and JobState(row.state) in (JobState.DONE, JobState.CLAIMED):
-        body["result_size"] = row.result_size
-        body["content_type"] = row.result_content_type
-    return body
-
-
-def parse_wait_ms(raw: str | None) -> int:
-    """Seed 000: milliseconds, default 30000, cap 300000; <=0 or junk -> default."""
-    s = get_settings()
-    try:
-        ms = int(raw) if raw is not None else 0
-    except ValueError:
-        ms = 0
-    if ms <= 0:
-        ms = s.wait_default_ms
-    return min(ms, s.wait_max_ms)
-
-
 def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None) -> Row:
     """Return when the job is terminal or the budget ends (it may then still be
     pending/running).  Never returns early on pending -> running."""
@@ -324,36 +244,28 @@ def after_terminal(row: Row) -> None:
         log.warning("slot release / wake-up failed; reconcile returns the slot", extra={"job_id": row.id})
 
 
-def list_jobs(principal: Principal, *, model_name: str | None = None, state: str | None = None,
-              limit: int = 50, cursor: str | None = None, tenant: str | None = None,
-              since=None, until=None) -> tuple[list[Row], str | None]:
-    s = get_settings()
-    if not 1 <= limit <= s.list_max_limit:
-        raise ValidationFailed("invalid query", [{"pointer": "/limit",
-                                                  "message": f"must be from 1 to {s.list_max_limit}"}])
+def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
+    """A page of jobs, newest first; ``query`` is the declared listing query
+    (state, limit, cursor, tenant for admins, since, until)."""
     q = select(tasks)
     if principal.is_admin:
-        if tenant:
-            q = q.where(tasks.c.tenant_id == tenant)
+        if query.tenant:
+            q = q.where(tasks.c.tenant_id == query.tenant)
     else:
         q = q.where(tasks.c.tenant_id == principal.tenant_id)
     if model_name:
         q = q.where(tasks.c.model_name == model_name)
-    if state:
-        try:
-            q = q.where(tasks.c.state.in_([int(x) for x in parse_v1_filter(state)]))
-        except ValueError:
-            raise ValidationFailed("invalid query", [{"pointer": "/state", "message":
-                                   "must be one of pending, running, done, failed, timeout, canceled"}])
-    if since is not None:
-        q = q.where(tasks.c.created_at >= since)
-    if until is not None:
-        q = q.where(tasks.c.created_at < until)
-    with transaction() as conn:
-        if cursor:
+    if query.state:
+        q = q.where(tasks.c.state.in_([int(x) for x in parse_v1_filter(query.state)]))
+    if query.since is not None:
+        q = q.where(tasks.c.created_at >= query.since)
+    if query.until is not None:
+        q = q.where(tasks.c.created_at < query.until)
+    with single_statement() as conn:
+        if query.cursor:
             # Only the caller's own jobs are cursors: another tenant's id must not
             # answer differently from an unknown one (that would confirm it exists).
-            aq = select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == cursor)
+            aq = select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == query.cursor)
             if not principal.is_admin:
                 aq = aq.where(tasks.c.tenant_id == principal.tenant_id)
             anchor = conn.execute(aq).first()
@@ -361,7 +273,6 @@ def list_jobs(principal: Principal, *, model_name: str | None = None, state: str
                 raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}])
             q = q.where(or_(tasks.c.created_at < anchor.created_at,
                             and_(tasks.c.created_at == anchor.created_at, tasks.c.id < anchor.id)))
-        rows = conn.execute(q.order_by(tasks.c.created_at.desc(), tasks.c.id.desc()).limit(limit + 1)).all()
-    nxt = rows[limit - 1].id if len(rows) > limit else None
-    return rows[:limit], nxt
-
+        rows = conn.execute(q.order_by(tasks.c.created_at.desc(), tasks.c.id.desc()).limit(query.limit + 1)).all()
+    nxt = rows[query.limit - 1].id if len(rows) > query.limit else None
+    return rows[:query.limit], nxt

@@ -10,7 +10,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
-from app.errors import Forbidden, ValidationFailed
+from app.errors import Forbidden
+from app.jobs.schemas import Usage, UsageQuery, UsageRow
 from app.infra.db import transaction
 from app.infra.tables import model_stats
 from app.tenancy.keys import Principal
@@ -53,34 +54,21 @@ def read_stats(conn: Connection, *, day_from: date | None = None, day_to: date |
     if model_name:
         q = q.where(model_stats.c.model_name == model_name)
     q = q.order_by(model_stats.c.day, model_stats.c.model_name, model_stats.c.tenant_id, model_stats.c.creator)
-    return [{"day": r.day.isoformat(), "tenant_id": r.tenant_id, "creator": r.creator,
+    return [{"day": r.day, "tenant_id": r.tenant_id, "creator": r.creator,
              "model_name": r.model_name, "request_count": int(r.request_count)} for r in conn.execute(q)]
 
 
-def _day(raw: str | None, name: str, errs: list) -> date | None:
-    if raw is None or raw == "":
-        return None
-    try:
-        return date.fromisoformat(raw)
-    except (TypeError, ValueError):
-        errs.append({"pointer": "/" + name, "message": "must be a date YYYY-MM-DD"})
-        return None
-
-
-def usage(principal: Principal, *, day_from: str | None = None, day_to: str | None = None,
-          tenant: str | None = None, model: str | None = None) -> dict:
-    """Counts by day/tenant/creator/model between two days (inclusive)."""
-    errs: list[dict] = []
-    d_from, d_to = _day(day_from, "from", errs), _day(day_to, "to", errs)
-    if d_from and d_to and d_from > d_to:
-        errs.append({"pointer": "/from", "message": "must not be after to"})
-    if errs:
-        raise ValidationFailed("invalid query", errs)
+def usage(principal: Principal, query: UsageQuery) -> Usage:
+    """Counts by day/tenant/creator/model between two days (inclusive).
+    Users see their own tenant (another: 403), admins any."""
+    tenant = query.tenant
     if not principal.is_admin:
         if tenant and tenant != principal.tenant_id:
             raise Forbidden("admin key required to read another tenant's stats")
         tenant = principal.tenant_id
     with transaction() as conn:
-        rows = read_stats(conn, day_from=d_from, day_to=d_to, tenant_id=tenant or None, model_name=model or None)
-    return {"from": d_from.isoformat() if d_from else None, "to": d_to.isoformat() if d_to else None,
-            "rows": rows, "total": sum(r["request_count"] for r in rows)}
+        rows = read_stats(conn, day_from=query.day_from, day_to=query.day_to, tenant_id=tenant or None,
+                          model_name=query.model or None)
+    return Usage.model_construct(day_from=query.day_from, day_to=query.day_to,
+                                 rows=[UsageRow.model_construct(**r) for r in rows],
+                                 total=sum(r["request_count"] for r in rows))

@@ -22,10 +22,8 @@ from app.infra import redis_scripts
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra.db import is_postgres, transaction
-from app.errors import ValidationFailed
 from app.infra.tables import autotune_log, models, tasks
 from app.maintenance.passes import Report
-from app.catalog.values import as_int
 from app.states import JobState
 
 # A P90 below this (sub-millisecond stub models) is treated as this, so the
@@ -191,24 +189,3 @@ def autotune(window_seconds: int | None = None, dry_run: bool = False) -> Report
     changed = sum(1 for i in items if i["changed"])
     return Report(processed=changed, details={"window_seconds": window, "dry_run": dry_run, "models": items,
                                               "busy": busy})
-
-
-MAX_WINDOW_SECONDS = 30 * 86400
-
-
-def parse_request(body: dict, window_field: str, dry_run_field: str) -> tuple[int | None, bool]:
-    """(window, dry_run) from a request body; absent or <= 0 window means
-    the default (seed: windowSeconds).  Field names differ per API face."""
-    errs = []
-    raw = body.get(window_field)
-    window = as_int(raw)
-    if raw is not None and window is None:
-        errs.append({"pointer": f"/{window_field}", "message": "must be an integer number of seconds"})
-    elif window is not None and window > MAX_WINDOW_SECONDS:
-        errs.append({"pointer": f"/{window_field}", "message": f"must be at most {MAX_WINDOW_SECONDS}"})
-    dry_run = body.get(dry_run_field, False)
-    if not isinstance(dry_run, bool):
-        errs.append({"pointer": f"/{dry_run_field}", "message": "must be true or false"})
-    if errs:
-        raise ValidationFailed("invalid autotune request", errs)
-    return (window if window and window > 0 else None), dry_run

@@ -1,5 +1,5 @@
 """``asynch jobs requeue``: nudge a job that is waiting, never revive one that
-ended.  Terminal states are absorbing (DESIGN.md invariant 5), so requeue
+ended.  Terminal states are absorbing (docs/architecture.md, invariant 5), so requeue
 only re-sends what the state machine already allows:
 
   pending     re-publish its run message for the current attempt (a lost
@@ -15,10 +15,9 @@ from app.errors import Conflict
 from app.infra.publisher import publish_run_job
 from app.maintenance import passes as maintenance
 from app.jobs.service import get_job
-from app.tenancy.keys import Principal
+from app.tenancy.keys import OPERATOR
 from app.states import JobState
 
-OPERATOR = Principal(tenant_id="admin", role="admin", key_id=None)
 
 
 def requeue_job(job_id: str) -> dict:

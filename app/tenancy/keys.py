@@ -8,23 +8,26 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Callable
 
+from cachetools import TTLCache
 from sqlalchemy import insert, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Row
 
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.errors import NotFound, Unauthorized, ValidationFailed
-from app.infra.tables import api_keys
+from app.contract import parse
+from app.errors import NotFound, Unauthorized
+from app.infra import caches
+from app.infra.caches import MISSING
+from app.infra.db import transaction
 from app.infra.redis_scripts import publish_invalidate
-from app.infra.caches import MISSING, TTLCache
+from app.infra.tables import api_keys
+from app.tenancy.schemas import ApiKeyInput
 
-ROLES = ("admin", "user")
-TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" also matches before a final newline
 _KEY = re.compile(r"^ak_([a-z0-9]{12})_([A-Za-z0-9_-]{20,128})$")
 # Presented-key hash -> Principal, for keys that authenticated.
-_cache = TTLCache(lambda: get_settings().auth_cache_seconds)
+_cache = caches.register(lambda: TTLCache(maxsize=10_000, ttl=max(1e-6, get_settings().auth_cache_seconds)),
+                         enabled=lambda: get_settings().auth_cache_seconds > 0)
 
 
 @dataclass(frozen=True)
@@ -38,59 +41,64 @@ class Principal:
         return self.role == "admin"
 
 
+# The operator at the command line: an admin of every tenant.
+OPERATOR = Principal(tenant_id="admin", role="admin", key_id=None)
+
+
 def hash_key(key: str) -> str:
     pepper = get_settings().key_pepper.encode()
     return hmac.new(pepper, key.encode(), hashlib.sha256).hexdigest()
 
 
-def create_key(conn: Connection, tenant_id: str, role: str = "user", name: str = "") -> tuple[str, dict]:
-    errs = []
-    if not isinstance(tenant_id, str) or not TENANT.match(tenant_id):
-        errs.append({"pointer": "/tenant", "message": "must be 1-64 letters, digits, _ . -"})
-    if role not in ROLES:
-        errs.append({"pointer": "/role", "message": f"must be one of {list(ROLES)}"})
-    if not isinstance(name, str) or len(name) > 128:
-        errs.append({"pointer": "/name", "message": "must be a string of at most 128 characters"})
-    if errs:
-        raise ValidationFailed("invalid API key request", errs)
+def create_key(tenant_id: str, role: str = "user", name: str = "") -> tuple[str, Row]:
+    """A new key for ``tenant_id``; returns (the key, shown once, and its row)."""
+    spec = parse(ApiKeyInput, {"tenant": tenant_id, "role": role, "name": name}, message="invalid API key request")
     prefix = secrets.token_hex(6)
     key = f"ak_{prefix}_{secrets.token_urlsafe(32)}"
-    row = conn.execute(insert(api_keys).values(
-        tenant_id=tenant_id, role=role, name=name, prefix=prefix,
-        key_hash=hash_key(key), created_at=clock_now(),
-    ).returning(*api_keys.c)).one()
-    return key, key_view(row)
+    with transaction() as conn:
+        row = conn.execute(insert(api_keys).values(
+            tenant_id=spec.tenant, role=spec.effective_role, name=spec.name, prefix=prefix,
+            key_hash=hash_key(key), created_at=clock_now(),
+        ).returning(*api_keys.c)).one()
+    return key, row
 
 
-def key_view(row) -> dict:
-    return {"id": row.id, "tenant": row.tenant_id, "role": row.role, "name": row.name,
-            "prefix": row.prefix, "created_at": row.created_at.isoformat(),
-            "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None}
-
-
-def list_keys(conn: Connection, tenant_id: str | None = None) -> list[dict]:
+def list_keys(tenant_id: str | None = None) -> list[Row]:
     q = select(api_keys).order_by(api_keys.c.id)
     if tenant_id:
         q = q.where(api_keys.c.tenant_id == tenant_id)
-    return [key_view(r) for r in conn.execute(q)]
+    with transaction() as conn:
+        return list(conn.execute(q).all())
 
 
-def revoke_key(conn: Connection, key_id: int) -> dict:
-    row = conn.execute(update(api_keys).where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
-                       .values(revoked_at=clock_now()).returning(*api_keys.c)).first()
-    _cache.invalidate()
+def revoke_key(key_id: int) -> Row:
+    with transaction() as conn:
+        row = conn.execute(update(api_keys).where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+                           .values(revoked_at=clock_now()).returning(*api_keys.c)).first()
+        if row is None:
+            row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
+    _cache.clear()
     publish_invalidate("keys")
     if row is None:
-        row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
-        if row is None:
-            raise NotFound(f"api key not found: {key_id}")
-    return key_view(row)
+        raise NotFound(f"api key not found: {key_id}")
+    return row
 
 
-def authenticate(conn: Connection, key: str | None) -> Principal:
-    """The principal behind a presented key, or Unauthorized."""
+def authenticate(key: str | None) -> Principal:
+    """The principal behind a presented key, or Unauthorized.  Keys that
+    authenticated are cached per process (ASYNCH_AUTH_CACHE_SECONDS);
+    failures never are, so a new key works at once."""
     if not key:
         raise Unauthorized("missing API key")
+    h = hash_key(key)
+    p = _cache.get(h)
+    if p is MISSING:
+        p = _lookup(key, h)
+        _cache.set(h, p)
+    return p
+
+
+def _lookup(key: str, presented: str) -> Principal:
     settings = get_settings()
     if settings.bootstrap_admin_key and hmac.compare_digest(
             key.encode(), settings.bootstrap_admin_key.encode()):
@@ -98,24 +106,10 @@ def authenticate(conn: Connection, key: str | None) -> Principal:
     m = _KEY.match(key)
     if not m:
         raise Unauthorized("invalid API key")
-    row = conn.execute(select(api_keys).where(api_keys.c.prefix == m.group(1))).first()
-    presented = hash_key(key)
+    with transaction() as conn:
+        row = conn.execute(select(api_keys).where(api_keys.c.prefix == m.group(1))).first()
     # Compare even when no row matched so timing says nothing about prefixes.
     stored = row.key_hash if row is not None else "0" * 64
     if not hmac.compare_digest(presented, stored) or row is None or row.revoked_at is not None:
         raise Unauthorized("invalid API key")
     return Principal(tenant_id=row.tenant_id, role=row.role, key_id=row.id)
-
-
-def authenticate_cached(key: str | None, load: Callable[[str | None], Principal]) -> Principal:
-    """authenticate() through the per-process cache; ``load`` runs the
-    database lookup (in its own transaction) on a miss.  Failures are never
-    cached, so a new key works at once."""
-    if not key:
-        return load(key)
-    h = hash_key(key)
-    p = _cache.get(h)
-    if p is MISSING:
-        p = load(key)
-        _cache.set(h, p)
-    return p

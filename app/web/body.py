@@ -2,39 +2,10 @@
 unparsable or non-object bodies."""
 from __future__ import annotations
 
-import json
-import re
-
 from flask import request
 
+from app.contract import parse_json
 from app.errors import BadRequest, ValidationFailed
-
-
-def _not_json(name: str):
-    # Python's json takes NaN/Infinity, which JSON has not (and PostgreSQL's jsonb refuses).
-    raise ValueError(f"{name} is not JSON")
-
-
-# A \\uD800-\\uDFFF escape: the only way a surrogate gets into parsed JSON
-# (raw UTF-8 cannot carry one: decoding would fail first).
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def parse_json(raw: str | bytes):
-    """Strict JSON; ValueError for anything else: NaN/Infinity, nesting too
-    deep for the parser (else a RecursionError and a 500), and strings with
-    an unpaired surrogate (not Unicode text: PostgreSQL cannot store it)."""
-    try:
-        data = json.loads(raw, parse_constant=_not_json)
-    except RecursionError as exc:
-        raise ValueError("nested too deeply") from exc
-    text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
-    if _SURROGATE_ESCAPE.search(text):  # rare: only then pay for a full check
-        try:
-            json.dumps(data, ensure_ascii=False).encode("utf-8")
-        except (UnicodeEncodeError, RecursionError) as exc:
-            raise ValueError("a string has an unpaired surrogate (not Unicode text)") from exc
-    return data
 
 
 def _escape(token: str) -> str:

@@ -10,9 +10,9 @@ import logging
 import redis
 from flask import Flask, has_request_context, jsonify, request
 from sqlalchemy.exc import OperationalError
+from pydantic.alias_generators import to_camel
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
-from app.web.seed_fields import PATH_PREFIXES, camel_pointer
 from app.config import get_settings
 from app.errors import DomainError, QueueFull, Unauthorized, ValidationFailed
 
@@ -24,6 +24,21 @@ _HTTP_TEXT = {
     405: "method not allowed",
     415: "unsupported media type",
 }
+
+
+# URL prefixes of the seed routes: errors under them get the envelope form
+# even when no route matched (404/405).
+PATH_PREFIXES = ("/model/", "/modelType/", "/task/", "/stat/")
+
+
+def camel_pointer(pointer: str) -> str:
+    """The seed face's names are the camelCase aliases of the v1 names
+    (app/contract.py): "/models_type" -> "/modelsType"; only the first segment
+    (a payload's own field names below /requestPayload stay as they are)."""
+    if not pointer.startswith("/"):
+        return pointer
+    head, sep, rest = pointer[1:].partition("/")
+    return "/" + (to_camel(head) if "_" in head else head) + sep + rest
 
 
 def _seed_face() -> bool:

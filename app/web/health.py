@@ -2,21 +2,26 @@
 the database and Redis answer)."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify
+from flask import Blueprint
 from sqlalchemy import text
 
 from app.infra.db import get_engine
 from app.infra.redis_scripts import get_redis
+from app.web.contract import Ok, endpoint
+from app.web.schemas import Health, Ready
 
 bp = Blueprint("health", __name__)
 
 
 @bp.get("/healthz")
+@endpoint("Liveness: the process answers", tag="health", auth="none", ok=Ok(Health, "alive"))
 def healthz():
-    return jsonify({"status": "ok"})
+    return Health(status="ok")
 
 
 @bp.get("/readyz")
+@endpoint("Readiness: PostgreSQL and Redis answer", tag="health", auth="none",
+          ok={200: Ok(Ready, "ready"), 503: Ok(Ready, "a dependency is down")})
 def readyz():
     checks = {}
     try:
@@ -30,8 +35,6 @@ def readyz():
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"error: {type(exc).__name__}"
-    ok = all(v == "ok" for v in checks.values())
-    body = {"status": "ok" if ok else "unavailable", "checks": checks}
-    if not ok:
-        body["error"] = "not ready"
-    return jsonify(body), (200 if ok else 503)
+    if all(v == "ok" for v in checks.values()):
+        return Ready(status="ok", checks=checks)
+    return Ready(status="unavailable", checks=checks, error="not ready"), 503

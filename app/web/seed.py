@@ -1,204 +1,145 @@
-"""The seed-002 routes (seeds/002: model-asynch's README) over the same
-service layer as v1: camelCase fields mapped at the edge (app/api/seed_fields.py),
-answers in the envelope {"code": 0, "message": "ok", "data": ...}; errors are
-enveloped by app/api/errors.py.  Same Bearer API keys; model and model-type
-writes need an admin key."""
+"""The seed-002 routes (docs/api.md, "Seed-002 routes") over the same
+services and the same declarations as v1: the shapes are validated by their
+camelCase aliases (``face="seed"``), answers come in the envelope
+{"code": 0, "message": "ok", "data": ...}, and errors are enveloped by the
+one handler (app/web/errors.py).  Model and model-type writes need an admin
+key."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, request
+from typing import Annotated
 
-from app.web import job_context
-from app.web.auth import current_principal, require_admin, require_key
-from app.web.body import json_object, parse_json
-from app.web.seed_fields import to_camel, to_snake
-from app.infra.db import transaction
-from app.errors import NotFound, ValidationFailed
-from app.jobs import claims
-from app.jobs import service as jobs
-from app.catalog import registry as model_registry
-from app.catalog import model_types
-from app.jobs import stats
-from app.jobs.service import SubmitOptions
+from flask import Blueprint
+from pydantic import Field
+
+from app.catalog import model_types, registry
+from app.catalog.schemas import (ModelInput, ModelNameBody, ModelTypeInput, ModelTypeView, SeedModelTypeUpdate,
+                                 SeedModelUpdate, SeedModelView, TypeIdBody, model_view)
+from app.contract import NO_NUL, Params, parse, rule
+from app.jobs import claims, service as jobs, stats
+from app.jobs.schemas import (CreatedTask, CreateTask, SeedTask, SubmitOptions, TaskHeaders, TaskIds, Usage,
+                              UsageQuery)
+from app.tenancy.identity import creator_for
+from app.web.auth import current_principal
+from app.web.contract import Ok, endpoint
+from app.web.v1_jobs import passthrough
 
 bp = Blueprint("seed", __name__)
+SEED = {"face": "seed", "tag": "seed"}
 
 
-def ok(data):
-    return jsonify({"code": 0, "message": "ok", "data": data})
+class ModelQuery(Params):
+    modelName: Annotated[str, Field(min_length=1, pattern=NO_NUL)] = rule("a model name")  # noqa: N815
 
 
-def _model_view(m: dict) -> dict:
-    m = to_camel(model_registry.view_for(m, current_principal().is_admin))
-    m["enabled"] = 1 if m["enabled"] else 0  # the seed's 0/1
-    return m
+class TaskQuery(Params):
+    taskId: Annotated[str, Field(min_length=1, pattern=NO_NUL)] = rule("a task id")  # noqa: N815
 
 
-def _required_str(value, pointer: str, errs: list) -> str | None:
-    if not isinstance(value, str) or not value:
-        errs.append({"pointer": pointer, "message": "is required: a non-empty string"})
-        return None
-    return value
-
-
-def _optional_str(body: dict, name: str, errs: list) -> str | None:
-    v = body.get(name)
-    if v is None or v == "":
-        return None
-    if not isinstance(v, str):
-        errs.append({"pointer": "/" + name, "message": "must be a string"})
-        return None
-    return v
-
-
-def _arg(name: str) -> str:
-    v = request.args.get(name)
-    if not v:
-        raise ValidationFailed("invalid query", [{"pointer": "/" + name, "message": "is required"}])
-    return v
+def _model(row) -> object:
+    return model_view(row, current_principal().is_admin, face="seed")
 
 
 # --- models -------------------------------------------------------------------------
 
 @bp.post("/model/createModel")
-@require_admin
-def create_model():
-    with transaction() as conn:
-        return ok(_model_view(model_registry.create_model(conn, to_snake(json_object()))))
+@endpoint("Create a model", auth="admin", body=ModelInput, errors=(409,), ok=Ok(SeedModelView, "the model"), **SEED)
+def create_model(body: ModelInput):
+    return _model(registry.create_model(body))
 
 
 @bp.post("/model/updateModel")
-@require_admin
-def update_model():
-    data = to_snake(json_object())
-    errs: list = []
-    name = _required_str(data.pop("model_name", None), "/model_name", errs)
-    if errs:
-        raise ValidationFailed("invalid model configuration", errs)
-    with transaction() as conn:
-        return ok(_model_view(model_registry.update_model(conn, name, data)))
+@endpoint("Update a model: modelName names it, the other fields given change", auth="admin", body=SeedModelUpdate,
+          errors=(404,), ok=Ok(SeedModelView, "the model"), **SEED)
+def update_model(body: SeedModelUpdate):
+    return _model(registry.update_model(body.model_name, body))
 
 
 @bp.get("/model/getModel")
-@require_key
-def get_model():
-    name = _arg("modelName")
-    with transaction() as conn:
-        m = model_registry.get_model(conn, name)
-    if not current_principal().is_admin and not m["enabled"]:
-        raise NotFound(f"model not found: {name}")
-    return ok(_model_view(m))
+@endpoint("A model (users: enabled ones, fewer fields)", query=ModelQuery, ok=Ok(model_view.seed_any, "the model"),
+          errors=(404,), **SEED)
+def get_model(query: ModelQuery):
+    return _model(registry.get_model(current_principal(), query.modelName))
 
 
 @bp.get("/model/listModel")
-@require_key
+@endpoint("Models (users: enabled ones, fewer fields)", ok=Ok(model_view.seed_any, "the models", many=True), **SEED)
 def list_models():
-    with transaction() as conn:
-        items = model_registry.visible_models(conn, current_principal())
-    return ok([_model_view(m) for m in items])
+    return [_model(r) for r in registry.visible_models(current_principal())]
 
 
 @bp.post("/model/deleteModel")
-@require_admin
-def delete_model():
-    errs: list = []
-    name = _required_str(json_object().get("modelName"), "/model_name", errs)
-    if errs:
-        raise ValidationFailed("invalid request", errs)
-    with transaction() as conn:
-        model_registry.delete_model(conn, name)
-    return ok({"modelName": name})
+@endpoint("Delete a model (409 while it has active tasks)", auth="admin", body=ModelNameBody, errors=(404, 409),
+          ok=Ok(ModelNameBody, "deleted"), **SEED)
+def delete_model(body: ModelNameBody):
+    registry.delete_model(body.model_name)
+    return body
 
 
 # --- model types --------------------------------------------------------------------
 
 @bp.post("/modelType/create")
-@require_admin
-def create_type():
-    with transaction() as conn:
-        return ok(to_camel(model_types.create_type(conn, to_snake(json_object()))))
+@endpoint("Create a model type (without typeId: the next free id)", auth="admin", body=ModelTypeInput,
+          errors=(409,), ok=Ok(ModelTypeView, "the type"), **SEED)
+def create_type(body: ModelTypeInput):
+    return ModelTypeView.from_row(model_types.create_type(body))
 
 
 @bp.post("/modelType/update")
-@require_admin
-def update_type():
-    data = to_snake(json_object())
-    with transaction() as conn:
-        return ok(to_camel(model_types.update_type(conn, data.get("type_id"), data)))
+@endpoint("Update a model type", auth="admin", body=SeedModelTypeUpdate, errors=(404,),
+          ok=Ok(ModelTypeView, "the type"), **SEED)
+def update_type(body: SeedModelTypeUpdate):
+    return ModelTypeView.from_row(model_types.update_type(body.type_id, body))
 
 
 @bp.get("/modelType/list")
-@require_key
+@endpoint("Model types", ok=Ok(ModelTypeView, "the types", many=True), **SEED)
 def list_types():
-    with transaction() as conn:
-        return ok([to_camel(t) for t in model_types.list_types(conn)])
+    return [ModelTypeView.from_row(r) for r in model_types.list_types()]
 
 
 @bp.post("/modelType/delete")
-@require_admin
-def delete_type():
-    type_id = json_object().get("typeId")
-    with transaction() as conn:
-        model_types.delete_type(conn, type_id)
-    return ok({"typeId": type_id})
+@endpoint("Delete a model type (409 while a model's modelsType names it)", auth="admin", body=TypeIdBody,
+          errors=(404, 409), ok=Ok(TypeIdBody, "deleted"), **SEED)
+def delete_type(body: TypeIdBody):
+    model_types.delete_type(body.type_id)
+    return body
 
 
 # --- tasks --------------------------------------------------------------------------
 
-def _payload(body: dict, errs: list):
-    """requestPayload: a JSON object (or a string holding one)."""
-    v = body.get("requestPayload", {})
-    if isinstance(v, str):
-        try:
-            v = parse_json(v)
-        except ValueError:
-            v = None
-    if not isinstance(v, dict):
-        errs.append({"pointer": "/requestPayload", "message": "must be a JSON object"})
-        return None
-    return v
-
-
 @bp.post("/task/createTask")
-@require_key
-def create_task():
-    body = json_object(nul_allowed=("/requestPayload",))
-    errs: list = []
-    model = _required_str(body.get("modelName"), "/modelName", errs)
-    payload = _payload(body, errs)
-    biz = _optional_str(body, "bizName", errs) or ""
-    callback_url = _optional_str(body, "callbackUrl", errs)
-    model_key = _optional_str(body, "modelKey", errs)
-    creator = _optional_str(body, "creator", errs)
-    if errs:
-        raise ValidationFailed("invalid task", errs)
-    opts = SubmitOptions(idempotency_key=request.headers.get("Idempotency-Key"), creator=job_context.creator(creator),
-                         biz_name=biz, callback_url=callback_url, model_key=model_key,
-                         passthrough=job_context.passthrough(), pointer_base="/requestPayload")
-    out = jobs.submit(current_principal(), model, payload, opts)
-    return ok({"task_id": out.row.id})
+@endpoint("Submit a task (the v1 submit with the seed's fields)", body=CreateTask, headers=TaskHeaders,
+          nul_allowed=("/requestPayload",), errors=(404, 429), ok=Ok(CreatedTask, "admitted"), **SEED,
+          description="404: unknown or disabled model; 422: bad fields or the model's form (pointers under "
+                      "/requestPayload), a reused Idempotency-Key with another body; 429: the queue is full.")
+def create_task(body: CreateTask, headers: TaskHeaders):
+    opts = parse(SubmitOptions, {
+        "Idempotency-Key": headers.idempotency_key, "creator": creator_for(body.creator or headers.creator,
+                                                                           headers.user_info),
+        "bizName": body.biz_name or "", "callbackUrl": body.callback_url, "modelKey": body.model_key,
+        "passthrough": passthrough(headers.oss_authorization, headers.user_info),
+        "pointerBase": "/requestPayload"}, face="seed", message="invalid task")
+    out = jobs.submit(current_principal(), body.model_name, body.request_payload, opts)
+    return CreatedTask.model_construct(task_id=out.row.id)
 
 
 @bp.post("/task/getTaskBatch")
-@require_key
-def get_task_batch():
-    body = to_snake(json_object())
-    if "task_ids" not in body:
-        raise ValidationFailed("invalid task ids", [{"pointer": "/task_ids", "message": "is required"}])
-    return ok(claims.get_task_batch(current_principal(), body["task_ids"]))
+@endpoint("Tasks by id; done ones are claimed (2 -> 4, expire_at set) by exactly one call", body=TaskIds,
+          ok=Ok(SeedTask, "one entry per distinct id, in order", many=True), **SEED,
+          description="Unknown ids and other tenants' ids are answered as not found and never touched.")
+def get_task_batch(body: TaskIds):
+    return claims.get_task_batch(current_principal(), body.task_ids)
 
 
 @bp.get("/task/getTaskResult")
-@require_key
-def get_task_result():
-    task_id = _arg("taskId")
-    return ok(claims.task_view(jobs.get_job(current_principal(), task_id)))
+@endpoint("One task (another tenant's: 404)", query=TaskQuery, errors=(404,), ok=Ok(SeedTask, "the task"), **SEED)
+def get_task_result(query: TaskQuery):
+    return SeedTask.from_row(jobs.get_job(current_principal(), query.taskId))
 
 
 # --- stats --------------------------------------------------------------------------
 
 @bp.get("/stat/getModelStat")
-@require_key
-def model_stat():
-    a = request.args
-    return ok(stats.usage(current_principal(), day_from=a.get("from"), day_to=a.get("to"),
-                          tenant=a.get("tenant"), model=a.get("model")))
+@endpoint("Usage counts (as /v1/stats)", query=UsageQuery, errors=(403,), ok=Ok(Usage, "counts"), **SEED)
+def model_stat(query: UsageQuery):
+    return stats.usage(current_principal(), query)

@@ -1,42 +1,36 @@
 """Seed-002 maintenance triggers (admins): /task/runWork, /task/cleanWork,
-/model/autoTune, in the seed's envelope {"code": 0, "message": "ok", "data"}."""
+/model/autoTune, in the seed's envelope {"code": 0, "message": "ok", "data"}.
+Their bodies are optional; runWork's and cleanWork's are ignored."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint
 
-from app.web.auth import require_admin
-from app.web.body import json_object
-from app.maintenance import autotune
-from app.maintenance import passes as maintenance
+from app.contract import Loose
+from app.maintenance import autotune, passes
+from app.maintenance.schemas import AutotuneReport, AutotuneRequest, Report
+from app.web.contract import Ok, endpoint
 
 bp = Blueprint("seed_maintenance", __name__)
+SEED = {"face": "seed", "tag": "seed", "auth": "admin", "body_required": False, "nul_allowed": ("",)}
 
 
-def _ok(data):
-    return jsonify({"code": 0, "message": "ok", "data": data})
-
-
-def _optional_object() -> dict:
-    # The seed's bodies here are optional: nothing (or an empty body) means defaults.
-    return json_object(nul_allowed=("",)) if request.get_data(cache=True).strip() else {}
+class Ignored(Loose):
+    """An optional body whose fields are ignored."""
 
 
 @bp.post("/task/runWork")
-@require_admin
-def run_work():
-    _optional_object()
-    return _ok(maintenance.run_work().as_dict())
+@endpoint("Run the retry pass now (as POST /v1/maintenance/retry)", body=Ignored, ok=Ok(Report, "its report"), **SEED)
+def run_work(body: Ignored):
+    return passes.run_work().as_dict()
 
 
 @bp.post("/task/cleanWork")
-@require_admin
-def clean_work():
-    _optional_object()
-    return _ok(maintenance.clean_work().as_dict())
+@endpoint("Run cleanup, then recovery, now", body=Ignored, ok=Ok(Report, "{cleanup: {...}, recover: {...}}"), **SEED)
+def clean_work(body: Ignored):
+    return passes.clean_work().as_dict()
 
 
 @bp.post("/model/autoTune")
-@require_admin
-def auto_tune():
-    window, dry_run = autotune.parse_request(_optional_object(), "windowSeconds", "dryRun")
-    return _ok(autotune.autotune(window, dry_run).as_dict())
+@endpoint("Run autotune now", body=AutotuneRequest, ok=Ok(AutotuneReport, "the decisions"), **SEED)
+def auto_tune(body: AutotuneRequest):
+    return autotune.autotune(body.window, body.dry_run).as_dict()

@@ -2,84 +2,72 @@
 API keys (admins)."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint
 
-from app.web.auth import current_principal, require_admin, require_key
-from app.web.body import json_object
-from app.infra.db import transaction
-from app.errors import NotFound, ValidationFailed
+from app.catalog import registry
+from app.catalog.schemas import ModelInput, ModelList, ModelPatch, model_view
 from app.tenancy import keys
-from app.catalog import registry as model_registry
+from app.tenancy.schemas import ApiKeyCreated, ApiKeyInput, ApiKeyList, ApiKeyView, KeysQuery
+from app.web.auth import current_principal
+from app.web.contract import Ok, endpoint
 
 bp = Blueprint("v1_admin", __name__, url_prefix="/v1")
 
-def _for_caller(m: dict) -> dict:
-    return model_registry.view_for(m, current_principal().is_admin)
+_NAME = {"name": {"description": "model_name"}}
 
 
 @bp.get("/models")
-@require_key
+@endpoint("List models (users: enabled ones, fewer fields)", tag="models", ok=Ok(ModelList, "models"))
 def list_models():
-    with transaction() as conn:
-        items = model_registry.visible_models(conn, current_principal())
-    return jsonify({"models": [_for_caller(m) for m in items]})
+    p = current_principal()
+    return ModelList.model_construct(models=[model_view(r, p.is_admin) for r in registry.visible_models(p)])
 
 
 @bp.post("/models")
-@require_admin
-def create_model():
-    with transaction() as conn:
-        m = model_registry.create_model(conn, json_object())
-    return jsonify(m), 201
+@endpoint("Create a model", tag="models", auth="admin", body=ModelInput, errors=(409,),
+          ok={201: Ok(model_view.admin, "created")})
+def create_model(body: ModelInput):
+    return model_view(registry.create_model(body), True), 201
 
 
 @bp.get("/models/<name>")
-@require_key
+@endpoint("A model (users: enabled ones, fewer fields)", tag="models", path=_NAME,
+          ok=Ok(model_view.any, "the model"))
 def get_model(name: str):
-    with transaction() as conn:
-        m = model_registry.get_model(conn, name)
-    if not current_principal().is_admin and not m["enabled"]:
-        raise NotFound(f"model not found: {name}")
-    return jsonify(_for_caller(m))
+    p = current_principal()
+    return model_view(registry.get_model(p, name), p.is_admin)
 
 
 @bp.route("/models/<name>", methods=["PUT", "PATCH"])
-@require_admin
-def update_model(name: str):
-    with transaction() as conn:
-        m = model_registry.update_model(conn, name, json_object())
-    return jsonify(m)
+@endpoint("Update a model (only the fields given change)", tag="models", auth="admin", body=ModelPatch,
+          path=_NAME, ok=Ok(model_view.admin, "updated"))
+def update_model(name: str, body: ModelPatch):
+    return model_view(registry.update_model(name, body), True)
 
 
 @bp.delete("/models/<name>")
-@require_admin
+@endpoint("Delete a model (409 while it has active jobs)", tag="models", auth="admin", errors=(409,), path=_NAME,
+          ok={204: Ok(description="deleted")})
 def delete_model(name: str):
-    with transaction() as conn:
-        model_registry.delete_model(conn, name)
-    return "", 204
+    registry.delete_model(name)
+    return None, 204
 
 
 @bp.post("/keys")
-@require_admin
-def create_key():
-    body = json_object()
-    if body.get("admin") is not None and not isinstance(body["admin"], bool):
-        raise ValidationFailed("invalid API key request", [{"pointer": "/admin", "message": "must be true or false"}])
-    role = "admin" if body.get("admin") is True else body.get("role", "user")
-    with transaction() as conn:
-        key, view = keys.create_key(conn, body.get("tenant"), role, body.get("name", ""))
-    return jsonify({**view, "key": key}), 201
+@endpoint("Create an API key; the key is shown once", tag="keys", auth="admin", body=ApiKeyInput,
+          ok={201: Ok(ApiKeyCreated, "created")})
+def create_key(body: ApiKeyInput):
+    key, row = keys.create_key(body.tenant, body.effective_role, body.name)
+    return ApiKeyCreated.model_construct(**ApiKeyView.values(row), key=key), 201
 
 
 @bp.get("/keys")
-@require_admin
-def list_keys():
-    with transaction() as conn:
-        return jsonify({"keys": keys.list_keys(conn, request.args.get("tenant"))})
+@endpoint("List API keys (never the secrets)", tag="keys", auth="admin", query=KeysQuery, ok=Ok(ApiKeyList, "keys"))
+def list_keys(query: KeysQuery):
+    return ApiKeyList.model_construct(keys=[ApiKeyView.from_row(r) for r in keys.list_keys(query.tenant)])
 
 
 @bp.delete("/keys/<int:key_id>")
-@require_admin
+@endpoint("Revoke an API key", tag="keys", auth="admin", ok=Ok(ApiKeyView, "revoked"))
 def revoke_key(key_id: int):
-    with transaction() as conn:
-        return jsonify(keys.revoke_key(conn, key_id))
+    return ApiKeyView.from_row(keys.revoke_key(key_id))

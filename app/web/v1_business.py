@@ -2,85 +2,84 @@
 callback delivery log, and the tenants' callback signing secrets."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint
 
-from app.web.auth import current_principal, require_admin, require_key
-from app.web.body import json_object
-from app.infra.db import transaction
-from app.errors import Forbidden, NotFound
-from app.callbacks import secrets as callback_secrets
-from app.callbacks import delivery as callbacks
-from app.jobs import service as jobs
+from app.callbacks import delivery as callbacks, secrets as callback_secrets
+from app.callbacks.schemas import CallbackDelivery, TenantSecret
 from app.catalog import model_types
-from app.jobs import stats
+from app.catalog.schemas import ModelTypeInput, ModelTypeList, ModelTypePatch, ModelTypeView
+from app.errors import NotFound
+from app.jobs import service as jobs, stats
+from app.jobs.schemas import Usage, UsageQuery
+from app.tenancy.schemas import TENANT_PATTERN
+from app.web.auth import current_principal
+from app.web.contract import Ok, endpoint
 
 bp = Blueprint("v1_business", __name__, url_prefix="/v1")
 
+_TYPE_ID = {"type_id": {"schema": {"type": "integer", "minimum": 0}}}
+_TENANT = {"tenant": {"description": "tenant id", "schema": {"type": "string", "pattern": TENANT_PATTERN}}}
+
 
 @bp.get("/stats")
-@require_key
-def usage():
-    a = request.args
-    return jsonify(stats.usage(current_principal(), day_from=a.get("from"), day_to=a.get("to"),
-                               tenant=a.get("tenant"), model=a.get("model")))
+@endpoint("Usage: one count per model call, by day, tenant, creator and model", tag="stats", query=UsageQuery,
+          errors=(403,), ok=Ok(Usage, "counts"),
+          description="Users see their own tenant; another tenant is 403. Bad dates or from after to: 422.")
+def usage(query: UsageQuery):
+    return stats.usage(current_principal(), query)
 
 
 @bp.get("/model-types")
-@require_key
+@endpoint("Model types", tag="models", ok=Ok(ModelTypeList, "the types"))
 def list_types():
-    with transaction() as conn:
-        return jsonify({"model_types": model_types.list_types(conn)})
+    return ModelTypeList.model_construct(model_types=[ModelTypeView.from_row(r) for r in model_types.list_types()])
 
 
 @bp.post("/model-types")
-@require_admin
-def create_type():
-    with transaction() as conn:
-        return jsonify(model_types.create_type(conn, json_object())), 201
+@endpoint("Create a model type (without type_id: the next free id)", tag="models", auth="admin",
+          body=ModelTypeInput, errors=(409,), ok={201: Ok(ModelTypeView, "created")})
+def create_type(body: ModelTypeInput):
+    return ModelTypeView.from_row(model_types.create_type(body)), 201
 
 
 @bp.route("/model-types/<int:type_id>", methods=["PUT", "PATCH"])
-@require_admin
-def update_type(type_id: int):
-    with transaction() as conn:
-        return jsonify(model_types.update_type(conn, type_id, json_object()))
+@endpoint("Update a model type (only the fields given change)", tag="models", auth="admin", body=ModelTypePatch,
+          path=_TYPE_ID, ok=Ok(ModelTypeView, "updated"))
+def update_type(type_id: int, body: ModelTypePatch):
+    return ModelTypeView.from_row(model_types.update_type(type_id, body))
 
 
 @bp.delete("/model-types/<int:type_id>")
-@require_admin
+@endpoint("Delete a model type (409 while a model's models_type names it)", tag="models", auth="admin",
+          errors=(409,), path=_TYPE_ID, ok={204: Ok(description="deleted")})
 def delete_type(type_id: int):
-    with transaction() as conn:
-        model_types.delete_type(conn, type_id)
-    return "", 204
+    model_types.delete_type(type_id)
+    return None, 204
 
 
 @bp.get("/jobs/<job_id>/callback")
-@require_key
+@endpoint("A job's callback and its delivery log", tag="callbacks", ok=Ok(CallbackDelivery, "the callback"),
+          path={"job_id": {"description": "job id (job_...)"}},
+          description="404 for unknown jobs, other tenants' jobs and jobs without a callback.")
 def job_callback(job_id: str):
     principal = current_principal()
     jobs.get_job(principal, job_id)  # 404 for unknown and other tenants' jobs
     view = callbacks.delivery_view(principal, job_id)
     if view is None:
         raise NotFound(f"no callback for job: {job_id}")
-    return jsonify(view)
-
-
-def _own_or_admin(tenant: str) -> None:
-    p = current_principal()
-    if not p.is_admin and p.tenant_id != tenant:
-        raise Forbidden("admin key required")
+    return view
 
 
 @bp.get("/tenants/<tenant>/callback-secret")
-@require_key
+@endpoint("A tenant's callback signing secret (created on first use)", tag="callbacks", path=_TENANT,
+          errors=(403, 422), ok=Ok(TenantSecret, "the secret"),
+          description="A user key only for its own tenant (else 403); 422: not a tenant id.")
 def read_secret(tenant: str):
-    _own_or_admin(tenant)
-    with transaction() as conn:
-        return jsonify(callback_secrets.tenant_secret(conn, tenant))
+    return TenantSecret.model_construct(**callback_secrets.secret_of(current_principal(), tenant))
 
 
 @bp.post("/tenants/<tenant>/callback-secret/rotate")
-@require_admin
+@endpoint("Rotate a tenant's callback signing secret", tag="callbacks", auth="admin", path=_TENANT, errors=(422,),
+          ok=Ok(TenantSecret, "the new secret"))
 def rotate_secret(tenant: str):
-    with transaction() as conn:
-        return jsonify(callback_secrets.rotate_secret(conn, tenant))
+    return TenantSecret.model_construct(**callback_secrets.rotate(tenant))

@@ -1,108 +1,96 @@
-"""v1 jobs: the async-jobs wire contract of seed 000 (DESIGN.md, v1)."""
+"""v1 jobs: the async-jobs wire contract of seed 000 (docs/api.md, "Jobs")."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from flask import Blueprint, Response, url_for
 
-from flask import Blueprint, Response, jsonify, request, url_for
-
-from app.web import job_context
-from app.web.auth import current_principal, require_key
-from app.web.body import json_object
-from app.errors import ValidationFailed
 from app.jobs import service as jobs
-from app.jobs.service import SubmitOptions, status_view
+from app.contract import parse
+from app.jobs.schemas import (JobAccepted, JobList, JobListItem, JobListQuery, JobStatus, SubmitHeaders,
+                              SubmitOptions, WaitQuery)
+from app.tenancy.identity import creator_for
+from app.web.auth import current_principal
+from app.web.contract import Ok, endpoint
 
 bp = Blueprint("v1_jobs", __name__, url_prefix="/v1")
 
+_JOB_PATH = {"model": {"description": "model_name"}, "job_id": {"description": "job id (job_...)"}}
+_PAYLOAD = {"type": "object", "description": "the JSON object forwarded to the model service"}
 
-def _urls(row) -> dict:
-    poll = url_for("v1_jobs.job_status", model=row.model_name, job_id=row.id)
-    return {"poll_url": poll,
+
+def job_urls(row) -> dict:
+    return {"poll_url": url_for("v1_jobs.job_status", model=row.model_name, job_id=row.id),
             "result_url": url_for("v1_jobs.job_result", model=row.model_name, job_id=row.id)}
 
 
+def passthrough(oss_authorization: str | None, user_info: str | None) -> dict[str, str] | None:
+    """Headers for the OSS file service.  Our own Authorization header is the
+    middleware's API key and never leaves the middleware: the caller's
+    credential for the file service comes as X-Oss-Authorization."""
+    out = {}
+    if oss_authorization:
+        out["Authorization"] = oss_authorization
+    if user_info:
+        out["X-User-Info"] = user_info
+    return out or None
+
+
 @bp.post("/models/<model>/jobs")
-@require_key
-def submit_job(model: str):
-    principal = current_principal()
-    payload = json_object(nul_allowed=("",))  # the body is the payload
-    opts = SubmitOptions(
-        idempotency_key=request.headers.get("Idempotency-Key"),
-        model_key=request.headers.get("X-Model-Key"),
-        biz_name=request.headers.get("X-Biz-Name", ""),
-        creator=job_context.creator(),
-        callback_url=request.headers.get("X-Callback-Url") or None,
-        passthrough=job_context.passthrough(),
-    )
-    out = jobs.submit(principal, model, payload, opts)
-    body = {"job_id": out.row.id, "state": "pending", **_urls(out.row)}
+@endpoint("Submit a job", tag="jobs", body=_PAYLOAD, nul_allowed=("",), headers=SubmitHeaders, errors=(422, 429),
+          path={"model": {"description": "model_name"}},
+          ok={202: Ok(JobAccepted, "admitted", {"Location": "the poll_url",
+                                                "Idempotent-Replayed": "true on a replay"})},
+          description="Checks run in order: key, body size, JSON, model (404 unknown or disabled), form (422), "
+                      "idempotency, gate (429). Nothing before the gate takes a slot.")
+def submit_job(model: str, body: dict, headers: SubmitHeaders):
+    opts = parse(SubmitOptions, {
+        "Idempotency-Key": headers.idempotency_key, "modelKey": headers.model_key, "bizName": headers.biz_name or "",
+        "creator": creator_for(headers.creator, headers.user_info), "callbackUrl": headers.callback_url or None,
+        "passthrough": passthrough(headers.oss_authorization, headers.user_info)}, face="seed",
+        message="invalid job options")
+    out = jobs.submit(current_principal(), model, body, opts)
+    urls = job_urls(out.row)
+    state = JobStatus.from_row(out.row).state if out.replayed else "pending"
+    extra = {"Location": urls["poll_url"]}
     if out.replayed:
-        body["state"] = status_view(out.row)["state"]
-    resp = jsonify(body)
-    resp.status_code = 202
-    resp.headers["Location"] = body["poll_url"]
-    if out.replayed:
-        resp.headers["Idempotent-Replayed"] = "true"
-    return resp
+        extra["Idempotent-Replayed"] = "true"
+    return JobAccepted.model_construct(job_id=out.row.id, state=state, **urls), 202, extra
+
+
+def _list(model: str | None, query: JobListQuery) -> JobList:
+    rows, nxt = jobs.list_jobs(current_principal(), query, model_name=model)
+    return JobList.model_construct(jobs=[JobListItem.model_construct(**JobStatus.values_of(r), **job_urls(r))
+                                         for r in rows], next_cursor=nxt)
 
 
 @bp.get("/models/<model>/jobs")
-@require_key
-def list_model_jobs(model: str):
-    return _list(model)
+@endpoint("List a model's jobs, newest first", tag="jobs", query=JobListQuery, path={"model": _JOB_PATH["model"]},
+          ok=Ok(JobList, "a page"))
+def list_model_jobs(model: str, query: JobListQuery):
+    return _list(model, query)
 
 
 @bp.get("/jobs")
-@require_key
-def list_all_jobs():
-    return _list(None)
-
-
-def _int_arg(name: str, default: int) -> int:
-    raw = request.args.get(name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValidationFailed("invalid query", [{"pointer": "/" + name, "message": "must be an integer"}])
-
-
-def _time_arg(name: str):
-    raw = request.args.get(name)
-    if not raw:
-        return None
-    try:
-        t = datetime.fromisoformat(raw)
-        # In UTC: PostgreSQL refuses offsets past +-15:59, which Python takes.
-        return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
-    except (ValueError, OverflowError):  # OverflowError: year 1 or 9999 moved out of range
-        raise ValidationFailed("invalid query", [{"pointer": "/" + name, "message": "must be an ISO 8601 time"}])
-
-
-def _list(model: str | None):
-    rows, nxt = jobs.list_jobs(current_principal(), model_name=model, state=request.args.get("state"),
-                               limit=_int_arg("limit", 50), cursor=request.args.get("cursor"),
-                               tenant=request.args.get("tenant"),
-                               since=_time_arg("since"), until=_time_arg("until"))
-    return jsonify({"jobs": [status_view(r) | _urls(r) for r in rows], "next_cursor": nxt})
+@endpoint("List jobs, newest first", tag="jobs", query=JobListQuery, ok=Ok(JobList, "a page"))
+def list_all_jobs(query: JobListQuery):
+    return _list(None, query)
 
 
 @bp.get("/models/<model>/jobs/<job_id>")
-@require_key
+@endpoint("Poll a job", tag="jobs", path=_JOB_PATH, ok=Ok(JobStatus, "the poll body"))
 def job_status(model: str, job_id: str):
-    return jsonify(status_view(jobs.get_job(current_principal(), job_id, model)))
+    return JobStatus.from_row(jobs.get_job(current_principal(), job_id, model))
 
 
 @bp.get("/models/<model>/jobs/<job_id>/wait")
-@require_key
-def job_wait(model: str, job_id: str):
-    ms = jobs.parse_wait_ms(request.args.get("timeout"))
-    return jsonify(status_view(jobs.wait_job(current_principal(), job_id, ms, model)))
+@endpoint("Long-poll a job until it is terminal or the budget ends", tag="jobs", path=_JOB_PATH, query=WaitQuery,
+          ok=Ok(JobStatus, "the poll body"))
+def job_wait(model: str, job_id: str, query: WaitQuery):
+    return JobStatus.from_row(jobs.wait_job(current_principal(), job_id, query.budget_ms(), model))
 
 
 @bp.get("/models/<model>/jobs/<job_id>/result")
-@require_key
+@endpoint("The model's stored response", tag="jobs", path=_JOB_PATH, errors=(409, 410),
+          ok=Ok({}, "the response bytes with their Content-Type", media_type="*/*"))
 def job_result(model: str, job_id: str):
     data, ctype, row = jobs.result_bytes(current_principal(), job_id, model)
     resp = Response(data, status=200, content_type=ctype)
@@ -111,6 +99,6 @@ def job_result(model: str, job_id: str):
 
 
 @bp.post("/models/<model>/jobs/<job_id>/cancel")
-@require_key
+@endpoint("Cancel a job", tag="jobs", path=_JOB_PATH, errors=(409,), ok=Ok(JobStatus, "the poll body"))
 def job_cancel(model: str, job_id: str):
-    return jsonify(status_view(jobs.cancel_job(current_principal(), job_id, model)))
+    return JobStatus.from_row(jobs.cancel_job(current_principal(), job_id, model))

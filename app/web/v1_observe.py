@@ -2,39 +2,38 @@
 throughput/P90 series, and one job with its timeline."""
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, request, url_for
+from flask import Blueprint
 
-from app.web.auth import current_principal, require_key
-from app.errors import ValidationFailed
 from app.jobs import service as jobs
-from app.observe import live as observe
+from app.jobs.schemas import JobDetail
+from app.observe import live
+from app.observe.schemas import Overview, Series, SeriesQuery
+from app.web.auth import current_principal
+from app.web.contract import Ok, endpoint
+from app.web.v1_jobs import job_urls
 
 bp = Blueprint("v1_observe", __name__, url_prefix="/v1")
 
 
 @bp.get("/overview")
-@require_key
+@endpoint("Live numbers per model: queue depth vs limit, running vs concurrency, runtime overrides",
+          tag="observe", ok=Ok(Overview, "models (users: enabled ones)"))
 def overview():
-    p = current_principal()
-    return jsonify({"models": observe.model_live(include_disabled=p.is_admin)})
+    return {"models": live.model_live(include_disabled=current_principal().is_admin)}
 
 
 @bp.get("/overview/series")
-@require_key
-def overview_series():
+@endpoint("Done jobs and P90 created->finished seconds per model, in 12 buckets over the window", tag="observe",
+          query=SeriesQuery, ok=Ok(Series, "series (users: their own jobs)"))
+def overview_series(query: SeriesQuery):
     p = current_principal()
-    raw = request.args.get("minutes", "60")
-    if not raw.isdigit() or not 5 <= int(raw) <= 1440:
-        raise ValidationFailed("invalid query", [{"pointer": "/minutes", "message": "must be an integer from 5 to 1440"}])
-    minutes = int(raw)
-    return jsonify(observe.throughput_series(minutes, max(1, minutes // 12),
-                                             None if p.is_admin else p.tenant_id))
+    return live.throughput_series(query.minutes, max(1, query.minutes // 12), None if p.is_admin else p.tenant_id)
 
 
 @bp.get("/jobs/<job_id>")
-@require_key
+@endpoint("A job with its timeline (the console's job page)", tag="jobs", ok=Ok(JobDetail, "the job"),
+          path={"job_id": {"description": "job id (job_...)"}},
+          description="The row keeps the latest attempt only: earlier attempts' errors are not kept.")
 def job_detail(job_id: str):
     row = jobs.get_job(current_principal(), job_id)
-    return jsonify(observe.job_detail(row) | {
-        "poll_url": url_for("v1_jobs.job_status", model=row.model_name, job_id=row.id),
-        "result_url": url_for("v1_jobs.job_result", model=row.model_name, job_id=row.id)})
+    return JobDetail.from_row(row, job_urls(row))

@@ -70,57 +70,13 @@ function showErrors(form, errors) {
   return unplaced;
 }
 
-// --- the payload rules of app/services/forms.py, mirrored -----------------------------
+// --- payload helpers -------------------------------------------------------------------
+// The console judges no payload itself: every rule is the server's (the
+// model's form, checked by app/catalog/forms.py), and its 422 pointers are
+// shown next to the fields they name.
 
 const esc = (t) => t.replace(/~/g, "~0").replace(/\//g, "~1");
 const optionValue = (o) => (o && typeof o === "object" && !Array.isArray(o) && "value" in o ? o.value : o);
-const pyRepr = (v) => (typeof v === "string" ? `'${v}'` : typeof v === "boolean" ? (v ? "True" : "False") : JSON.stringify(v));
-const isNum = (v) => typeof v === "number" && Number.isFinite(v);
-
-function typeError(t, v) {
-  if (["string", "text", "url", "image"].includes(t)) {
-    if (typeof v !== "string") return "must be a string";
-    if (t === "url" && !/^https?:\/\//.test(v)) return "must be an http(s) URL";
-    if (t === "image" && !(/^https?:\/\//.test(v) || v.startsWith("data:"))) return "must be an image URL or a data: URI";
-    return null;
-  }
-  if (t === "boolean") return typeof v === "boolean" ? null : "must be true or false";
-  if (t === "integer") return isNum(v) && Number.isInteger(v) ? null : "must be an integer";
-  if (t === "number") return isNum(v) ? null : "must be a number";
-  if (t === "array") return Array.isArray(v) ? null : "must be an array";
-  if (t === "object") return v && typeof v === "object" && !Array.isArray(v) ? null : "must be an object";
-  return null;
-}
-
-function payloadErrors(form, payload) {
-  const errs = [];
-  for (const f of form || []) {
-    const name = f.field, p = "/" + esc(name), t = f.type || "string";
-    if (!(name in payload) || payload[name] === null) {
-      if (f.required) errs.push({ pointer: p, message: "is required" });
-      continue;
-    }
-    const v = payload[name];
-    const msg = t === "select" ? null : typeError(t, v);
-    if (msg) { errs.push({ pointer: p, message: msg }); continue; }
-    if (f.required && typeof v === "string" && v.trim() === "") { errs.push({ pointer: p, message: "must not be empty" }); continue; }
-    const opts = f.options;
-    if (Array.isArray(opts) && opts.length && !opts.some((o) => JSON.stringify(optionValue(o)) === JSON.stringify(v))) {
-      errs.push({ pointer: p, message: "must be one of the options: " + opts.map((o) => pyRepr(optionValue(o))).join(", ") });
-      continue;
-    }
-    if (typeof v === "string" || Array.isArray(v)) {
-      if ("minLength" in f && v.length < f.minLength) errs.push({ pointer: p, message: `must have at least ${f.minLength} characters/items` });
-      if ("maxLength" in f && v.length > f.maxLength) errs.push({ pointer: p, message: `must have at most ${f.maxLength} characters/items` });
-    }
-    if (typeof v === "string" && "pattern" in f && !new RegExp(f.pattern).test(v)) errs.push({ pointer: p, message: `must match ${f.pattern}` });
-    if (isNum(v)) {
-      if ("min" in f && v < f.min) errs.push({ pointer: p, message: `must be >= ${f.min}` });
-      if ("max" in f && v > f.max) errs.push({ pointer: p, message: `must be <= ${f.max}` });
-    }
-  }
-  return errs;
-}
 
 // --- pages ------------------------------------------------------------------------------
 
@@ -299,6 +255,7 @@ pages.submit = async () => {
   };
   sel.addEventListener("change", render);
   render();
+  form.noValidate = true;  // the browser's checks would be a second copy of the server's rules
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     clearErrors(form);
@@ -313,8 +270,6 @@ pages.submit = async () => {
       }
     }
     const payload = { ...extra, ...readPayload(form, fields) };
-    const errs = payloadErrors(fields, payload);
-    if (errs.length) { const rest = showErrors(form, errs); flash(["Please fix the marked fields.", ...rest].join(" ")); return; }
     const resp = await api("POST", `/v1/models/${encodeURIComponent(sel.value)}/jobs`, payload);
     if (resp.status === 202) {
       const href = "/console/jobs/" + encodeURIComponent(resp.data.job_id);

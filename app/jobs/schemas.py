@@ -1,0 +1,432 @@
+"""The jobs' contracts, both faces: what a submission carries besides its
+payload, how a job is shown (the v1 poll body, a list page, the operator's
+detail with its timeline, the seed's task entry), and the queries.
+
+Views are built from rows here and nowhere else (``from_row``): one place
+decides what a job shows, in the one time format (app/contract.py).
+Output shapes are built with ``model_construct`` (no validation: our own
+rows) and serialised with ``exclude_unset``: a field a state does not have
+(``error``, ``result_size``) is absent rather than null.
+"""
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, timezone
+from typing import ClassVar, Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
+
+from app.clock import as_utc, now as clock_now
+from app.config import get_settings
+from app.contract import QueryInt, NO_NUL, Day, Int, Params, Shape, Text, Timestamp, iso_z, parse_json, pattern, rule
+from app.infra.http.headers import HeaderSpecError, parse_header_spec
+from app.states import JobState, seed_code, v1_name
+
+V1_STATES = ("canceled", "done", "failed", "pending", "running", "timeout")
+V1State = Literal["canceled", "done", "failed", "pending", "running", "timeout"]
+JobId = Annotated[str, Field(pattern="^job_")]
+
+_PRINTABLE_KEY = "^[\\x20-\\x7e]{1,255}$"
+_NO_CONTROL = "^[^\\x00-\\x1f\\x7f]*$"
+HEADER_SPEC_HELP = ("K:V,K2:V2 headers for this job only (secret): names are HTTP tokens, values have no "
+                    "control characters")
+
+
+def _elapsed_ms(row) -> int:
+    end = as_utc(row.finished_at) or clock_now()
+    return max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
+
+
+# --- submission ------------------------------------------------------------------------
+
+IdempotencyKey = Annotated[str, pattern(_PRINTABLE_KEY, "1-255 printable ASCII characters")]
+BizName = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
+Creator = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
+CallbackUrl = Annotated[str, Field(max_length=2048, description="http(s) to a public address (docs/api.md, Callbacks)")]
+# Values passed on to the OSS file service as headers.
+HeaderValue = Annotated[str, Field(max_length=8192), pattern("^[^\\r\\n\\x00]*$", "text without CR, LF or NUL")]
+
+
+def _model_key(v: str | None) -> str | None:
+    if v is not None:
+        try:
+            parse_header_spec(v)
+        except HeaderSpecError as exc:
+            raise PydanticCustomError("header_spec", str(exc)) from None
+    return v
+
+
+ModelKey = Annotated[str | None, AfterValidator(_model_key)]
+
+
+class SubmitOptions(Shape):
+    """What a job carries besides its payload, on either face.  The service
+    validates it (``parse(SubmitOptions, ..., face="seed")``): 422 pointers
+    use the seed's names (/bizName, /modelKey, /callbackUrl) on both faces."""
+
+    invalid: ClassVar[str] = "invalid job options"
+
+    model_config = ConfigDict(frozen=True)
+
+    idempotency_key: IdempotencyKey | None = Field(None, alias="Idempotency-Key")
+    creator: Creator = ""
+    biz_name: BizName = ""
+    callback_url: CallbackUrl | None = None
+    model_key: ModelKey = Field(None, description=HEADER_SPEC_HELP)
+    # Headers for the OSS file service ({"Authorization": ..., "X-User-Info": ...});
+    # secrets, kept only until the job is terminal.
+    passthrough: dict[str, HeaderValue] | None = None
+    # Where the payload sits in the caller's request, for 422 pointers (not a wire field).
+    pointer_base: str = Field("", exclude=True)
+
+
+class SubmitHeaders(Params):
+    """What a v1 submission carries in headers besides its body (the payload)."""
+
+    idempotency_key: IdempotencyKey | None = Field(
+        None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first job")
+    model_key: str | None = Field(None, alias="X-Model-Key", description=HEADER_SPEC_HELP)
+    biz_name: BizName | None = Field(None, alias="X-Biz-Name", description="business name (callbacks)")
+    creator: Creator | None = Field(None, alias="X-Creator", description="who submitted it (stats)")
+    callback_url: str | None = Field(None, alias="X-Callback-Url",
+                                     description="GET on done (see docs/api.md, Callbacks)")
+    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
+                                          description="sent as Authorization to the OSS file service")
+    user_info: str | None = Field(None, alias="X-User-Info",
+                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+
+
+class TaskHeaders(Params):
+    """The headers a seed createTask reads (its other options are body fields)."""
+
+    idempotency_key: IdempotencyKey | None = Field(
+        None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first task")
+    creator: Creator | None = Field(None, alias="X-Creator",
+                                    description="who submitted it (stats), when the body has no creator")
+    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
+                                          description="sent as Authorization to the OSS file service")
+    user_info: str | None = Field(None, alias="X-User-Info",
+                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+
+
+def _payload_object(v: Any) -> Any:
+    # The seed allows the payload as a string holding a JSON object.
+    if isinstance(v, str):
+        try:  # strict JSON (no NaN), as every body
+            v = parse_json(v)
+        except ValueError:
+            raise PydanticCustomError("payload", "must be a JSON object") from None
+    if not isinstance(v, dict):
+        raise PydanticCustomError("payload", "must be a JSON object")
+    return v
+
+
+class CreateTask(Shape):
+    """The seed's createTask body: the v1 submission's options as fields."""
+
+    invalid: ClassVar[str] = "invalid task"
+
+    model_name: Annotated[str, Field(min_length=1)] = rule("a non-empty string")
+    request_payload: Annotated[dict, BeforeValidator(_payload_object)] = Field(
+        default_factory=dict, json_schema_extra={
+            "anyOf": [{"type": "object"}, {"type": "string", "contentMediaType": "application/json"}]},
+        description="forwarded to the model; checked against the model's form (absent: {}); "
+                    "a string holding a JSON object is taken too")
+    biz_name: BizName | None = None
+    callback_url: CallbackUrl | None = None
+    model_key: ModelKey = Field(None, description=HEADER_SPEC_HELP)
+    creator: Creator | None = None
+
+    @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
+class TaskIds(Shape):
+
+    invalid: ClassVar[str] = "invalid task ids"
+    task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
+                        AfterValidator(lambda ids: _cap_ids(ids))] = rule(
+        "an array of task ids (at most ASYNCH_BATCH_MAX_IDS); duplicates are answered once",
+        **{"x-maxItems-setting": "batch_max_ids"})
+
+
+def _cap_ids(ids: list[str]) -> list[str]:
+    cap = get_settings().batch_max_ids
+    if len(ids) > cap:
+        raise PydanticCustomError("cap", "must name at most {cap} ids", {"cap": cap})
+    return ids
+
+
+# --- queries ---------------------------------------------------------------------------
+
+def _iso_time(v: Any) -> Any:
+    if v is None or v == "":
+        return None
+    try:
+        t = datetime.fromisoformat(v)
+        # In UTC: PostgreSQL refuses offsets past +-15:59, which Python takes.
+        return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError, TypeError):  # OverflowError: year 1 or 9999 moved out of range
+        raise PydanticCustomError("time", "must be an ISO 8601 time") from None
+
+
+QueryTime = Annotated[datetime | None, BeforeValidator(_iso_time)]
+
+
+class JobListQuery(Params):
+    state: V1State | None = Field(None, description="a v1 state name")
+    limit: QueryInt(1) = rule("from 1 to ASYNCH_LIST_MAX_LIMIT", 50, **{"x-maximum-setting": "list_max_limit"})
+    cursor: Text | None = Field(None, description="next_cursor of the previous page")
+    tenant: Text | None = Field(None, description="admins: only this tenant's jobs")
+    since: QueryTime = Field(None, description="only jobs created at or after this time (ISO 8601; no offset: UTC)",
+                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
+                                                          {"const": ""}]})
+    until: QueryTime = Field(None, description="only jobs created before this time (ISO 8601; no offset: UTC)",
+                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
+                                                          {"const": ""}]})
+
+    @field_validator("limit")
+    @classmethod
+    def _cap(cls, v: int) -> int:
+        cap = get_settings().list_max_limit
+        if v > cap:
+            raise PydanticCustomError("cap", "must be from 1 to {cap}", {"cap": cap})
+        return v
+
+
+class WaitQuery(Params):
+    # Any value is taken (seed 000: junk means the default), so the document says so.
+    timeout: Annotated[str | None, WithJsonSchema({"type": ["integer", "string"], "pattern": NO_NUL})] = Field(
+        None, description="milliseconds; default 30000, cap 300000; <=0 or unparsable: the default")
+
+    def budget_ms(self) -> int:
+        """Seed 000: milliseconds, default 30000, cap 300000; <=0 or junk -> default."""
+        s = get_settings()
+        try:
+            ms = int(self.timeout) if self.timeout is not None else 0
+        except ValueError:
+            ms = 0
+        return min(ms if ms > 0 else s.wait_default_ms, s.wait_max_ms)
+
+
+# --- views -----------------------------------------------------------------------------
+
+class JobAccepted(Shape):
+    job_id: JobId
+    state: V1State
+    poll_url: str
+    result_url: str
+
+
+class JobStatus(Shape):
+    """The v1 poll body."""
+
+    job_id: JobId
+    model: str
+    state: V1State
+    elapsed_ms: int = Field(ge=0)
+    attempt: int
+    retry_count: int
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    error: str | None = Field(None, description="failed, timeout, canceled, or waiting to retry")
+    result_size: int | None = Field(None, description="done")
+    content_type: str | None = Field(None, description="done")
+
+    @classmethod
+    def values_of(cls, row) -> dict:
+        state = JobState(row.state)
+        out = {"job_id": row.id, "model": row.model_name, "state": v1_name(row.state), "elapsed_ms": _elapsed_ms(row),
+               "attempt": row.attempt, "retry_count": row.retry_count, "created_at": row.created_at,
+               "started_at": row.started_at, "finished_at": row.finished_at}
+        if row.error and state in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT):
+            out["error"] = row.error
+        if row.result_size is not None and state in (JobState.DONE, JobState.CLAIMED):
+            out["result_size"] = row.result_size
+            out["content_type"] = row.result_content_type
+        return out
+
+    @classmethod
+    def from_row(cls, row) -> "JobStatus":
+        return cls.model_construct(**cls.values_of(row))
+
+
+class JobListItem(JobStatus):
+    poll_url: str
+    result_url: str
+
+
+class JobList(Shape):
+    jobs: list[JobListItem]
+    next_cursor: str | None
+
+
+class TimelineEvent(Shape):
+    at: Timestamp | None
+    event: str
+    detail: str
+
+
+def timeline(row) -> list[TimelineEvent]:
+    """A job's history as far as its row keeps it: the row holds the latest
+    attempt's start and error only (no per-attempt history table)."""
+    ev = [("created", row.created_at, "admitted through the gate")]
+    if row.retry_count:
+        ev.append(("requeued", row.enqueue_at, f"re-admitted for retry {row.retry_count}"))
+    if row.started_at:
+        ev.append(("started", row.started_at, f"attempt {row.attempt}"))
+    state = JobState(row.state)
+    if state == JobState.RETRY_WAIT:
+        ev.append(("attempt_failed", row.updated_at, f"attempt {row.attempt}: {row.error or ''}".strip()))
+        if row.next_retry_at:
+            ev.append(("retry_due", row.next_retry_at, "next attempt after"))
+    if row.finished_at:
+        ev.append(("finished", row.finished_at, state.label if not row.error else f"{state.label}: {row.error}"))
+    if row.claimed_at:
+        ev.append(("claimed", row.claimed_at, f"expires {iso_z(as_utc(row.expire_at))}" if row.expire_at else ""))
+    return [TimelineEvent.model_construct(at=at, event=name, detail=detail) for name, at, detail in ev]
+
+
+class JobDetail(JobListItem):
+    """The poll body plus what an operator or the console's job page needs.
+    Never the secrets: modelKey and the callback URL stay out."""
+
+    internal_state: Literal["pending", "running", "done", "failed", "claimed", "timeout", "canceled", "retry_wait"]
+    tenant: str
+    creator: str
+    biz_name: str
+    enqueue_at: Timestamp | None
+    next_retry_at: Timestamp | None
+    deadline_at: Timestamp | None
+    claimed_at: Timestamp | None
+    expire_at: Timestamp | None
+    payload: Any
+    timeline: list[TimelineEvent]
+
+    @classmethod
+    def from_row(cls, row, urls: dict) -> "JobDetail":  # type: ignore[override]
+        try:
+            payload = json.loads(row.request_payload)
+        except ValueError:
+            payload = None
+        values = cls.values_of(row)
+        if row.error:
+            values["error"] = row.error
+        return cls.model_construct(
+            **values, **urls, internal_state=JobState(row.state).label, tenant=row.tenant_id, creator=row.creator,
+            biz_name=row.biz_name, enqueue_at=row.enqueue_at, next_retry_at=row.next_retry_at,
+            deadline_at=row.deadline_at, claimed_at=row.claimed_at, expire_at=row.expire_at, payload=payload,
+            timeline=timeline(row))
+
+
+# --- the seed face ---------------------------------------------------------------------
+
+_RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
+_ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT)
+
+
+class SeedTask(Shape):
+    """A task as the seed-002 routes show it.  state is the seed's code: 0
+    queued, 1 running, 2 done, 3 failed/timeout/canceled/waiting to retry, 4
+    claimed; null for an unknown id (or another tenant's), which also has
+    error 'task not found'.  Field names are the seed's own (snake_case)."""
+
+    model_config = {"alias_generator": None}
+
+    task_id: str
+    state: Literal[0, 1, 2, 3, 4] | None
+    oss_file: str | None = Field(description="where the result is (2 and 4)")
+    file_type: str | None = Field(None, description="the result's MIME type")
+    expire_at: Timestamp | None = None
+    model_name: str | None = None
+    biz_name: str | None = None
+    retry_count: int | None = None
+    created_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
+    error: str | None = None
+    claimed: bool | None = Field(None, description="getTaskBatch: this call moved it 2 -> 4")
+
+    @classmethod
+    def from_row(cls, row, claimed: bool | None = None) -> "SeedTask":
+        state = JobState(row.state)
+        result = state in _RESULT_STATES
+        values = {"task_id": row.id, "state": seed_code(state),
+                  "oss_file": row.result_location if result else None,
+                  "file_type": row.result_content_type if result else None,
+                  "expire_at": row.expire_at if state == JobState.CLAIMED else None,
+                  "model_name": row.model_name, "biz_name": row.biz_name, "retry_count": row.retry_count,
+                  "created_at": row.created_at, "finished_at": row.finished_at}
+        if state in _ERROR_STATES and row.error:
+            values["error"] = row.error
+        if claimed is not None:
+            values["claimed"] = claimed
+        return cls.model_construct(**values)
+
+    @classmethod
+    def not_found(cls, task_id: str) -> "SeedTask":
+        return cls.model_construct(task_id=task_id, state=None, oss_file=None, error="task not found",
+                                   claimed=False)
+
+
+class CreatedTask(Shape):
+    model_config = {"alias_generator": None}
+
+    task_id: JobId
+
+
+# --- usage stats -----------------------------------------------------------------------
+
+def _day(v: Any) -> Any:
+    if v is None or v == "":
+        return None
+    try:
+        return date.fromisoformat(v)
+    except (TypeError, ValueError):
+        raise PydanticCustomError("day", "must be a date YYYY-MM-DD") from None
+
+
+QueryDay = Annotated[date | None, BeforeValidator(_day), WithJsonSchema(
+    {"anyOf": [{"type": "string", "format": "date"}, {"const": ""}]})]
+
+
+class UsageQuery(Params):
+    day_from: QueryDay = Field(None, alias="from", description="first day (inclusive), YYYY-MM-DD")
+    day_to: QueryDay = Field(None, alias="to", description="last day (inclusive), YYYY-MM-DD")
+    tenant: Text | None = Field(None, description="users: only their own (another: 403)")
+    model: Text | None = None
+
+    @field_validator("day_to")
+    @classmethod
+    def _ordered(cls, v: date | None, info) -> date | None:
+        start = info.data.get("day_from")
+        if v and start and start > v:
+            raise PydanticCustomError("order", "must not be before from")
+        return v
+
+
+class UsageRow(Shape):
+    model_config = {"alias_generator": None}
+
+    day: Day
+    tenant_id: str
+    creator: str
+    model_name: str
+    request_count: int = Field(ge=0)
+
+
+class Usage(Shape):
+    model_config = {"alias_generator": None, "serialize_by_alias": True}
+
+    day_from: Day | None = Field(alias="from")
+    day_to: Day | None = Field(alias="to")
+    rows: list[UsageRow]
+    total: int = Field(ge=0)
+
+
+__all__ = ["SubmitOptions", "CreateTask", "CreatedTask", "JobAccepted", "JobDetail", "JobList", "JobListItem", "JobListQuery",
+           "JobStatus", "SeedTask", "SubmitHeaders", "TaskHeaders", "TaskIds", "TimelineEvent", "V1_STATES",
+           "Usage", "UsageQuery", "UsageRow", "WaitQuery", "timeline"]

@@ -1,0 +1,96 @@
+"""Maintenance contracts: a pass's report, autotune's request and report,
+and the record of periodic runs."""
+from __future__ import annotations
+
+from typing import ClassVar, Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from app.contract import QueryInt, Int, Loose, Params, Shape, StrictBool, rule
+
+MAX_WINDOW_SECONDS = 30 * 86400
+
+
+class Report(Shape):
+    """Rows or items a pass worked on, with a report per part (docs/api.md).
+    Reports keep their snake_case names on the seed face too."""
+
+    model_config = ConfigDict(extra="allow", alias_generator=None)
+
+    processed: int = Field(ge=0)
+
+
+class AutotuneRequest(Loose):
+    """Optional body: absent or <= 0 window means ASYNCH_AUTOTUNE_WINDOW_SECONDS."""
+
+    invalid: ClassVar[str] = "invalid autotune request"
+
+    window_seconds: Int(None, MAX_WINDOW_SECONDS) | None = rule(
+        f"an integer number of seconds, at most {MAX_WINDOW_SECONDS}", None)
+    dry_run: StrictBool = Field(False, description="decide, write nothing")
+
+    @property
+    def window(self) -> int | None:
+        return self.window_seconds if self.window_seconds and self.window_seconds > 0 else None
+
+
+class Limits(Shape):
+    model_config = ConfigDict(alias_generator=None)
+
+    max_concurrency: int
+    queue_limit: int
+
+
+class AutotuneInputs(Shape):
+    model_config = ConfigDict(extra="allow", alias_generator=None)
+
+    samples: int
+    p90_seconds: float | None
+    throughput_per_second: float | None
+    queued: int
+
+
+class AutotuneDecision(Shape):
+    model_config = ConfigDict(alias_generator=None)
+
+    model: str
+    action: Literal["skip", "decrease", "increase", "hold"]
+    reason: str
+    old: Limits
+    new: Limits | None
+    inputs: AutotuneInputs
+    evidence_seconds: float
+    applied: bool
+    changed: bool
+
+
+class AutotuneReport(Shape):
+    model_config = ConfigDict(alias_generator=None)
+
+    processed: int = Field(ge=0, description="models whose limits changed")
+    window_seconds: int
+    dry_run: bool
+    models: list[AutotuneDecision]
+    busy: list[str] = Field(description="models another run was tuning at that moment")
+
+
+class BeatRun(Shape):
+    model_config = ConfigDict(alias_generator=None)
+
+    task: str
+    ran_at: float = Field(description="unix time")
+    took: float
+    processed: int | None
+    owner: str | None = None
+    token: int | None = None
+    sent_at: float | None = None
+
+
+class BeatRuns(Shape):
+    model_config = ConfigDict(alias_generator=None)
+
+    runs: list[BeatRun]
+
+
+class RunsQuery(Params):
+    limit: QueryInt(1, 1000) = rule("from 1 to 1000", 100)

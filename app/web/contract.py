@@ -1,0 +1,142 @@
+"""``@endpoint``: the one declaration of a route's HTTP contract.
+
+A view declares who may call it, the shapes of its query, headers and body
+(pydantic models, app/contract.py) and what it answers.  The decorator
+enforces it (authentication, parsing, validation into the one 422 form,
+serialising the answer, the seed face's envelope) and keeps the declaration
+on the view, where app/web/openapi.py reads it: the OpenAPI document is
+generated from the same objects that validate, so the two cannot disagree.
+
+A view receives its path parameters plus ``query``, ``headers`` and
+``body`` when it declared them, and returns a Shape (or a list of them, or
+plain JSON data), optionally with a status and headers, or a flask Response
+(results, pages) that is passed through as is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import wraps
+from typing import Any, Callable, Literal
+
+from flask import Response, jsonify, request
+from pydantic import BaseModel
+
+from app.contract import Face, dump, parse
+from app.errors import Forbidden
+from app.web.auth import current_principal, require_metrics_token
+from app.web.body import json_object
+
+Auth = Literal["none", "key", "admin", "metrics"]
+
+
+@dataclass(frozen=True)
+class Ok:
+    """A success answer: its shape (a model, or a raw JSON schema), what it
+    means, its headers ({name: description}) and its media type."""
+
+    shape: type[BaseModel] | dict | None = None
+    description: str = "ok"
+    headers: dict[str, str] = field(default_factory=dict)
+    media_type: str = "application/json"
+    many: bool = False  # a JSON array of ``shape``
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    summary: str
+    tag: str
+    ok: dict[int, Ok]
+    auth: Auth = "key"
+    face: Face = "v1"
+    errors: tuple[int, ...] = ()
+    query: type[BaseModel] | None = None
+    headers: type[BaseModel] | None = None
+    body: type[BaseModel] | dict | None = None
+    body_required: bool = True
+    # JSON pointers under which a body may hold NUL (a job's payload is data).
+    nul_allowed: tuple[str, ...] = ()
+    path: dict[str, dict] = field(default_factory=dict)  # {name: {"description", "schema"}}
+    description: str | None = None
+
+
+def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **kw: Any) -> Callable:
+    if ok is None:
+        ok = {200: Ok()}
+    elif isinstance(ok, Ok):
+        ok = {200: ok}
+    spec = Endpoint(summary=summary, tag=tag, ok=ok, **kw)
+
+    def decorate(view: Callable) -> Callable:
+        @wraps(view)
+        def wrapper(**path_args):
+            if spec.auth == "metrics":
+                require_metrics_token()
+            elif spec.auth in ("key", "admin"):
+                principal = current_principal()
+                if spec.auth == "admin" and not principal.is_admin:
+                    raise Forbidden("admin key required")
+            extra = {}
+            if spec.query is not None:
+                args = {k: request.args.get(k) for k in request.args}
+                extra["query"] = parse(spec.query, args, face=spec.face, message="invalid query")
+            if spec.headers is not None:
+                extra["headers"] = parse(spec.headers, _declared_headers(spec.headers), face="seed",
+                                         message="invalid headers")
+            if spec.body is not None:
+                extra["body"] = _body(spec)
+            return _answer(spec, view(**path_args, **extra))
+
+        wrapper.endpoint = spec  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def _declared_headers(model: type[BaseModel]) -> dict:
+    """The request headers a model declares (by their HTTP names, its aliases)."""
+    out = {}
+    for name, info in model.model_fields.items():
+        value = request.headers.get(info.alias or name)
+        if value is not None:
+            out[info.alias or name] = value
+    return out
+
+
+def _body(spec: Endpoint):
+    raw = request.get_data(cache=True)
+    if not spec.body_required and not raw.strip():
+        data: dict = {}
+    else:
+        data = json_object(nul_allowed=spec.nul_allowed)
+    if isinstance(spec.body, dict):
+        return data  # a free-form object (a job's payload): the service judges it
+    return parse(spec.body, data, face=spec.face)
+
+
+def _jsonable(value: Any, face: Face) -> Any:
+    if isinstance(value, BaseModel):
+        return dump(value, face)
+    if isinstance(value, list):
+        return [_jsonable(v, face) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v, face) for k, v in value.items()}
+    return value
+
+
+def _answer(spec: Endpoint, out: Any):
+    if isinstance(out, Response):
+        return out
+    status, headers = next(iter(spec.ok)), {}
+    if isinstance(out, tuple):
+        out, status, *rest = out
+        headers = rest[0] if rest else {}
+    if status == 204:
+        return Response(status=204, headers=headers)
+    data = _jsonable(out, spec.face)
+    if spec.face == "seed":
+        data = {"code": 0, "message": "ok", "data": data}
+    resp = jsonify(data)
+    resp.status_code = status
+    for k, v in headers.items():
+        resp.headers[k] = v
+    return resp
