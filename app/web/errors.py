@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTo
 
 from app.web.seed_fields import PATH_PREFIXES, camel_pointer
 from app.config import get_settings
-from app.errors import DomainError, QueueFull, Unauthorized, ValidationFailed
+from app.errors import DomainError, QueueFull, RateLimited, Unauthorized, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ def register(app: Flask) -> None:
             body["errors"] = exc.errors
         if isinstance(exc, QueueFull):
             headers["Retry-After"] = str(exc.retry_after)
+        if isinstance(exc, RateLimited):
+            headers.update(exc.headers)
         if isinstance(exc, Unauthorized):
             headers["WWW-Authenticate"] = 'Bearer realm="asynch"'
         if exc.status == 503:
