@@ -9,6 +9,7 @@ from app.infra.db import transaction
 from app.errors import Forbidden
 from app.infra.logs import bind
 from app.tenancy.keys import Principal, authenticate, authenticate_cached
+from app.web import ratelimit
 
 
 def _presented_key() -> str | None:
@@ -24,6 +25,9 @@ def current_principal() -> Principal:
         p = authenticate_cached(_presented_key(), _load)
         g.principal = p
         bind(tenant=p.tenant_id)
+        # Once per request (g.principal answers every later call); may raise
+        # RateLimited.
+        ratelimit.check(p)
     return p
 
 
