@@ -94,8 +94,7 @@ def test_burst_then_429_with_retry_after(client, settings, r):
     assert seen == ['"default";r=2;t=1', '"default";r=1;t=1', '"default";r=0;t=1']
     resp = client.get(ROUTE, headers=auth(key))
     assert resp.status_code == 429
-    assert resp.get_json() == {"error": "rate limit exceeded: 1 requests per second (bursts of 3) for this key; "
-                                        "retry after 1 s"}
+    assert resp.get_json() == {"error": "rate limit exceeded for this key: 1 requests/s, bursts of 3; retry after 1 s"}
     assert resp.headers["Retry-After"] == "1"
     assert resp.headers["RateLimit"] == '"default";r=0;t=1'
     assert resp.headers["RateLimit-Policy"] == '"default";q=3;w=3'
@@ -153,8 +152,8 @@ def test_seed_face_answers_429_in_its_envelope(client, settings):
     resp = client.get(SEED_ROUTE, headers=auth(key))
     assert resp.status_code == 429
     assert resp.get_json() == {"code": 429, "data": None,
-                               "message": "rate limit exceeded: 0.5 requests per second (bursts of 1) for this "
-                                          "key; retry after 2 s"}
+                               "message": "rate limit exceeded for this key: 0.5 requests/s, bursts of 1; "
+                                          "retry after 2 s"}
     assert resp.headers["Retry-After"] == "2"
     assert resp.headers["RateLimit"] == '"default";r=0;t=2'
     assert resp.headers["RateLimit-Policy"] == '"default";q=1;w=2'

@@ -181,8 +181,8 @@ def check(principal: Principal) -> None:
         return
     fields = header_fields(policy, took)
     if not took.allowed:
-        raise RateLimited(f"rate limit exceeded: {policy.rate:g} requests per second (bursts of {policy.burst}) "
-                          f"for this key; retry after {fields['Retry-After']} s", fields)
+        raise RateLimited(f"rate limit exceeded for this key: {policy.rate:g} requests/s, bursts of {policy.burst}; "
+                          f"retry after {fields['Retry-After']} s", fields)
 
     @after_this_request
     def _add_fields(resp):
