@@ -74,7 +74,8 @@ def test_policy_window_and_default_burst(settings):
     assert default_policy(p) == RatePolicy(2.5, 5)
     limits(settings, 2.5, burst=40)
     assert default_policy(p) == RatePolicy(2.5, 40)
-    for bad in (dict(rate=0, burst=1), dict(rate=1, burst=0), dict(rate=1, burst=1, name='a"b')):
+    for bad in (dict(rate=0, burst=1), dict(rate=1, burst=0), dict(rate=1, burst=1, name='a"b'),
+                dict(rate=1e-12, burst=5), dict(rate=float("nan"), burst=1)):
         with pytest.raises(ValueError):
             RatePolicy(**bad)
 

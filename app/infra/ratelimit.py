@@ -35,8 +35,10 @@ def bucket_key(bucket_id: str) -> str:
 #          seconds until the bucket is full}; the last three as strings (a Lua
 # number would come back truncated to an integer).
 # A missing bucket is full.  The hash expires (PEXPIRE) 1 s after it would be
-# full again.  A refused take writes too (the refill up to now); that changes
-# nothing but the TTL.
+# full again, capped at 1e9 s (passed as an integer string: Redis turns a
+# large Lua number into text with an exponent, which PEXPIRE refuses).  A
+# refused take writes too (the refill up to now); that changes nothing but
+# the TTL.
 TOKEN_BUCKET = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -62,7 +64,7 @@ local wait = 0
 if tokens < cost then wait = (cost - tokens) / rate end
 local full = (burst - tokens) / rate
 redis.call('HSET', KEYS[1], 'tk', string.format('%.6f', tokens), 'ts', string.format('%.6f', now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(full * 1000) + 1000)
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.min(math.ceil(full * 1000) + 1000, 1e12)))
 return {allowed, string.format('%.6f', tokens), string.format('%.6f', wait), string.format('%.6f', full)}
 """
 

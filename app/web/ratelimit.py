@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 BYPASS_SECONDS = 5.0
 WARN_EVERY_SECONDS = 60.0
+MAX_FILL_SECONDS = 1e9  # ~31 years; the Lua script caps a bucket's TTL there too
 # Policy names go out as Structured Field Strings; this set needs no escaping.
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
@@ -65,6 +66,11 @@ class RatePolicy:
             raise ValueError(f"rate must be a finite number > 0, got {self.rate!r}")
         if not (isinstance(self.burst, int) and self.burst >= 1):
             raise ValueError(f"burst must be an integer >= 1, got {self.burst!r}")
+        if self.burst / self.rate > MAX_FILL_SECONDS or self.burst > MAX_FILL_SECONDS:
+            # Keeps w and q within Structured Field Integers and the bucket's
+            # TTL under the script's cap.
+            raise ValueError(f"burst / rate must be at most {MAX_FILL_SECONDS:g} s, and burst at most "
+                             f"{MAX_FILL_SECONDS:g}, got {self.burst} / {self.rate}")
         if not _NAME.match(self.name):
             raise ValueError(f"policy name must be 1-64 of A-Z a-z 0-9 _ . -, got {self.name!r}")
 
@@ -90,7 +96,10 @@ def default_policy(principal: Principal) -> RatePolicy | None:
     if not rate > 0:
         return None
     burst = s.rate_limit_burst if s.rate_limit_burst > 0 else max(1, _ceil(2 * rate))
-    return RatePolicy(rate, burst)
+    try:
+        return RatePolicy(rate, burst)
+    except ValueError as exc:  # a configuration error: say which variables
+        raise ValueError(f"ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST: {exc}") from None
 
 
 _resolver: Resolver = default_policy
