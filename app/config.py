@@ -152,6 +152,14 @@ class Settings:
     metrics_token: str = ""
     # Workers refresh their liveness key this often; it expires after 3 intervals.
     worker_heartbeat_seconds: float = 10.0
+    # Request rate limit per API key (a token bucket in Redis, see
+    # app/web/ratelimit.py): tokens per second.  0 turns limiting off and then
+    # a request costs no Redis round trip for it.  The defaults every key gets
+    # until per-tenant overrides are plugged in (set_policy_resolver).
+    rate_limit_per_second: float = 0.0
+    # Bucket capacity: how many requests a rested key may send at once.
+    # 0 means twice the rate per second, at least 1.
+    rate_limit_burst: int = 0
 
     @property
     def effective_broker_url(self) -> str:

@@ -59,6 +59,18 @@ class QueueFull(DomainError):
         self.retry_after = retry_after
 
 
+class RateLimited(DomainError):
+    """429: the key's request rate limit refused this request (nothing was
+    done).  ``headers`` carries Retry-After and the RateLimit fields, added by
+    the one error handler."""
+
+    status = 429
+
+    def __init__(self, message: str, headers: dict[str, str]):
+        super().__init__(message)
+        self.headers = dict(headers)
+
+
 class Unavailable(DomainError):
     """A dependency (database, Redis) is down: 503, and nothing was admitted."""
 

@@ -11,6 +11,7 @@ from app.config import get_settings
 from app.errors import Unauthorized
 from app.infra.logs import bind
 from app.tenancy.keys import Principal, authenticate
+from app.web import ratelimit
 
 
 def presented_key() -> str | None:
@@ -26,6 +27,9 @@ def current_principal() -> Principal:
         p = authenticate(presented_key())
         g.principal = p
         bind(tenant=p.tenant_id)
+        # Once per request (g.principal answers every later call); may raise
+        # RateLimited.
+        ratelimit.check(p)
     return p
 
 

@@ -14,7 +14,7 @@ from pydantic.alias_generators import to_camel
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from app.config import get_settings
-from app.errors import DomainError, QueueFull, Unauthorized, ValidationFailed
+from app.errors import DomainError, QueueFull, RateLimited, Unauthorized, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def register(app: Flask) -> None:
             body["errors"] = exc.errors
         if isinstance(exc, QueueFull):
             headers["Retry-After"] = str(exc.retry_after)
+        if isinstance(exc, RateLimited):
+            headers.update(exc.headers)
         if isinstance(exc, Unauthorized):
             headers["WWW-Authenticate"] = 'Bearer realm="asynch"'
         if exc.status == 503:
