@@ -741,14 +741,24 @@ PATHS["docs"] = {
 
 PATHS["metrics"] = {
     "/metrics": {"get": op(
-        "Prometheus metrics (text exposition format)",
+        "This API server's counters and histograms (Prometheus text format)",
         {200: {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
          401: {"$ref": _R + "Unauthorized"}},
         tag="meta", auth=[{}, {"metricsToken": []}],
         description="No API key. When ASYNCH_METRICS_TOKEN is set, send it as `Authorization: Bearer <token>` "
-                    "(401 otherwise). Counters and histograms are cluster-wide (kept in Redis); gauges are "
-                    "read from PostgreSQL and Redis at scrape time; `asynch_metrics_source_up` says which "
-                    "answered.")},
+                    "(401 otherwise). Counters and histograms of the gunicorn processes of the server that "
+                    "answers (not the cluster's): scrape every API pod and sum in PromQL. Worker nodes serve "
+                    "theirs on ASYNCH_WORKER_METRICS_PORT.")},
+    "/metrics/cluster": {"get": op(
+        "The cluster's gauges (Prometheus text format)",
+        {200: {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+         401: {"$ref": _R + "Unauthorized"}},
+        tag="meta", auth=[{}, {"metricsToken": []}],
+        description="No API key; ASYNCH_METRICS_TOKEN as for /metrics. Jobs by model and state, the oldest "
+                    "pending job's age, gate depth and limits, running vs concurrency, runtime overrides, "
+                    "worker liveness: read from PostgreSQL and Redis at scrape time, the same on every API "
+                    "pod, so scrape it once per cluster (through the Service), not per pod. "
+                    "`asynch_metrics_source_up` says which source answered.")},
 }
 
 
