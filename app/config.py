@@ -145,11 +145,17 @@ class Settings:
     oss_authorization: str = ""
     oss_timeout_seconds: float = 60.0
     log_level: str = "INFO"
-    # Each process flushes its metric increments to Redis this often (0: at
-    # once, one round trip per event).
-    metrics_flush_seconds: float = 1.0
-    # /metrics: empty means no key needed; else "Authorization: Bearer <token>".
+    # Every metrics endpoint (an API's /metrics and /metrics/cluster, a worker
+    # node's metrics port): empty means no key needed; else "Authorization: Bearer <token>".
     metrics_token: str = ""
+    # Prometheus multiprocess directory of one process group (an API server:
+    # gunicorn master + workers; a worker node: Celery main + pool).  Empty:
+    # `asynch api` / `asynch worker` make a fresh temporary one each start.
+    # Never share one between two groups: each wipes it when it starts.
+    metrics_dir: str = ""
+    # A worker node's main process serves its /metrics on this port (pool
+    # processes' counters included); 0 serves none.
+    worker_metrics_port: int = 9808
     # Workers refresh their liveness key this often; it expires after 3 intervals.
     worker_heartbeat_seconds: float = 10.0
     # Request rate limit per API key (a token bucket in Redis, see
@@ -195,6 +201,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         else:
             kw[f.name] = env.get(name, default)
     return Settings(**kw)
+
+
+def prometheus_multiproc_dir(env: Mapping[str, str] | None = None) -> str:
+    """The multiprocess directory prometheus_client itself reads (from
+    PROMETHEUS_MULTIPROC_DIR, which `asynch api` / `asynch worker` set for
+    their process group); empty when this process keeps metrics in memory."""
+    env = os.environ if env is None else env
+    return env.get("PROMETHEUS_MULTIPROC_DIR", "")
 
 
 def env_names() -> dict[str, str]:

@@ -118,6 +118,7 @@ GLOBAL: dict[tuple[str, str], str] = {
 # No key at all.
 PUBLIC: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): "liveness", ("GET", "/readyz"): "readiness", ("GET", "/metrics"): "metrics token",
+    ("GET", "/metrics/cluster"): "metrics token",
     ("GET", "/openapi.json"): "the document",
     ("GET", "/static/<path:filename>"): "Flask's static files",
     ("GET", "/console/static/<path:filename>"): "the console's files",

@@ -1,25 +1,18 @@
-"""/metrics: cluster-wide counters in Redis, gauges from the database and
-the gates, worker liveness; checked against the database after a real run
-under two gunicorn processes and two worker nodes."""
+"""In-process metrics: /metrics (this process's counters and histograms)
+and /metrics/cluster (gauges from the database and the gates).  Real
+process groups (gunicorn servers, worker nodes) scraped and summed:
+tests/test_metrics_processes.py."""
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 
-import pytest
-import requests
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import func, select
 
-from app.infra import metrics
 from app.config import set_settings
+from app.infra import metrics
 from app.infra.db import transaction
-from app.infra.tables import model_stats, tasks
-from conftest import ROOT, WorkerProcess, auth, free_port, wait_until
+from app.infra.tables import tasks
+from conftest import auth
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -37,6 +30,8 @@ def value(sm: dict, name: str, **labels) -> float:
 def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings):
     make_model("echo", queue_limit=1, form=[{"field": "prompt", "type": "string", "required": True}])
     make_model("idle", queue_limit=7, max_concurrency=3, enabled=False)
+    # Counters live in this process for the whole session: compare with before.
+    before = samples(client.get("/metrics").get_data(as_text=True))
     h = auth(user_key)
     ok = client.post("/v1/models/echo/jobs", json={"prompt": "a"}, headers=h)
     assert ok.status_code == 202
@@ -48,20 +43,35 @@ def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings
     r.set("asynch:runtime:max_concurrency:idle", 2)
     metrics.callback_delivered("echo", True)
     metrics.callback_delivered("echo", False)
-    metrics.flush()  # this process buffers its increments (ASYNCH_METRICS_FLUSH_SECONDS)
 
     resp = client.get("/metrics")
     assert resp.status_code == 200 and resp.content_type.startswith("text/plain")
     sm = samples(resp.get_data(as_text=True))
-    assert value(sm, "asynch_admissions_total", model="echo") == 1
-    assert value(sm, "asynch_rejections_total", model="echo", reason="queue_full") == 1
-    assert value(sm, "asynch_rejections_total", model="echo", reason="invalid") == 1
-    assert value(sm, "asynch_rejections_total", model="_unknown", reason="not_found") == 1
+
+    def delta(name: str, **labels) -> float:
+        return value(sm, name, **labels) - value(before, name, **labels)
+
+    assert delta("asynch_admissions_total", model="echo") == 1
+    assert delta("asynch_rejections_total", model="echo", reason="queue_full") == 1
+    assert delta("asynch_rejections_total", model="echo", reason="invalid") == 1
+    assert delta("asynch_rejections_total", model="_unknown", reason="not_found") == 1
     assert not any("ghost" in str(k) for k in sm)
+    assert delta("asynch_job_duration_seconds_count", model="echo", state="canceled") == 1
+    assert delta("asynch_job_duration_seconds_bucket", model="echo", state="canceled", le="+Inf") == 1
+    assert delta("asynch_callback_deliveries_total", model="echo", outcome="delivered") == 1
+    assert delta("asynch_callback_deliveries_total", model="echo", outcome="failed") == 1
+    # A process's /metrics carries no cluster gauge: summing pods must not multiply one.
+    assert not any(n.startswith(("asynch_jobs", "asynch_queue_", "asynch_worker", "asynch_metrics_source"))
+                   for n, _ in sm)
+
+    resp = client.get("/metrics/cluster")
+    assert resp.status_code == 200 and resp.content_type.startswith("text/plain")
+    sm = samples(resp.get_data(as_text=True))
     assert value(sm, "asynch_jobs", model="echo", state="canceled") == 1
     assert value(sm, "asynch_jobs", model="echo", state="pending") == 0
-    assert value(sm, "asynch_job_duration_seconds_count", model="echo", state="canceled") == 1
-    assert value(sm, "asynch_job_duration_seconds_bucket", model="echo", state="canceled", le="+Inf") == 1
+    assert value(sm, "asynch_jobs", model="idle", state="pending") == 0
+    assert value(sm, "asynch_oldest_pending_age_seconds", model="echo") == 0
+    assert ("asynch_oldest_pending_age_seconds", frozenset({("model", "idle")})) in sm
     assert value(sm, "asynch_queue_depth", model="echo") == 0
     assert value(sm, "asynch_queue_limit", model="echo") == 1
     assert value(sm, "asynch_queue_limit", model="idle") == 5
@@ -71,102 +81,48 @@ def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings
     assert value(sm, "asynch_max_concurrency", model="idle") == 2
     assert value(sm, "asynch_model_enabled", model="idle") == 0
     assert ("asynch_runtime_queue_limit", frozenset({("model", "echo")})) not in sm
-    assert value(sm, "asynch_callback_deliveries_total", model="echo", outcome="delivered") == 1
-    assert value(sm, "asynch_callback_deliveries_total", model="echo", outcome="failed") == 1
     assert value(sm, "asynch_metrics_source_up", source="database") == 1
     assert value(sm, "asynch_metrics_source_up", source="redis") == 1
+    assert not any(n.endswith(("_total", "_bucket")) for n, _ in sm), "counters belong to /metrics"
+
+
+def test_oldest_pending_age_is_the_head_of_each_queue(client, make_model, user_key):
+    from app.clock import now as clock_now
+
+    make_model("echo", queue_limit=5)
+    make_model("other", queue_limit=5)
+    h = auth(user_key)
+    ids = [client.post("/v1/models/echo/jobs", json={"i": i}, headers=h).get_json()["job_id"] for i in range(3)]
+    assert client.post("/v1/models/other/jobs", json={}, headers=h).status_code == 202
+    t0 = clock_now()
+    with transaction() as conn:  # the head waited 120 s, the next 60 s; other's job is running
+        for jid, age in zip(ids, (120, 60, 0)):
+            conn.execute(tasks.update().where(tasks.c.id == jid).values(enqueue_at=t0 - timedelta(seconds=age)))
+        conn.execute(tasks.update().where(tasks.c.model_name == "other").values(state=1))
+    sm = samples(client.get("/metrics/cluster").get_data(as_text=True))
+    assert 120 <= value(sm, "asynch_oldest_pending_age_seconds", model="echo") < 125
+    assert value(sm, "asynch_oldest_pending_age_seconds", model="other") == 0
+    with transaction() as conn:  # the head leaves the queue: the next one is the head
+        conn.execute(tasks.update().where(tasks.c.id == ids[0]).values(state=1))
+    sm = samples(client.get("/metrics/cluster").get_data(as_text=True))
+    assert 60 <= value(sm, "asynch_oldest_pending_age_seconds", model="echo") < 65
+
+
+def test_recording_never_raises(caplog):
+    class Row:  # a terminal row with a state no label exists for
+        model_name, state = "echo", 99
+        created_at = finished_at = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+    metrics.job_finished(Row())
+    metrics.model_call("echo", "not a number", True)
+    assert "metric not recorded" in caplog.text
 
 
 def test_metrics_token_when_configured(client, settings):
     set_settings(settings.with_overrides(metrics_token="scrape-secret"))
-    assert client.get("/metrics").status_code == 401
-    assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert client.get("/metrics", headers={"Authorization": "Bearer scrape-secret"}).status_code == 200
+    for path in ("/metrics", "/metrics/cluster"):
+        assert client.get(path).status_code == 401
+        assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get(path, headers={"Authorization": "Bearer scrape-secret"}).status_code == 200
 
 
-def _gunicorn(test_env: dict, port: int, access_log, error_log) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4",
-            "--worker-class", "gthread", "--access-logfile", str(access_log),
-            "--access-logformat", "%(p)s %(m)s %(U)s %(s)s", "app.wsgi:app"]
-    return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **test_env}, stdout=subprocess.DEVNULL,
-                            stderr=open(error_log, "w"), start_new_session=True)
-
-
-def _db_totals(model: str) -> tuple[dict[str, int], int]:
-    with transaction() as conn:
-        by_state = {s: n for s, n in conn.execute(select(tasks.c.state, func.count()).where(
-            tasks.c.model_name == model).group_by(tasks.c.state))}
-        calls = conn.execute(select(func.coalesce(func.sum(model_stats.c.request_count), 0)).where(
-            model_stats.c.model_name == model)).scalar_one()
-    return by_state, int(calls)
-
-
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_two_api_processes_and_two_workers_report_the_database_totals(test_env, make_model, user_key, tmp_path):
-    make_model("echo", queue_limit=250, max_concurrency=8)
-    port = free_port()
-    api = _gunicorn(test_env, port, tmp_path / "access.log", tmp_path / "gunicorn.log")
-    nodes = []
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _up(base), timeout=30, what="gunicorn")
-        start = time.time()
-        nodes = [WorkerProcess(test_env, concurrency=2, log_path=tmp_path / f"w{i}.log", name=f"w{i}").start()
-                 for i in (1, 2)]
-
-        def one(i: int) -> int:
-            return requests.post(f"{base}/v1/models/echo/jobs", json={"i": i},
-                                 headers={**auth(user_key), "Connection": "close"}, timeout=30).status_code
-
-        with ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(one, range(200)))
-        assert codes == [202] * 200
-        wait_until(lambda: _db_totals("echo")[0] == {2: 200}, timeout=150, interval=0.5, what="200 jobs done")
-        # Every process flushes its buffered increments within one interval.
-        def flushed() -> bool:
-            sm = samples(requests.get(f"{base}/metrics", headers={"Connection": "close"}, timeout=30).text)
-            return (value(sm, "asynch_admissions_total", model="echo") == 200
-                    and value(sm, "asynch_model_call_duration_seconds_count", model="echo", outcome="ok") == 200
-                    and value(sm, "asynch_job_duration_seconds_count", model="echo", state="done") == 200)
-
-        wait_until(flushed, timeout=15, interval=0.3, what="metrics flushed")
-
-        scrapes = [samples(requests.get(f"{base}/metrics", headers={"Connection": "close"}, timeout=30).text)
-                   for _ in range(4)]
-        by_state, calls = _db_totals("echo")
-        for sm in scrapes:
-            assert value(sm, "asynch_jobs", model="echo", state="done") == by_state[2] == 200
-            assert sum(v for (n, lab), v in sm.items()
-                       if n == "asynch_jobs" and ("model", "echo") in lab) == 200
-            assert value(sm, "asynch_admissions_total", model="echo") == 200
-            assert value(sm, "asynch_job_duration_seconds_count", model="echo", state="done") == 200
-            assert value(sm, "asynch_job_duration_seconds_bucket", model="echo", state="done", le="+Inf") == 200
-            assert value(sm, "asynch_model_call_duration_seconds_count", model="echo", outcome="ok") == calls == 200
-            assert value(sm, "asynch_queue_depth", model="echo") == 0
-            assert value(sm, "asynch_workers_consuming") == 2
-            consumed = {dict(lab)["worker"]: v for (n, lab), v in sm.items()
-                        if n == "asynch_worker_last_consumed_seconds"}
-            assert len(consumed) == 2 and all(v >= start - 1 for v in consumed.values()), consumed
-
-        # Both gunicorn processes answered: the totals above are not one process's memory.
-        pids = {line.split()[0] for line in (tmp_path / "access.log").read_text().splitlines()
-                if re.search(r" POST /v1/models/echo/jobs 202$", line)}
-        assert len(pids) == 2, pids
-
-        # Liveness means consuming: a stopped worker leaves the count.
-        nodes[1].stop()
-        wait_until(lambda: value(samples(requests.get(f"{base}/metrics", timeout=30).text),
-                                 "asynch_workers_consuming") == 1, timeout=30, what="stopped worker dropped")
-    finally:
-        for n in nodes:
-            n.stop()
-        os.killpg(api.pid, 15)
-        api.wait(15)
-
-
-def _up(base: str) -> bool:
-    try:
-        return requests.get(f"{base}/healthz", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False

@@ -4,10 +4,12 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_init
+from celery.signals import (task_postrun, task_prerun, worker_init, worker_process_init, worker_process_shutdown,
+                            worker_shutdown)
 
 from app.infra.celery_config import celery_settings
 from app.config import get_settings
+from app.infra import metrics
 from app.infra.logs import bind, configure_logging, reset
 from workers.heartbeat import install as install_heartbeat
 
@@ -31,6 +33,7 @@ def _fresh_connections(**_kw):
 
     reset_engine()
     reset_redis()
+    metrics.forget_inherited_server()
     logging.getLogger(__name__).debug("pool process initialised")
 
 
@@ -49,3 +52,30 @@ def _unbind_job(task_id=None, **_kw):
     token = _log_tokens.pop(task_id, None)
     if token is not None:
         reset(token)
+
+
+# --- the node's metrics (app/infra/metrics.py) --------------------------------------
+# worker_init and worker_shutdown fire in the main process only, before the
+# pool forks and after it is gone; worker_process_shutdown in each pool child.
+
+@worker_init.connect
+def _node_metrics(**_kw):
+    port = get_settings().worker_metrics_port
+    if metrics.prepare_group_dir() is None:
+        # Pool processes would count in their own memory, out of reach of
+        # the main process: serving its numbers alone would mislead.
+        if port:
+            logging.getLogger(__name__).warning(
+                "worker metrics not served: no PROMETHEUS_MULTIPROC_DIR (start workers with `asynch worker`)")
+        return
+    metrics.serve_node(port)
+
+
+@worker_process_shutdown.connect
+def _pool_process_gone(pid=None, **_kw):
+    metrics.process_dead(pid)
+
+
+@worker_shutdown.connect
+def _node_metrics_gone(**_kw):
+    metrics.cleanup_group_dir()

@@ -6,7 +6,7 @@ worker is connected to the broker and subscribed to its queues), refreshes
 ASYNCH_WORKER_HEARTBEAT_SECONDS; the key expires after 3 intervals.  A lost
 broker connection stops the step (the key is dropped), a blocked loop stops
 the refresh, a dead host lets the key expire.  Pool processes stamp the time
-they take a task.  /metrics turns these into asynch_worker_* gauges.
+they take a task.  /metrics/cluster turns these into asynch_worker_* gauges.
 """
 from __future__ import annotations
 

@@ -36,15 +36,33 @@ def db_upgrade() -> None:
 @click.option("--workers", default=2, type=int)
 @click.option("--threads", default=16, type=int, help="Threads per process (long-polls hold one).")
 def api(bind: str, workers: int, threads: int) -> None:
-    os.execvp(sys.executable, [sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", str(workers),
-                               "--threads", str(threads), "--worker-class", "gthread",
-                               "--access-logfile", "-", "app.wsgi:app"])
+    # One Prometheus multiprocess directory per API server, set before
+    # gunicorn (and so prometheus_client) starts; the hooks manage it.
+    os.environ.update(metrics_group_env())
+    os.execvp(sys.executable, api_argv(bind, workers, threads))
+
+
+def api_argv(bind: str = "0.0.0.0:8000", workers: int = 2, threads: int = 16) -> list[str]:
+    return [sys.executable, "-m", "gunicorn", "--config", "python:app.observe.gunicorn_conf", "--bind", bind,
+            "--workers", str(workers), "--threads", str(threads), "--worker-class", "gthread",
+            "--access-logfile", "-", "app.wsgi:app"]
+
+
+def metrics_group_env() -> dict[str, str]:
+    """PROMETHEUS_MULTIPROC_DIR for a process group (API server, worker node)
+    about to be started: ASYNCH_METRICS_DIR or a fresh temporary directory."""
+    from app.infra.metrics import group_env
+
+    return group_env()
 
 
 @click.command(help="Run a Celery worker.")
 @click.option("--concurrency", "-c", default=2, type=int)
 @click.option("--queues", "-Q", default=None, help="Queues to consume (default: the configured one).")
 def worker(concurrency: int, queues: str | None) -> None:
+    # The node's pool processes write their metrics where its main process
+    # (serving ASYNCH_WORKER_METRICS_PORT) reads them.
+    os.environ.update(metrics_group_env())
     os.execvp(sys.executable, worker_argv(concurrency, queues))
 
 
@@ -91,7 +109,7 @@ def dev(port: int, model_port: int) -> None:
     key, _ = key_svc.create_key("demo", "admin", "asynch dev")
 
     (ROOT / "data").mkdir(exist_ok=True)
-    children = [subprocess.Popen(worker_argv(2)),
+    children = [subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}),
                 subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")))]
 
     server = make_server("127.0.0.1", port, create_app(), threaded=True)
@@ -99,7 +117,8 @@ def dev(port: int, model_port: int) -> None:
     click.echo(f"""
 model-asynch dev is up: API {base}, demo model {demo.url}, {len(children)} helper processes.
 Admin key (tenant "demo"): {key}
-Console: {base}/console (log in with the key)   Metrics: {base}/metrics   OpenAPI: {base}/openapi.json
+Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
+OpenAPI: {base}/openapi.json
 
 Submit a job, then wait for it and read its result:
   curl -s -X POST {base}/v1/models/demo-echo/jobs -H 'Authorization: Bearer {key}' \\

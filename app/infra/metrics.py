@@ -1,14 +1,29 @@
-"""Prometheus metrics that stay right across many API and worker processes
-on many hosts.
+"""Prometheus counters and histograms of ONE scrape target, and worker
+liveness stamps.
 
-Counters and histograms are not kept in process memory for long: each
-process sums its events and flushes them every ASYNCH_METRICS_FLUSH_SECONDS
-as one MULTI/EXEC of HINCRBY(FLOAT)s on a few Redis hashes
-(``redis_scripts.metrics_bump``), so whichever gunicorn process answers a
-scrape reports the cluster's totals (at most one flush interval behind).  Gauges are computed at scrape time
-from PostgreSQL (jobs by model and state) and Redis (gate depth, runtime
-overrides, worker liveness).  Recording never raises: a lost metric must
-not fail a job.
+A scrape target is a process group: an API server (a gunicorn master and
+its workers) or a worker node (a Celery main process and its pool).  Each
+reports only the events its own processes recorded; Prometheus scrapes every
+target and sums (``sum by (model) (rate(asynch_admissions_total[5m]))``).
+The cluster's gauges (jobs by state, gates, worker liveness), which are the
+same whichever process computes them, are not here: app/observe/cluster.py.
+
+Invariants:
+- Recording never raises and never leaves the host: it is a write to process
+  memory or, in a process group, to an mmap'd file in the group's directory
+  (prometheus_client's multiprocess mode).  A lost metric must not fail a job.
+- Multiprocess mode is on when PROMETHEUS_MULTIPROC_DIR was set before
+  prometheus_client was imported: `asynch api` / `asynch worker` set it
+  (``group_env``) before exec'ing gunicorn / Celery, so every process of the
+  group inherits it.  The group's main process takes the directory with
+  ``prepare_group_dir`` (an exclusive lock, then it deletes the previous
+  run's files) before any child exists.  Without it (tests' in-process app,
+  `asynch dev`'s API) the metrics live in this process's memory.
+- Counters of a dead process stay in its files and keep counting in the
+  group's sum (a counter must never go backwards while its target lives);
+  ``process_dead`` drops only what would be wrong for a dead process (live
+  gauges; none today).
+- This module imports nothing above app/infra: no jobs, no observe.
 
 Callers:
   job_admitted / job_rejected      app.jobs.service.submit
@@ -16,122 +31,80 @@ Callers:
   model_call                       app.jobs.execution (each call that reached the model)
   callback_delivered(model, ok)    the callback sender, once per delivery attempt
   worker_heartbeat / worker_consumed / worker_stopped   workers/heartbeat.py
+  group_env / prepare_group_dir / process_dead / cleanup_group_dir / serve_node
+                                   app/cli/processes.py, app/observe/gunicorn_conf.py,
+                                   workers/celery_app.py
 """
 from __future__ import annotations
 
-import atexit
+import fcntl
+import glob
+import hmac
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
-from bisect import bisect_left
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import disable_created_metrics, multiprocess, values
 
-from app.infra import redis_scripts
 from app.clock import as_utc
-from app.config import get_settings
+from app.config import get_settings, prometheus_multiproc_dir
 from app.errors import BadRequest, NotFound, QueueFull, Unavailable, ValidationFailed
+from app.infra import redis_scripts
 from app.states import JobState
 
 log = logging.getLogger(__name__)
 
 JOB_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 CALL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-SEP = "|"  # model names are [A-Za-z0-9_.-]: the separator cannot occur in a label
+TEMP_PREFIX = "asynch-metrics-"
 
-# Redis hash names (under asynch:metrics:).
-ADMISSIONS, REJECTIONS, CALLBACKS = "admissions", "rejections", "callbacks"
-JOB_DURATION, CALL_DURATION = "job_duration", "model_call_duration"
-_HISTOGRAMS = {JOB_DURATION: JOB_BUCKETS, CALL_DURATION: CALL_BUCKETS}
+# Where recorded values go is decided by prometheus_client when it is first
+# imported; ask it rather than the environment, which may have changed since.
+MULTIPROCESS = values.ValueClass is not values.MutexValue
+
+# `_created` series exist only in memory mode; the same names in both modes.
+disable_created_metrics()
+_REGISTRY = CollectorRegistry()  # memory mode's; in multiprocess mode the files are the truth
+
+_ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by submit", ["model"],
+                      registry=_REGISTRY)
+_REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason "
+                      "(queue_full, invalid, not_found, unavailable, error)", ["model", "reason"], registry=_REGISTRY)
+_CALLBACKS = Counter("asynch_callback_deliveries", "callback delivery attempts by outcome", ["model", "outcome"],
+                     registry=_REGISTRY)
+_JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
+                          ["model", "state"], buckets=JOB_BUCKETS, registry=_REGISTRY)
+_CALL_DURATION = Histogram("asynch_model_call_duration_seconds", "one call to the model service (that reached it)",
+                           ["model", "outcome"], buckets=CALL_BUCKETS, registry=_REGISTRY)
+
+_last_warning = 0.0
 
 
-class _Buffer:
-    """Per-process sums of pending increments, written to Redis by a flusher
-    thread every ``metrics_flush_seconds`` in one MULTI/EXEC: the admission
-    path pays no Redis round trip for its metrics.  What a killed process
-    had not flushed (at most one interval) is lost: metrics, not ledger.
-    With metrics_flush_seconds = 0 every event is written at once."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pending: dict[tuple[str, str], float] = {}
-        self.pid: int | None = None
-        self.wake = threading.Event()
-
-    def add(self, incrs) -> None:
-        interval = get_settings().metrics_flush_seconds
-        if interval <= 0:
-            self._write(list(incrs))
-            return
-        if self.pid != os.getpid():
-            self._start(interval)
-        with self.lock:
-            for name, field_, amount in incrs:
-                k = (name, field_)
-                self.pending[k] = self.pending.get(k, 0) + amount
-
-    def _start(self, interval: float) -> None:
-        with _start_lock:
-            if self.pid == os.getpid():
-                return
-            if self.pid is not None:
-                # A forked child: the parent flushes what it had pending, and
-                # its lock may have been held by a thread that does not exist here.
-                self.lock = threading.Lock()
-                self.pending = {}
-            self.pid = os.getpid()
-            threading.Thread(target=self._run, args=(interval,), name="asynch-metrics-flush", daemon=True).start()
-            atexit.register(self.flush)
-
-    def _run(self, interval: float) -> None:
-        while True:
-            self.wake.wait(interval)
-            self.wake.clear()
-            self.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            batch, self.pending = self.pending, {}
-        if batch:
-            self._write([(n, f, a) for (n, f), a in batch.items()], requeue=batch)
-
-    def _write(self, incrs, requeue: dict | None = None) -> None:
+def _never_raise(record):
+    def wrapper(*args, **kwargs) -> None:
+        global _last_warning
         try:
-            redis_scripts.metrics_bump(incrs)
-        except redis.RedisError as exc:
-            log.warning("metrics not recorded: %s", exc)
-            if requeue:  # keep them for the next flush rather than lose them
-                with self.lock:
-                    for k, v in requeue.items():
-                        self.pending[k] = self.pending.get(k, 0) + v
-
-
-_start_lock = threading.Lock()
-_buffer = _Buffer()
-
-
-def _bump(incrs) -> None:
-    _buffer.add(incrs)
-
-
-def flush() -> None:
-    """Write what this process has buffered now (tests, shutdown)."""
-    _buffer.flush()
-
-
-def _observe(name: str, labels: tuple[str, ...], value: float) -> list[tuple[str, str, float]]:
-    base = SEP.join(labels)
-    i = bisect_left(_HISTOGRAMS[name], value)  # the smallest bucket with le >= value
-    return [(name, f"{base}{SEP}b{i}", 1), (name, f"{base}{SEP}sum", float(value)), (name, f"{base}{SEP}count", 1)]
+            record(*args, **kwargs)
+        except Exception as exc:  # a full disk, a bad label: the job goes on
+            if time.monotonic() - _last_warning > 60:  # not one line per event
+                _last_warning = time.monotonic()
+                log.warning("metric not recorded (%s): %s", record.__name__, exc)
+    wrapper.__name__, wrapper.__doc__ = record.__name__, record.__doc__
+    return wrapper
 
 
 # --- recording ----------------------------------------------------------------------
 
+@_never_raise
 def job_admitted(model: str) -> None:
-    _bump([(ADMISSIONS, model, 1)])
+    _ADMISSIONS.labels(model).inc()
 
 
 def rejection_reason(exc: Exception) -> str:
@@ -146,38 +119,43 @@ def rejection_reason(exc: Exception) -> str:
     return "error"
 
 
+@_never_raise
 def job_rejected(model: str, exc: Exception) -> None:
     reason = rejection_reason(exc)
     # An unknown model name comes from the caller: never make it a label.
-    label = "_unknown" if reason == "not_found" else model
-    _bump([(REJECTIONS, f"{label}{SEP}{reason}", 1)])
+    _REJECTIONS.labels("_unknown" if reason == "not_found" else model, reason).inc()
 
 
+@_never_raise
 def job_finished(row) -> None:
     """A job reached a terminal state (called by the transition's winner only)."""
     if row.finished_at is None:
         return
     seconds = max(0.0, (as_utc(row.finished_at) - as_utc(row.created_at)).total_seconds())
-    _bump(_observe(JOB_DURATION, (row.model_name, JobState(row.state).label), seconds))
+    _JOB_DURATION.labels(row.model_name, JobState(row.state).label).observe(seconds)
 
 
+@_never_raise
 def model_call(model: str, seconds: float, ok: bool) -> None:
-    _bump(_observe(CALL_DURATION, (model, "ok" if ok else "error"), seconds))
+    _CALL_DURATION.labels(model, "ok" if ok else "error").observe(seconds)
 
 
+@_never_raise
 def callback_delivered(model: str, ok: bool) -> None:
     """One callback delivery attempt: ok=True delivered, False failed."""
-    _bump([(CALLBACKS, f"{model}{SEP}{'delivered' if ok else 'failed'}", 1)])
+    _CALLBACKS.labels(model, "delivered" if ok else "failed").inc()
 
 
-def _worker_ttl() -> int:
+# --- worker liveness (Redis; rendered by app/observe/cluster.py) ------------------------
+
+def worker_ttl() -> int:
     return max(3, int(3 * get_settings().worker_heartbeat_seconds))
 
 
 def worker_heartbeat(node: str, queues: str = "") -> None:
     """The worker's consumer is connected and its event loop is turning."""
     try:
-        redis_scripts.worker_touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues}, _worker_ttl())
+        redis_scripts.worker_touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues}, worker_ttl())
     except redis.RedisError as exc:
         log.warning("worker heartbeat not recorded: %s", exc)
 
@@ -195,7 +173,7 @@ def worker_consumed(node: str) -> None:
         return
     _last_consumed_stamp = now
     try:
-        redis_scripts.worker_touch(node, {"consumed": f"{now:.3f}"}, _worker_ttl())
+        redis_scripts.worker_touch(node, {"consumed": f"{now:.3f}"}, worker_ttl())
     except redis.RedisError as exc:
         log.warning("worker liveness not recorded: %s", exc)
 
@@ -207,140 +185,133 @@ def worker_stopped(node: str) -> None:
         pass
 
 
-# --- rendering ------------------------------------------------------------------------
+# --- a process group's directory ---------------------------------------------------------
 
-def _split(field_: str) -> tuple[tuple[str, ...], str]:
-    *labels, last = field_.split(SEP)
-    return tuple(labels), last
-
-
-def _histogram(name: str, doc: str, labelnames: list[str], data: dict[str, str], buckets) -> HistogramMetricFamily:
-    fam = HistogramMetricFamily(name, doc, labels=labelnames)
-    series: dict[tuple, dict] = {}
-    for f, v in data.items():
-        labels, part = _split(f)
-        s = series.setdefault(labels, {"b": [0] * (len(buckets) + 1), "sum": 0.0})
-        if part.startswith("b"):
-            s["b"][min(int(part[1:]), len(buckets))] += int(v)
-        elif part == "sum":
-            s["sum"] = float(v)
-    for labels, s in sorted(series.items()):
-        cum, out = 0, []
-        for le, n in zip([*map(str, map(float, buckets)), "+Inf"], s["b"]):
-            cum += n
-            out.append((le, cum))
-        fam.add_metric(list(labels), out, s["sum"])
-    return fam
+def group_env(metrics_dir: str | None = None) -> dict[str, str]:
+    """The environment a launcher sets before it execs a process group:
+    ASYNCH_METRICS_DIR when configured, else a fresh temporary directory."""
+    path = get_settings().metrics_dir if metrics_dir is None else metrics_dir
+    if not path:
+        path = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+    return {"PROMETHEUS_MULTIPROC_DIR": os.path.abspath(path)}
 
 
-class _Snapshot:
-    """Reads everything once per scrape and yields the metric families."""
+_group_lock = None  # held for the main process's life; children inherit it
 
-    def collect(self):
-        from app.infra.db import transaction
-        from app.observe.live import job_counts, model_live
 
-        up = GaugeMetricFamily("asynch_metrics_source_up", "1 if the source answered this scrape", labels=["source"])
+def prepare_group_dir() -> str | None:
+    """Called once by the group's main process before any child exists:
+    lock the directory (a second group on the same directory fails here
+    instead of wiping this one's files) and delete the previous run's files,
+    whose pids mean nothing now.  Returns the directory (None: memory mode)."""
+    global _group_lock
+    path = prometheus_multiproc_dir()
+    if not MULTIPROCESS or not path:
+        return None
+    os.makedirs(path, exist_ok=True)
+    if _group_lock is None:
+        lock = open(os.path.join(path, ".lock"), "w")
         try:
-            with transaction() as conn:
-                counts = job_counts(conn)
-            up.add_metric(["database"], 1)
-        except Exception as exc:  # a scrape reports what it can
-            log.warning("metrics: database unavailable: %s", exc)
-            counts = None
-            up.add_metric(["database"], 0)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise RuntimeError(f"metrics directory {path} is in use by another process group "
+                               "(give each API server and worker node its own ASYNCH_METRICS_DIR)") from None
+        _group_lock = lock
+    for f in glob.glob(os.path.join(path, "*.db")):
+        os.remove(f)
+    return path
+
+
+def process_dead(pid: int) -> None:
+    """A child of the group exited (gunicorn child_exit, Celery pool exit)."""
+    if MULTIPROCESS and prometheus_multiproc_dir():
         try:
-            live = model_live() if counts is not None else []
-            hashes = redis_scripts.metrics_read([ADMISSIONS, REJECTIONS, CALLBACKS, JOB_DURATION, CALL_DURATION])
-            workers = redis_scripts.workers_read()
-            up.add_metric(["redis"], 1)
-        except Exception as exc:
-            log.warning("metrics: redis unavailable: %s", exc)
-            live, hashes, workers = [], None, {}
-            up.add_metric(["redis"], 0)
-        yield up
+            multiprocess.mark_process_dead(pid, prometheus_multiproc_dir())
+        except OSError as exc:
+            log.warning("metrics: cleanup after process %s: %s", pid, exc)
 
-        if counts is not None:
-            jobs = GaugeMetricFamily("asynch_jobs", "jobs in the database by model and state", labels=["model", "state"])
-            models = {m for m, _ in counts} | {m["model_name"] for m in live}
-            for m in sorted(models):
-                for s in JobState:
-                    jobs.add_metric([m, s.label], counts.get((m, s.label), 0))
-            yield jobs
 
-        gauges = {
-            "asynch_queue_depth": ("gate slots taken (pending + running jobs)", "queue_depth"),
-            "asynch_queue_limit": ("effective queue limit (runtime override capped by the configuration)",
-                                   "queue_limit"),
-            "asynch_queue_limit_configured": ("queue_limit in the model's configuration", "queue_limit_configured"),
-            "asynch_running": ("jobs in state running", "running"),
-            "asynch_max_concurrency": ("effective max_concurrency (runtime override capped by the configuration)",
-                                       "max_concurrency"),
-            "asynch_max_concurrency_configured": ("max_concurrency in the model's configuration",
-                                                  "max_concurrency_configured"),
-            "asynch_model_enabled": ("1 if the model takes submissions", "enabled"),
-        }
-        for name, (doc, key) in gauges.items():
-            g = GaugeMetricFamily(name, doc, labels=["model"])
-            for m in live:
-                g.add_metric([m["model_name"]], int(m[key]))
-            yield g
-        for knob in ("queue_limit", "max_concurrency"):
-            g = GaugeMetricFamily(f"asynch_runtime_{knob}",
-                                  f"autotune's runtime {knob} override (absent when none is set)", labels=["model"])
-            for m in live:
-                if m["runtime"][knob] is not None:
-                    g.add_metric([m["model_name"]], m["runtime"][knob])
-            yield g
+def cleanup_group_dir() -> None:
+    """At the group's exit: remove the directory if it is a temporary one
+    ``group_env`` made (a configured ASYNCH_METRICS_DIR is left in place)."""
+    path = prometheus_multiproc_dir()
+    if path and not get_settings().metrics_dir and os.path.basename(path).startswith(TEMP_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
 
-        if hashes is not None:
-            yield from self._counters(hashes)
-            yield _histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
-                             ["model", "state"], hashes[JOB_DURATION], JOB_BUCKETS)
-            yield _histogram("asynch_model_call_duration_seconds", "one call to the model service (that reached it)",
-                             ["model", "outcome"], hashes[CALL_DURATION], CALL_BUCKETS)
-            yield from self._workers(workers)
 
-    @staticmethod
-    def _counters(h):
-        adm = CounterMetricFamily("asynch_admissions", "jobs admitted through the gate by submit", labels=["model"])
-        for m, v in sorted(h[ADMISSIONS].items()):
-            adm.add_metric([m], int(v))
-        yield adm
-        rej = CounterMetricFamily("asynch_rejections", "submissions refused, by reason "
-                                  "(queue_full, invalid, not_found, unavailable, error)", labels=["model", "reason"])
-        for f, v in sorted(h[REJECTIONS].items()):
-            rej.add_metric(list(f.split(SEP, 1)), int(v))
-        yield rej
-        cb = CounterMetricFamily("asynch_callback_deliveries", "callback delivery attempts by outcome",
-                                 labels=["model", "outcome"])
-        for f, v in sorted(h[CALLBACKS].items()):
-            cb.add_metric(list(f.split(SEP, 1)), int(v))
-        yield cb
-
-    @staticmethod
-    def _workers(workers: dict[str, dict[str, str]]):
-        now = time.time()
-        fresh = _worker_ttl()
-        hb = GaugeMetricFamily("asynch_worker_heartbeat_seconds",
-                               "unix time the worker's consumer last reported being connected and looping",
-                               labels=["worker"])
-        consumed = GaugeMetricFamily("asynch_worker_last_consumed_seconds",
-                                     "unix time the worker last took a task off the queue", labels=["worker"])
-        n = 0
-        for node, f in sorted(workers.items()):
-            if "heartbeat" in f:
-                hb.add_metric([node], float(f["heartbeat"]))
-                n += now - float(f["heartbeat"]) <= fresh
-            if "consumed" in f:
-                consumed.add_metric([node], float(f["consumed"]))
-        yield hb
-        yield consumed
-        yield GaugeMetricFamily("asynch_workers_consuming",
-                                "workers whose consumer reported within 3 heartbeat intervals", value=n)
-
+# --- exposition ---------------------------------------------------------------------------
 
 def render() -> tuple[bytes, str]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot())
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    """This scrape target's counters and histograms: the sum over the
+    group's processes' files, or this process's memory."""
+    if MULTIPROCESS:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=prometheus_multiproc_dir())
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(_REGISTRY), CONTENT_TYPE_LATEST
+
+
+def token_problem(authorization: str) -> str | None:
+    """None when the request may read metrics (ASYNCH_METRICS_TOKEN unset, or
+    sent as a Bearer token), else why not.  Constant-time comparison."""
+    token = get_settings().metrics_token
+    if not token:
+        return None
+    given = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+    if not given:
+        return "missing metrics token"
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        return "invalid metrics token"
+    return None
+
+
+def _node_app(environ, start_response):
+    if environ.get("PATH_INFO") != "/metrics":
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: try /metrics\n"]
+    problem = token_problem(environ.get("HTTP_AUTHORIZATION", ""))
+    if problem:
+        start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+        return [problem.encode() + b"\n"]
+    body, ctype = render()
+    start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - a scrape every 15 s is not news
+        pass
+
+
+_node_server: WSGIServer | None = None
+
+
+def serve_node(port: int, host: str = "0.0.0.0") -> WSGIServer | None:
+    """Serve GET /metrics (``render``) from a thread of this process: a worker
+    node's main process.  A port in use is logged, not fatal: the node still
+    works, its metrics are unreachable until it restarts."""
+    global _node_server
+    if port <= 0:
+        return None
+    try:
+        _node_server = make_server(host, port, _node_app, server_class=_Server, handler_class=_QuietHandler)
+    except OSError as exc:
+        log.warning("metrics: cannot serve on port %s: %s", port, exc)
+        return None
+    threading.Thread(target=_node_server.serve_forever, name="asynch-metrics-http", daemon=True).start()
+    return _node_server
+
+
+def forget_inherited_server() -> None:
+    """In a forked child: close the copy of the parent's listening socket
+    (the serving thread did not survive the fork), so only the main process
+    holds the port and it is free again as soon as the main process exits."""
+    global _node_server
+    if _node_server is not None:
+        _node_server.socket.close()
+        _node_server = None

@@ -479,36 +479,12 @@ def permit_wait_hold(job_id: str, attempt: int, token: str, ttl_seconds: float) 
                                             args=[token, int(ttl_seconds * 1000)]))
 
 
-# --- metrics and worker liveness ---------------------------------------------------
-# Counters and histogram buckets live in a few hashes so every API and worker
-# process on every host adds to the same totals (app/metrics.py renders them).
-
-def metrics_key(name: str) -> str:
-    return f"{_p()}:metrics:{name}"
-
+# --- worker liveness ---------------------------------------------------------------
+# One hash per Celery node (app/infra/metrics.py writes it, app/observe/cluster.py
+# renders it).
 
 def worker_key(node: str) -> str:
     return f"{_p()}:worker:{node}"
-
-
-def metrics_bump(incrs: Iterable[tuple[str, str, float]]) -> None:
-    """Add to hash fields in one round trip (MULTI/EXEC, so a scrape never sees
-    a histogram bucket without its count).  incrs: (metric name, field, amount)."""
-    pipe = get_redis().pipeline(transaction=True)
-    for name, field_, amount in incrs:
-        if isinstance(amount, int):
-            pipe.hincrby(metrics_key(name), field_, amount)
-        else:
-            pipe.hincrbyfloat(metrics_key(name), field_, amount)
-    pipe.execute()
-
-
-def metrics_read(names: Iterable[str]) -> dict[str, dict[str, str]]:
-    names = list(names)
-    pipe = get_redis().pipeline(transaction=False)
-    for n in names:
-        pipe.hgetall(metrics_key(n))
-    return dict(zip(names, pipe.execute()))
 
 
 def worker_touch(node: str, fields: dict, ttl_seconds: int) -> None:

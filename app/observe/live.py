@@ -1,10 +1,10 @@
 """What operators look at: live numbers per model (the console's models page
-and /metrics' gauges), throughput and P90 latency over a window, and a job's
-timeline.  Reads only; computed at request time from the rows (the truth)
+and /metrics/cluster's gauges), throughput and P90 latency over a window,
+and a job's timeline.  Reads only; computed at request time from the rows (the truth)
 and the Redis gates (the admission view)."""
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 
@@ -20,6 +20,15 @@ def job_counts(conn) -> dict[tuple[str, str], int]:
     which ix_asynch_task_model_state answers."""
     q = select(tasks.c.model_name, tasks.c.state, func.count()).group_by(tasks.c.model_name, tasks.c.state)
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q)}
+
+
+def oldest_pending(conn) -> dict[str, datetime]:
+    """model -> enqueue_at of the head of its queue (the pending job a worker
+    should take next; a retry put back at the head keeps its creation time).
+    The partial index ix_asynch_task_pending_enqueue holds exactly these rows."""
+    q = select(tasks.c.model_name, func.min(tasks.c.enqueue_at)).where(
+        tasks.c.state == int(JobState.PENDING)).group_by(tasks.c.model_name)
+    return {m: as_utc(t) for m, t in conn.execute(q)}
 
 
 def model_live(include_disabled: bool = True) -> list[dict]:
