@@ -256,3 +256,55 @@ def test_invalid_requests_never_reach():
     err = timed(deadline.request, "GET", "http://127.0.0.1:9/", headers={"X": "a\r\nB: c"}, timeout=1,
                 max_bytes=10)[0]
     assert isinstance(err, deadline.InvalidRequest)
+
+
+# --- model calls (app/infra/http/model_client.py) ----------------------------------------
+
+def _call(url, **kw):
+    from app.infra.http.model_client import call_model
+
+    args = dict(base_url=url, route="/v1/m", http_method="POST", head_msg="", model_key=None, payload={},
+                timeout_seconds=1.5, max_bytes=10_000)
+    args.update(kw)
+    return timed(call_model, **args)
+
+
+@pytest.mark.parametrize("mode", ["silent", "status", "headers", "body"])
+def test_a_model_call_timeout_is_a_total_deadline_header_phase_included(tarpit, mode):
+    from app.infra.http.model_client import ModelCallError
+
+    pit = tarpit(mode)
+    t0 = time.monotonic()
+    with pytest.raises(ModelCallError) as ei:
+        _call(pit.url)
+    took = time.monotonic() - t0
+    assert 1.5 <= took <= 1.5 + SLACK, took
+    assert "timed out after 1.5s" in str(ei.value) and not ei.value.permanent and ei.value.called
+
+
+def test_model_call_contract(model_server):
+    from app.infra.http.model_client import ModelCallError, call_model
+
+    base = dict(base_url=model_server.url, route="/v1/m", head_msg="API_KEY:a,X-Stub-Tenant:t",
+                model_key="API_KEY:b", timeout_seconds=5, max_bytes=10_000)
+    resp = call_model(http_method="GET", payload={"p": "x y", "n": 2, "b": True, "o": {"k": 1}, "z": None}, **base)
+    call = model_server.state.calls[-1]
+    assert resp.status == 200 and resp.content_type == "application/json"
+    assert call["method"] == "GET" and call["payload"] == {"p": "x y", "n": "2", "b": "true", "o": '{"k":1}'}
+    assert call["headers"]["API_KEY"] == "b" and call["headers"]["X-Stub-Tenant"] == "t"
+    call_model(http_method="POST", payload={"q": [1, 2]}, **base)
+    assert model_server.state.calls[-1]["payload"] == {"q": [1, 2]}
+    for status, permanent in ((404, True), (301, True), (400, True), (500, False), (503, False), (408, False),
+                              (429, False)):
+        with pytest.raises(ModelCallError) as ei:
+            call_model(http_method="POST", payload={"status": status}, **base)
+        assert (ei.value.permanent, ei.value.called) == (permanent, True), status
+    with pytest.raises(ModelCallError) as ei:
+        call_model(http_method="POST", payload={"size": 20_000}, **base)
+    assert ei.value.permanent and ei.value.called and "exceeds 10000 bytes" in str(ei.value)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(ModelCallError) as ei:
+        call_model(http_method="POST", payload={}, **{**base, "base_url": dead})
+    assert not ei.value.permanent and not ei.value.called and "unreachable" in str(ei.value)
