@@ -171,6 +171,12 @@ def test_oversize_answers_fail_without_reading_everything(server):
     err = timed(deadline.request, "GET", server.url + "/big", timeout=2, max_bytes=4000)[0]
     assert isinstance(err, deadline.ResponseTooLarge) and "4000" in str(err)
     assert deadline.request("GET", server.url + "/big", timeout=2, max_bytes=30_000).body == b"y" * 20 * 1024
+    # truncate=True: the first max_bytes, and the connection is not reused.
+    before = len(_Handler.connections)
+    resp = deadline.request("GET", server.url + "/big", timeout=2, max_bytes=1500, truncate=True, keep_alive=True)
+    assert resp.status == 200 and resp.body == b"y" * 1500
+    resp = deadline.request("GET", server.url + "/q", timeout=2, max_bytes=5, truncate=True, keep_alive=True)
+    assert resp.body == b'{"pat' and len(_Handler.connections) == before + 2
 
 
 def test_redirects_are_returned_not_followed(server):

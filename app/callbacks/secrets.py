@@ -50,6 +50,14 @@ def rotate_secret(conn: Connection, tenant_id: str) -> dict:
     return _view(row)
 
 
+def secret_of(tenant_id_column):
+    """The tenant's secret as a correlated scalar subquery (NULL before its
+    first use), labelled ``secret``: the delivery claim reads it in its own
+    statement instead of a second query."""
+    return (select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id_column)
+            .correlate(tenant_id_column.table).scalar_subquery().label("secret"))
+
+
 def _view(row) -> dict:
     return {"tenant": row.tenant_id, "secret": row.secret, "created_at": row.created_at.isoformat(),
             "rotated_at": row.rotated_at.isoformat() if row.rotated_at else None}

@@ -32,8 +32,10 @@ Invariants:
     certificate name) use the URL's host: a DNS answer that changes after
     the check cannot redirect the request (app/infra/http/netguard.py).
   * Redirects are never followed (a 3xx is returned like any status); the
-    body is capped at ``max_bytes`` (a larger Content-Length fails before
-    reading); header blocks are capped by h11 (``MAX_HEADER_BYTES``).
+    body is capped at ``max_bytes``: a larger one fails (a larger
+    Content-Length before reading it), or with ``truncate=True`` is cut
+    there and the connection closed; header blocks are capped by h11
+    (``MAX_HEADER_BYTES``).
   * ``keep_alive=True`` reuses connections from a per-thread, per-process
     pool (a forked child never touches its parent's sockets); a pooled
     connection idle too long or readable (closed by the peer) is dropped
@@ -315,7 +317,7 @@ def _header_list(t: _Target, headers: Mapping[str, str] | Iterable[tuple[str, st
 def request(method: str, url: str, *, timeout: float, max_bytes: int,
             headers: Mapping[str, str] | Iterable[tuple[str, str]] = (), params: Mapping[str, str] | None = None,
             json: Any = None, body: bytes | None = None, address: str | None = None,
-            connect_timeout: float | None = None, keep_alive: bool = False,
+            connect_timeout: float | None = None, keep_alive: bool = False, truncate: bool = False,
             tls_context: ssl.SSLContext | None = None) -> Response:
     """One exchange, finished or failed within ``timeout`` seconds of the call."""
     clock = _Clock(timeout)
@@ -333,7 +335,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
     if conn is None:
         conn = _Conn(_connect(t, address, clock, connect_timeout, tls_context))
     try:
-        resp = _exchange(conn, req, body, clock, max_bytes)
+        resp = _exchange(conn, req, body, clock, max_bytes, truncate)
     except BaseException:
         conn.close()
         raise
@@ -345,7 +347,8 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
     return resp
 
 
-def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, max_bytes: int) -> Response:
+def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, max_bytes: int,
+              truncate: bool) -> Response:
     try:
         data = conn.h11.send(req) + (conn.h11.send(h11.Data(data=body)) if body else b"") \
             + conn.h11.send(h11.EndOfMessage())
@@ -357,7 +360,7 @@ def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, 
             raise BrokenResponse("connection closed before a response", reached=True)
         headers = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in ev.headers)
         length = next((v for k, v in headers if k == "content-length"), None)
-        if length is not None and length.isdigit() and int(length) > max_bytes:
+        if not truncate and length is not None and length.isdigit() and int(length) > max_bytes:
             raise ResponseTooLarge(f"response of {length} bytes exceeds {max_bytes} bytes", reached=True)
         chunks, size = [], 0
         while True:
@@ -365,7 +368,10 @@ def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, 
             if isinstance(part, h11.Data):
                 size += len(part.data)
                 if size > max_bytes:
-                    raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)
+                    if not truncate:
+                        raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)
+                    chunks.append(part.data[:len(part.data) - (size - max_bytes)])
+                    break  # the connection is not at a message boundary: request() closes it
                 chunks.append(part.data)
             elif isinstance(part, h11.EndOfMessage):
                 break
