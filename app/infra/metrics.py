@@ -14,7 +14,7 @@ Callers:
   job_admitted / job_rejected      app.jobs.service.submit
   job_finished                     app.jobs.service.after_terminal (every terminal winner)
   model_call                       app.jobs.execution (each call that reached the model)
-  callback_delivered(model, ok)    the callback sender, once per delivery attempt
+  callback_delivered(model, ok)    the callback sender, once per callback when settled (delivered or failed for good)
   worker_heartbeat / worker_consumed / worker_stopped   workers/heartbeat.py
 """
 from __future__ import annotations

@@ -213,9 +213,10 @@ def _connect(t: _Target, address: str | None, clock: _Clock, connect_timeout: fl
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if t.scheme == "https":
+            ctx = tls or default_tls_context()  # the first call loads the trust store: before the timer is armed
             sock.settimeout(clock.left(False))
             # SNI and certificate name from the URL, whatever address we connected to.
-            sock = (tls or default_tls_context()).wrap_socket(sock, server_hostname=t.host)
+            sock = ctx.wrap_socket(sock, server_hostname=t.host)
         return sock
     except socket.timeout:
         sock.close()
