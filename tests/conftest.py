@@ -255,15 +255,6 @@ def workers(test_env, tmp_path_factory):
     w.stop()
 
 
-@pytest.fixture(scope="module")
-def callback_workers(test_env, tmp_path_factory):
-    """A callback worker (the callback queue only, -c 2) for a test module."""
-    log = tmp_path_factory.mktemp("cbworker") / "worker.log"
-    w = WorkerProcess(test_env, concurrency=2, log_path=log, name="cb", callbacks=True).start()
-    yield w
-    w.stop()
-
-
 # --- helpers ------------------------------------------------------------------------------
 
 def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
