@@ -6,6 +6,7 @@ identical passes is worth nothing, the next one is already scheduled."""
 from __future__ import annotations
 
 from app.config import Settings
+from app.infra.celery_config import queue_for
 from app.infra.publisher import Priority, broker_priority
 
 
@@ -13,7 +14,8 @@ def build_schedule(s: Settings) -> dict:
     high = broker_priority(Priority.HIGH, s.effective_broker_url)
 
     def entry(task: str, every: float) -> dict:
-        return {"task": task, "schedule": every, "options": {"priority": high, "expires": max(1.0, every)}}
+        return {"task": task, "schedule": every, "options": {"priority": high, "expires": max(1.0, every),
+                                                             "queue": queue_for(task, s)}}
 
     return {
         "run-work": entry("asynch.run_work", s.beat_retry_seconds),

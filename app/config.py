@@ -127,7 +127,8 @@ class Settings:
     permit_retry_seconds: float = 2.0
     # getTaskBatch: most task ids one call may name.
     batch_max_ids: int = 1000
-    # Callbacks on done (seed 002): per-delivery timeout, attempts, backoff
+    # Callbacks on done (seed 002): the wall-clock deadline of one delivery
+    # attempt (connect, send, headers and body together), attempts, backoff
     # base * 2**(n-1) capped, with jitter.
     callback_timeout_seconds: float = 10.0
     callback_max_attempts: int = 8
@@ -137,6 +138,9 @@ class Settings:
     # Operator allowlist for callback targets that would otherwise be refused
     # (loopback, private, link-local ...): comma list of IPs, CIDRs or host names.
     callback_allow_hosts: str = ""
+    # Celery queue of callback deliveries, consumed by `asynch callback-worker`
+    # only: a slow receiver ties up callback processes, never job workers.
+    callback_queue_name: str = "asynch-callbacks"
     # Trust X-User-Info from a gateway in front of the API for the job's
     # creator.  Off: only the creator field / X-Creator header count.
     trusted_gateway: bool = False

@@ -60,6 +60,7 @@ def test_env(tmp_path_factory) -> dict:
         "ASYNCH_BROKER_URL": os.environ.get("ASYNCH_TEST_BROKER", f"{REDIS_BASE}/{BROKER_DB}"),
         "ASYNCH_STORAGE_URL": f"file://{results}",
         "ASYNCH_QUEUE_NAME": f"asynch-test-{os.getpid()}",
+        "ASYNCH_CALLBACK_QUEUE_NAME": f"asynch-test-{os.getpid()}-callbacks",
         "ASYNCH_LOG_LEVEL": "WARNING",
         "ASYNCH_KEY_PEPPER": "test-pepper",
         "ASYNCH_RETRY_BACKOFF_SECONDS": "0.2",
@@ -198,8 +199,10 @@ def make_model(model_server):
 
 class WorkerProcess:
     def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w",
-                 extra_args: tuple[str, ...] = ()):
+                 extra_args: tuple[str, ...] = (), callbacks: bool = False):
         self.env = {**os.environ, **env}
+        # callbacks=True: what `asynch callback-worker` runs (the callback queue only).
+        self.queue = self.env["ASYNCH_CALLBACK_QUEUE_NAME" if callbacks else "ASYNCH_QUEUE_NAME"]
         self.concurrency = concurrency
         self.log_path = log_path
         self.name = name
@@ -210,7 +213,7 @@ class WorkerProcess:
     def start(self, ready_timeout: float = 60) -> "WorkerProcess":
         from app.cli import worker_argv
 
-        argv = (worker_argv(self.concurrency, self.env["ASYNCH_QUEUE_NAME"])
+        argv = (worker_argv(self.concurrency, self.queue)
                 + ["-n", f"{self.name}-{time.time_ns()}@%h"] + self.extra_args)
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,

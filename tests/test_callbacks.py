@@ -49,7 +49,8 @@ def spy():
 
 
 def done_with_callback(make_model, url: str, biz: str = "order-7") -> tuple[str, int]:
-    make_model("m")
+    if make_model is not None:
+        make_model("m")
     job_id = jobs.submit(P, "m", {"q": 1}, jobs.SubmitOptions(callback_url=url, biz_name=biz)).row.id
     assert execution.run_attempt(job_id, 0) == "done"
     with transaction() as conn:
@@ -261,3 +262,104 @@ def test_urls_with_a_query_keep_it_and_biz_names_are_escaped(make_model, receive
     assert req["path"] == "/hook/a%20b%2Fc"  # one path segment, whatever bizName holds
     assert [k for k, _ in req["query"]] == ["token", "task_id", "state", "oss_file", "file_type"]
     assert dict(parse_qsl(urlsplit(callbacks.callback_url_for(job_row(job_id))).query))["token"] == "abc"
+
+
+# --- the attempt cap (ASYNCH_CALLBACK_MAX_ATTEMPTS) and the delivery metric ---------------
+
+def _row(cid: int):
+    with transaction() as conn:
+        return conn.execute(select(callbacks_table).where(callbacks_table.c.id == cid)).one()
+
+
+_BASELINE: dict[str, float] = {}
+
+
+def _counted() -> dict[str, float]:
+    from app.infra import metrics
+
+    return {f"{s.labels['model']}|{s.labels['outcome']}": s.value
+            for fam in metrics._CALLBACKS.collect() for s in fam.samples if s.name.endswith("_total")}
+
+
+def _settled(r, reset: bool = False) -> dict:
+    """What this process's callbacks counter gained since the last reset
+    (the counter lives for the whole test session), as "model|outcome": "n"."""
+    if reset:
+        _BASELINE.clear()
+        _BASELINE.update(_counted())
+    now = _counted()
+    return {k: str(int(v - _BASELINE.get(k, 0))) for k, v in now.items() if v - _BASELINE.get(k, 0)}
+
+
+def _abandoned_at_the_cap(make_model, receiver, settings, r, t) -> tuple[str, int]:
+    """max 2: attempt 1 fails (retry), attempt 2 is claimed and its worker dies."""
+    _settled(r, reset=True)
+    set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_max_attempts=2))
+    set_clock(lambda: t[0])
+    receiver.statuses = [500]
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
+    assert callbacks.deliver(cid).status == "retry"
+    t[0] += timedelta(hours=1)
+    with transaction() as conn:
+        assert callbacks.claim_delivery(conn, cid, t[0]).attempts == 2
+    t[0] += timedelta(hours=1)  # its lease expired long ago
+    return job_id, cid
+
+
+def test_a_stuck_delivery_at_the_cap_is_failed_by_its_next_message_not_sent_again(make_model, receiver, settings,
+                                                                                  r):
+    t = [now()]
+    job_id, cid = _abandoned_at_the_cap(make_model, receiver, settings, r, t)
+    with transaction() as conn:
+        assert callbacks.claim_delivery(conn, cid, t[0]) is None  # the claim never takes it
+    assert _row(cid).status == "sending"
+    assert callbacks.deliver(cid).status == "failed"
+    cb = _row(cid)
+    assert (cb.status, cb.attempts, cb.lease_until) == ("failed", 2, None)
+    assert "gave up after 2 attempts" in cb.last_error
+    assert len(receiver.requests) == 1
+    assert _settled(r) == {"m|failed": "1"}
+    assert callbacks.deliver(cid).status == "skipped" and _settled(r) == {"m|failed": "1"}
+
+
+def test_the_sweep_fails_stuck_deliveries_at_the_cap_instead_of_republishing_them(make_model, receiver, settings, r):
+    t = [now()]
+    job_id, cid = _abandoned_at_the_cap(make_model, receiver, settings, r, t)
+    rep = callbacks.deliver_due_callbacks()
+    assert (rep["failed"], rep["published"]) == (1, 0)
+    assert _row(cid).status == "failed" and _settled(r) == {"m|failed": "1"}
+    assert callbacks.deliver_due_callbacks()["failed"] == 0
+
+
+def test_a_lowered_cap_ends_pending_deliveries_that_used_it_up(make_model, receiver, settings, r):
+    _settled(r, reset=True)
+    t = [now()]
+    set_clock(lambda: t[0])
+    receiver.statuses = [500, 500]
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
+    for _ in range(2):
+        assert callbacks.deliver(cid).status == "retry"
+        t[0] += timedelta(hours=1)
+    set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_max_attempts=2))
+    assert callbacks.deliver(cid).status == "failed"
+    assert len(receiver.requests) == 2 and _row(cid).status == "failed"
+    # The sweep does the same for a row no message is coming for.
+    _, other = done_with_callback(None, receiver.url + "/hook", biz="b2")
+    with transaction() as conn:
+        conn.execute(callbacks_table.update().where(callbacks_table.c.id == other).values(attempts=2))
+    assert callbacks.deliver_due_callbacks()["failed"] == 1 and _row(other).status == "failed"
+    assert len(receiver.requests) == 2 and _settled(r) == {"m|failed": "2"}
+
+
+def test_the_metric_counts_each_callback_once_when_it_is_settled(make_model, receiver, r):
+    _settled(r, reset=True)
+    t = [now()]
+    set_clock(lambda: t[0])
+    receiver.statuses = [503]
+    _, cid = done_with_callback(make_model, receiver.url + "/hook")
+    assert callbacks.deliver(cid).status == "retry"
+    assert _settled(r) == {}  # a retried attempt settles nothing
+    t[0] += timedelta(hours=1)
+    assert callbacks.deliver(cid).status == "delivered"
+    assert callbacks.deliver(cid).status == "skipped"
+    assert _settled(r) == {"m|delivered": "1"}

@@ -30,11 +30,12 @@ DOCKERFILE_PATH = ROOT / "Dockerfile"
 DOCS_PATH = ROOT / "docs" / "operations.md"
 PYPROJECT_PATH = ROOT / "pyproject.toml"
 
-REQUIRED_SERVICES = {"postgres", "redis", "minio", "minio-init", "migrate", "api", "worker", "beat", "flower"}
-LONG_RUNNING = {"postgres", "redis", "minio", "api", "worker", "beat", "flower"}
+REQUIRED_SERVICES = {"postgres", "redis", "minio", "minio-init", "migrate", "api", "worker", "callbacks", "beat",
+                     "flower"}
+LONG_RUNNING = {"postgres", "redis", "minio", "api", "worker", "callbacks", "beat", "flower"}
 ONE_SHOT = {"minio-init", "migrate"}
 # Services that run our code (the image built from the Dockerfile).
-OUR_SERVICES = {"migrate", "api", "worker", "beat", "flower"}
+OUR_SERVICES = {"migrate", "api", "worker", "callbacks", "beat", "flower"}
 
 ASYNCH_VAR = re.compile(r"\bASYNCH_[A-Z0-9_]+\b")
 # Compose interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, ${VAR?err}
@@ -337,6 +338,7 @@ def test_services_run_the_expected_commands(services):
         "migrate": ("asynch", "db", "upgrade"),
         "api": ("asynch", "api"),
         "worker": ("asynch", "worker"),
+        "callbacks": ("asynch", "callback-worker"),
         "beat": ("asynch", "beat"),
     }
     for name, path in expected.items():
@@ -373,14 +375,51 @@ def test_flower_watches_our_celery_app(services, dockerfile):
 
 # --- compose: topology --------------------------------------------------------------------
 
-def test_worker_is_scalable(services):
-    w = services["worker"]
-    assert "container_name" not in w, "worker: container_name prevents --scale worker=N"
-    assert not w.get("ports"), "worker: a fixed host port prevents --scale worker=N"
+@pytest.mark.parametrize("name", ["worker", "callbacks"])
+def test_workers_are_scalable(services, name):
+    w = services[name]
+    assert "container_name" not in w, f"{name}: container_name prevents --scale {name}=N"
+    assert not w.get("ports"), f"{name}: a fixed host port prevents --scale {name}=N"
     argv = service_argv(w)
     cmd = resolve_asynch(argv)
-    params = cmd.make_context("worker", argv[2:]).params
+    params = cmd.make_context(name, argv[2:]).params
     assert params["concurrency"] >= 1
+
+
+def test_jobs_and_callbacks_have_separate_queues_and_pools(services):
+    """A stalling callback receiver must never hold a job worker: the worker
+    service consumes the job queue only, the callbacks service the callback
+    queue only, and the callback tasks are routed there."""
+    from app.cli.processes import callback_worker_argv, worker_argv
+    from app.infra.celery_config import (DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, RUN_JOB_TASK,
+                                         celery_settings, queue_for)
+
+    from app.config import get_settings
+
+    default = load_settings({})
+    assert default.callback_queue_name == "asynch-callbacks" and default.callback_queue_name != default.queue_name
+    s = get_settings()
+    w = resolve_asynch(service_argv(services["worker"])).make_context("worker", service_argv(services["worker"])[2:])
+    assert w.params["queues"] is None, "worker: must consume the job queue (its default), not -Q a list"
+
+    def consumed(argv: list[str]) -> list[str]:
+        return argv[argv.index("-Q") + 1].split(",")
+
+    assert consumed(worker_argv(2)) == [s.queue_name]
+    cb_argv = callback_worker_argv(2)
+    assert consumed(cb_argv) == [s.callback_queue_name]
+    # Its own node name: the healthcheck pings it, and it differs from the job worker's.
+    node = cb_argv[cb_argv.index("-n") + 1]
+    assert node.split("@")[0] in json.dumps(services["callbacks"]["healthcheck"])
+    assert "-n" not in worker_argv(2) and "celery@" in json.dumps(services["worker"]["healthcheck"])
+    for task in (DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK):
+        assert queue_for(task, s) == s.callback_queue_name
+        assert celery_settings(s)["task_routes"][task]["queue"] == s.callback_queue_name
+    assert queue_for(RUN_JOB_TASK, s) == s.queue_name
+    from beat_schedule import build_schedule
+    sched = build_schedule(s)
+    assert sched["deliver-callbacks"]["options"]["queue"] == s.callback_queue_name
+    assert all(e["options"]["queue"] == s.queue_name for k, e in sched.items() if k != "deliver-callbacks")
 
 
 def test_beat_is_a_single_service(services):
@@ -428,7 +467,7 @@ def test_migrate_runs_first(services):
     migrate = services["migrate"]
     assert service_argv(migrate) == ["asynch", "db", "upgrade"]
     assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("api", "worker", "beat"):
+    for name in ("api", "worker", "callbacks", "beat"):
         deps = services[name].get("depends_on") or {}
         assert isinstance(deps, dict) and "migrate" in deps, f"{name} must depend on migrate"
         assert deps["migrate"].get("condition") == "service_completed_successfully", \

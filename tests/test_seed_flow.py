@@ -51,7 +51,11 @@ def receiver():
 def seed_worker(test_env, oss, tmp_path_factory):
     env = {**test_env, "ASYNCH_STORAGE_URL": f"oss+{oss.base}", "ASYNCH_CALLBACK_ALLOW_HOSTS": "127.0.0.1"}
     w = WorkerProcess(env, log_path=tmp_path_factory.mktemp("seedw") / "worker.log", name="seed").start()
+    # Callbacks go to their own queue and worker (`asynch callback-worker`).
+    cb = WorkerProcess(env, concurrency=1, log_path=tmp_path_factory.mktemp("seedcb") / "worker.log", name="seedcb",
+                       callbacks=True).start()
     yield w
+    cb.stop()
     w.stop()
 
 

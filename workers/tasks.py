@@ -53,6 +53,9 @@ def autotune_models(fence: dict | None = None) -> dict:
     return run_periodic("autotune", fence, autotune.autotune)
 
 
+# Callback deliveries and their sweep run on the callback queue
+# (celery_config.queue_for / task_routes; retries stay there too), consumed
+# only by `asynch callback-worker`: a stalling receiver never holds a job worker.
 @celery.task(name=DELIVER_CALLBACK_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def deliver_callback(self, callback_id: int) -> str:
     out = callbacks.deliver(callback_id)

@@ -1,19 +1,37 @@
 """Callbacks on done (seed 002): GET {callbackUrl}/{bizName}?task_id&state&oss_file&file_type.
 
 Durable: the winner of the done transition inserts one asynch_callback row
-(unique per job) right after its commit and publishes a doorbell; a sweep
-(``deliver_due_callbacks``, on beat) re-publishes due and abandoned
+(unique per job) right after its commit and publishes a doorbell on the
+callback queue (ASYNCH_CALLBACK_QUEUE_NAME, consumed by `asynch
+callback-worker` only, so a stalling receiver never holds a job worker); a
+sweep (``deliver_due_callbacks``, on beat) re-publishes due and abandoned
 deliveries and backfills the row if the winner died between its commit and
 the insert.  At least once: a delivery is claimed with a CAS and a lease
 (pending -> sending); a worker that dies mid-delivery leaves an expired lease
 the sweep picks up, so a receiver may see a callback twice (deduplicate by
 task_id).  Every attempt is logged (asynch_callback_attempt).
 
-Each attempt re-checks the target (app/services/netguard.py) and connects to
-the checked address; redirects are never followed (a 3xx is a failed
-attempt).  Failures back off exponentially with jitter up to
-ASYNCH_CALLBACK_MAX_ATTEMPTS.  Requests are signed with the tenant's secret
-(app/services/callback_secrets.py).
+Each attempt re-checks the target (app/infra/http/netguard.py), connects to
+the checked address and has a hard wall-clock deadline,
+ASYNCH_CALLBACK_TIMEOUT_SECONDS, for the WHOLE attempt: connect, send,
+status, headers and body (app/infra/http/deadline.py), so a receiver that
+trickles bytes costs one callback process that long and no more.  Redirects
+are never followed (a 3xx is a failed attempt).  Failures back off
+exponentially with jitter.  Requests are signed with the tenant's secret
+(app/callbacks/secrets.py).
+
+ASYNCH_CALLBACK_MAX_ATTEMPTS bounds attempts everywhere: the claim never
+takes a row that used them all, and a row at the cap that is still pending
+(the cap was lowered) or whose last attempt never finished (lease expired)
+is marked failed, by the next delivery message for it or by the sweep,
+instead of being tried again.
+
+Metric ``asynch_callback_deliveries`` (metrics.callback_delivered) counts
+SETTLED callbacks, once each: delivered (ok) or failed for good.  An attempt
+that fails and will be retried is not counted (it is in the attempt log and
+the log line); so delivered + failed is the number of callbacks decided and
+failed / (delivered + failed) the share lost.  The model label is the job's
+model_name, read in the claim's own statement.
 """
 from __future__ import annotations
 
@@ -24,7 +42,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-import urllib3
 from sqlalchemy import and_, exists, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -33,11 +50,12 @@ from sqlalchemy.engine import Connection, Row
 from app.infra.celery_config import DELIVER_CALLBACK_TASK
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
+from app.infra import metrics
 from app.infra.db import transaction
 from app.infra.tables import callback_attempts, callbacks, tasks
 from app.infra.publisher import publish_task
 from app.callbacks import secrets as callback_secrets
-from app.infra.http import netguard
+from app.infra.http import deadline, netguard
 from app.tenancy.keys import Principal
 from app.states import JobState, seed_code
 
@@ -45,6 +63,8 @@ log = logging.getLogger(__name__)
 
 PENDING, SENDING, DELIVERED, FAILED = "pending", "sending", "delivered", "failed"
 USER_AGENT = "model-asynch-callback/1"
+# Bytes of the receiver's answer read (the rest is dropped): only the status counts.
+RESPONSE_READ_BYTES = 4096
 # The sweep backfills rows only for jobs finished this recently (older ones
 # were handled by earlier sweeps), and leaves the winner a moment first.
 BACKFILL_WINDOW = timedelta(days=1)
@@ -100,15 +120,50 @@ class Outcome:
     retry_in: float | None = None
 
 
+# The job's model (the metric's label) and the tenant's secret, read by the
+# claim's own UPDATE ... RETURNING: no extra query per delivery.
+_MODEL_NAME = (select(tasks.c.model_name).where(tasks.c.id == callbacks.c.job_id)
+               .correlate(callbacks).scalar_subquery().label("model_name"))
+
+
+def _at_cap_and_stuck(now: datetime, max_attempts: int):
+    """Rows the cap ends: attempts used up, still pending (the cap was
+    lowered) or sending with an expired lease (the last attempt never finished)."""
+    return and_(callbacks.c.attempts >= max_attempts,
+                or_(callbacks.c.status == PENDING,
+                    and_(callbacks.c.status == SENDING, callbacks.c.lease_until < now)))
+
+
 def claim_delivery(conn: Connection, callback_id: int, now: datetime) -> Row | None:
-    """pending and due, or sending with an expired lease -> sending (attempt + 1)."""
-    lease = now + timedelta(seconds=2 * get_settings().callback_timeout_seconds + 30)
+    """pending and due, or sending with an expired lease -> sending (attempt + 1),
+    never past ASYNCH_CALLBACK_MAX_ATTEMPTS."""
+    s = get_settings()
+    lease = now + timedelta(seconds=2 * s.callback_timeout_seconds + 30)
     return conn.execute(update(callbacks).where(
         callbacks.c.id == callback_id,
+        callbacks.c.attempts < s.callback_max_attempts,
         or_(and_(callbacks.c.status == PENDING, callbacks.c.next_attempt_at <= now),
             and_(callbacks.c.status == SENDING, callbacks.c.lease_until < now)),
     ).values(status=SENDING, attempts=callbacks.c.attempts + 1, lease_until=lease, updated_at=now)
-     .returning(*callbacks.c)).first()
+     .returning(*callbacks.c, _MODEL_NAME, callback_secrets.secret_of(callbacks.c.tenant_id))).first()
+
+
+def give_up_at_cap(conn: Connection, now: datetime, callback_id: int | None = None, limit: int = 500) -> int:
+    """Mark failed the rows the cap ends (one, or up to ``limit``); counts them
+    in the metric.  Returns how many."""
+    s = get_settings()
+    ids = select(callbacks.c.id).where(_at_cap_and_stuck(now, s.callback_max_attempts))
+    ids = ids.where(callbacks.c.id == callback_id) if callback_id is not None else ids.limit(limit)
+    gone = conn.execute(update(callbacks).where(
+        callbacks.c.id.in_(ids), _at_cap_and_stuck(now, s.callback_max_attempts),
+    ).values(status=FAILED, lease_until=None, updated_at=now,
+             last_error=f"gave up after {s.callback_max_attempts} attempts (ASYNCH_CALLBACK_MAX_ATTEMPTS); "
+                        "the last never finished or the cap was lowered")
+     .returning(callbacks.c.id, callbacks.c.job_id, _MODEL_NAME)).all()
+    for row in gone:
+        log.warning("callback failed: attempt cap reached", extra={"job_id": row.job_id, "callback_id": row.id})
+        metrics.callback_delivered(row.model_name, False)
+    return len(gone)
 
 
 def deliver(callback_id: int) -> Outcome:
@@ -117,6 +172,8 @@ def deliver(callback_id: int) -> Outcome:
     with transaction() as conn:
         cb = claim_delivery(conn, callback_id, now)
         if cb is None:
+            if give_up_at_cap(conn, now, callback_id):
+                return Outcome("failed")
             cur = conn.execute(select(callbacks.c.status, callbacks.c.next_attempt_at)
                                .where(callbacks.c.id == callback_id)).first()
             if cur is not None and cur.status == PENDING:
@@ -124,7 +181,8 @@ def deliver(callback_id: int) -> Outcome:
                 wait = (as_utc(cur.next_attempt_at) - now).total_seconds()
                 return Outcome("retry", max(0.05, wait))
             return Outcome("skipped")
-        secret = callback_secrets.tenant_secret(conn, cb.tenant_id)["secret"]
+        # The secret is created on a tenant's first use; usually it exists already.
+        secret = cb.secret or callback_secrets.tenant_secret(conn, cb.tenant_id)["secret"]
     started = time.monotonic()
     address, http_status, error, transient = None, None, None, True
     try:
@@ -135,41 +193,31 @@ def deliver(callback_id: int) -> Outcome:
             error = f"HTTP {http_status}" + (" (redirects are not followed)" if 300 <= http_status < 400 else "")
     except netguard.UrlRefused as exc:
         error, transient = f"refused: {exc}", exc.transient
-    except Exception as exc:  # connection refused, timeout, TLS, protocol errors
+    except deadline.RequestError as exc:  # connect, TLS, deadline, broken answer: retried
+        error, transient = f"{type(exc).__name__}: {exc}"[:500], not isinstance(exc, deadline.InvalidRequest)
+    except Exception as exc:  # a bug of ours: still an attempt, logged, retried
+        log.exception("callback attempt crashed", extra={"job_id": cb.job_id, "callback_id": cb.id})
         error = f"{type(exc).__name__}: {exc}"[:500]
     duration_ms = int((time.monotonic() - started) * 1000)
     return _record(cb, now, duration_ms, address, http_status, error, transient)
 
 
 def _send(target: netguard.Target, cb: Row, secret: str) -> int:
+    """The request, to the checked address, within the attempt's deadline.
+    deadline.request sends the URL's Host and verifies TLS for its host name."""
     s = get_settings()
     ts = int(clock_now().timestamp())
-    host = f"[{target.host}]" if ":" in target.host else target.host
-    default_port = 443 if target.scheme == "https" else 80
     headers = {
-        "Host": host if target.port == default_port else f"{host}:{target.port}",
         "User-Agent": USER_AGENT,
         "X-Asynch-Task-Id": cb.job_id,
         "X-Asynch-Timestamp": str(ts),
         "X-Asynch-Signature": callback_secrets.sign(secret, cb.job_id, ts, cb.url),
         "X-Asynch-Delivery": f"{cb.id}.{cb.attempts}",
     }
-    kw: dict = {"host": str(target.addresses[0]), "port": target.port, "maxsize": 1, "retries": False,
-                "timeout": urllib3.Timeout(connect=min(5.0, s.callback_timeout_seconds),
-                                           read=s.callback_timeout_seconds)}
-    if target.scheme == "https":
-        # Connect to the checked address but verify the certificate for the name.
-        pool = urllib3.HTTPSConnectionPool(server_hostname=target.host, assert_hostname=target.host, **kw)
-    else:
-        pool = urllib3.HTTPConnectionPool(**kw)
-    with pool:
-        resp = pool.urlopen("GET", target.path_and_query, headers=headers, redirect=False, retries=False,
-                            preload_content=False, assert_same_host=False)
-        try:
-            resp.read(4096)
-        finally:
-            resp.release_conn()
-        return resp.status
+    resp = deadline.request("GET", cb.url, headers=headers, address=str(target.addresses[0]),
+                            timeout=s.callback_timeout_seconds, connect_timeout=min(5.0, s.callback_timeout_seconds),
+                            max_bytes=RESPONSE_READ_BYTES, truncate=True)
+    return resp.status
 
 
 def _record(cb: Row, started_at: datetime, duration_ms: int, address: str | None,
@@ -198,12 +246,16 @@ def _record(cb: Row, started_at: datetime, duration_ms: int, address: str | None
         return Outcome("skipped")
     if error:
         log.info("callback attempt failed: %s", error, extra=extra)
+    if out.status != "retry":  # settled: counted once (see the module docstring)
+        metrics.callback_delivered(cb.model_name, out.status == "delivered")
     return out
 
 
 def deliver_due_callbacks(limit: int = 500) -> dict:
-    """The sweep: backfill missing callback rows, re-publish due deliveries
-    and deliveries whose worker died (expired lease)."""
+    """The sweep: backfill missing callback rows, fail the rows the attempt
+    cap ends, re-publish due deliveries and deliveries whose worker died
+    (expired lease) that have attempts left."""
+    s = get_settings()
     now = clock_now()
     with transaction() as conn:
         missing = conn.execute(select(tasks).where(
@@ -214,12 +266,15 @@ def deliver_due_callbacks(limit: int = 500) -> dict:
         ).limit(limit)).all()
         backfilled = sum(1 for row in missing if _insert_for(conn, row) is not None)
     with transaction() as conn:
+        failed = give_up_at_cap(conn, now, limit=limit)
+    with transaction() as conn:
+        left = callbacks.c.attempts < s.callback_max_attempts
         due = [r.id for r in conn.execute(select(callbacks.c.id).where(
-            callbacks.c.status == PENDING, callbacks.c.next_attempt_at <= now).limit(limit))]
+            callbacks.c.status == PENDING, callbacks.c.next_attempt_at <= now, left).limit(limit))]
         due += [r.id for r in conn.execute(select(callbacks.c.id).where(
-            callbacks.c.status == SENDING, callbacks.c.lease_until < now).limit(limit))]
+            callbacks.c.status == SENDING, callbacks.c.lease_until < now, left).limit(limit))]
     published = sum(1 for cid in due if publish_task(DELIVER_CALLBACK_TASK, [cid]))
-    return {"processed": published, "backfilled": backfilled, "published": published}
+    return {"processed": published + failed, "backfilled": backfilled, "published": published, "failed": failed}
 
 
 def delivery_view(principal: Principal, job_id: str) -> dict | None:

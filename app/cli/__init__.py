@@ -6,7 +6,7 @@ import click
 
 from app.cli import operate, processes
 from app.cli.base import ROOT, DomainGroup, alembic_config, upgrade_db
-from app.cli.processes import beat_argv, worker_argv
+from app.cli.processes import beat_argv, callback_worker_argv, worker_argv
 
 
 @click.group(cls=DomainGroup, help="model-asynch: asynchronous model-inference job middleware.")
@@ -14,8 +14,8 @@ def main() -> None:
     pass
 
 
-for _cmd in (processes.db, processes.api, processes.worker, processes.beat, processes.dev, processes.env_cmd,
+for _cmd in (processes.db, processes.api, processes.worker, processes.callback_worker, processes.beat, processes.dev, processes.env_cmd,
              operate.keys, operate.models, operate.jobs, operate.maintenance):
     main.add_command(_cmd)
 
-__all__ = ["ROOT", "alembic_config", "beat_argv", "main", "upgrade_db", "worker_argv"]
+__all__ = ["ROOT", "alembic_config", "beat_argv", "callback_worker_argv", "main", "upgrade_db", "worker_argv"]

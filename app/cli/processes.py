@@ -56,9 +56,9 @@ def metrics_group_env() -> dict[str, str]:
     return group_env()
 
 
-@click.command(help="Run a Celery worker.")
+@click.command(help="Run a Celery worker for jobs (run_job and maintenance); callbacks have their own.")
 @click.option("--concurrency", "-c", default=2, type=int)
-@click.option("--queues", "-Q", default=None, help="Queues to consume (default: the configured one).")
+@click.option("--queues", "-Q", default=None, help="Queues to consume (default: the job queue, ASYNCH_QUEUE_NAME).")
 def worker(concurrency: int, queues: str | None) -> None:
     # The node's pool processes write their metrics where its main process
     # (serving ASYNCH_WORKER_METRICS_PORT) reads them.
@@ -66,10 +66,24 @@ def worker(concurrency: int, queues: str | None) -> None:
     os.execvp(sys.executable, worker_argv(concurrency, queues))
 
 
-def worker_argv(concurrency: int = 2, queues: str | None = None) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--loglevel", "INFO",
+def worker_argv(concurrency: int = 2, queues: str | None = None, node: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--loglevel", "INFO",
             "-c", str(concurrency), "-Q", queues or get_settings().queue_name, "--without-gossip",
             "--without-mingle"]
+    return argv + (["-n", node] if node else [])
+
+
+@click.command("callback-worker", help="Run a Celery worker that delivers callbacks only "
+               "(ASYNCH_CALLBACK_QUEUE_NAME): a slow receiver ties up these processes, never the job workers.")
+@click.option("--concurrency", "-c", default=2, type=int)
+def callback_worker(concurrency: int) -> None:
+    os.environ.update(metrics_group_env())  # its own metrics group, like any worker node
+    os.execvp(sys.executable, callback_worker_argv(concurrency))
+
+
+def callback_worker_argv(concurrency: int = 2) -> list[str]:
+    # Its own node name: a job worker on the same host keeps celery@%h.
+    return worker_argv(concurrency, get_settings().callback_queue_name, node="callbacks@%h")
 
 
 def beat_argv(schedule_file: str = "celerybeat-schedule") -> list[str]:
@@ -109,7 +123,11 @@ def dev(port: int, model_port: int) -> None:
     key, _ = key_svc.create_key("demo", "admin", "asynch dev")
 
     (ROOT / "data").mkdir(exist_ok=True)
+    # Each worker node is its own metrics group; the callback node serves on the next port.
+    callback_port = str(get_settings().worker_metrics_port + 1 if get_settings().worker_metrics_port else 0)
     children = [subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}),
+                subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
+                                                               "ASYNCH_WORKER_METRICS_PORT": callback_port}),
                 subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")))]
 
     server = make_server("127.0.0.1", port, create_app(), threaded=True)

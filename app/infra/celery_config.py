@@ -1,5 +1,11 @@
 """Celery settings shared by the publisher (API side) and the workers, so
-both agree on the broker, the queue and its options."""
+both agree on the broker, the queues and their options.
+
+Two queues: the job queue (run_job and maintenance; `asynch worker`) and
+the callback queue (deliveries and their sweep; `asynch callback-worker`).
+A receiver that stalls ties up callback processes only: job workers never
+take a delivery.  ``queue_for`` is the one routing rule; task_routes says
+the same to Celery itself (retries, beat)."""
 from __future__ import annotations
 
 from kombu import Queue
@@ -10,6 +16,12 @@ RUN_JOB_TASK = "asynch.run_job"
 DELIVER_CALLBACK_TASK = "asynch.deliver_callback"
 DELIVER_DUE_CALLBACKS_TASK = "asynch.deliver_due_callbacks"
 MAX_PRIORITY = 9
+CALLBACK_TASKS = frozenset({DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK})
+
+
+def queue_for(task: str, s: Settings) -> str:
+    """The queue a task's messages go to."""
+    return s.callback_queue_name if task in CALLBACK_TASKS else s.queue_name
 
 
 def celery_settings(s: Settings) -> dict:
@@ -25,8 +37,10 @@ def celery_settings(s: Settings) -> dict:
             "queue_order_strategy": "priority",
         },
         "task_default_queue": s.queue_name,
-        "task_queues": [Queue(s.queue_name, routing_key=s.queue_name,
-                              queue_arguments={"x-max-priority": MAX_PRIORITY})],
+        "task_queues": [Queue(q, routing_key=q, queue_arguments={"x-max-priority": MAX_PRIORITY})
+                        for q in (s.queue_name, s.callback_queue_name)],
+        "task_routes": {t: {"queue": s.callback_queue_name, "routing_key": s.callback_queue_name}
+                        for t in sorted(CALLBACK_TASKS)},
         "task_queue_max_priority": MAX_PRIORITY,
         # Invariant 6: at-least-once delivery, one message in hand at a time.
         "task_acks_late": True,

@@ -29,7 +29,7 @@ Callers:
   job_admitted / job_rejected      app.jobs.service.submit
   job_finished                     app.jobs.service.after_terminal (every terminal winner)
   model_call                       app.jobs.execution (each call that reached the model)
-  callback_delivered(model, ok)    the callback sender, once per delivery attempt
+  callback_delivered(model, ok)    the callback sender, once per callback when settled (delivered or failed for good)
   worker_heartbeat / worker_consumed / worker_stopped   workers/heartbeat.py
   group_env / prepare_group_dir / process_dead / cleanup_group_dir / serve_node
                                    app/cli/processes.py, app/observe/gunicorn_conf.py,
@@ -77,7 +77,7 @@ _ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by su
                       registry=_REGISTRY)
 _REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason "
                       "(queue_full, invalid, not_found, unavailable, error)", ["model", "reason"], registry=_REGISTRY)
-_CALLBACKS = Counter("asynch_callback_deliveries", "callback delivery attempts by outcome", ["model", "outcome"],
+_CALLBACKS = Counter("asynch_callback_deliveries", "callbacks settled, by outcome (delivered / failed for good)", ["model", "outcome"],
                      registry=_REGISTRY)
 _JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
                           ["model", "state"], buckets=JOB_BUCKETS, registry=_REGISTRY)

@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 import redis
 from celery import Celery
 
-from app.infra.celery_config import MAX_PRIORITY, RUN_JOB_TASK, celery_settings
+from app.infra.celery_config import MAX_PRIORITY, RUN_JOB_TASK, celery_settings, queue_for
 from app.config import get_settings
 
 log = logging.getLogger(__name__)
@@ -117,9 +117,9 @@ def redis_message(task: str, args: list, queue: str, priority: int | None) -> tu
 
 
 def publish(task: str, args: list, priority: Priority = Priority.NORMAL) -> None:
-    """Publish one message for ``task`` on the job queue; raises on failure."""
+    """Publish one message for ``task`` on its queue; raises on failure."""
     app = producer_app()
-    queue = get_settings().queue_name
+    queue = queue_for(task, get_settings())
     number = broker_priority(priority)
     if _broker is not None:
         key, payload = redis_message(task, args, queue, number)
@@ -164,10 +164,11 @@ def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.
 
 
 def publish_task(name: str, args: list) -> bool:
-    """Publish any task by name; False (logged) if the broker refused.  For
-    work whose durable record is a row that a sweep re-publishes."""
+    """Publish any task by name on its queue (callbacks on theirs); False
+    (logged) if the broker refused.  For work whose durable record is a row
+    that a sweep re-publishes."""
     try:
-        producer_app().send_task(name, args=args, queue=get_settings().queue_name)
+        producer_app().send_task(name, args=args, queue=queue_for(name, get_settings()))
         return True
     except Exception:
         log.exception("publish of %s failed; the sweep will re-publish", name)

@@ -75,7 +75,7 @@ def job_callback(job_id: str):
           errors=(403, 422), ok=Ok(TenantSecret, "the secret"),
           description="A user key only for its own tenant (else 403); 422: not a tenant id.")
 def read_secret(tenant: str):
-    return TenantSecret.model_construct(**callback_secrets.secret_of(current_principal(), tenant))
+    return TenantSecret.model_construct(**callback_secrets.read_secret(current_principal(), tenant))
 
 
 @bp.post("/tenants/<tenant>/callback-secret/rotate")

@@ -1,18 +1,27 @@
 """Calls a configured model service exactly as its row says: base_url+route,
 GET with the payload as query parameters or POST with it as JSON, head_msg
-headers merged with the job's modelKey, timeout_seconds for the whole call,
-and a cap on the response size."""
+headers merged with the job's modelKey, and a cap on the response size.
+
+``timeout_seconds`` is a hard wall-clock deadline for the whole call:
+connect, sending, waiting for the status line and headers, and the body
+(app/infra/http/deadline.py).  A model that trickles its answer costs the
+worker ``timeout_seconds``, not more.
+
+Errors (ModelCallError): ``permanent`` ones are not retried (other 3xx/4xx,
+an oversize answer, a request we cannot send); 5xx, 408, 429, timeouts and
+network failures are transient.  ``called`` says whether the request
+reached the model service (a byte of it was sent): only those count in
+the call stats.  Connections are kept alive per thread and per process.
+"""
 from __future__ import annotations
 
 import json
-import os
-import threading
-import time
 from dataclasses import dataclass
 
-import requests
-
+from app.infra.http import deadline
 from app.infra.http.headers import merge_headers, parse_header_spec
+
+USER_AGENT = "model-asynch/1"
 
 
 class ModelCallError(Exception):
@@ -30,19 +39,6 @@ class ModelResponse:
     body: bytes
     content_type: str
     status: int
-
-
-_local = threading.local()
-
-
-def _session() -> requests.Session:
-    # One session (and connection pool) per thread per process.
-    s = getattr(_local, "session", None)
-    if s is None or getattr(_local, "pid", None) != os.getpid():
-        s = requests.Session()
-        s.trust_env = False  # no proxy surprises from the environment
-        _local.session, _local.pid = s, os.getpid()
-    return s
 
 
 def model_url(base_url: str, route: str) -> str:
@@ -67,45 +63,31 @@ def query_params(payload: dict) -> dict[str, str]:
 
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int) -> ModelResponse:
-    headers = merge_headers(parse_header_spec(head_msg), parse_header_spec(model_key))
-    url = model_url(base_url, route)
-    deadline = time.monotonic() + timeout_seconds
-    kw: dict = {"headers": headers, "timeout": (min(10.0, timeout_seconds), timeout_seconds),
-                "stream": True, "allow_redirects": False}
-    if http_method.upper() == "GET":
-        kw["params"] = query_params(payload)
-    else:
-        kw["json"] = payload
+    headers = {"User-Agent": USER_AGENT, "Accept": "*/*",
+               **merge_headers(parse_header_spec(head_msg), parse_header_spec(model_key))}
+    method = http_method.upper()
+    kw: dict = {"params": query_params(payload)} if method == "GET" else {"json": payload}
     try:
-        resp = _session().request(http_method.upper(), url, **kw)
-    except requests.Timeout as exc:
-        # A read timeout reached the model (it counts); a connect timeout did not.
+        resp = deadline.request(method, model_url(base_url, route), headers=headers, timeout=timeout_seconds,
+                                connect_timeout=min(10.0, timeout_seconds), max_bytes=max_bytes,
+                                keep_alive=True, **kw)
+    except deadline.DeadlineExceeded as exc:
         raise ModelCallError(f"model call timed out after {timeout_seconds}s", permanent=False,
-                             called=isinstance(exc, requests.ReadTimeout)) from exc
-    except requests.ConnectionError as exc:
-        raise ModelCallError(f"model unreachable: {type(exc).__name__}", permanent=False, called=False) from exc
-    except requests.RequestException as exc:
+                             called=exc.reached) from exc
+    except deadline.ConnectFailed as exc:
+        raise ModelCallError(f"model unreachable: {exc}", permanent=False, called=False) from exc
+    except deadline.ResponseTooLarge as exc:
+        raise ModelCallError(f"model response exceeds {max_bytes} bytes", permanent=True, called=True) from exc
+    except deadline.InvalidRequest as exc:
         raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False) from exc
-    with resp:
-        try:
-            chunks, size = [], 0
-            for chunk in resp.iter_content(64 * 1024):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ModelCallError(f"model response exceeds {max_bytes} bytes", permanent=True, called=True)
-                if time.monotonic() > deadline:
-                    raise ModelCallError(f"model call timed out after {timeout_seconds}s", permanent=False,
-                                         called=True)
-                chunks.append(chunk)
-        except requests.RequestException as exc:
-            raise ModelCallError(f"model response broken: {type(exc).__name__}", permanent=False,
-                                 called=True) from exc
-        body = b"".join(chunks)
-        if resp.status_code >= 300:
-            snippet = body[:200].decode("utf-8", "replace")
-            # 5xx, 408 and 429 may pass; other 3xx/4xx will fail the same way again.
-            transient = resp.status_code >= 500 or resp.status_code in (408, 429)
-            raise ModelCallError(f"model returned HTTP {resp.status_code}: {snippet}",
-                                 permanent=not transient, called=True)
-        ctype = resp.headers.get("Content-Type") or "application/octet-stream"
-        return ModelResponse(body=body, content_type=ctype, status=resp.status_code)
+    except deadline.RequestError as exc:  # BrokenResponse: reset, closed early, not HTTP
+        raise ModelCallError(f"model response broken: {exc}", permanent=False, called=exc.reached) from exc
+    except (TypeError, ValueError) as exc:  # a payload JSON cannot carry (NaN)
+        raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False) from exc
+    if resp.status >= 300:
+        snippet = resp.body[:200].decode("utf-8", "replace")
+        # 5xx, 408 and 429 may pass; other 3xx/4xx will fail the same way again.
+        transient = resp.status >= 500 or resp.status in (408, 429)
+        raise ModelCallError(f"model returned HTTP {resp.status}: {snippet}", permanent=not transient, called=True)
+    ctype = resp.header("Content-Type") or "application/octet-stream"
+    return ModelResponse(body=resp.body, content_type=ctype, status=resp.status)

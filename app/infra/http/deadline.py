@@ -1,0 +1,387 @@
+"""HTTP/1.1 requests with a HARD wall-clock deadline over the whole exchange:
+name resolution, connect, TLS handshake, sending, status line + headers and
+body.  A peer that accepts and never answers, or trickles one byte every
+half second anywhere in its answer, costs at most ``timeout`` (plus a few
+milliseconds of scheduling), never ``n_bytes * read_timeout``.
+
+Mechanism: h11 (the sans-IO HTTP/1.1 parser under httpcore/httpx/uvicorn)
+on a socket we own, and EVERY blocking socket call is given the time left
+until the deadline as its timeout (``_Clock.left`` raises once it is gone).
+That bounds each phase because every call that may block is bounded as a
+whole, not per byte: ``recv`` returns as soon as any byte arrives and is
+re-armed with the smaller remainder; our send loop re-arms before every
+``send``; CPython's ``SSLSocket.do_handshake`` and ``SSLSocket.recv``
+compute one deadline from the socket timeout for all their internal
+WANT_READ/WANT_WRITE waits (Modules/_ssl.c, ``_PyDeadline_Init``), so a
+handshake or a TLS record trickled byte by byte is bounded too; DNS
+(``getaddrinfo`` has no timeout at all) runs on a helper daemon thread we
+wait for at most the time left.  urllib3's timeouts, by contrast, are per
+read: a delivery had no total bound (issue "Capacity isolation").  The
+watchdog alternative (urllib3 plus a thread that shuts sockets down at
+their deadline) needs a thread per process, a fork hook and a race between
+the shutdown and a socket being returned to a pool; here the bound is a
+property of each call, with no shared state but the per-thread pool.
+
+Invariants:
+  * ``request`` raises or returns by the deadline; failures are
+    ``RequestError`` subclasses whose ``reached`` says whether the request
+    may have reached the server: False for resolution, connect and TLS
+    failures (nothing was sent), True from the first byte sent on.
+  * ``address=`` connects to that (already checked) IP only, never
+    resolving the URL's host, while Host and TLS verification (SNI,
+    certificate name) use the URL's host: a DNS answer that changes after
+    the check cannot redirect the request (app/infra/http/netguard.py).
+  * Redirects are never followed (a 3xx is returned like any status); the
+    body is capped at ``max_bytes``: a larger one fails (a larger
+    Content-Length before reading it), or with ``truncate=True`` is cut
+    there and the connection closed; header blocks are capped by h11
+    (``MAX_HEADER_BYTES``).
+  * ``keep_alive=True`` reuses connections from a per-thread, per-process
+    pool (a forked child never touches its parent's sockets); a pooled
+    connection idle too long or readable (closed by the peer) is dropped
+    before use.  Otherwise the connection is closed after the exchange.
+"""
+from __future__ import annotations
+
+import json as jsonlib
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+from urllib.parse import quote, urlencode, urlsplit
+
+import h11
+
+MAX_HEADER_BYTES = 64 * 1024
+POOL_IDLE_SECONDS = 1.0      # below common server keep-alive timeouts (gunicorn 2 s, uvicorn 5 s)
+POOL_MAX_IDLE_PER_HOST = 2
+_SAFE_URL_CHARS = "/?#[]@!$&'()*+,;=%:-._~"  # RFC 3986 reserved + unreserved + "%": valid URLs pass unchanged
+
+
+class RequestError(Exception):
+    """The exchange failed.  ``reached``: the request may have reached the
+    server (a byte of it was sent)."""
+
+    def __init__(self, message: str, *, reached: bool):
+        super().__init__(message)
+        self.reached = reached
+
+
+class DeadlineExceeded(RequestError):
+    pass
+
+
+class ConnectFailed(RequestError):
+    """Resolution, connect or TLS failed: nothing was sent."""
+
+
+class ResponseTooLarge(RequestError):
+    pass
+
+
+class BrokenResponse(RequestError):
+    """The connection broke or the answer was not HTTP after the request was sent."""
+
+
+class InvalidRequest(RequestError):
+    """Our side: a URL or header that cannot be sent.  Never reached."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: tuple[tuple[str, str], ...]   # names lower-cased, values latin-1 decoded
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k == name), None)
+
+
+class _Clock:
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+
+    def left(self, reached: bool) -> float:
+        rest = self.deadline - time.monotonic()
+        if rest <= 0:
+            raise DeadlineExceeded(f"deadline of {self.timeout:g}s exceeded", reached=reached)
+        return rest
+
+
+@dataclass(frozen=True)
+class _Target:
+    scheme: str
+    host: str
+    port: int
+    target: str        # path?query as sent
+    host_header: str
+
+
+def _target(url: str, params: Mapping[str, str] | None) -> _Target:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid URL: {exc}", reached=False) from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidRequest(f"not an http(s) URL with a host: {url[:200]!r}", reached=False)
+    default = 443 if parts.scheme == "https" else 80
+    port = port or default
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    query = parts.query
+    if params:
+        query = (query + "&" if query else "") + urlencode(params)
+    target = quote((parts.path or "/") + (f"?{query}" if query else ""), safe=_SAFE_URL_CHARS)
+    return _Target(parts.scheme, host, port, target, shown if port == default else f"{shown}:{port}")
+
+
+_tls_lock = threading.Lock()
+_tls_default: ssl.SSLContext | None = None
+
+
+def default_tls_context() -> ssl.SSLContext:
+    """The system's trust store plus certifi's (what requests trusted)."""
+    global _tls_default
+    with _tls_lock:
+        if _tls_default is None:
+            ctx = ssl.create_default_context()
+            try:
+                import certifi
+
+                ctx.load_verify_locations(certifi.where())
+            except (ImportError, OSError):
+                pass
+            _tls_default = ctx
+        return _tls_default
+
+
+def _resolve(host: str, port: int, clock: _Clock) -> list[str]:
+    """getaddrinfo on a daemon thread, waited for at most the time left: a
+    stuck resolver costs the deadline, never more (the thread ends on its own)."""
+    box: dict = {}
+    done = threading.Event()
+
+    def run():
+        try:
+            box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="asynch-resolve", daemon=True).start()
+    if not done.wait(clock.left(False)):
+        raise DeadlineExceeded(f"deadline of {clock.timeout:g}s exceeded resolving {host}", reached=False)
+    if "error" in box:
+        raise ConnectFailed(f"{host} does not resolve: {box['error']}", reached=False)
+    out = []
+    for info in box["infos"]:
+        if info[4][0] not in out:
+            out.append(info[4][0])
+    return out
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+        return True
+    except OSError:
+        return False
+
+
+def _connect(t: _Target, address: str | None, clock: _Clock, connect_timeout: float | None,
+             tls: ssl.SSLContext | None) -> socket.socket:
+    addresses = [address] if address else [t.host] if _is_ip(t.host) else _resolve(t.host, t.port, clock)
+    sock, last = None, None
+    for ip in addresses:
+        left = clock.left(False)
+        try:
+            sock = socket.create_connection((ip, t.port), timeout=min(left, connect_timeout or left))
+            break
+        except OSError as exc:
+            last = exc
+    if sock is None:
+        clock.left(False)  # a connect timeout that used up the deadline is a DeadlineExceeded
+        raise ConnectFailed(f"cannot connect to {t.host}:{t.port}: {type(last).__name__}: {last}", reached=False)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if t.scheme == "https":
+            ctx = tls or default_tls_context()  # the first call loads the trust store: before the timer is armed
+            sock.settimeout(clock.left(False))
+            # SNI and certificate name from the URL, whatever address we connected to.
+            sock = ctx.wrap_socket(sock, server_hostname=t.host)
+        return sock
+    except socket.timeout:
+        sock.close()
+        raise DeadlineExceeded(f"deadline of {clock.timeout:g}s exceeded in the TLS handshake",
+                               reached=False) from None
+    except OSError as exc:  # ssl.SSLError (certificate, protocol) included
+        sock.close()
+        raise ConnectFailed(f"TLS with {t.host} failed: {type(exc).__name__}: {exc}", reached=False) from exc
+    except BaseException:
+        sock.close()
+        raise
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.idle_since = 0.0
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def dropped(self) -> bool:
+        """Readable while idle means the peer closed it (or sent garbage)."""
+        if time.monotonic() - self.idle_since > POOL_IDLE_SECONDS:
+            return True
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
+
+    def send_all(self, data: bytes, clock: _Clock) -> None:
+        view = memoryview(data)
+        while view:
+            self.sock.settimeout(clock.left(True))
+            n = self.sock.send(view[:256 * 1024])
+            view = view[n:]
+
+    def next_event(self, clock: _Clock):
+        while True:
+            ev = self.h11.next_event()
+            if ev is not h11.NEED_DATA:
+                return ev
+            self.sock.settimeout(clock.left(True))
+            self.h11.receive_data(self.sock.recv(65536))
+
+
+class _Pool(threading.local):
+    def __init__(self):
+        self.pid = os.getpid()
+        self.idle: dict[tuple, list[_Conn]] = {}
+
+    def get(self, key: tuple) -> _Conn | None:
+        if self.pid != os.getpid():
+            # Forked: these sockets are the parent's; forget them without closing.
+            self.pid, self.idle = os.getpid(), {}
+        conns = self.idle.get(key) or []
+        while conns:
+            c = conns.pop()
+            if not c.dropped():
+                return c
+            c.close()
+        return None
+
+    def put(self, key: tuple, conn: _Conn) -> None:
+        conns = self.idle.setdefault(key, [])
+        conn.idle_since = time.monotonic()
+        conns.append(conn)
+        while len(conns) > POOL_MAX_IDLE_PER_HOST:
+            conns.pop(0).close()
+
+
+_pool = _Pool()
+
+
+def _header_list(t: _Target, headers: Mapping[str, str] | Iterable[tuple[str, str]], body: bytes | None,
+                 content_type: str | None, keep_alive: bool) -> list[tuple[bytes, bytes]]:
+    given = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+    names = {k.lower() for k, _ in given}
+    out = [] if "host" in names else [("Host", t.host_header)]
+    out += given
+    if "accept-encoding" not in names:
+        out.append(("Accept-Encoding", "identity"))  # the cap counts the bytes we store; no decompression bombs
+    if content_type and "content-type" not in names:
+        out.append(("Content-Type", content_type))
+    if body is not None:
+        out.append(("Content-Length", str(len(body))))
+    if not keep_alive:
+        out.append(("Connection", "close"))
+    try:
+        return [(k.encode("ascii"), str(v).encode("latin-1")) for k, v in out]
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"header not encodable: {exc}", reached=False) from exc
+
+
+def request(method: str, url: str, *, timeout: float, max_bytes: int,
+            headers: Mapping[str, str] | Iterable[tuple[str, str]] = (), params: Mapping[str, str] | None = None,
+            json: Any = None, body: bytes | None = None, address: str | None = None,
+            connect_timeout: float | None = None, keep_alive: bool = False, truncate: bool = False,
+            tls_context: ssl.SSLContext | None = None) -> Response:
+    """One exchange, finished or failed within ``timeout`` seconds of the call."""
+    clock = _Clock(timeout)
+    t = _target(url, params)
+    ctype = None
+    if json is not None:
+        body, ctype = jsonlib.dumps(json, allow_nan=False).encode(), "application/json"
+    hdrs = _header_list(t, headers, body, ctype, keep_alive)
+    key = (t.scheme, t.host.lower(), t.port, address, id(tls_context))
+    try:
+        req = h11.Request(method=method.upper(), target=t.target.encode("ascii"), headers=hdrs)
+    except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
+        raise InvalidRequest(f"cannot send this request: {exc}", reached=False) from exc
+    conn = _pool.get(key) if keep_alive else None
+    if conn is None:
+        conn = _Conn(_connect(t, address, clock, connect_timeout, tls_context))
+    try:
+        resp = _exchange(conn, req, body, clock, max_bytes, truncate)
+    except BaseException:
+        conn.close()
+        raise
+    if keep_alive and conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
+        conn.h11.start_next_cycle()
+        _pool.put(key, conn)
+    else:
+        conn.close()
+    return resp
+
+
+def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, max_bytes: int,
+              truncate: bool) -> Response:
+    try:
+        data = conn.h11.send(req) + (conn.h11.send(h11.Data(data=body)) if body else b"") \
+            + conn.h11.send(h11.EndOfMessage())
+        conn.send_all(data, clock)
+        ev = conn.next_event(clock)
+        while isinstance(ev, h11.InformationalResponse):  # 100 Continue and friends
+            ev = conn.next_event(clock)
+        if not isinstance(ev, h11.Response):
+            raise BrokenResponse("connection closed before a response", reached=True)
+        headers = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in ev.headers)
+        length = next((v for k, v in headers if k == "content-length"), None)
+        if not truncate and length is not None and length.isdigit() and int(length) > max_bytes:
+            raise ResponseTooLarge(f"response of {length} bytes exceeds {max_bytes} bytes", reached=True)
+        chunks, size = [], 0
+        while True:
+            part = conn.next_event(clock)
+            if isinstance(part, h11.Data):
+                size += len(part.data)
+                if size > max_bytes:
+                    if not truncate:
+                        raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)
+                    chunks.append(part.data[:len(part.data) - (size - max_bytes)])
+                    break  # the connection is not at a message boundary: request() closes it
+                chunks.append(part.data)
+            elif isinstance(part, h11.EndOfMessage):
+                break
+            else:  # ConnectionClosed before the framing said the body ended
+                raise BrokenResponse("connection closed mid-response", reached=True)
+        return Response(ev.status_code, headers, b"".join(chunks))
+    except socket.timeout:
+        raise DeadlineExceeded(f"deadline of {clock.timeout:g}s exceeded", reached=True) from None
+    except h11.RemoteProtocolError as exc:
+        raise BrokenResponse(f"not a valid HTTP response: {exc}", reached=True) from exc
+    except OSError as exc:  # reset, broken pipe, ssl.SSLError
+        raise BrokenResponse(f"connection broken: {type(exc).__name__}: {exc}", reached=True) from exc
