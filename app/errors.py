@@ -36,10 +36,6 @@ class Gone(DomainError):
     status = 410
 
 
-class PayloadTooLarge(DomainError):
-    status = 413
-
-
 class ValidationFailed(DomainError):
     """422 with a list of {"pointer", "message"}."""
 

@@ -76,7 +76,7 @@ def settings(test_env):
     from app.config import load_settings, set_settings
     from app.infra.db import reset_engine
     from app.infra.publisher import reset_producer
-    from app.infra.redis_scripts import reset_redis
+    from app.infra.redis.client import reset_redis
 
     s = load_settings()
     set_settings(s)

@@ -145,9 +145,9 @@ def test_run_over_finished_jobs_writes_limits_with_ttl_and_logs(make_model, r, s
     assert s.p90_seconds == 9.0 and s.samples == 10 and s.window_seconds == 3600 and s.action == "decrease"
 
     # The gate obeys the new queue limit at once.
-    from app.infra import redis_scripts
+    from app.infra.redis import gate
 
-    decisions = [redis_scripts.gate_admit("slowpoke", f"j{i}", 30).admitted for i in range(8)]
+    decisions = [gate.gate_admit("slowpoke", f"j{i}", 30).admitted for i in range(8)]
     assert decisions.count(True) == 6
 
     # Right after a change there is no evidence about it yet: nothing moves.

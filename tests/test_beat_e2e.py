@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from app.infra import redis_scripts
+from app.infra.redis import leader
 from app.maintenance import periodic
 from conftest import ROOT, WorkerProcess, wait_until
 
@@ -48,7 +48,7 @@ def _beat(env: dict, schedule: str, log) -> subprocess.Popen:
 
 
 def _leader_pid() -> int | None:
-    cur = redis_scripts.leader_current()
+    cur = leader.leader_current()
     return int(cur[1].split(":")[1]) if cur else None
 
 

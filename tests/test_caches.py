@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
-from app.infra import redis_scripts
+from app.infra.redis import events
 from app.infra.db import transaction
 from app.infra.tables import api_keys, models
 from app.catalog import registry as model_registry
@@ -25,7 +25,7 @@ def test_model_cache_is_dropped_on_an_invalidation_message(make_model):
     assert model_registry.enabled_model("m").queue_limit == 5
     _changed_elsewhere(update(models).where(models.c.model_name == "m").values(queue_limit=7))
     assert model_registry.enabled_model("m").queue_limit == 5  # cached
-    redis_scripts.publish_invalidate("models")
+    events.publish_invalidate("models")
     wait_until(lambda: model_registry.enabled_model("m").queue_limit == 7, timeout=5, what="invalidation")
 
 
@@ -36,7 +36,7 @@ def test_revoked_key_stops_working_on_an_invalidation_message():
     assert authenticate(key).tenant_id == "t"
     _changed_elsewhere(update(api_keys).values(revoked_at=api_keys.c.created_at))
     assert authenticate(key).tenant_id == "t"  # cached
-    redis_scripts.publish_invalidate("keys")
+    events.publish_invalidate("keys")
 
     def rejected():
         try:

@@ -13,7 +13,7 @@ import requests
 from sqlalchemy import func, select
 
 from app import transitions
-from app.infra import redis_scripts
+from app.infra.redis import gate as redis_gate
 from app.clock import now
 from app.infra.db import transaction
 from app.errors import Conflict
@@ -47,7 +47,8 @@ def test_64_threads_at_a_gate_of_8_get_exactly_8(api_url, make_model, user_key, 
 def _admit_many(args):
     redis_url, prefix, n, tag = args
     from app.config import Settings, set_settings
-    from app.infra.redis_scripts import gate_admit, reset_redis
+    from app.infra.redis.client import reset_redis
+    from app.infra.redis.gate import gate_admit
 
     set_settings(Settings(redis_url=redis_url, redis_prefix=prefix))
     reset_redis()
@@ -84,14 +85,14 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
     job_id = _running_job(make_model, r)
     released = []  # every slot release any racer performs, and whether it removed the slot
     for name in ("gate_release", "release_and_wake"):
-        real = getattr(redis_scripts, name)
+        real = getattr(redis_gate, name)
 
         def counting(model, jid, _real=real):
             ok = _real(model, jid)
             released.append(ok)
             return ok
 
-        monkeypatch.setattr(redis_scripts, name, counting)
+        monkeypatch.setattr(redis_gate, name, counting)
     p = Principal("tenant-a", "user", None)
     barrier = threading.Barrier(16)
 

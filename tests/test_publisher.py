@@ -107,8 +107,10 @@ def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty
         def lpush(self, *a):
             raise redis_lib.ConnectionError("broker down (injected)")
 
-    publisher.producer_app()
-    monkeypatch.setattr(publisher, "_broker", Down())
+    import dataclasses
+
+    real = publisher._current.get()
+    monkeypatch.setattr(publisher._current, "_value", dataclasses.replace(real, broker=Down()))
     outbox.send_soon("job_refused", 0)
     assert outbox.flush(5)  # refused, logged: recovery re-publishes it from the row
     monkeypatch.undo()

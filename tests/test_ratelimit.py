@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from app.config import set_settings
-from app.infra import ratelimit as bucket
-from app.infra.ratelimit import Take, bucket_key
+from app.infra.redis import ratelimit as bucket
+from app.infra.redis.ratelimit import Take, bucket_key
 from app.tenancy.keys import Principal
 from app.web import ratelimit
 from app.web.ratelimit import RatePolicy, default_policy, header_fields, set_policy_resolver
@@ -195,7 +195,7 @@ def test_resolver_gives_tenants_their_own_policies(client, settings):
 def dead_redis(settings):
     """The limiter's Redis is a port nobody listens on; restored afterwards."""
     from conftest import free_port
-    from app.infra.redis_scripts import reset_redis
+    from app.infra.redis.client import reset_redis
 
     def _down(**kw):
         set_settings(settings.with_overrides(redis_url=f"redis://127.0.0.1:{free_port()}/0", **kw))

@@ -17,7 +17,8 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import func, select
 
-from app.infra import redis_scripts
+from app.infra.redis import gate
+from app.infra.redis import keys
 from app.clock import set_clock
 from app.infra.db import transaction
 from app.infra.tables import tasks
@@ -77,7 +78,7 @@ def test_sigkilled_worker_job_is_retried_on_another_worker_and_ends_once(
     a = WorkerProcess(test_env, concurrency=1, log_path=tmp_path / "a.log", name="a").start()
     b = None
     events = r.pubsub(ignore_subscribe_messages=True)
-    events.subscribe(redis_scripts.terminal_channel())
+    events.subscribe(keys.terminal_channel())
     try:
         job_id = _submit("victim", {"hold": "kill-me"})
         wait_until(lambda: called_with(model_server, "hold", "kill-me"), what="the call in flight on worker a")
@@ -161,8 +162,8 @@ def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, ma
                 tasks.c.model_name == "bulk", tasks.c.state.in_([int(s) for s in SLOT_STATES])))}
             attempts = conn.execute(select(func.max(tasks.c.attempt), func.count()).where(
                 tasks.c.model_name == "bulk")).one()
-        assert active == set() and redis_scripts.gate_members("bulk") == active
-        assert redis_scripts.gate_depth("bulk") == 0
+        assert active == set() and gate.gate_members("bulk") == active
+        assert gate.gate_depth("bulk") == 0
         assert tuple(attempts) == (1, 500)  # each job ran one attempt
         calls = [p["i"] for p in model_payloads(model_server)]
         assert sorted(calls) == list(range(500))  # each exactly once: duplicates were no-ops

@@ -14,7 +14,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from app.infra import redis_scripts as rs
+from app.infra.redis import semaphore
 from app.infra.db import transaction
 from app.infra.tables import tasks
 from app.jobs import concurrency
@@ -33,30 +33,30 @@ def _submit(tenant: str, model: str, payload: dict | None = None) -> str:
 # --- the script ------------------------------------------------------------------------
 
 def test_limit_runtime_override_and_cap(settings, r):
-    assert rs.semaphore_acquire("m", "t", "a", 2, 60).acquired
-    assert rs.semaphore_acquire("m", "t", "a", 2, 60).acquired  # same lease again: no second permit
-    assert rs.semaphore_acquire("m", "t", "b", 2, 60).acquired
-    d = rs.semaphore_acquire("m", "t", "c", 2, 60)
+    assert semaphore.semaphore_acquire("m", "t", "a", 2, 60).acquired
+    assert semaphore.semaphore_acquire("m", "t", "a", 2, 60).acquired  # same lease again: no second permit
+    assert semaphore.semaphore_acquire("m", "t", "b", 2, 60).acquired
+    d = semaphore.semaphore_acquire("m", "t", "c", 2, 60)
     assert not d.acquired and d.limit == 2 and d.holders == 2
-    assert rs.semaphore_acquire("m", "other-tenant", "c", 2, 60).acquired  # per tenant
-    rs.semaphore_release("m", "t", "b")
+    assert semaphore.semaphore_acquire("m", "other-tenant", "c", 2, 60).acquired  # per tenant
+    semaphore.semaphore_release("m", "t", "b")
     r.set("asynch:runtime:max_concurrency:m", 1)  # the runtime value wins ...
-    d = rs.semaphore_acquire("m", "t", "c", 2, 60)
+    d = semaphore.semaphore_acquire("m", "t", "c", 2, 60)
     assert not d.acquired and d.limit == 1
     r.set("asynch:runtime:max_concurrency:m", 50)  # ... but never above the cap
-    assert rs.semaphore_acquire("m", "t", "c", 2, 60).acquired
-    assert rs.semaphore_acquire("m", "t", "d", 2, 60).limit == 2
+    assert semaphore.semaphore_acquire("m", "t", "c", 2, 60).acquired
+    assert semaphore.semaphore_acquire("m", "t", "d", 2, 60).limit == 2
     r.set("asynch:runtime:max_concurrency:m", 0)
-    rs.semaphore_release("m", "t", "a")
-    assert not rs.semaphore_acquire("m", "t", "e", 2, 60).acquired
-    assert rs.semaphore_release("m", "t", "c") is True and rs.semaphore_release("m", "t", "c") is False
+    semaphore.semaphore_release("m", "t", "a")
+    assert not semaphore.semaphore_acquire("m", "t", "e", 2, 60).acquired
+    assert semaphore.semaphore_release("m", "t", "c") is True and semaphore.semaphore_release("m", "t", "c") is False
 
 
 def test_an_expired_lease_frees_its_permit(settings, r):
-    assert rs.semaphore_acquire("m", "t", "dead", 1, 0.3).acquired
-    assert not rs.semaphore_acquire("m", "t", "next", 1, 60).acquired
-    wait_until(lambda: rs.semaphore_acquire("m", "t", "next", 1, 60).acquired, timeout=5, what="lease expiry")
-    assert rs.semaphore_holders("m", "t") == ["next"]
+    assert semaphore.semaphore_acquire("m", "t", "dead", 1, 0.3).acquired
+    assert not semaphore.semaphore_acquire("m", "t", "next", 1, 60).acquired
+    wait_until(lambda: semaphore.semaphore_acquire("m", "t", "next", 1, 60).acquired, timeout=5, what="lease expiry")
+    assert semaphore.semaphore_holders("m", "t") == ["next"]
     assert 0 < r.ttl("asynch:sem:m:t") <= 120  # an idle key does not linger
 
 
@@ -72,7 +72,7 @@ def test_one_waiting_chain_per_attempt(settings):
 
 def test_no_permit_is_not_an_attempt(make_model, model_server, r):
     make_model("one", max_concurrency=1)
-    assert rs.semaphore_acquire("one", "tenant-a", "someone-else", 1, 60).acquired
+    assert semaphore.semaphore_acquire("one", "tenant-a", "someone-else", 1, 60).acquired
     job_id = _submit("tenant-a", "one")
     assert execution.run_attempt(job_id, 0) == "no_permit"
     row = job_row(job_id)
@@ -81,7 +81,7 @@ def test_no_permit_is_not_an_attempt(make_model, model_server, r):
     # Another tenant is not held back by tenant-a's permits.
     other = _submit("tenant-b", "one")
     assert execution.run_attempt(other, 0) == "done"
-    rs.semaphore_release("one", "tenant-a", "someone-else")
+    semaphore.semaphore_release("one", "tenant-a", "someone-else")
     assert execution.run_attempt(job_id, 0) == "done"
     assert job_row(job_id).attempt == 1 and job_row(job_id).retry_count == 0
 
@@ -92,7 +92,7 @@ def test_the_permit_is_released_on_every_exit_path(make_model, r, payload, outco
     make_model("m", max_concurrency=1, retry_times=1)
     job_id = _submit("t", "m", payload)
     assert execution.run_attempt(job_id, 0) == outcome
-    assert rs.semaphore_holders("m", "t") == []
+    assert semaphore.semaphore_holders("m", "t") == []
 
 
 def test_the_permit_is_released_when_the_attempt_crashes(make_model, r, monkeypatch):
@@ -100,14 +100,14 @@ def test_the_permit_is_released_when_the_attempt_crashes(make_model, r, monkeypa
     job_id = _submit("t", "m")
     monkeypatch.setattr(execution, "_upload", lambda *a, **k: 1 / 0)
     assert execution.run_attempt(job_id, 0) == "failed"
-    assert rs.semaphore_holders("m", "t") == []
+    assert semaphore.semaphore_holders("m", "t") == []
 
 
 def test_a_stale_message_takes_no_permit(make_model, r):
     make_model("m", max_concurrency=1)
     job_id = _submit("t", "m")
     assert execution.run_attempt(job_id, 0) == "done"
-    assert rs.semaphore_acquire("m", "t", "busy", 1, 60).acquired
+    assert semaphore.semaphore_acquire("m", "t", "busy", 1, 60).acquired
     assert execution.run_attempt(job_id, 0) == "stale"  # not "no_permit": it never asks
 
 
@@ -162,7 +162,7 @@ def test_3_tenants_x_100_jobs_never_exceed_max_concurrency_per_tenant(two_nodes,
     with transaction() as conn:
         attempts = conn.execute(select(func.max(tasks.c.attempt), func.max(tasks.c.retry_count))).one()
     assert tuple(attempts) == (1, 0)
-    assert all(rs.semaphore_holders("fair", t) == [] for t in tenants)
+    assert all(semaphore.semaphore_holders("fair", t) == [] for t in tenants)
     assert r.zcard("asynch:gate:fair") == 0
 
 
@@ -191,7 +191,7 @@ def test_a_job_without_a_permit_does_not_hold_a_worker_process(one_node, make_mo
 def test_a_sigkilled_workers_permit_comes_back_when_its_lease_expires(one_node, make_model, model_server, r):
     make_model("sk", max_concurrency=1, timeout_seconds=4, retry_times=0)
     victim = _submit("a", "sk", {"sleep_ms": 8000})
-    wait_until(lambda: len(model_server.state.calls) == 1 and rs.semaphore_holders("sk", "a"),
+    wait_until(lambda: len(model_server.state.calls) == 1 and semaphore.semaphore_holders("sk", "a"),
                what="the call in flight with its permit")
     (lease, expiry), = r.zrange("asynch:sem:sk:a", 0, -1, withscores=True)
     assert lease.startswith(f"{victim}:0:")
@@ -205,6 +205,6 @@ def test_a_sigkilled_workers_permit_comes_back_when_its_lease_expires(one_node, 
     # The dead worker's permit was held until its lease ran out (timeout 4 s +
     # grace 1 s), then it came back by itself: nobody released it.
     assert expiry - 0.5 <= started["t"] <= expiry + 5, (killed_at, expiry, started["t"])
-    assert lease not in rs.semaphore_holders("sk", "a")
+    assert lease not in semaphore.semaphore_holders("sk", "a")
     assert job_row(victim).state == JobState.RUNNING  # its row waits for lease recovery (beat)
     assert job_row(waiting).attempt == 1

@@ -29,7 +29,7 @@ install_heartbeat(celery)
 def _fresh_connections(**_kw):
     # A forked pool process must not reuse the parent's sockets.
     from app.infra.db import reset_engine
-    from app.infra.redis_scripts import reset_redis
+    from app.infra.redis.client import reset_redis
 
     reset_engine()
     reset_redis()

@@ -27,7 +27,7 @@ from app.errors import Conflict, NotFound, ValidationFailed
 from app.infra import caches
 from app.infra.db import transaction
 from app.infra.http.headers import redact
-from app.infra.redis_scripts import publish_invalidate
+from app.infra.redis.events import publish_invalidate
 from app.infra.tables import models, tasks
 from app.states import ACTIVE_STATES
 from app.tenancy.keys import Principal

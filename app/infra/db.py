@@ -1,13 +1,12 @@
 """Engine and connection handling.
 
-One engine per process (created lazily, re-created after fork so pooled
-connections are never shared between a parent and its children).  Service
-functions take a Connection; ``transaction()`` gives one inside BEGIN/COMMIT.
+One engine per process (created lazily; app/infra/process.py drops it in a
+forked child, so pooled connections are never shared between a parent and
+its children).  Service functions open their own unit of work:
+ ``transaction()`` gives one inside BEGIN/COMMIT.
 """
 from __future__ import annotations
 
-import os
-import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -17,12 +16,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.config import get_settings
 from app.errors import Unavailable
-
-_lock = threading.Lock()
-# (pid, autocommit) -> engine: one pool for transactions, one small pool whose
-# connections are always in autocommit mode (single_statement()).
-_engines: dict[bool, Engine] = {}
-_engine_pid: int | None = None
+from app.infra.process import PerProcess
 
 
 def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engine:
@@ -56,32 +50,25 @@ def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engi
     )
 
 
+def _engine(autocommit: bool) -> Engine:
+    s = get_settings()
+    return make_engine(s.database_url, autocommit, s.db_pool_size)
+
+
+# One pool for transactions, one whose connections are always in autocommit
+# mode (single_statement()).  A forked child drops the parent's pools without
+# closing their sockets (the parent still uses them) and opens its own.
+_engines = {flag: PerProcess(lambda flag=flag: _engine(flag), on_fork=lambda e: e.dispose(close=False),
+                             on_reset=lambda e: e.dispose()) for flag in (False, True)}
+
+
 def get_engine(autocommit: bool = False) -> Engine:
-    global _engine_pid
-    pid = os.getpid()
-    eng = _engines.get(autocommit) if _engine_pid == pid else None
-    if eng is None:
-        with _lock:
-            if _engine_pid != pid:
-                for inherited in _engines.values():
-                    # Inherited across fork: drop the parent's sockets unclosed.
-                    inherited.dispose(close=False)
-                _engines.clear()
-                _engine_pid = pid
-            eng = _engines.get(autocommit)
-            if eng is None:
-                s = get_settings()
-                eng = _engines[autocommit] = make_engine(s.database_url, autocommit, s.db_pool_size)
-    return eng
+    return _engines[autocommit].get()
 
 
 def reset_engine() -> None:
-    global _engine_pid
-    with _lock:
-        for eng in _engines.values():
-            eng.dispose()
-        _engines.clear()
-        _engine_pid = None
+    for item in _engines.values():
+        item.reset()
 
 
 def is_postgres(conn: Connection) -> bool:

@@ -56,7 +56,7 @@ from prometheus_client import disable_created_metrics, multiprocess, values
 from app.clock import as_utc
 from app.config import get_settings, prometheus_multiproc_dir
 from app.errors import BadRequest, NotFound, QueueFull, Unavailable, ValidationFailed
-from app.infra import redis_scripts
+from app.infra.redis import liveness
 from app.states import JobState
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def worker_ttl() -> int:
 def worker_heartbeat(node: str, queues: str = "") -> None:
     """The worker's consumer is connected and its event loop is turning."""
     try:
-        redis_scripts.worker_touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues}, worker_ttl())
+        liveness.worker_touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues}, worker_ttl())
     except redis.RedisError as exc:
         log.warning("worker heartbeat not recorded: %s", exc)
 
@@ -173,14 +173,14 @@ def worker_consumed(node: str) -> None:
         return
     _last_consumed_stamp = now
     try:
-        redis_scripts.worker_touch(node, {"consumed": f"{now:.3f}"}, worker_ttl())
+        liveness.worker_touch(node, {"consumed": f"{now:.3f}"}, worker_ttl())
     except redis.RedisError as exc:
         log.warning("worker liveness not recorded: %s", exc)
 
 
 def worker_stopped(node: str) -> None:
     try:
-        redis_scripts.worker_forget(node)
+        liveness.worker_forget(node)
     except redis.RedisError:
         pass
 

@@ -23,8 +23,8 @@ import json
 import logging
 import os
 import socket
-import threading
 import uuid
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import redis
@@ -32,13 +32,9 @@ from celery import Celery
 
 from app.infra.celery_config import MAX_PRIORITY, RUN_JOB_TASK, celery_settings, queue_for
 from app.config import get_settings
+from app.infra.process import PerProcess
 
 log = logging.getLogger(__name__)
-_lock = threading.Lock()
-_app: Celery | None = None
-_pid: int | None = None
-_broker: redis.Redis | None = None
-_sep: str = ""
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
 _REPLY_TO = str(uuid.uuid4())
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -63,29 +59,34 @@ def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
     return table[priority]
 
 
+@dataclass(frozen=True)
+class _Producer:
+    app: Celery
+    broker: redis.Redis | None  # the broker's Redis, for the one-LPUSH fast path
+    sep: str                    # kombu's priority-list separator, read once
+
+
+def _producer() -> _Producer:
+    s = get_settings()
+    app = Celery("asynch-producer", set_as_current=False)
+    conf = celery_settings(s)
+    app.conf.update(conf)
+    # Read once: building the settings (kombu Queue objects) costs ~40 us per publish.
+    url = s.effective_broker_url
+    broker = (redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+              if url.startswith(("redis://", "rediss://")) else None)
+    return _Producer(app, broker, conf["broker_transport_options"]["sep"])
+
+
+_current: PerProcess[_Producer] = PerProcess(_producer)
+
+
 def producer_app() -> Celery:
-    global _app, _pid, _broker, _sep
-    if _app is None or _pid != os.getpid():
-        with _lock:
-            if _app is None or _pid != os.getpid():
-                s = get_settings()
-                app = Celery("asynch-producer", set_as_current=False)
-                conf = celery_settings(s)
-                app.conf.update(conf)
-                # kombu's priority-list separator, read once: building the
-                # settings (kombu Queue objects) costs ~40 us per publish.
-                _sep = conf["broker_transport_options"]["sep"]
-                url = s.effective_broker_url
-                _broker = (redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
-                           if url.startswith(("redis://", "rediss://")) else None)
-                _app, _pid = app, os.getpid()
-    return _app
+    return _current.get().app
 
 
 def reset_producer() -> None:
-    global _app, _pid, _broker
-    with _lock:
-        _app, _pid, _broker = None, None, None
+    _current.reset()
 
 
 def redis_message(task: str, args: list, queue: str, priority: int | None) -> tuple[str, bytes]:
@@ -111,21 +112,20 @@ def redis_message(task: str, args: list, queue: str, priority: int | None) -> tu
             "priority": pri, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
         },
     }
-    producer_app()  # sets _sep (once per process)
-    key = f"{queue}{_sep}{pri}" if pri else queue
+    key = f"{queue}{_current.get().sep}{pri}" if pri else queue
     return key, json.dumps(msg).encode()
 
 
 def publish(task: str, args: list, priority: Priority = Priority.NORMAL) -> None:
     """Publish one message for ``task`` on its queue; raises on failure."""
-    app = producer_app()
+    producer = _current.get()
     queue = queue_for(task, get_settings())
     number = broker_priority(priority)
-    if _broker is not None:
+    if producer.broker is not None:
         key, payload = redis_message(task, args, queue, number)
-        _broker.lpush(key, payload)
+        producer.broker.lpush(key, payload)
         return
-    app.send_task(task, args=args, queue=queue, priority=number)
+    producer.app.send_task(task, args=args, queue=queue, priority=number)
 
 
 def publish_run_job(job_id: str, attempt: int, priority: Priority = Priority.NORMAL) -> bool:
@@ -147,15 +147,15 @@ def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.
     if not jobs:
         return 0
     try:
-        app = producer_app()
+        producer = _current.get()
         queue = get_settings().queue_name
         number = broker_priority(priority)
-        if _broker is None:
+        if producer.broker is None:
             for job_id, attempt in jobs:
-                app.send_task(RUN_JOB_TASK, args=[job_id, attempt], queue=queue, priority=number)
+                producer.app.send_task(RUN_JOB_TASK, args=[job_id, attempt], queue=queue, priority=number)
             return len(jobs)
         messages = [redis_message(RUN_JOB_TASK, [job_id, attempt], queue, number) for job_id, attempt in jobs]
-        _broker.lpush(messages[0][0], *(payload for _, payload in messages))
+        producer.broker.lpush(messages[0][0], *(payload for _, payload in messages))
         return len(jobs)
     except Exception:
         log.exception("publish of %d run_job messages failed; recovery will re-publish", len(jobs),

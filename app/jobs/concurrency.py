@@ -1,6 +1,6 @@
 """maxConcurrency (seed 002): a Redis semaphore per tenant+model.
 
-A permit is a lease in a sorted set (app/redis_scripts.SEM_ACQUIRE) that
+A permit is a lease in a sorted set (app/semaphore.SEM_ACQUIRE) that
 expires on its own after the attempt's lease time (model timeout + grace, the
 same bound as the running row's lease), so a worker killed while holding one
 cannot leak it.  No renewal is needed: an attempt that outlives its lease is
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
-from app.infra import redis_scripts
+from app.infra.redis import semaphore
 from app.config import get_settings
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def acquire(model: str, tenant: str, cap: int, job_id: str, attempt: int, ttl_se
     # not be able to release the winner's permit.
     lease_id = f"{job_id}:{attempt}:{secrets.token_hex(4)}"
     try:
-        d = redis_scripts.semaphore_acquire(model, tenant, lease_id, cap, ttl_seconds)
+        d = semaphore.semaphore_acquire(model, tenant, lease_id, cap, ttl_seconds)
     except redis.RedisError:
         log.warning("semaphore unavailable; the job waits", extra={"job_id": job_id})
         return None
@@ -46,7 +46,7 @@ def acquire(model: str, tenant: str, cap: int, job_id: str, attempt: int, ttl_se
 
 def release(permit: Permit) -> None:
     try:
-        redis_scripts.semaphore_release(permit.model, permit.tenant, permit.lease_id)
+        semaphore.semaphore_release(permit.model, permit.tenant, permit.lease_id)
     except redis.RedisError:
         # The lease expires by itself.
         log.warning("permit release failed; it expires with its lease")
@@ -60,7 +60,7 @@ def keep_waiting(job_id: str, attempt: int, chain_token: str | None) -> bool:
         return True
     ttl = max(60.0, 20 * get_settings().permit_retry_seconds)
     try:
-        return redis_scripts.permit_wait_hold(job_id, attempt, chain_token, ttl)
+        return semaphore.permit_wait_hold(job_id, attempt, chain_token, ttl)
     except redis.RedisError:
         return True
 

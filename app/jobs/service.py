@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from app import transitions
 from app.infra import metrics
 from app.infra import outbox
-from app.infra import redis_scripts
+from app.infra.redis import gate
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import single_statement, transaction
@@ -132,7 +132,7 @@ def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpt
 
     job_id = new_job_id()
     try:
-        decision = redis_scripts.gate_admit(model_name, job_id, model.queue_limit)
+        decision = gate.gate_admit(model_name, job_id, model.queue_limit)
     except redis.RedisError as exc:
         raise Unavailable("admission gate unavailable") from exc
     if not decision.admitted:
@@ -177,7 +177,7 @@ def passthrough_of(row: Row) -> dict[str, str] | None:
 
 def release_slot(model: str, job_id: str) -> None:
     try:
-        redis_scripts.gate_release(model, job_id)
+        gate.gate_release(model, job_id)
     except redis.RedisError:
         log.warning("slot release failed; reconcile will repair it", extra={"job_id": job_id})
 
@@ -239,7 +239,7 @@ def after_terminal(row: Row) -> None:
     is down, reconcile returns the slot and waiters end at their budget."""
     metrics.job_finished(row)
     try:
-        redis_scripts.release_and_wake(row.model_name, row.id)
+        gate.release_and_wake(row.model_name, row.id)
     except redis.RedisError:
         log.warning("slot release / wake-up failed; reconcile returns the slot", extra={"job_id": row.id})
 

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, insert, select
 
-from app.infra import redis_scripts
+from app.infra.redis import runtime
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra.db import is_postgres, transaction
@@ -144,7 +144,7 @@ def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
         since = max(now - timedelta(seconds=window), as_utc(last)) if last is not None else \
             now - timedelta(seconds=window)
         inputs = gather(conn, name, since, now, s.autotune_queued_seconds)
-        raw = redis_scripts.runtime_limits_raw(name)
+        raw = runtime.runtime_limits_raw(name)
         caps = Limits(m.max_concurrency, m.queue_limit)
         d = decide(inputs, current=Limits(_effective(raw[0], caps.max_concurrency),
                                           _effective(raw[1], caps.queue_limit)),
@@ -156,7 +156,7 @@ def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
         if d.new is None or dry_run:
             return item
         # Written even when unchanged: that refreshes the TTL while autotune runs.
-        item["applied"] = redis_scripts.runtime_limits_cas(
+        item["applied"] = runtime.runtime_limits_cas(
             name, raw, d.new.max_concurrency, d.new.queue_limit, s.autotune_ttl_seconds)
         if not item["applied"]:
             item["reason"] += "; not written: the limits changed meanwhile"

@@ -29,7 +29,9 @@ import redis
 from sqlalchemy import and_, or_, select
 
 from app import transitions
-from app.infra import redis_scripts
+from app.infra.redis import epoch
+from app.infra.redis import gate
+from app.infra.redis import semaphore
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import is_postgres, transaction
@@ -85,12 +87,12 @@ def reconcile_gates() -> Report:
     rep = Report(details={"added": 0, "removed": 0, "models": 0})
     with transaction() as conn:
         names = {r.model_name for r in conn.execute(select(models.c.model_name))}
-    names |= set(redis_scripts.gate_models())
+    names |= set(gate.gate_models())
     for name in sorted(names):
         with transaction() as conn:
             ids = [r.id for r in conn.execute(select(tasks.c.id).where(
                 tasks.c.model_name == name, tasks.c.state.in_([int(x) for x in SLOT_STATES])))]
-        added, removed = redis_scripts.gate_reconcile(name, ids, s.reconcile_grace_seconds)
+        added, removed = gate.gate_reconcile(name, ids, s.reconcile_grace_seconds)
         if added:
             # A job may have left pending/running between our read and the
             # script; give such slots straight back.
@@ -98,7 +100,7 @@ def reconcile_gates() -> Report:
                 still = {r.id for r in conn.execute(select(tasks.c.id).where(
                     tasks.c.id.in_(added), tasks.c.state.in_([int(x) for x in SLOT_STATES])))}
             for jid in set(added) - still:
-                redis_scripts.gate_release(name, jid)
+                gate.gate_release(name, jid)
         rep.details["added"] += len(added)
         rep.details["removed"] += len(removed)
         rep.details["models"] += 1
@@ -109,7 +111,7 @@ def reconcile_gates() -> Report:
 def reclaim_dead_permits() -> Report:
     """Give back semaphore permits whose lease expired (the worker died
     between taking a permit and releasing it)."""
-    return Report(processed=redis_scripts.semaphore_reap_all())
+    return Report(processed=semaphore.semaphore_reap_all())
 
 
 # --- retries ---------------------------------------------------------------------------
@@ -142,7 +144,7 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
                 if r.model_name in full:
                     continue
                 cap = r.queue_limit if r.queue_limit is not None else 0
-                if not redis_scripts.gate_admit(r.model_name, r.id, cap).admitted:
+                if not gate.gate_admit(r.model_name, r.id, cap).admitted:
                     full.add(r.model_name)
                     rep.details["gate_full"] += 1
                     continue
@@ -241,7 +243,7 @@ def repair_after_wipe() -> Report:
     lost-message timer.  First start looks the same and costs one round of
     duplicate (no-op) messages."""
     token = secrets.token_hex(8)
-    wiped = redis_scripts.claim_epochs(token)
+    wiped = epoch.claim_epochs(token)
     if not wiped:
         return Report(details={"wiped": []})
     log.warning("redis data lost (%s): rebuilding gates, re-publishing pending jobs", ", ".join(wiped))
@@ -250,7 +252,7 @@ def repair_after_wipe() -> Report:
         sent = republish_all_pending()
     except BaseException:
         # Let the next pass see the wipe again.
-        redis_scripts.drop_epochs(token, wiped)
+        epoch.drop_epochs(token, wiped)
         raise
     return Report(processed=sent.processed, details={"wiped": wiped, "republished": sent.processed,
                                                      "reconcile": gates.as_dict()})

@@ -26,7 +26,7 @@ from typing import Callable
 
 import redis
 
-from app.infra import redis_scripts
+from app.infra.redis import leader
 from app.config import get_settings
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class Leadership:
             return self.token
         before = self.token
         try:
-            self.token = redis_scripts.leader_acquire(self.owner, self.ttl)
+            self.token = leader.leader_acquire(self.owner, self.ttl)
         except redis.RedisError as exc:
             # Leadership cannot be proven without Redis: stand by.
             log.warning("beat lock unavailable, standing by: %s", exc)
@@ -74,7 +74,7 @@ class Leadership:
 
     def release(self) -> None:
         try:
-            if redis_scripts.leader_release(self.owner):
+            if leader.leader_release(self.owner):
                 log.warning("beat %s released leadership", self.owner)
         except redis.RedisError:
             pass
@@ -82,7 +82,7 @@ class Leadership:
 
 
 def fence_holds(fence: dict) -> bool:
-    return redis_scripts.leader_current() == (int(fence.get("token", 0)), str(fence.get("owner")))
+    return leader.leader_current() == (int(fence.get("token", 0)), str(fence.get("owner")))
 
 
 def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dict:
@@ -102,11 +102,11 @@ def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dic
     if fence is not None:
         entry.update(owner=fence.get("owner"), token=fence.get("token"), sent_at=fence.get("sent_at"))
     try:
-        redis_scripts.record_beat_run(json.dumps(entry), get_settings().beat_history_size)
+        leader.record_beat_run(json.dumps(entry), get_settings().beat_history_size)
     except redis.RedisError:
         pass
     return out
 
 
 def recent_runs(limit: int = 100) -> list[dict]:
-    return [json.loads(x) for x in redis_scripts.beat_history(limit)]
+    return [json.loads(x) for x in leader.beat_history(limit)]

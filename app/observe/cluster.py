@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from app.clock import now as clock_now
-from app.infra import redis_scripts
+from app.infra.redis import liveness
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
 from app.observe.live import job_counts, model_live, oldest_pending
@@ -60,7 +60,7 @@ class ClusterCollector:
             up.add_metric(["database"], 0)
         try:
             live = model_live() if counts is not None else []
-            workers = redis_scripts.workers_read()
+            workers = liveness.workers_read()
             up.add_metric(["redis"], 1)
         except Exception as exc:
             log.warning("metrics: redis unavailable: %s", exc)

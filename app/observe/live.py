@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 
-from app.infra import redis_scripts
+from app.infra.redis import gate
 from app.clock import as_utc, now as clock_now
 from app.infra.db import transaction
 from app.infra.tables import models, tasks
@@ -40,7 +40,7 @@ def model_live(include_disabled: bool = True) -> list[dict]:
         counts = job_counts(conn)
     if not include_disabled:
         rows = [r for r in rows if r.enabled]
-    gates = redis_scripts.gate_snapshot(r.model_name for r in rows)
+    gates = gate.gate_snapshot(r.model_name for r in rows)
     out = []
     for r in rows:
         depth, rt_ql, rt_mc = gates[r.model_name]

@@ -20,7 +20,7 @@ from app.errors import NotFound, Unauthorized
 from app.infra import caches
 from app.infra.caches import MISSING
 from app.infra.db import transaction
-from app.infra.redis_scripts import publish_invalidate
+from app.infra.redis.events import publish_invalidate
 from app.infra.tables import api_keys
 from app.tenancy.schemas import ApiKeyInput
 

@@ -6,7 +6,7 @@ from flask import Blueprint
 from sqlalchemy import text
 
 from app.infra.db import get_engine
-from app.infra.redis_scripts import get_redis
+from app.infra.redis.client import get_redis
 from app.web.contract import Ok, endpoint
 from app.web.schemas import Health, Ready
 

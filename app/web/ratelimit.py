@@ -35,7 +35,7 @@ from flask import after_this_request
 
 from app.config import get_settings
 from app.errors import RateLimited
-from app.infra.ratelimit import Take, take
+from app.infra.redis.ratelimit import Take, take
 from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)

@@ -20,12 +20,10 @@ from dataclasses import dataclass
 
 import redis
 
-from app.config import get_settings
-from app.infra.redis_scripts import get_redis
+from app.infra.redis import keys
+from app.infra.redis.client import get_redis, script
 
-
-def bucket_key(bucket_id: str) -> str:
-    return f"{get_settings().redis_prefix}:ratelimit:{bucket_id}"
+bucket_key = keys.ratelimit
 
 
 # Take `cost` tokens from a bucket if it holds them.
@@ -68,19 +66,6 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', math.min(math.ceil(full * 100
 return {allowed, string.format('%.6f', tokens), string.format('%.6f', wait), string.format('%.6f', full)}
 """
 
-# Registered once per client, like app/infra/redis_scripts.py.  A Script
-# holds its client, so an id here is never reused by another live client.
-_scripts: dict[int, object] = {}
-
-
-def _script(client: redis.Redis):
-    s = _scripts.get(id(client))
-    if s is None:
-        s = client.register_script(TOKEN_BUCKET)
-        _scripts[id(client)] = s
-    return s
-
-
 @dataclass(frozen=True)
 class Take:
     allowed: bool
@@ -99,6 +84,6 @@ def take(bucket_id: str, rate: float, burst: int, cost: int = 1, client: redis.R
     if not 0 <= cost <= burst:
         raise ValueError(f"cost must be within 0..burst ({burst}), got {cost!r}")
     r = client if client is not None else get_redis()
-    allowed, tokens, wait, full = _script(r)(keys=[bucket_key(bucket_id)],
-                                             args=[repr(float(rate)), int(burst), int(cost)])
+    allowed, tokens, wait, full = script(TOKEN_BUCKET, r)(keys=[bucket_key(bucket_id)],
+                                                      args=[repr(float(rate)), int(burst), int(cost)])
     return Take(bool(allowed), float(tokens), float(wait), float(full))

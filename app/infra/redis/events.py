@@ -1,0 +1,22 @@
+"""Pub/sub: terminal wake-ups (after the winning commit only) and cache
+invalidations.  The listener is app/infra/wakeups.py."""
+from __future__ import annotations
+
+import redis
+
+from app.infra.redis import keys
+from app.infra.redis.client import get_redis
+
+
+def publish_terminal(job_id: str) -> None:
+    """Wake long-poll waiters of ``job_id`` (all API processes)."""
+    get_redis().publish(keys.terminal_channel(), job_id)
+
+
+def publish_invalidate(what: str) -> None:
+    """Tell every API process to drop its cached keys/models now (they
+    would expire within their TTL anyway).  Best effort."""
+    try:
+        get_redis().publish(keys.invalidate_channel(), what)
+    except redis.RedisError:
+        pass

@@ -1,0 +1,27 @@
+"""Worker liveness: one hash per Celery node (app/infra/metrics.py writes
+it, app/observe/cluster.py renders it); it expires by itself when the node
+stops touching it."""
+from __future__ import annotations
+
+from app.infra.redis import keys
+from app.infra.redis.client import get_redis
+
+
+def worker_touch(node: str, fields: dict, ttl_seconds: int) -> None:
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.hset(keys.worker(node), mapping=fields)
+    pipe.expire(keys.worker(node), ttl_seconds)
+    pipe.execute()
+
+
+def worker_forget(node: str) -> None:
+    get_redis().delete(keys.worker(node))
+
+
+def workers_read() -> dict[str, dict[str, str]]:
+    prefix = keys.worker("")
+    found = list(get_redis().scan_iter(match=prefix + "*", count=500))
+    pipe = get_redis().pipeline(transaction=False)
+    for k in found:
+        pipe.hgetall(k)
+    return {k[len(prefix):]: v for k, v in zip(found, pipe.execute()) if v}
