@@ -11,7 +11,7 @@ IllegalTransition before touching the database: that is a bug, not a race.
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
 from sqlalchemy import DateTime, bindparam, delete, func, literal, select, update
@@ -20,7 +20,8 @@ from sqlalchemy.engine import Connection, Row
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
 from app.infra.tables import models, tasks
-from app.states import TERMINAL_STATES, JobState as S
+from app.states import TERMINAL_STATES
+from app.states import JobState as S
 
 # The retention of a claimed result whose model row is gone (the column's default).
 DEFAULT_KEEP_SECONDS = 3600
@@ -229,13 +230,35 @@ def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | Non
     where = [tasks.c.id.in_(list(job_ids)), tasks.c.state == int(S.DONE)]
     if tenant_id is not None:
         where.append(tasks.c.tenant_id == tenant_id)
+    now = clock_now()
+    if conn.dialect.name != "postgresql":
+        return _claim_results_per_model(conn, where, now, default_keep_seconds, returning)
     locked = select(tasks.c.id).where(*where).order_by(tasks.c.id).with_for_update()
     # Correlated to the row being updated: one primary-key probe of asynch_models per row.
     keep = select(models.c.auto_clean_seconds).where(models.c.model_name == tasks.c.model_name).scalar_subquery()
-    now = clock_now()
     stmt = (update(tasks).where(tasks.c.id.in_(locked.scalar_subquery()), tasks.c.state == int(S.DONE))
             .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now,
                     expire_at=literal(now, DateTime(timezone=True))
                     + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(keep, default_keep_seconds)))
             .returning(*returning))
     return list(conn.execute(stmt).all())
+
+
+def _claim_results_per_model(conn: Connection, where: list, now: datetime, default_keep_seconds: int,
+                             returning: Sequence) -> list[Row]:
+    """The same claim where the database has no interval arithmetic (SQLite,
+    dev mode): one guarded UPDATE per model, expire_at computed here.  SQLite
+    holds one writer at a time, so the batch is as exclusive as PostgreSQL's
+    row locks make it."""
+    keep = dict(conn.execute(
+        select(tasks.c.model_name, models.c.auto_clean_seconds)
+        .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
+        .where(*where).distinct()).all())
+    out: list[Row] = []
+    for model_name, seconds in keep.items():
+        expire = now + timedelta(seconds=seconds if seconds is not None else default_keep_seconds)
+        stmt = (update(tasks).where(*where, tasks.c.model_name == model_name)
+                .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now, expire_at=expire)
+                .returning(*returning))
+        out.extend(conn.execute(stmt).all())
+    return out

@@ -16,10 +16,11 @@ WAITERS = 200
 
 
 def _measure(api: str, key: str, ids: list[str], mode: str) -> list[float]:
+    from sqlalchemy import select
+
     from app.clock import as_utc
     from app.infra.db import transaction
     from app.infra.tables import tasks
-    from sqlalchemy import select
 
     got: dict[str, float] = {}
     first_sent: dict[str, float] = {}

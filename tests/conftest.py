@@ -92,9 +92,9 @@ def settings(test_env):
 def clean_state(settings):
     """Every test starts from empty tables and an empty test Redis db."""
     from app.config import set_settings
+    from app.infra.caches import clear_all
     from app.infra.db import get_engine
     from app.infra.tables import metadata
-    from app.infra.caches import clear_all
 
     set_settings(settings)
     names = ", ".join(t.name for t in metadata.sorted_tables)

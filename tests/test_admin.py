@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import auth
 from sqlalchemy import select
 
-from app.infra.db import transaction
-from app.infra.tables import api_keys, models
 from app.catalog import model_types
 from app.catalog.schemas import ModelTypeInput
-from conftest import auth
+from app.infra.db import transaction
+from app.infra.tables import api_keys, models
 
 MODEL = {"model_name": "chat", "base_url": "http://127.0.0.1:9/", "route": "/api/v1/chat",
          "http_method": "post", "head_msg": "API_KEY:model-key,API_STATE:true,API_NUM:123",

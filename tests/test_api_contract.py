@@ -4,11 +4,11 @@ After every refused request the gate and the table are checked unchanged."""
 from __future__ import annotations
 
 import pytest
+from conftest import auth, make_key
 from sqlalchemy import func, select
 
 from app.infra.db import transaction
 from app.infra.tables import tasks
-from conftest import auth, make_key
 
 
 def count_rows() -> int:

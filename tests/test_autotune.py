@@ -6,6 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from conftest import auth
 from sqlalchemy import insert, select
 
 from app.clock import now, set_clock
@@ -14,7 +15,6 @@ from app.infra.tables import autotune_log, tasks
 from app.maintenance import autotune as at
 from app.maintenance.autotune import Inputs, Limits, decide
 from app.states import JobState
-from conftest import auth
 
 CAPS = Limits(max_concurrency=8, queue_limit=40)
 

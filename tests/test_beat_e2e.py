@@ -10,10 +10,10 @@ import subprocess
 import time
 
 import pytest
+from conftest import ROOT, WorkerProcess, wait_until
 
 from app.infra.redis import leader
 from app.maintenance import periodic
-from conftest import ROOT, WorkerProcess, wait_until
 
 
 def test_one_leader_renews_and_a_standby_takes_over_with_a_larger_token(settings, r):

@@ -2,15 +2,15 @@
 over pub/sub (what another API process's change looks like to this one)."""
 from __future__ import annotations
 
+from conftest import make_key, wait_until
 from sqlalchemy import update
 
-from app.infra.redis import events
-from app.infra.db import transaction
-from app.infra.tables import api_keys, models
 from app.catalog import registry as model_registry
-from app.tenancy.keys import authenticate
+from app.infra.db import transaction
+from app.infra.redis import events
+from app.infra.tables import api_keys, models
 from app.infra.wakeups import hub
-from conftest import make_key, wait_until
+from app.tenancy.keys import authenticate
 
 
 def _changed_elsewhere(stmt) -> None:

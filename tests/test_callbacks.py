@@ -8,20 +8,20 @@ from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+from conftest import auth, job_row
 from sqlalchemy import delete, select
+from stubs import CallbackReceiver, ConnectionSpy
 
+from app.callbacks import delivery as callbacks
+from app.callbacks import secrets as callback_secrets
 from app.clock import as_utc, now, set_clock
 from app.config import set_settings
 from app.infra.db import transaction
+from app.infra.http import netguard
 from app.infra.tables import callbacks as callbacks_table
-from app.callbacks import secrets as callback_secrets
-from app.callbacks import delivery as callbacks
 from app.jobs import execution
 from app.jobs import service as jobs
-from app.infra.http import netguard
 from app.tenancy.keys import Principal
-from conftest import auth, job_row
-from stubs import CallbackReceiver, ConnectionSpy
 
 P = Principal("tenant-a", "user", None)
 

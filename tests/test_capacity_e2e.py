@@ -15,16 +15,17 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import WorkerProcess, wait_until
 from sqlalchemy import func, select
+from tarpit import Tarpit
 
 from app.config import set_settings
 from app.infra.db import transaction
-from app.infra.tables import callback_attempts, callbacks as callbacks_table, tasks
+from app.infra.tables import callback_attempts, tasks
+from app.infra.tables import callbacks as callbacks_table
 from app.jobs import service as jobs
 from app.states import JobState
 from app.tenancy.keys import Principal
-from conftest import WorkerProcess, wait_until
-from tarpit import Tarpit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 import pytest
-
+from conftest import ROOT, auth, wait_until
 from sqlalchemy import select
 
 from app.infra.db import transaction
 from app.infra.tables import api_keys
-from conftest import ROOT, auth, wait_until
 
 
 def asynch(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -251,7 +250,6 @@ def test_dev_command_runs_a_job_end_to_end(test_env, tmp_path):
     import re
 
     import requests
-
     from conftest import free_port, wait_until
 
     env = _env(test_env)

@@ -391,10 +391,14 @@ def test_jobs_and_callbacks_have_separate_queues_and_pools(services):
     service consumes the job queue only, the callbacks service the callback
     queue only, and the callback tasks are routed there."""
     from app.cli.processes import callback_worker_argv, worker_argv
-    from app.infra.celery_config import (DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, RUN_JOB_TASK,
-                                         celery_settings, queue_for)
-
     from app.config import get_settings
+    from app.infra.celery_config import (
+        DELIVER_CALLBACK_TASK,
+        DELIVER_DUE_CALLBACKS_TASK,
+        RUN_JOB_TASK,
+        celery_settings,
+        queue_for,
+    )
 
     default = load_settings({})
     assert default.callback_queue_name == "asynch-callbacks" and default.callback_queue_name != default.queue_name

@@ -10,18 +10,18 @@ from datetime import timedelta
 
 import pytest
 import requests
+from conftest import auth, job_row
 from sqlalchemy import func, select
 
 from app import transitions
-from app.infra.redis import gate as redis_gate
 from app.clock import now
-from app.infra.db import transaction
 from app.errors import Conflict
+from app.infra.db import transaction
+from app.infra.redis import gate as redis_gate
 from app.infra.tables import tasks
 from app.jobs import service as jobs
-from app.tenancy.keys import Principal
 from app.states import JobState
-from conftest import auth, job_row
+from app.tenancy.keys import Principal
 
 
 def test_64_threads_at_a_gate_of_8_get_exactly_8(api_url, make_model, user_key, r):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import make_key
 from sqlalchemy import func, select
 
 from app.infra.db import transaction
 from app.infra.tables import tasks
-from conftest import make_key
 
 try:
     from playwright.sync_api import expect, sync_playwright

@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import trustme
+from tarpit import Tarpit
 
 from app.infra.http import deadline
-from tarpit import Tarpit
 
 SLACK = 0.3
 

@@ -8,19 +8,19 @@ import threading
 from datetime import timedelta
 
 import pytest
+from conftest import job_row
 from sqlalchemy import select
 
 from app import transitions
 from app.clock import now, set_clock
 from app.infra.db import transaction
+from app.infra.storage import LocalStorage, StorageError, get_storage
 from app.infra.tables import model_stats
 from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
-from app.tenancy.keys import Principal
 from app.states import JobState
-from app.infra.storage import LocalStorage, StorageError, get_storage
-from conftest import job_row
+from app.tenancy.keys import Principal
 
 P = Principal("tenant-a", "user", None)
 

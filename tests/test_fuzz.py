@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
-from sqlalchemy import text
-
 from conftest import make_key
+from sqlalchemy import text
 
 pytestmark = pytest.mark.slow
 
@@ -96,11 +95,11 @@ def _done(job_id: str, model: str) -> None:
     from datetime import timedelta
 
     from app import transitions
+    from app.callbacks import delivery as callbacks
     from app.clock import now
     from app.infra.db import transaction
-    from app.callbacks import delivery as callbacks
-    from app.jobs.service import release_slot
     from app.infra.storage import get_storage
+    from app.jobs.service import release_slot
 
     body = b'{"echo": "fuzz"}'
     with transaction() as conn:
@@ -116,11 +115,11 @@ def seeded(make_model, settings):
     """Keys (ids far from 1, so a fuzzed DELETE /v1/keys/{id} does not
     revoke the keys the run uses), two models, a model type, and jobs of
     two tenants: pending and done."""
-    from app.config import set_settings
-    from app.infra.db import get_engine, transaction
-    from app.jobs import service as jobs
     from app.catalog import model_types
     from app.catalog.schemas import ModelTypeInput
+    from app.config import set_settings
+    from app.infra.db import get_engine
+    from app.jobs import service as jobs
     from app.jobs.service import SubmitOptions
     from app.tenancy.keys import Principal
 

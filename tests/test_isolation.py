@@ -21,9 +21,8 @@ document marks x-admin-only.
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
-
 from conftest import auth, make_key
+from sqlalchemy import select
 from test_openapi import _openapi_paths
 
 A, B = "tenant-a", "tenant-b"
@@ -173,18 +172,18 @@ def world(make_model, client):
     from datetime import timedelta
 
     from app import transitions
-    from app.clock import now
-    from app.infra.db import transaction
     from app.callbacks import delivery as callbacks
-    from app.jobs import service as jobs
     from app.catalog import model_types
     from app.catalog.schemas import ModelTypeInput
+    from app.clock import now
+    from app.config import get_settings, set_settings
+    from app.infra.db import transaction
+    from app.infra.storage import get_storage
+    from app.infra.tables import api_keys
+    from app.jobs import service as jobs
     from app.jobs import stats
     from app.jobs.service import SubmitOptions, release_slot
     from app.tenancy.keys import Principal
-    from app.config import get_settings, set_settings
-    from app.infra.tables import api_keys
-    from app.infra.storage import get_storage
 
     admin, key_a, key_b = make_key("ops", admin=True), make_key(A), make_key(B)
     model_types.create_type(ModelTypeInput(**{"type_id": 1, "type_name": "chat"}))

@@ -8,9 +8,9 @@ import json
 import logging
 
 import pytest
+from conftest import WorkerProcess, auth, job_row, wait_until
 
 from app.infra.logs import bind, json_handler, mask_secrets, reset
-from conftest import WorkerProcess, auth, job_row, wait_until
 
 HEAD_SECRET = "hm-SECRET-7f3a9c"
 MODEL_KEY_SECRET = "mk-SECRET-42d1e8"

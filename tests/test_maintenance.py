@@ -15,19 +15,19 @@ from datetime import timedelta
 
 import pytest
 import redis as redis_lib
+from conftest import auth, job_row
 from sqlalchemy import func, insert, select
 
 from app.clock import now, set_clock
 from app.infra.db import transaction
-from app.infra.tables import tasks
 from app.infra.publisher import Priority, broker_priority
+from app.infra.storage import get_storage
+from app.infra.tables import tasks
 from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
-from app.tenancy.keys import Principal
 from app.states import JobState
-from app.infra.storage import get_storage
-from conftest import auth, job_row
+from app.tenancy.keys import Principal
 
 P = Principal("tenant-a", "user", None)
 
@@ -389,8 +389,8 @@ def test_two_cleanups_in_threads_delete_each_expired_job_and_object_once(setting
 
 def _cleanup_in_child(start, out):
     from app.config import load_settings, set_settings
-    from app.maintenance import passes as m
     from app.infra.storage import get_storage as storage_of
+    from app.maintenance import passes as m
 
     set_settings(load_settings().with_overrides(maintenance_batch=10))
     storage = storage_of()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from conftest import auth
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import set_settings
 from app.infra import metrics
 from app.infra.db import transaction
 from app.infra.tables import tasks
-from conftest import auth
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from conftest import ROOT, WorkerProcess, auth, free_port, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
@@ -23,7 +24,6 @@ from app.clock import as_utc
 from app.infra import metrics
 from app.infra.db import transaction
 from app.infra.tables import model_stats, tasks
-from conftest import ROOT, WorkerProcess, auth, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "scrape-secret"

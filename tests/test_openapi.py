@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import auth
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
 from app import create_app
 from app.web.openapi import document, undocumented
-from conftest import auth
 
 _SKIP_METHODS = {"HEAD", "OPTIONS"}
 

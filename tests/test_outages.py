@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 import requests
-
 from conftest import BROKER_DB, GATE_DB, WorkerProcess, auth, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop, rows_for
 

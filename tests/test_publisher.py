@@ -68,8 +68,7 @@ def empty_queue(settings):
 def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settings, empty_queue, monkeypatch):
     import threading
 
-    from app.infra import outbox
-    from app.infra import publisher
+    from app.infra import outbox, publisher
 
     batches, real = [], publisher.publish_run_jobs
 
@@ -100,8 +99,7 @@ def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settin
 
 
 def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty_queue, monkeypatch):
-    from app.infra import outbox
-    from app.infra import publisher
+    from app.infra import outbox, publisher
 
     class Down:
         def lpush(self, *a):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import WorkerProcess
+from test_stress import run_stress
 
 from app.config import set_settings
 from app.infra.publisher import reset_producer
-from conftest import WorkerProcess
-from test_stress import run_stress
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 AMQP = os.environ.get("ASYNCH_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")

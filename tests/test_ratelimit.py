@@ -8,14 +8,19 @@ import time
 
 import pytest
 import requests
+from conftest import auth, make_key
 
 from app.config import set_settings
 from app.infra.redis import ratelimit as bucket
 from app.infra.redis.ratelimit import Take, bucket_key
 from app.tenancy.keys import Principal
 from app.web import ratelimit
-from app.web.ratelimit import RatePolicy, default_policy, header_fields, set_policy_resolver
-from conftest import auth, make_key
+from app.web.ratelimit import (
+    RatePolicy,
+    default_policy,
+    header_fields,
+    set_policy_resolver,
+)
 
 ROUTE = "/v1/model-types"       # a cheap authenticated read
 SEED_ROUTE = "/modelType/list"  # the same on the seed-002 face
@@ -195,6 +200,7 @@ def test_resolver_gives_tenants_their_own_policies(client, settings):
 def dead_redis(settings):
     """The limiter's Redis is a port nobody listens on; restored afterwards."""
     from conftest import free_port
+
     from app.infra.redis.client import reset_redis
 
     def _down(**kw):

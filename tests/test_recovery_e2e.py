@@ -15,20 +15,19 @@ from datetime import timedelta
 
 import pytest
 import redis as redis_lib
+from conftest import WorkerProcess, job_row, wait_until
 from sqlalchemy import func, select
+from stress_util import called_with, model_payloads
 
-from app.infra.redis import gate
-from app.infra.redis import keys
 from app.clock import set_clock
 from app.infra.db import transaction
+from app.infra.redis import gate, keys
+from app.infra.storage import get_storage
 from app.infra.tables import tasks
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
+from app.states import SLOT_STATES, JobState
 from app.tenancy.keys import Principal
-from app.states import JobState, SLOT_STATES
-from app.infra.storage import get_storage
-from conftest import WorkerProcess, job_row, wait_until
-from stress_util import called_with, model_payloads
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

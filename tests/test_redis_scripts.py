@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import time
 
-from app.infra.redis import gate
-from app.infra.redis import semaphore
+from app.infra.redis import gate, semaphore
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.tenancy.keys import Principal

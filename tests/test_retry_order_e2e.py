@@ -11,7 +11,9 @@ from datetime import timedelta
 
 import pytest
 import redis as redis_lib
+from conftest import WorkerProcess, job_row, wait_until
 from sqlalchemy import select
+from stress_util import called_with, model_payloads
 
 from app.clock import set_clock
 from app.infra.db import transaction
@@ -19,10 +21,8 @@ from app.infra.tables import tasks
 from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
-from app.tenancy.keys import Principal
 from app.states import JobState
-from conftest import WorkerProcess, job_row, wait_until
-from stress_util import called_with, model_payloads
+from app.tenancy.keys import Principal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

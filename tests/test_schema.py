@@ -42,7 +42,6 @@ def _round_trip(url: str) -> None:
     from argparse import Namespace
 
     from alembic import command
-
     from app.cli import alembic_config
 
     cfg = alembic_config()
@@ -54,7 +53,6 @@ def _round_trip(url: str) -> None:
 
 def test_partial_index_revision_goes_down_and_up_on_postgresql():
     import psycopg2
-
     from conftest import PG_ADMIN_DSN
 
     name = "asynch_migration_scratch"

@@ -7,10 +7,9 @@ import socket
 import subprocess
 
 import pytest
-
-from app.infra.db import transaction
-from app.tenancy import keys
 from conftest import auth, make_key
+
+from app.tenancy import keys
 
 
 def test_api_keys_never_reach_the_database(client, test_env, admin_key, make_model):

@@ -12,19 +12,19 @@ from datetime import timedelta
 
 import pytest
 import requests
+from conftest import auth, job_row
 from sqlalchemy import func, select
 
+from app.catalog import model_types
+from app.catalog.schemas import ModelTypeInput
 from app.clock import as_utc
 from app.config import set_settings
 from app.infra.db import transaction
 from app.infra.tables import models, tasks
 from app.jobs import execution
 from app.jobs import service as jobs
-from app.catalog import model_types
-from app.catalog.schemas import ModelTypeInput
-from app.tenancy.keys import Principal
 from app.states import JobState
-from conftest import auth, job_row
+from app.tenancy.keys import Principal
 
 SEED_MODEL = {
     "modelName": "model-service", "modelsType": "1,2,3", "baseUrl": "http://127.0.0.1:8000",

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
-
-from app.config import set_settings
-from app.callbacks import secrets as callback_secrets
-from app.infra.storage import ObjectMissing, OssStorage, StorageError, get_storage
 from conftest import WorkerProcess, auth, job_row, wait_until
 from stubs import CallbackReceiver, OssStub
+
+from app.callbacks import secrets as callback_secrets
+from app.config import set_settings
+from app.infra.storage import ObjectMissing, OssStorage, StorageError, get_storage
 
 pytestmark = pytest.mark.e2e
 

@@ -12,17 +12,16 @@ import signal
 import time
 
 import pytest
+from conftest import WorkerProcess, job_row, wait_until
 from sqlalchemy import func, select
 
-from app.infra.redis import semaphore
 from app.infra.db import transaction
+from app.infra.redis import semaphore
 from app.infra.tables import tasks
-from app.jobs import concurrency
-from app.jobs import execution
+from app.jobs import concurrency, execution
 from app.jobs import service as jobs
-from app.tenancy.keys import Principal
 from app.states import JobState
-from conftest import WorkerProcess, job_row, wait_until
+from app.tenancy.keys import Principal
 
 
 def _submit(tenant: str, model: str, payload: dict | None = None) -> str:

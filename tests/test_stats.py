@@ -7,17 +7,17 @@ from collections import Counter
 from datetime import date
 
 import pytest
+from conftest import ROOT, WorkerProcess, auth, wait_until
 from sqlalchemy import select
 
 from app.infra.db import transaction
-from app.infra.tables import model_stats, tasks
 from app.infra.publisher import publish_run_job
+from app.infra.tables import model_stats, tasks
 from app.jobs import service as jobs
-from app.maintenance import passes as maintenance
 from app.jobs import stats
-from app.tenancy.keys import Principal
+from app.maintenance import passes as maintenance
 from app.states import JobState
-from conftest import ROOT, WorkerProcess, auth, wait_until
+from app.tenancy.keys import Principal
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from collections import Counter, defaultdict
 
 import pytest
 import requests
-
 from conftest import auth, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop
 
@@ -117,6 +116,7 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
 
 def _all_terminal(ids) -> bool:
     from stress_util import rows_for
+
     from app.states import is_terminal
 
     rows = rows_for(ids)

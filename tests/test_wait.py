@@ -9,15 +9,15 @@ from datetime import timedelta
 
 import pytest
 import requests
+from conftest import auth, job_row, submit, wait_until
 
 from app import transitions
 from app.clock import now
+from app.infra import wakeups as waiters
 from app.infra.db import transaction
 from app.jobs import service as jobs
 from app.jobs.schemas import WaitQuery
-from app.infra import wakeups as waiters
 from app.tenancy.keys import Principal
-from conftest import auth, job_row, submit, wait_until
 
 pytestmark = pytest.mark.e2e
 

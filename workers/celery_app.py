@@ -4,12 +4,18 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
-from celery.signals import (task_postrun, task_prerun, worker_init, worker_process_init, worker_process_shutdown,
-                            worker_shutdown)
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
-from app.infra.celery_config import celery_settings
 from app.config import get_settings
 from app.infra import metrics
+from app.infra.celery_config import celery_settings
 from app.infra.logs import bind, configure_logging, reset
 from workers.heartbeat import install as install_heartbeat
 

@@ -15,8 +15,8 @@ import threading
 from celery import bootsteps
 from celery.signals import task_prerun
 
-from app.infra import metrics
 from app.config import get_settings
+from app.infra import metrics
 
 
 class ConsumingHeartbeat(bootsteps.StartStopStep):

@@ -4,12 +4,15 @@ Periodic tasks take the ``fence`` their beat stamped them with
 (app/services/periodic.py); called without one they simply run."""
 from __future__ import annotations
 
-from app.infra.celery_config import DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, RUN_JOB_TASK
-from app.errors import Unavailable
-from app.maintenance import autotune
 from app.callbacks import delivery as callbacks
-from app.jobs import concurrency
-from app.jobs import execution
+from app.errors import Unavailable
+from app.infra.celery_config import (
+    DELIVER_CALLBACK_TASK,
+    DELIVER_DUE_CALLBACKS_TASK,
+    RUN_JOB_TASK,
+)
+from app.jobs import concurrency, execution
+from app.maintenance import autotune
 from app.maintenance import passes as maintenance
 from app.maintenance.periodic import run_periodic
 from workers.celery_app import celery

@@ -47,17 +47,18 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Row
 
-from app.infra.celery_config import DELIVER_CALLBACK_TASK
-from app.clock import as_utc, now as clock_now
+from app.callbacks import secrets as callback_secrets
+from app.clock import as_utc
+from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra import metrics
+from app.infra.celery_config import DELIVER_CALLBACK_TASK
 from app.infra.db import transaction
-from app.infra.tables import callback_attempts, callbacks, tasks
-from app.infra.publisher import publish_task
-from app.callbacks import secrets as callback_secrets
 from app.infra.http import deadline, netguard
-from app.tenancy.keys import Principal
+from app.infra.publisher import publish_task
+from app.infra.tables import callback_attempts, callbacks, tasks
 from app.states import JobState, seed_code
+from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from app.clock import now as clock_now
-from app.errors import ValidationFailed
-from app.infra.tables import tenant_secrets
-from app.errors import Forbidden
+from app.errors import Forbidden, ValidationFailed
 from app.infra.db import transaction
+from app.infra.tables import tenant_secrets
 from app.tenancy.keys import Principal
 from app.tenancy.schemas import TENANT_PATTERN
 

@@ -8,14 +8,30 @@ holds them equal).
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, BeforeValidator, Field, RootModel, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    RootModel,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.config import get_settings
-from app.contract import NO_NUL, Bool01, Int, JsonInt, Shape, StrictBool, Timestamp, partial, rule
+from app.contract import (
+    NO_NUL,
+    Bool01,
+    Int,
+    JsonInt,
+    Shape,
+    StrictBool,
+    Timestamp,
+    partial,
+    rule,
+)
 from app.infra.http.headers import HeaderSpecError, parse_header_spec, redact
 
 # Column sizes (app/infra/tables.py): longer values are refused here, not by the database.

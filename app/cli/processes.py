@@ -13,7 +13,6 @@ import click
 from app.cli.base import ROOT, upgrade_db
 from app.config import env_names, get_settings
 
-
 # --- database ------------------------------------------------------------------
 
 @click.group(help="Database schema (Alembic).")

@@ -30,8 +30,13 @@ from urllib.parse import urlparse
 import redis
 from celery import Celery
 
-from app.infra.celery_config import MAX_PRIORITY, RUN_JOB_TASK, celery_settings, queue_for
 from app.config import get_settings
+from app.infra.celery_config import (
+    MAX_PRIORITY,
+    RUN_JOB_TASK,
+    celery_settings,
+    queue_for,
+)
 from app.infra.process import PerProcess
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,23 @@ only describes them so queries can be written against names, not strings."""
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Column, Date, DateTime, Float, ForeignKey, Index, Integer, MetaData,
-    SmallInteger, String, Table, Text, UniqueConstraint, text,
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 

@@ -21,9 +21,10 @@ from typing import Callable
 import redis
 
 from app.config import get_settings
-from app.infra.redis.keys import invalidate_channel as invalidate_channel, terminal_channel as terminal_channel
-from app.states import is_terminal
 from app.infra.caches import clear_all as clear_caches
+from app.infra.redis.keys import invalidate_channel as invalidate_channel
+from app.infra.redis.keys import terminal_channel as terminal_channel
+from app.states import is_terminal
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from app import transitions
 from app.infra.db import transaction
-from app.jobs.schemas import SeedTask
 from app.infra.tables import tasks
+from app.jobs.seed_schemas import SeedTask
 from app.tenancy.keys import Principal
 
 # What task_view reads: a batch fetches only these, never the payloads.

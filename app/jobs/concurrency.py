@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import redis
 
-from app.infra.redis import semaphore
 from app.config import get_settings
+from app.infra.redis import semaphore
 
 log = logging.getLogger(__name__)
 

@@ -17,18 +17,17 @@ from datetime import timedelta
 from sqlalchemy import bindparam, select
 
 from app import transitions
-from app.infra import metrics
+from app.callbacks import delivery as callbacks
 from app.clock import now as clock_now
 from app.config import get_settings
+from app.infra import metrics
 from app.infra.db import single_statement, transaction
-from app.infra.tables import models, tasks
-from app.callbacks import delivery as callbacks
-from app.jobs import concurrency
-from app.jobs import stats
-from app.jobs.service import after_terminal, passthrough_of, release_slot
 from app.infra.http.model_client import ModelCallError, call_model
-from app.states import JobState
 from app.infra.storage import StorageError, get_storage
+from app.infra.tables import models, tasks
+from app.jobs import concurrency, stats
+from app.jobs.service import after_terminal, passthrough_of, release_slot
+from app.states import JobState
 
 log = logging.getLogger(__name__)
 

@@ -11,17 +11,35 @@ rows) and serialised with ``exclude_unset``: a field a state does not have
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timezone
-from typing import ClassVar, Annotated, Any, Literal
+from datetime import datetime, timezone
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from app.clock import as_utc, now as clock_now
+from app.clock import as_utc
+from app.clock import now as clock_now
 from app.config import get_settings
-from app.contract import QueryInt, NO_NUL, Day, Int, Params, Shape, Text, Timestamp, iso_z, parse_json, pattern, rule
+from app.contract import (
+    NO_NUL,
+    Params,
+    QueryInt,
+    Shape,
+    Text,
+    Timestamp,
+    iso_z,
+    pattern,
+    rule,
+)
 from app.infra.http.headers import HeaderSpecError, parse_header_spec
-from app.states import JobState, seed_code, v1_name
+from app.states import JobState, v1_name
 
 V1_STATES = ("canceled", "done", "failed", "pending", "running", "timeout")
 V1State = Literal["canceled", "done", "failed", "pending", "running", "timeout"]
@@ -95,69 +113,6 @@ class SubmitHeaders(Params):
                                           description="sent as Authorization to the OSS file service")
     user_info: str | None = Field(None, alias="X-User-Info",
                                   description="passed to the OSS file service; the creator behind a trusted gateway")
-
-
-class TaskHeaders(Params):
-    """The headers a seed createTask reads (its other options are body fields)."""
-
-    idempotency_key: IdempotencyKey | None = Field(
-        None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first task")
-    creator: Creator | None = Field(None, alias="X-Creator",
-                                    description="who submitted it (stats), when the body has no creator")
-    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
-                                          description="sent as Authorization to the OSS file service")
-    user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="passed to the OSS file service; the creator behind a trusted gateway")
-
-
-def _payload_object(v: Any) -> Any:
-    # The seed allows the payload as a string holding a JSON object.
-    if isinstance(v, str):
-        try:  # strict JSON (no NaN), as every body
-            v = parse_json(v)
-        except ValueError:
-            raise PydanticCustomError("payload", "must be a JSON object") from None
-    if not isinstance(v, dict):
-        raise PydanticCustomError("payload", "must be a JSON object")
-    return v
-
-
-class CreateTask(Shape):
-    """The seed's createTask body: the v1 submission's options as fields."""
-
-    invalid: ClassVar[str] = "invalid task"
-
-    model_name: Annotated[str, Field(min_length=1)] = rule("a non-empty string")
-    request_payload: Annotated[dict, BeforeValidator(_payload_object)] = Field(
-        default_factory=dict, json_schema_extra={
-            "anyOf": [{"type": "object"}, {"type": "string", "contentMediaType": "application/json"}]},
-        description="forwarded to the model; checked against the model's form (absent: {}); "
-                    "a string holding a JSON object is taken too")
-    biz_name: BizName | None = None
-    callback_url: CallbackUrl | None = None
-    model_key: ModelKey = Field(None, description=HEADER_SPEC_HELP)
-    creator: Creator | None = None
-
-    @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
-    @classmethod
-    def _empty_is_none(cls, v: Any) -> Any:
-        return None if v == "" else v
-
-
-class TaskIds(Shape):
-
-    invalid: ClassVar[str] = "invalid task ids"
-    task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
-                        AfterValidator(lambda ids: _cap_ids(ids))] = rule(
-        "an array of task ids (at most ASYNCH_BATCH_MAX_IDS); duplicates are answered once",
-        **{"x-maxItems-setting": "batch_max_ids"})
-
-
-def _cap_ids(ids: list[str]) -> list[str]:
-    cap = get_settings().batch_max_ids
-    if len(ids) > cap:
-        raise PydanticCustomError("cap", "must name at most {cap} ids", {"cap": cap})
-    return ids
 
 
 # --- queries ---------------------------------------------------------------------------
@@ -321,112 +276,3 @@ class JobDetail(JobListItem):
             biz_name=row.biz_name, enqueue_at=row.enqueue_at, next_retry_at=row.next_retry_at,
             deadline_at=row.deadline_at, claimed_at=row.claimed_at, expire_at=row.expire_at, payload=payload,
             timeline=timeline(row))
-
-
-# --- the seed face ---------------------------------------------------------------------
-
-_RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
-_ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT)
-
-
-class SeedTask(Shape):
-    """A task as the seed-002 routes show it.  state is the seed's code: 0
-    queued, 1 running, 2 done, 3 failed/timeout/canceled/waiting to retry, 4
-    claimed; null for an unknown id (or another tenant's), which also has
-    error 'task not found'.  Field names are the seed's own (snake_case)."""
-
-    model_config = {"alias_generator": None}
-
-    task_id: str
-    state: Literal[0, 1, 2, 3, 4] | None
-    oss_file: str | None = Field(description="where the result is (2 and 4)")
-    file_type: str | None = Field(None, description="the result's MIME type")
-    expire_at: Timestamp | None = None
-    model_name: str | None = None
-    biz_name: str | None = None
-    retry_count: int | None = None
-    created_at: Timestamp | None = None
-    finished_at: Timestamp | None = None
-    error: str | None = None
-    claimed: bool | None = Field(None, description="getTaskBatch: this call moved it 2 -> 4")
-
-    @classmethod
-    def from_row(cls, row, claimed: bool | None = None) -> "SeedTask":
-        state = JobState(row.state)
-        result = state in _RESULT_STATES
-        values = {"task_id": row.id, "state": seed_code(state),
-                  "oss_file": row.result_location if result else None,
-                  "file_type": row.result_content_type if result else None,
-                  "expire_at": row.expire_at if state == JobState.CLAIMED else None,
-                  "model_name": row.model_name, "biz_name": row.biz_name, "retry_count": row.retry_count,
-                  "created_at": row.created_at, "finished_at": row.finished_at}
-        if state in _ERROR_STATES and row.error:
-            values["error"] = row.error
-        if claimed is not None:
-            values["claimed"] = claimed
-        return cls.model_construct(**values)
-
-    @classmethod
-    def not_found(cls, task_id: str) -> "SeedTask":
-        return cls.model_construct(task_id=task_id, state=None, oss_file=None, error="task not found",
-                                   claimed=False)
-
-
-class CreatedTask(Shape):
-    model_config = {"alias_generator": None}
-
-    task_id: JobId
-
-
-# --- usage stats -----------------------------------------------------------------------
-
-def _day(v: Any) -> Any:
-    if v is None or v == "":
-        return None
-    try:
-        return date.fromisoformat(v)
-    except (TypeError, ValueError):
-        raise PydanticCustomError("day", "must be a date YYYY-MM-DD") from None
-
-
-QueryDay = Annotated[date | None, BeforeValidator(_day), WithJsonSchema(
-    {"anyOf": [{"type": "string", "format": "date"}, {"const": ""}]})]
-
-
-class UsageQuery(Params):
-    day_from: QueryDay = Field(None, alias="from", description="first day (inclusive), YYYY-MM-DD")
-    day_to: QueryDay = Field(None, alias="to", description="last day (inclusive), YYYY-MM-DD")
-    tenant: Text | None = Field(None, description="users: only their own (another: 403)")
-    model: Text | None = None
-
-    @field_validator("day_to")
-    @classmethod
-    def _ordered(cls, v: date | None, info) -> date | None:
-        start = info.data.get("day_from")
-        if v and start and start > v:
-            raise PydanticCustomError("order", "must not be before from")
-        return v
-
-
-class UsageRow(Shape):
-    model_config = {"alias_generator": None}
-
-    day: Day
-    tenant_id: str
-    creator: str
-    model_name: str
-    request_count: int = Field(ge=0)
-
-
-class Usage(Shape):
-    model_config = {"alias_generator": None, "serialize_by_alias": True}
-
-    day_from: Day | None = Field(alias="from")
-    day_to: Day | None = Field(alias="to")
-    rows: list[UsageRow]
-    total: int = Field(ge=0)
-
-
-__all__ = ["SubmitOptions", "CreateTask", "CreatedTask", "JobAccepted", "JobDetail", "JobList", "JobListItem", "JobListQuery",
-           "JobStatus", "SeedTask", "SubmitHeaders", "TaskHeaders", "TaskIds", "TimelineEvent", "V1_STATES",
-           "Usage", "UsageQuery", "UsageRow", "WaitQuery", "timeline"]

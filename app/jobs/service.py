@@ -22,25 +22,31 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from app import transitions
-from app.infra import metrics
-from app.infra import outbox
-from app.infra.redis import gate
+from app.catalog.forms import validate_payload
+from app.catalog.registry import enabled_model
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.infra.db import single_statement, transaction
 from app.errors import (
-    BadRequest, Conflict, DomainError, Gone, JobNotFinished, NotFound, QueueFull, Unavailable,
+    BadRequest,
+    Conflict,
+    DomainError,
+    Gone,
+    JobNotFinished,
+    NotFound,
+    QueueFull,
+    Unavailable,
     ValidationFailed,
 )
-from app.infra.tables import tasks
+from app.infra import metrics, outbox
 from app.infra import wakeups as waiters
-from app.catalog.forms import validate_payload
-from app.tenancy.keys import Principal
-from app.catalog.registry import enabled_model
+from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import callback_url_problem
+from app.infra.redis import gate
+from app.infra.storage import ObjectMissing, get_storage
+from app.infra.tables import tasks
 from app.jobs.schemas import JobListQuery, SubmitOptions
 from app.states import JobState, parse_v1_filter, v1_name
-from app.infra.storage import ObjectMissing, get_storage
+from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from app.errors import Forbidden
-from app.jobs.schemas import Usage, UsageQuery, UsageRow
 from app.infra.db import transaction
 from app.infra.tables import model_stats
+from app.jobs.usage_schemas import Usage, UsageQuery, UsageRow
 from app.tenancy.keys import Principal
 
 

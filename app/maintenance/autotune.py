@@ -18,10 +18,11 @@ from datetime import timedelta
 
 from sqlalchemy import func, insert, select
 
-from app.infra.redis import runtime
-from app.clock import as_utc, now as clock_now
+from app.clock import as_utc
+from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import is_postgres, transaction
+from app.infra.redis import runtime
 from app.infra.tables import autotune_log, models, tasks
 from app.maintenance.passes import Report
 from app.states import JobState

@@ -29,18 +29,16 @@ import redis
 from sqlalchemy import and_, or_, select
 
 from app import transitions
-from app.infra.redis import epoch
-from app.infra.redis import gate
-from app.infra.redis import semaphore
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import is_postgres, transaction
-from app.infra.tables import models, tasks
 from app.infra.publisher import Priority, publish_run_job
+from app.infra.redis import epoch, gate, semaphore
+from app.infra.storage import get_storage
+from app.infra.tables import models, tasks
 from app.jobs.execution import backoff_seconds
 from app.jobs.service import after_terminal, release_slot
-from app.states import JobState, SLOT_STATES
-from app.infra.storage import get_storage
+from app.states import SLOT_STATES, JobState
 
 log = logging.getLogger(__name__)
 

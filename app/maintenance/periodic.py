@@ -26,8 +26,8 @@ from typing import Callable
 
 import redis
 
-from app.infra.redis import leader
 from app.config import get_settings
+from app.infra.redis import leader
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from app.errors import Conflict
 from app.infra.publisher import publish_run_job
-from app.maintenance import passes as maintenance
 from app.jobs.service import get_job
-from app.tenancy.keys import OPERATOR
+from app.maintenance import passes as maintenance
 from app.states import JobState
-
+from app.tenancy.keys import OPERATOR
 
 
 def requeue_job(job_id: str) -> dict:

@@ -2,11 +2,11 @@
 and the record of periodic runs."""
 from __future__ import annotations
 
-from typing import ClassVar, Annotated, Literal
+from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
-from app.contract import QueryInt, Int, Loose, Params, Shape, StrictBool, rule
+from app.contract import Int, Loose, Params, QueryInt, Shape, StrictBool, rule
 
 MAX_WINDOW_SECONDS = 30 * 86400
 

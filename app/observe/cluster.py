@@ -22,9 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from app.clock import now as clock_now
-from app.infra.redis import liveness
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
+from app.infra.redis import liveness
 from app.observe.live import job_counts, model_live, oldest_pending
 from app.states import JobState
 

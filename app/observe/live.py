@@ -8,9 +8,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 
-from app.infra.redis import gate
-from app.clock import as_utc, now as clock_now
+from app.clock import as_utc
+from app.clock import now as clock_now
 from app.infra.db import transaction
+from app.infra.redis import gate
 from app.infra.tables import models, tasks
 from app.states import JobState
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from app.contract import QueryInt, Int, Params, Shape, Timestamp, rule
+from app.contract import Params, QueryInt, Shape, Timestamp, rule
 
 
 class RuntimeOverrides(Shape):

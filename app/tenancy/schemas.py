@@ -1,7 +1,7 @@
 """Tenancy contracts: API keys."""
 from __future__ import annotations
 
-from typing import ClassVar, Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 

@@ -6,8 +6,21 @@ from flask import Flask
 from app.config import Settings, get_settings, set_settings
 from app.infra.logs import configure_logging
 from app.infra.wakeups import hub
-from app.web import (docs, errors, health, input_guard, metrics, request_log, seed, seed_maintenance, v1_admin,
-                     v1_business, v1_jobs, v1_maintenance, v1_observe)
+from app.web import (
+    docs,
+    errors,
+    health,
+    input_guard,
+    metrics,
+    request_log,
+    seed,
+    seed_maintenance,
+    v1_admin,
+    v1_business,
+    v1_jobs,
+    v1_maintenance,
+    v1_observe,
+)
 from app.web.console import bp as console_bp
 
 

@@ -9,12 +9,18 @@ import logging
 
 import redis
 from flask import Flask, has_request_context, jsonify, request
-from sqlalchemy.exc import OperationalError
 from pydantic.alias_generators import to_camel
+from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from app.config import get_settings
-from app.errors import DomainError, QueueFull, RateLimited, Unauthorized, ValidationFailed
+from app.errors import (
+    DomainError,
+    QueueFull,
+    RateLimited,
+    Unauthorized,
+    ValidationFailed,
+)
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,29 @@ from flask import Blueprint
 from pydantic import Field
 
 from app.catalog import model_types, registry
-from app.catalog.schemas import (ModelInput, ModelNameBody, ModelTypeInput, ModelTypeView, SeedModelTypeUpdate,
-                                 SeedModelUpdate, SeedModelView, TypeIdBody, model_view)
+from app.catalog.schemas import (
+    ModelInput,
+    ModelNameBody,
+    ModelTypeInput,
+    ModelTypeView,
+    SeedModelTypeUpdate,
+    SeedModelUpdate,
+    SeedModelView,
+    TypeIdBody,
+    model_view,
+)
 from app.contract import NO_NUL, Params, parse, rule
-from app.jobs import claims, service as jobs, stats
-from app.jobs.schemas import (CreatedTask, CreateTask, SeedTask, SubmitOptions, TaskHeaders, TaskIds, Usage,
-                              UsageQuery)
+from app.jobs import claims, stats
+from app.jobs import service as jobs
+from app.jobs.schemas import SubmitOptions
+from app.jobs.seed_schemas import (
+    CreatedTask,
+    CreateTask,
+    SeedTask,
+    TaskHeaders,
+    TaskIds,
+)
+from app.jobs.usage_schemas import Usage, UsageQuery
 from app.tenancy.identity import creator_for
 from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint

@@ -7,7 +7,13 @@ from flask import Blueprint
 from app.catalog import registry
 from app.catalog.schemas import ModelInput, ModelList, ModelPatch, model_view
 from app.tenancy import keys
-from app.tenancy.schemas import ApiKeyCreated, ApiKeyInput, ApiKeyList, ApiKeyView, KeysQuery
+from app.tenancy.schemas import (
+    ApiKeyCreated,
+    ApiKeyInput,
+    ApiKeyList,
+    ApiKeyView,
+    KeysQuery,
+)
 from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint
 

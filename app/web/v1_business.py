@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app.callbacks import delivery as callbacks, secrets as callback_secrets
+from app.callbacks import delivery as callbacks
+from app.callbacks import secrets as callback_secrets
 from app.callbacks.schemas import CallbackDelivery, TenantSecret
 from app.catalog import model_types
-from app.catalog.schemas import ModelTypeInput, ModelTypeList, ModelTypePatch, ModelTypeView
+from app.catalog.schemas import (
+    ModelTypeInput,
+    ModelTypeList,
+    ModelTypePatch,
+    ModelTypeView,
+)
 from app.errors import NotFound
-from app.jobs import service as jobs, stats
-from app.jobs.schemas import Usage, UsageQuery
+from app.jobs import service as jobs
+from app.jobs import stats
+from app.jobs.usage_schemas import Usage, UsageQuery
 from app.tenancy.schemas import TENANT_PATTERN
 from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint

@@ -3,10 +3,18 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, url_for
 
-from app.jobs import service as jobs
 from app.contract import parse
-from app.jobs.schemas import (JobAccepted, JobList, JobListItem, JobListQuery, JobStatus, SubmitHeaders,
-                              SubmitOptions, WaitQuery)
+from app.jobs import service as jobs
+from app.jobs.schemas import (
+    JobAccepted,
+    JobList,
+    JobListItem,
+    JobListQuery,
+    JobStatus,
+    SubmitHeaders,
+    SubmitOptions,
+    WaitQuery,
+)
 from app.tenancy.identity import creator_for
 from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint

@@ -4,7 +4,13 @@ from __future__ import annotations
 from flask import Blueprint
 
 from app.maintenance import autotune, passes, periodic
-from app.maintenance.schemas import AutotuneReport, AutotuneRequest, BeatRuns, Report, RunsQuery
+from app.maintenance.schemas import (
+    AutotuneReport,
+    AutotuneRequest,
+    BeatRuns,
+    Report,
+    RunsQuery,
+)
 from app.web.contract import Ok, endpoint
 
 bp = Blueprint("v1_maintenance", __name__, url_prefix="/v1/maintenance")

@@ -1,0 +1,140 @@
+"""The seed-002 face's task contracts: createTask's body and headers,
+getTaskBatch's ids, and a task as those routes show it (its field names
+are the seed's own, snake_case, on both faces)."""
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from app.config import get_settings
+from app.contract import NO_NUL, Params, Shape, Timestamp, parse_json, rule
+from app.jobs.schemas import (
+    HEADER_SPEC_HELP,
+    BizName,
+    CallbackUrl,
+    Creator,
+    IdempotencyKey,
+    JobId,
+    ModelKey,
+)
+from app.states import JobState, seed_code
+
+
+class TaskHeaders(Params):
+    """The headers a seed createTask reads (its other options are body fields)."""
+
+    idempotency_key: IdempotencyKey | None = Field(
+        None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first task")
+    creator: Creator | None = Field(None, alias="X-Creator",
+                                    description="who submitted it (stats), when the body has no creator")
+    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
+                                          description="sent as Authorization to the OSS file service")
+    user_info: str | None = Field(None, alias="X-User-Info",
+                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+
+
+def _payload_object(v: Any) -> Any:
+    # The seed allows the payload as a string holding a JSON object.
+    if isinstance(v, str):
+        try:  # strict JSON (no NaN), as every body
+            v = parse_json(v)
+        except ValueError:
+            raise PydanticCustomError("payload", "must be a JSON object") from None
+    if not isinstance(v, dict):
+        raise PydanticCustomError("payload", "must be a JSON object")
+    return v
+
+
+class CreateTask(Shape):
+    """The seed's createTask body: the v1 submission's options as fields."""
+
+    invalid: ClassVar[str] = "invalid task"
+
+    model_name: Annotated[str, Field(min_length=1)] = rule("a non-empty string")
+    request_payload: Annotated[dict, BeforeValidator(_payload_object)] = Field(
+        default_factory=dict, json_schema_extra={
+            "anyOf": [{"type": "object"}, {"type": "string", "contentMediaType": "application/json"}]},
+        description="forwarded to the model; checked against the model's form (absent: {}); "
+                    "a string holding a JSON object is taken too")
+    biz_name: BizName | None = None
+    callback_url: CallbackUrl | None = None
+    model_key: ModelKey = Field(None, description=HEADER_SPEC_HELP)
+    creator: Creator | None = None
+
+    @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return None if v == "" else v
+
+
+class TaskIds(Shape):
+
+    invalid: ClassVar[str] = "invalid task ids"
+    task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
+                        AfterValidator(lambda ids: _cap_ids(ids))] = rule(
+        "an array of task ids (at most ASYNCH_BATCH_MAX_IDS); duplicates are answered once",
+        **{"x-maxItems-setting": "batch_max_ids"})
+
+
+def _cap_ids(ids: list[str]) -> list[str]:
+    cap = get_settings().batch_max_ids
+    if len(ids) > cap:
+        raise PydanticCustomError("cap", "must name at most {cap} ids", {"cap": cap})
+    return ids
+
+
+# --- the seed face ---------------------------------------------------------------------
+
+_RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
+_ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT)
+
+
+class SeedTask(Shape):
+    """A task as the seed-002 routes show it.  state is the seed's code: 0
+    queued, 1 running, 2 done, 3 failed/timeout/canceled/waiting to retry, 4
+    claimed; null for an unknown id (or another tenant's), which also has
+    error 'task not found'.  Field names are the seed's own (snake_case)."""
+
+    model_config = {"alias_generator": None}
+
+    task_id: str
+    state: Literal[0, 1, 2, 3, 4] | None
+    oss_file: str | None = Field(description="where the result is (2 and 4)")
+    file_type: str | None = Field(None, description="the result's MIME type")
+    expire_at: Timestamp | None = None
+    model_name: str | None = None
+    biz_name: str | None = None
+    retry_count: int | None = None
+    created_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
+    error: str | None = None
+    claimed: bool | None = Field(None, description="getTaskBatch: this call moved it 2 -> 4")
+
+    @classmethod
+    def from_row(cls, row, claimed: bool | None = None) -> "SeedTask":
+        state = JobState(row.state)
+        result = state in _RESULT_STATES
+        values = {"task_id": row.id, "state": seed_code(state),
+                  "oss_file": row.result_location if result else None,
+                  "file_type": row.result_content_type if result else None,
+                  "expire_at": row.expire_at if state == JobState.CLAIMED else None,
+                  "model_name": row.model_name, "biz_name": row.biz_name, "retry_count": row.retry_count,
+                  "created_at": row.created_at, "finished_at": row.finished_at}
+        if state in _ERROR_STATES and row.error:
+            values["error"] = row.error
+        if claimed is not None:
+            values["claimed"] = claimed
+        return cls.model_construct(**values)
+
+    @classmethod
+    def not_found(cls, task_id: str) -> "SeedTask":
+        return cls.model_construct(task_id=task_id, state=None, oss_file=None, error="task not found",
+                                   claimed=False)
+
+
+class CreatedTask(Shape):
+    model_config = {"alias_generator": None}
+
+    task_id: JobId
