@@ -121,10 +121,19 @@ class Settings:
     autotune_ttl_seconds: int = 7200
     autotune_min_samples: int = 5
     autotune_queued_seconds: float = 1.0
-    # Per tenant+model concurrency (max_concurrency): a job that finds no
-    # permit is re-delivered after about this many seconds (with jitter),
-    # without counting as an attempt and without holding a worker process.
-    permit_retry_seconds: float = 2.0
+    # Capacity isolation (docs/architecture.md, "Fair share" and "Fair dispatch").
+    # A tenant may hold at most this share of a model's queue_limit unless
+    # the model (tenant_queue_limit) or the tenant (its limits) says otherwise;
+    # 1.0: no per-tenant cap.
+    tenant_queue_share: float = 1.0
+    # Run_job messages per model that may wait in the broker unclaimed: the
+    # fair scheduler decides the order up to here, the broker's FIFO after.
+    # At least the worker processes that serve the model keeps them all busy;
+    # more only adds waiting where fairness no longer applies.
+    dispatch_window: int = 8
+    # A dispatched job no worker claimed within this many seconds lost its
+    # message: it goes back to the head of its tenant's queue.
+    dispatch_lease_seconds: float = 60.0
     # getTaskBatch: most task ids one call may name.
     batch_max_ids: int = 1000
     # Callbacks on done (seed 002): the wall-clock deadline of one delivery

@@ -67,6 +67,17 @@ class RateLimited(DomainError):
         self.headers = dict(headers)
 
 
+class TenantQueueFull(QueueFull):
+    """The tenant holds its share of the model's queue; other tenants are
+    still admitted (docs/api.md, "Fair share")."""
+
+    def __init__(self, tenant: str, limit: int, retry_after: int):
+        DomainError.__init__(self, f"tenant queue share full: tenant {tenant} may hold at most {limit} of this "
+                                   "model's queue slots")
+        self.limit = limit
+        self.retry_after = retry_after
+
+
 class Unavailable(DomainError):
     """A dependency (database, Redis) is down: 503, and nothing was admitted."""
 

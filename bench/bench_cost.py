@@ -70,7 +70,7 @@ def main() -> dict:
     from app.config import load_settings, set_settings
 
     set_settings(load_settings())
-    from app.infra import outbox
+    from app.jobs import outbox
     from app.infra.db import get_engine
     from app.infra.publisher import producer_app
     from app.jobs import execution

@@ -24,7 +24,7 @@ def _fill_ours(n: int, model: str = "bench-echo") -> None:
     from app.tenancy.keys import Principal
 
     p = Principal("bench", "user", None)
-    from app.infra import outbox
+    from app.jobs import outbox
 
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda i: jobs.submit(p, model, {"i": i}), range(n)))

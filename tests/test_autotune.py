@@ -147,7 +147,7 @@ def test_run_over_finished_jobs_writes_limits_with_ttl_and_logs(make_model, r, s
     # The gate obeys the new queue limit at once.
     from app.infra.redis import gate
 
-    decisions = [gate.gate_admit("slowpoke", f"j{i}", 30).admitted for i in range(8)]
+    decisions = [gate.gate_admit("slowpoke", "t", f"j{i}", 30).admitted for i in range(8)]
     assert decisions.count(True) == 6
 
     # Right after a change there is no evidence about it yet: nothing moves.

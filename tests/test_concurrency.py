@@ -17,7 +17,7 @@ from app import transitions
 from app.clock import now
 from app.errors import Conflict
 from app.infra.db import transaction
-from app.infra.redis import gate as redis_gate
+from app.infra.redis import dispatch as rd
 from app.infra.tables import tasks
 from app.jobs import service as jobs
 from app.states import JobState
@@ -56,7 +56,7 @@ def _admit_many(args):
 
     def one(i):
         barrier.wait()
-        return f"{tag}-{i}" if gate_admit("multi", f"{tag}-{i}", 10).admitted else None
+        return f"{tag}-{i}" if gate_admit("multi", tag, f"{tag}-{i}", 10).admitted else None
 
     with ThreadPoolExecutor(n) as ex:
         return [x for x in ex.map(one, range(n)) if x]
@@ -84,15 +84,14 @@ def _running_job(make_model, r) -> str:
 def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
     job_id = _running_job(make_model, r)
     released = []  # every slot release any racer performs, and whether it removed the slot
-    for name in ("gate_release", "release_and_wake"):
-        real = getattr(redis_gate, name)
+    real = rd.finish
 
-        def counting(model, jid, _real=real):
-            ok = _real(model, jid)
-            released.append(ok)
-            return ok
+    def counting(model, tenant, jid, **kw):
+        ok, pairs = real(model, tenant, jid, **kw)
+        released.append(ok)
+        return ok, pairs
 
-        monkeypatch.setattr(redis_gate, name, counting)
+    monkeypatch.setattr(rd, "finish", counting)
     p = Principal("tenant-a", "user", None)
     barrier = threading.Barrier(16)
 

@@ -106,7 +106,7 @@ def _done(job_id: str, model: str) -> None:
         assert transitions.claim(conn, job_id, 0, now() + timedelta(hours=1)) is not None
         loc = get_storage().put(job_id, body, "application/json")
         row = transitions.complete(conn, job_id, 1, location=loc, content_type="application/json", size=len(body))
-    release_slot(model, job_id)
+    release_slot(model, "tenant-a", job_id)
     callbacks.schedule_for(row)  # a callback row to read back (no worker runs to deliver it)
 
 
@@ -141,7 +141,7 @@ def seeded(make_model, settings):
     set_settings(settings)
     yield keys, ids
     # Doorbells published by fuzzed submissions: no worker of this session may run them later.
-    from app.infra import outbox
+    from app.jobs import outbox
 
     outbox.flush()
     broker = redis_lib.Redis.from_url(settings.effective_broker_url)

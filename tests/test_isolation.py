@@ -71,6 +71,8 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
     ("GET", "/stat/getModelStat"): [{"url": "/stat/getModelStat?tenant=tenant-a", "expect": 403, "owner": 200}],
     ("GET", "/v1/tenants/<tenant>/callback-secret"): [
         {"url": "/v1/tenants/tenant-a/callback-secret", "expect": 403, "owner": 200}],
+    ("GET", "/v1/tenants/<tenant>/limits"): [
+        {"url": "/v1/tenants/tenant-a/limits", "expect": 403, "owner": 200}],
 }
 
 _ANY = "/v1/maintenance/<any(retry, recover, cleanup, reconcile):name>"
@@ -100,6 +102,8 @@ ADMIN_ONLY: dict[tuple[str, str], list[tuple[str, dict | None]]] = {
     ("POST", "/task/cleanWork"): [("/task/cleanWork", None)],
     ("POST", "/model/autoTune"): [("/model/autoTune", {"dryRun": False})],
     ("POST", "/v1/tenants/<tenant>/callback-secret/rotate"): [("/v1/tenants/tenant-a/callback-secret/rotate", None)],
+    ("PUT", "/v1/tenants/<tenant>/limits"): [("/v1/tenants/tenant-a/limits", {"weight": 5})],
+    ("PATCH", "/v1/tenants/<tenant>/limits"): [("/v1/tenants/tenant-a/limits", {"weight": 5})],
 }
 
 # Any key; nothing tenant-owned is named, and what is shown is shown to every tenant.
@@ -205,7 +209,7 @@ def world(make_model, client):
         loc = get_storage().put(done, body, "application/json")
         row = transitions.complete(conn, done, 1, location=loc, content_type="application/json", size=len(body))
         stats.count_call(conn, now().date(), A, "", MODEL)
-    release_slot(MODEL, done)
+    release_slot(MODEL, A, done)
     callbacks.schedule_for(row)
     assert client.get(f"/v1/tenants/{A}/callback-secret", headers=auth(key_a)).status_code == 200
     return {"admin": admin, "a": key_a, "b": key_b, "pending": pending, "done": done, "model": MODEL,
@@ -214,7 +218,8 @@ def world(make_model, client):
 
 def snapshot(r, a_jobs: tuple[str, ...], exclude_tenant: str | None = None) -> dict:
     """Every row of every table (except rows of ``exclude_tenant``), the gate
-    slots of A's jobs, the semaphores and runtime limits."""
+    slots of A's jobs, the permits, dispatch queues and runtime limits
+    (except ``exclude_tenant``'s own)."""
     from app.infra.db import transaction
     from app.infra.tables import metadata
 
@@ -225,9 +230,11 @@ def snapshot(r, a_jobs: tuple[str, ...], exclude_tenant: str | None = None) -> d
                     if exclude_tenant is None or getattr(row, "tenant_id", None) != exclude_tenant]
             out[t.name] = sorted(rows, key=repr)
     for k in sorted(r.keys("*")):
-        if ":gate:" in k:
+        if exclude_tenant is not None and k.endswith(":" + exclude_tenant):
+            continue  # the other tenant's own permits, queue and share
+        if ":gate:" in k or ":tgate:" in k:
             out[k] = sorted(m for m in r.zrange(k, 0, -1) if m in a_jobs)
-        elif ":sem:" in k or ":runtime:" in k:
+        elif ":sem:" in k or ":runtime:" in k or ":dq:ready:" in k:
             out[k] = r.dump(k)
     return out
 

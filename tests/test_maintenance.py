@@ -19,8 +19,10 @@ from conftest import auth, job_row
 from sqlalchemy import func, insert, select
 
 from app.clock import now, set_clock
+from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.publisher import Priority, broker_priority
+from app.infra.redis import dispatch as rd
 from app.infra.storage import get_storage
 from app.infra.tables import tasks
 from app.jobs import execution
@@ -47,7 +49,7 @@ def broker(settings):
 
 
 def purge_queue(b, queue: str) -> None:
-    from app.infra import outbox
+    from app.jobs import outbox
 
     outbox.flush()  # a submission's message leaves after its 202: lose it for real
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])
@@ -56,7 +58,7 @@ def purge_queue(b, queue: str) -> None:
 def queued(b, queue: str) -> list[tuple[int, str, int]]:
     """(priority, job id, attempt) of every run_job message, in the order a
     worker takes them: priority list 0 first, each list FIFO (LPUSH/BRPOP)."""
-    from app.infra import outbox
+    from app.jobs import outbox
 
     outbox.flush()
     out = []
@@ -95,47 +97,53 @@ def test_priority_mapping_per_transport():
     assert broker_priority(Priority.HIGH, "rediss://h/0") == 0
 
 
-def test_submission_is_normal_and_head_retry_is_published_high(make_model, broker, settings):
-    make_model("head", retry_times=1, retry_queue_max_seconds=0)
+def order(model: str) -> list[str]:
+    """The jobs of tenant P waiting in its dispatch queue, in the order they
+    will be dispatched."""
+    from app.jobs import outbox
+
+    outbox.flush()
+    return redis_lib.Redis.from_url(get_settings().redis_url, decode_responses=True).zrange(
+        f"asynch:dq:ready:{model}:{P.tenant_id}", 0, -1)
+
+
+def test_a_head_retry_goes_before_every_waiting_job(make_model, settings):
+    make_model("head", retry_times=1, retry_queue_max_seconds=0, max_concurrency=1)
     failed = _fail_once("head", "h")
-    waiting = [_submit("head", {"n": i}) for i in range(3)]
+    running = _submit("head", {"n": 0})  # takes the one permit
+    waiting = [_submit("head", {"n": i}) for i in (1, 2, 3)]
+    assert order("head") == waiting and rd.inflight("head") == [running]
     _at(job_row(failed).next_retry_at + timedelta(seconds=1))
     rep = maintenance.retry_due()
     assert rep.details["head"] == 1 and rep.processed == 1
     row = job_row(failed)
     assert row.state == JobState.PENDING and row.promoted_at is not None
     assert row.enqueue_at == row.created_at  # backdated: head of the queue
-    order = queued(broker, settings.queue_name)
-    # The retry comes first although it was published last; the first
-    # attempt's message is still queued and will be a no-op.
-    assert order[0] == (HIGH, failed, 1)
-    assert order[1:] == [(NORMAL, failed, 0)] + [(NORMAL, j, 0) for j in waiting]
+    assert order("head") == [failed, *waiting]
+    assert execution.run_attempt(running) == "done"  # its permit goes to the retry
+    assert rd.inflight("head") == [failed] and order("head") == waiting
 
 
-def test_tail_retry_waits_and_jumps_ahead_once_after_the_threshold(make_model, broker, settings):
-    make_model("tail", retry_times=1, retry_queue_max_seconds=60)
+def test_tail_retry_waits_and_jumps_ahead_once_after_the_threshold(make_model, settings):
+    make_model("tail", retry_times=1, retry_queue_max_seconds=60, max_concurrency=1)
     failed = _fail_once("tail", "t")
-    waiting = [_submit("tail", {"n": i}) for i in range(3)]
+    running = _submit("tail", {"n": 0})
+    waiting = [_submit("tail", {"n": i}) for i in (1, 2, 3)]
     t0 = job_row(failed).next_retry_at + timedelta(seconds=1)
     _at(t0)
     assert maintenance.retry_due().details["tail"] == 1
     row = job_row(failed)
     assert row.promoted_at is None and row.enqueue_at == t0
-    assert queued(broker, settings.queue_name)[-1] == (NORMAL, failed, 1)
-    # Not before the threshold.
-    _at(t0 + timedelta(seconds=59))
-    assert maintenance.promote_waiting_retries().processed == 0
-    assert all(p == NORMAL for p, _, _ in queued(broker, settings.queue_name))
-    # After it: one high-priority duplicate for the same attempt, once.
-    _at(t0 + timedelta(seconds=61))
+    assert order("tail") == [*waiting, failed]
+    _at(t0 + timedelta(seconds=59))  # not before the threshold
+    assert maintenance.promote_waiting_retries().processed == 0 and order("tail")[-1] == failed
+    _at(t0 + timedelta(seconds=61))  # after it: to the head, once
     assert maintenance.promote_waiting_retries().processed == 1
     assert maintenance.promote_waiting_retries().processed == 0
-    order = queued(broker, settings.queue_name)
-    assert order[0] == (HIGH, failed, 1)
-    assert order[1:] == [(NORMAL, failed, 0)] + [(NORMAL, j, 0) for j in waiting] + [(NORMAL, failed, 1)]
-    # Both messages for attempt 1 are delivered; the claim CAS runs it once.
-    assert execution.run_attempt(failed, 1) == "done"
-    assert execution.run_attempt(failed, 1) == "stale"
+    assert order("tail") == [failed, *waiting]
+    assert execution.run_attempt(running) == "done"
+    assert rd.inflight("tail") == [failed]
+    assert execution.run_attempt(failed) == "done" and execution.run_attempt(failed) == "stale"
 
 
 def test_full_gate_keeps_the_retry_waiting_never_dropped(make_model, r):
@@ -172,68 +180,84 @@ def test_two_retry_passes_at_once_readmit_each_job_once(make_model, broker, sett
         t.join()
     while maintenance.retry_due(limit=5).processed:
         pass
-    retried = [(j, a) for p, j, a in queued(broker, settings.queue_name) if a == 1]
-    assert sorted(retried) == sorted((j, 1) for j in failed)  # one message per job, none twice
+    queued_or_sent = order("many") + rd.inflight("many")
+    assert sorted(queued_or_sent) == sorted(failed)  # each re-admitted job queued once, none twice
+    assert all(job_row(j).state == JobState.PENDING for j in failed)
     assert set(r.zrange("asynch:gate:many", 0, -1)) == failed
 
 
 # --- lost messages and wipes ---------------------------------------------------------------
 
-def test_stale_pending_is_republished_once_per_period(make_model, broker, settings):
+def test_a_job_that_lost_its_queue_entry_is_queued_again(make_model, r, settings):
     assert settings.republish_after_seconds == 300
-    make_model("lost")
+    make_model("lost", max_concurrency=1)
+    running = _submit("lost", {})
     job_id = _submit("lost", {})
-    purge_queue(broker, settings.queue_name)  # the message is lost
-    assert maintenance.republish_stale_pending().processed == 0  # young: maybe still queued
-    later = now() + timedelta(seconds=301)
-    _at(later)
-    assert maintenance.republish_stale_pending().processed == 1
-    assert maintenance.republish_stale_pending().processed == 0  # its clock restarted
-    assert queued(broker, settings.queue_name) == [(NORMAL, job_id, 0)]
-    _at(later + timedelta(seconds=301))
-    assert maintenance.republish_stale_pending().processed == 1
+    assert order("lost") == [job_id]
+    r.delete("asynch:dq:ready:lost:tenant-a")  # its entry is lost
+    assert maintenance.republish_stale_pending().processed == 0  # young: maybe on its way
+    _at(now() + timedelta(seconds=301))
+    assert maintenance.republish_stale_pending().processed == 2  # both looked at...
+    assert order("lost") == [job_id] and rd.inflight("lost") == [running]  # ...only the lost one queued
+    assert maintenance.republish_stale_pending().processed == 2  # harmless to repeat
+    assert order("lost") == [job_id]
+
+
+def test_the_lost_job_scan_costs_one_batch_per_pass(make_model, r):
+    make_model("deep", max_concurrency=1, queue_limit=100)
+    ids = [_submit("deep", {"i": i}) for i in range(25)]
+    r.delete("asynch:dq:ready:deep:tenant-a")
+    _at(now() + timedelta(seconds=301))
+    seen = [maintenance.republish_stale_pending(limit=10).processed for _ in range(4)]
+    assert seen == [10, 10, 5, 10]  # a cursor: the whole backlog in three passes, then over again
+    assert sorted(order("deep")) == sorted(ids[1:])
 
 
 def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, settings, r):
-    make_model("wiped", queue_limit=10)
+    make_model("wiped", queue_limit=10, max_concurrency=2)
     broker.delete("asynch:epoch")  # the broker database outlives tests: start as a fresh deployment
     first = maintenance.repair_after_wipe()  # which looks like a wipe
     assert set(first.details["wiped"]) == {"redis", "broker"}
     assert maintenance.repair_after_wipe().details["wiped"] == []
     ids = [_submit("wiped", {"i": i}) for i in range(3)]
     done = _submit("wiped", {})
-    assert execution.run_attempt(done, 0) == "done"
+    assert execution.run_attempt(done) == "done"
 
     r.flushdb()
     purge_queue(broker, settings.queue_name)
     rep = maintenance.recover()
     assert rep.details["wipe"]["wiped"] == ["redis"]
-    assert rep.details["wipe"]["republished"] == 3
+    assert rep.details["wipe"]["requeued"] == 3
     assert set(r.zrange("asynch:gate:wiped", 0, -1)) == set(ids)
-    assert [(j, a) for _, j, a in queued(broker, settings.queue_name)] == [(j, 0) for j in ids]
+    # Queue order kept: the first two dispatched again (2 permits), the third waits.
+    assert [j for _, j, _ in queued(broker, settings.queue_name)] == ids[:2] and order("wiped") == ids[2:]
 
-    # A broker wipe alone (its own Redis database) is seen too.
+    # A broker wipe alone (its own Redis database) is seen too: the dispatched
+    # jobs' messages are gone, so they are dispatched again.
     broker.flushdb()
     rep = maintenance.run_work()
-    assert rep.details["wipe"]["wiped"] == ["broker"] and rep.details["wipe"]["republished"] == 3
+    assert rep.details["wipe"]["wiped"] == ["broker"] and rep.details["wipe"]["dispatched"] == 2
+    assert [j for _, j, _ in queued(broker, settings.queue_name)] == ids[:2]
     assert maintenance.run_work().details["wipe"]["wiped"] == []
 
 
 def test_failed_repair_is_retried_by_the_next_pass(make_model, r, monkeypatch):
+    from app.maintenance import recovery
+
     make_model("again")
     maintenance.repair_after_wipe()
     _submit("again", {})
     r.flushdb()
-    real = maintenance.republish_all_pending
+    real = recovery.requeue_all_pending
 
     def broken(*a, **kw):
-        raise redis_lib.ConnectionError("broker went away")
+        raise redis_lib.ConnectionError("redis went away")
 
-    monkeypatch.setattr(maintenance, "republish_all_pending", broken)
+    monkeypatch.setattr(recovery, "requeue_all_pending", broken)
     with pytest.raises(redis_lib.ConnectionError):
         maintenance.repair_after_wipe()
-    monkeypatch.setattr(maintenance, "republish_all_pending", real)
-    assert maintenance.repair_after_wipe().details["republished"] == 1
+    monkeypatch.setattr(recovery, "requeue_all_pending", real)
+    assert maintenance.repair_after_wipe().details["requeued"] == 1
 
 
 # --- cleanup ----------------------------------------------------------------------------------

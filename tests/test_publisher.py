@@ -56,9 +56,14 @@ def _queued_args(settings) -> list:
 
 @pytest.fixture
 def empty_queue(settings):
-    from app.infra import outbox
+    from app.config import set_settings
+    from app.infra.redis import dispatch as rd
+    from app.jobs import outbox
 
     outbox.flush()
+    # Room for every message: a window and a max_concurrency no test here reaches.
+    set_settings(settings.with_overrides(dispatch_window=10_000))
+    rd.set_cap("ob", 10_000)
     b = redis_lib.Redis.from_url(settings.effective_broker_url)
     b.delete(settings.queue_name, *[f"{settings.queue_name}:{i}" for i in range(1, 10)])
     yield
@@ -68,7 +73,8 @@ def empty_queue(settings):
 def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settings, empty_queue, monkeypatch):
     import threading
 
-    from app.infra import outbox, publisher
+    from app.infra import publisher
+    from app.jobs import outbox
 
     batches, real = [], publisher.publish_run_jobs
 
@@ -82,7 +88,7 @@ def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settin
     def send(t):
         barrier.wait()
         for i in range(100):
-            outbox.send_soon(f"job_t{t}_{i}", i % 3)
+            outbox.send_soon("ob", f"tenant{t}", f"job_t{t}_{i}", float(i))
 
     threads = [threading.Thread(target=send, args=(t,)) for t in range(8)]
     for t in threads:
@@ -91,7 +97,7 @@ def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settin
         t.join()
     assert outbox.flush(10)
     got = _queued_args(settings)
-    assert sorted(map(tuple, got)) == sorted((f"job_t{t}_{i}", i % 3) for t in range(8) for i in range(100))
+    assert sorted(map(tuple, got)) == sorted((f"job_t{t}_{i}", 0) for t in range(8) for i in range(100))
     for t in range(8):  # each thread's messages are served in the order it sent them
         mine = [a[0] for a in got if a[0].startswith(f"job_t{t}_")]
         assert mine == [f"job_t{t}_{i}" for i in range(100)]
@@ -99,7 +105,8 @@ def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settin
 
 
 def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty_queue, monkeypatch):
-    from app.infra import outbox, publisher
+    from app.infra import publisher
+    from app.jobs import outbox
 
     class Down:
         def lpush(self, *a):
@@ -109,27 +116,27 @@ def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty
 
     real = publisher._current.get()
     monkeypatch.setattr(publisher._current, "_value", dataclasses.replace(real, broker=Down()))
-    outbox.send_soon("job_refused", 0)
-    assert outbox.flush(5)  # refused, logged: recovery re-publishes it from the row
+    outbox.send_soon("ob", "t", "job_refused", 1.0)
+    assert outbox.flush(5)  # refused, logged: the dispatcher re-queues it when its lease ends
     monkeypatch.undo()
-    outbox.send_soon("job_after", 0)
+    outbox.send_soon("ob", "t", "job_after", 2.0)
     assert outbox.flush(5)
     assert _queued_args(settings) == [["job_after", 0]]
 
 
 def _send_in_child(out):
-    from app.infra import outbox
+    from app.jobs import outbox
 
-    outbox.send_soon("job_from_child", 1)
+    outbox.send_soon("ob", "t", "job_from_child", 2.0)
     out.put(outbox.flush(10))
 
 
 def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
     import multiprocessing as mp
 
-    from app.infra import outbox
+    from app.jobs import outbox
 
-    outbox.send_soon("job_from_parent", 0)  # the parent's sender thread exists before the fork
+    outbox.send_soon("ob", "t", "job_from_parent", 1.0)  # the parent's sender thread exists before the fork
     assert outbox.flush(5)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -138,4 +145,4 @@ def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
     assert q.get(timeout=20) is True
     p.join(10)
     assert p.exitcode == 0
-    assert _queued_args(settings) == [["job_from_parent", 0], ["job_from_child", 1]]
+    assert _queued_args(settings) == [["job_from_parent", 0], ["job_from_child", 0]]

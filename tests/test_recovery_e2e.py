@@ -41,7 +41,7 @@ def _wall_clock():
 
 
 def purge_queue(b, queue: str) -> None:
-    from app.infra import outbox
+    from app.jobs import outbox
 
     outbox.flush()  # a submission's message leaves after its 202: lose it for real
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])
@@ -147,7 +147,7 @@ def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, ma
 
         rep = maintenance.recover()
         assert set(rep.details["wipe"]["wiped"]) == {"redis", "broker"}
-        assert rep.details["wipe"]["republished"] == 398
+        assert rep.details["wipe"]["requeued"] == 398
         passes = []
 
         def finished() -> bool:

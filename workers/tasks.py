@@ -1,7 +1,7 @@
 """Thin Celery tasks: take ids, call the service layer, nothing else.
 
 Periodic tasks take the ``fence`` their beat stamped them with
-(app/services/periodic.py); called without one they simply run."""
+(app/maintenance/periodic.py); called without one they simply run."""
 from __future__ import annotations
 
 from app.callbacks import delivery as callbacks
@@ -11,29 +11,26 @@ from app.infra.celery_config import (
     DELIVER_DUE_CALLBACKS_TASK,
     RUN_JOB_TASK,
 )
-from app.jobs import concurrency, execution
+from app.jobs import execution
 from app.maintenance import autotune
 from app.maintenance import passes as maintenance
 from app.maintenance.periodic import run_periodic
 from workers.celery_app import celery
 
 
-# max_retries=None: waiting for a permit (or a callback's next try, or the
-# database coming back) is not bounded by Celery's retry count; the job's
-# budget and the callback's max attempts bound it.
+# max_retries=None: waiting for the database to come back (or a callback's
+# next try) is not bounded by Celery's retry count; the job's budget and the
+# callback's max attempts bound it.  A message only exists once the job was
+# dispatched with its tenant's permit (app/jobs/dispatch.py): no polling here.
 @celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
              max_retries=None)
-def run_job(self, job_id: str, attempt: int) -> str:
+def run_job(self, job_id: str, attempt: int = -1) -> str:
     try:
-        out = execution.run_attempt(job_id, attempt, chain_token=self.request.id)
+        return execution.run_attempt(job_id, attempt)
     except Unavailable as exc:
         # The database is away: ring the doorbell again shortly rather than
-        # leave the job to the stale-pending sweep.
+        # leave the job to the maintenance pass.
         raise self.retry(exc=exc, countdown=2)
-    if out == "no_permit":
-        # Not an attempt: come back later instead of holding this process.
-        raise self.retry(countdown=concurrency.retry_countdown())
-    return out
 
 
 @celery.task(name="asynch.run_work", ignore_result=True)

@@ -14,6 +14,7 @@ keeps the stored secret.  Writers drop the per-process cache of model rows
 """
 from __future__ import annotations
 
+import redis
 from cachetools import TTLCache
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection, Row
@@ -27,6 +28,7 @@ from app.errors import Conflict, NotFound, ValidationFailed
 from app.infra import caches
 from app.infra.db import transaction
 from app.infra.http.headers import redact
+from app.infra.redis import dispatch as redis_dispatch
 from app.infra.redis.events import publish_invalidate
 from app.infra.tables import models, tasks
 from app.states import ACTIVE_STATES
@@ -37,9 +39,14 @@ _cache = caches.register(lambda: TTLCache(maxsize=10_000, ttl=max(1e-6, get_sett
                          enabled=lambda: get_settings().model_cache_seconds > 0)
 
 
-def _invalidate(name: str) -> None:
+def _invalidate(name: str, max_concurrency: int | None = None) -> None:
     _cache.pop(name)
     publish_invalidate("models")
+    if max_concurrency is not None:
+        try:
+            redis_dispatch.set_cap(name, max_concurrency)
+        except redis.RedisError:
+            pass  # the next claim writes it; the periodic kick passes it on
 
 
 def _check_types(conn: Connection, types: str | None) -> None:
@@ -88,7 +95,7 @@ def _update(conn: Connection, name: str, change: ModelPatch) -> Row:
 def create_model(spec: ModelInput) -> Row:
     with transaction() as conn:
         row = _create(conn, spec)
-    _invalidate(row.model_name)
+    _invalidate(row.model_name, row.max_concurrency)
     return row
 
 
@@ -96,7 +103,7 @@ def update_model(name: str, change: ModelPatch) -> Row:
     """Only the fields the change gives are written."""
     with transaction() as conn:
         row = _update(conn, name, change)
-    _invalidate(name)
+    _invalidate(name, row.max_concurrency)
     return row
 
 

@@ -183,6 +183,9 @@ class ModelInput(Shape):
         1, 10_000, 5, "an integer from 1 to 10000: calls at once per tenant")
     queue_limit: Int(0, 1_000_000) = _ints(
         0, 1_000_000, 20, "an integer from 0 to 1000000: pending + running jobs; 0 rejects all")
+    tenant_queue_limit: Int(0, 1_000_000) | None = rule(
+        "an integer from 0 to 1000000: how many of queue_limit one tenant may hold (null: "
+        "ASYNCH_TENANT_QUEUE_SHARE of it)", None)
     timeout_seconds: Annotated[JsonInt, AfterValidator(_timeout_cap)] = rule(
         "an integer from 1 to ASYNCH_MAX_MODEL_TIMEOUT_SECONDS: one model call's whole time", default_timeout,
         minimum=1, **{"x-maximum-setting": "max_model_timeout_seconds"})
@@ -228,6 +231,7 @@ class ModelView(Shape):
     enabled: bool
     max_concurrency: int
     queue_limit: int
+    tenant_queue_limit: int | None
     timeout_seconds: int
     expected_seconds: int
     retry_times: int
@@ -248,6 +252,7 @@ class ModelUserView(Shape):
     expected_seconds: int
     timeout_seconds: int
     queue_limit: int
+    tenant_queue_limit: int | None
     max_concurrency: int
     remark: str
 

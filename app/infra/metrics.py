@@ -63,7 +63,14 @@ from prometheus_client import (
 
 from app.clock import as_utc
 from app.config import get_settings, prometheus_multiproc_dir
-from app.errors import BadRequest, NotFound, QueueFull, Unavailable, ValidationFailed
+from app.errors import (
+    BadRequest,
+    NotFound,
+    QueueFull,
+    TenantQueueFull,
+    Unavailable,
+    ValidationFailed,
+)
 from app.infra.redis import liveness
 from app.states import JobState
 
@@ -87,6 +94,8 @@ _REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason "
                       "(queue_full, invalid, not_found, unavailable, error)", ["model", "reason"], registry=_REGISTRY)
 _CALLBACKS = Counter("asynch_callback_deliveries", "callbacks settled, by outcome (delivered / failed for good)", ["model", "outcome"],
                      registry=_REGISTRY)
+_DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit taken, a run_job message "
+                      "sent), by tenant: the fair dispatcher's decisions", ["model", "tenant"], registry=_REGISTRY)
 _JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
                           ["model", "state"], buckets=JOB_BUCKETS, registry=_REGISTRY)
 _CALL_DURATION = Histogram("asynch_model_call_duration_seconds", "one call to the model service (that reached it)",
@@ -116,6 +125,8 @@ def job_admitted(model: str) -> None:
 
 
 def rejection_reason(exc: Exception) -> str:
+    if isinstance(exc, TenantQueueFull):
+        return "tenant_share"
     if isinstance(exc, QueueFull):
         return "queue_full"
     if isinstance(exc, NotFound):
@@ -141,6 +152,11 @@ def job_finished(row) -> None:
         return
     seconds = max(0.0, (as_utc(row.finished_at) - as_utc(row.created_at)).total_seconds())
     _JOB_DURATION.labels(row.model_name, JobState(row.state).label).observe(seconds)
+
+
+@_never_raise
+def dispatched(model: str, tenant: str, n: int = 1) -> None:
+    _DISPATCHED.labels(model, tenant).inc(n)
 
 
 @_never_raise

@@ -61,6 +61,8 @@ models = Table(
     Column("retry_queue_max_seconds", Integer, nullable=False, server_default="600"),
     Column("auto_clean_seconds", Integer, nullable=False, server_default="3600"),
     Column("remark", Text, nullable=False, server_default=""),
+    # Slots of queue_limit one tenant may hold; NULL: ASYNCH_TENANT_QUEUE_SHARE of it (revision 0006).
+    Column("tenant_queue_limit", Integer, nullable=True),
     Column("created_at", TS, nullable=False),
     Column("updated_at", TS, nullable=False),
 )
@@ -211,6 +213,21 @@ api_keys = Table(
     Column("created_at", TS, nullable=False),
     Column("revoked_at", TS, nullable=True),
     Index("ix_asynch_api_keys_tenant", "tenant_id"),
+)
+
+# Per-tenant limits (revision 0006): the tenant-wide row has model_name ''
+# (dispatch weight, request rate, long-poll cap); a row per model holds the
+# tenant's queue cap on that model.  NULL: the default.
+tenant_limits = Table(
+    "asynch_tenant_limits", metadata,
+    Column("tenant_id", String(64), primary_key=True),
+    Column("model_name", String(128), primary_key=True, server_default=""),
+    Column("weight", Integer, nullable=True),
+    Column("rate_per_second", Float, nullable=True),
+    Column("burst", Integer, nullable=True),
+    Column("max_waiters", Integer, nullable=True),
+    Column("queue_limit", Integer, nullable=True),
+    Column("updated_at", TS, nullable=False),
 )
 
 # Every runtime-limit change autotune applied (revision 0003).

@@ -25,8 +25,9 @@ from app.infra.db import single_statement, transaction
 from app.infra.http.model_client import ModelCallError, call_model
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
-from app.jobs import concurrency, stats
-from app.jobs.service import after_terminal, passthrough_of, release_slot
+from app.jobs import dispatch, stats
+from app.jobs.dispatch import CURRENT
+from app.jobs.service import after_retry_wait, after_terminal, passthrough_of
 from app.states import JobState
 
 log = logging.getLogger(__name__)
@@ -37,43 +38,33 @@ def backoff_seconds(attempt: int) -> float:
     return min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * (2 ** max(0, attempt - 1)))
 
 
-def run_attempt(job_id: str, attempt: int, chain_token: str | None = None) -> str:
-    """Run the attempt a run_job(job_id, attempt) message stands for.
+def run_attempt(job_id: str, attempt: int = CURRENT) -> str:
+    """Run the attempt a run_job(job_id, attempt) message stands for
+    (``CURRENT``: whatever attempt the row is pending at).
 
-    Returns what happened ("stale", "no_permit", "waiting_elsewhere", "done",
-    "retry_wait", "failed", "lost") for logs and tests.  A duplicate or
-    outdated message is "stale": the claim CAS refuses it before anything
-    else happens.  "no_permit": the tenant's maxConcurrency is in use; the
-    caller re-delivers the message later (``chain_token`` identifies that
-    re-delivery chain, see concurrency.keep_waiting); "waiting_elsewhere":
-    another message for this attempt is already waiting, drop this one.
+    Returns what happened ("stale", "done", "retry_wait", "failed", "lost")
+    for logs and tests.  A duplicate or outdated message is "stale": the
+    claim CAS refuses it before anything else happens.  The tenant's permit
+    (maxConcurrency) was taken when the job was dispatched; the claim makes
+    it last the attempt's lease.
     """
     settings = get_settings()
-    permit = None
-    try:
-        # Two single-statement round trips (no BEGIN/COMMIT): read the job
-        # with its model, take the permit, then the claim CAS, which re-checks
-        # state and attempt itself.
-        with single_statement() as conn:
-            job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
-        if job is None or job.state != JobState.PENDING or job.attempt != attempt:
-            return "stale"
-        model = job if job.model_id is not None else None
-        lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
-        if model is not None:
-            permit = concurrency.acquire(model.model_name, job.tenant_id, model.max_concurrency,
-                                         job_id, attempt, lease_seconds)
-            if permit is None:
-                waiting = concurrency.keep_waiting(job_id, attempt, chain_token)
-                return "no_permit" if waiting else "waiting_elsewhere"
-        with single_statement() as conn:
-            row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds))
-        if row is None:
-            return "stale"
-        return _run_claimed(row, model, attempt + 1)
-    finally:
-        if permit is not None:
-            concurrency.release(permit)
+    # Two single-statement round trips (no BEGIN/COMMIT): read the job with
+    # its model, then the claim CAS, which re-checks state and attempt itself.
+    with single_statement() as conn:
+        job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
+    if job is None or job.state != JobState.PENDING or attempt not in (CURRENT, job.attempt):
+        return "stale"
+    attempt = job.attempt
+    model = job if job.model_id is not None else None
+    lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
+    with single_statement() as conn:
+        row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds))
+    if row is None:
+        return "stale"
+    dispatch.claimed(row.model_name, row.tenant_id, job_id, lease_seconds,
+                     cap=model.max_concurrency if model is not None else 1)
+    return _run_claimed(row, model, attempt + 1)
 
 
 # The job's pending-check fields and its model's whole row in one round trip
@@ -124,7 +115,7 @@ def _run_claimed(row, model, mine: int) -> str:
             _delete_quietly(location)
             log.info("attempt lost its job before completing", extra=ctx)
             return "lost"
-        after_terminal(won)
+        after_terminal(won, cap=model.max_concurrency)
         callbacks.schedule_for(won)
         log.info("job done", extra=ctx)
         return "done"
@@ -187,7 +178,7 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
         return "lost"
     if won.state == JobState.RETRY_WAIT:
         # Not terminal: the slot goes back, waiters keep waiting.
-        release_slot(won.model_name, won.id)
+        after_retry_wait(won)
         log.info("attempt failed, will retry: %s", error, extra=ctx)
         return "retry_wait"
     after_terminal(won)

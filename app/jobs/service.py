@@ -34,18 +34,21 @@ from app.errors import (
     JobNotFinished,
     NotFound,
     QueueFull,
+    TenantQueueFull,
     Unavailable,
     ValidationFailed,
 )
-from app.infra import metrics, outbox
+from app.infra import metrics
 from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import callback_url_problem
 from app.infra.redis import gate
 from app.infra.storage import ObjectMissing, get_storage
 from app.infra.tables import tasks
+from app.jobs import dispatch, outbox
 from app.jobs.schemas import JobListQuery, SubmitOptions
 from app.states import JobState, parse_v1_filter, v1_name
+from app.tenancy import limits
 from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
@@ -137,11 +140,15 @@ def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpt
             return _replay(existing, model_name, digest)
 
     job_id = new_job_id()
+    tenant = principal.tenant_id
     try:
-        decision = gate.gate_admit(model_name, job_id, model.queue_limit)
+        decision = gate.gate_admit(model_name, tenant, job_id, model.queue_limit,
+                                   limits.tenant_queue_cap(tenant, model))
     except redis.RedisError as exc:
         raise Unavailable("admission gate unavailable") from exc
     if not decision.admitted:
+        if decision.refused_by == "tenant":
+            raise TenantQueueFull(tenant, decision.limit, retry_after_seconds(model))
         raise QueueFull(decision.limit, retry_after_seconds(model))
 
     # From here on we hold a slot: every way out but a commit gives it back.
@@ -159,7 +166,7 @@ def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpt
                 deadline_at=job_deadline(model, now),
             )).one()
     except IntegrityError:
-        release_slot(model_name, job_id)
+        release_slot(model_name, tenant, job_id)
         if opts.idempotency_key:
             # Lost a race with the same key: answer with the winner's job.
             with transaction() as conn:
@@ -168,10 +175,11 @@ def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpt
                 return _replay(existing, model_name, digest)
         raise
     except BaseException:
-        release_slot(model_name, job_id)
+        release_slot(model_name, tenant, job_id)
         raise
 
-    outbox.send_soon(job_id, 0)  # after the commit; the response does not wait for the broker
+    # After the commit: the job joins its tenant's queue; the response does not wait for it.
+    outbox.send_soon(model_name, tenant, job_id, dispatch.order_score(now))
     return Submitted(row, replayed=False)
 
 
@@ -181,9 +189,10 @@ def passthrough_of(row: Row) -> dict[str, str] | None:
     return json.loads(raw) if raw else None
 
 
-def release_slot(model: str, job_id: str) -> None:
+def release_slot(model: str, tenant: str, job_id: str) -> None:
+    """Give back the gate slots of a job that was never committed."""
     try:
-        gate.gate_release(model, job_id)
+        gate.gate_release(model, tenant, job_id)
     except redis.RedisError:
         log.warning("slot release failed; reconcile will repair it", extra={"job_id": job_id})
 
@@ -239,15 +248,20 @@ def cancel_job(principal: Principal, job_id: str, model_name: str | None = None)
     return won
 
 
-def after_terminal(row: Row) -> None:
+def after_terminal(row: Row, cap: int | None = None) -> None:
     """Effects that follow a winning move out of pending/running into a
-    terminal state: the slot goes back, waiters wake.  Best effort: if Redis
-    is down, reconcile returns the slot and waiters end at their budget."""
+    terminal state: its slots and permit go back (the next job is
+    dispatched), waiters wake.  Best effort: if Redis is down, reconcile
+    returns the slot and waiters end at their budget.  ``cap``: the model's
+    max_concurrency, when the caller has it."""
     metrics.job_finished(row)
-    try:
-        gate.release_and_wake(row.model_name, row.id)
-    except redis.RedisError:
-        log.warning("slot release / wake-up failed; reconcile returns the slot", extra={"job_id": row.id})
+    dispatch.finished(row.model_name, row.tenant_id, row.id, wake=True, cap=cap)
+
+
+def after_retry_wait(row: Row, cap: int | None = None) -> None:
+    """A failed attempt that will be retried: not terminal, so waiters keep
+    waiting, but the job leaves pending/running: its slots and permit go back."""
+    dispatch.finished(row.model_name, row.tenant_id, row.id, wake=False, cap=cap)
 
 
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:

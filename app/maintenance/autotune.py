@@ -24,7 +24,7 @@ from app.config import get_settings
 from app.infra.db import is_postgres, transaction
 from app.infra.redis import runtime
 from app.infra.tables import autotune_log, models, tasks
-from app.maintenance.passes import Report
+from app.maintenance.report import Report
 from app.states import JobState
 
 # A P90 below this (sub-millisecond stub models) is treated as this, so the

@@ -2,8 +2,9 @@
 ended.  Terminal states are absorbing (docs/architecture.md, invariant 5), so requeue
 only re-sends what the state machine already allows:
 
-  pending     re-publish its run message for the current attempt (a lost
-              doorbell; a duplicate is refused by the claim CAS);
+  pending     put it back in its tenant's queue if it fell out, and if it
+              was dispatched, send its run message again (a lost doorbell;
+              a duplicate is refused by the claim CAS);
   retry_wait  re-admit it through the gate now instead of after its backoff
               (the same path as beat's retry pass);
   running     refused: a dead worker's lease expiry turns it into a retry;
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from app.errors import Conflict
 from app.infra.publisher import publish_run_job
+from app.infra.redis import dispatch as redis_dispatch
+from app.jobs import dispatch
 from app.jobs.service import get_job
 from app.maintenance import passes as maintenance
 from app.states import JobState
@@ -23,7 +26,11 @@ def requeue_job(job_id: str) -> dict:
     row = get_job(OPERATOR, job_id)
     state = JobState(row.state)
     if state == JobState.PENDING:
-        if not publish_run_job(row.id, row.attempt):
+        # Back in its tenant's queue if it fell out; if it was dispatched, its
+        # message again (a duplicate is refused by the claim CAS).
+        dispatch.requeue(row.model_name, [(row.tenant_id, row.id, dispatch.order_score(row.enqueue_at),
+                                           row.attempt)], mode="NX")
+        if row.id in redis_dispatch.inflight(row.model_name) and not publish_run_job(row.id, row.attempt):
             raise Conflict("the broker refused the message; recovery will re-publish it")
         return {"job_id": row.id, "action": "republished", "attempt": row.attempt}
     if state == JobState.RETRY_WAIT:

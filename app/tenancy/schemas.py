@@ -5,7 +5,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from app.contract import NO_NUL, Params, Shape, StrictBool, Text, Timestamp, rule
+from app.contract import NO_NUL, Int, Params, Shape, StrictBool, Text, Timestamp, rule
 
 TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 TenantId = Annotated[str, Field(pattern=TENANT_PATTERN)]
@@ -54,3 +54,41 @@ class ApiKeyList(Shape):
 
 class KeysQuery(Params):
     tenant: Text | None = None
+
+
+# --- limits ----------------------------------------------------------------------------
+
+ModelNameKey = Annotated[str, Field(pattern="^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+
+
+# model_name -> cap; keys that are no model name are refused (the schema says so too).
+QueueCaps = Annotated[dict[ModelNameKey, Int(0, 1_000_000) | None],
+                      Field(json_schema_extra={"additionalProperties": False})]
+
+
+class TenantLimitsInput(Shape):
+    """A tenant's limits; a field left out keeps its value, null restores the default."""
+
+    invalid: ClassVar[str] = "invalid tenant limits"
+
+    weight: Int(1, 1000) | None = rule(
+        "an integer from 1 to 1000: the tenant's share of dispatch when tenants compete for a model's workers "
+        "(default 1)", None)
+    rate_per_second: Annotated[float, Field(gt=0, le=1_000_000)] | None = rule(
+        "requests per second per API key of this tenant (default ASYNCH_RATE_LIMIT_PER_SECOND)", None)
+    burst: Int(1, 10_000_000) | None = rule("the token bucket's size (default twice the rate)", None)
+    max_waiters: Int(0, 1_000_000) | None = rule(
+        "concurrent long-polls per API process (default ASYNCH_WAITERS_PER_TENANT)", None)
+    queue_limits: QueueCaps | None = Field(
+        None, description="model_name -> how many of the model's queue slots this tenant may hold "
+                          "(null: the model's tenant_queue_limit)")
+
+
+class TenantLimits(Shape):
+    tenant: str
+    weight: int | None
+    rate_per_second: float | None
+    burst: int | None
+    max_waiters: int | None
+    queue_limits: dict[str, int]
+    updated_at: Timestamp | None

@@ -36,6 +36,7 @@ from flask import after_this_request
 from app.config import get_settings
 from app.errors import RateLimited
 from app.infra.redis.ratelimit import Take, take
+from app.tenancy import limits
 from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
@@ -102,13 +103,27 @@ def default_policy(principal: Principal) -> RatePolicy | None:
         raise ValueError(f"ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST: {exc}") from None
 
 
-_resolver: Resolver = default_policy
+def tenant_policy(principal: Principal) -> RatePolicy | None:
+    """A key's policy: its tenant's rate and burst (asynch_tenant_limits,
+    through the per-process cache), else the settings' defaults."""
+    own = limits.limits_of(principal.tenant_id)
+    base = default_policy(principal)
+    if own.rate_per_second is None and own.burst is None:
+        return base
+    rate = own.rate_per_second if own.rate_per_second is not None else (base.rate if base else None)
+    if rate is None:
+        return None
+    burst = own.burst if own.burst is not None else max(1, _ceil(2 * rate))
+    return RatePolicy(rate, burst)
+
+
+_resolver: Resolver = tenant_policy
 
 
 def set_policy_resolver(fn: Resolver | None) -> None:
-    """Install the resolver (per-tenant overrides); None restores the default."""
+    """Install a resolver (tests); None restores the default, tenant_policy."""
     global _resolver
-    _resolver = fn if fn is not None else default_policy
+    _resolver = fn if fn is not None else tenant_policy
 
 
 def policy_for(principal: Principal) -> RatePolicy | None:

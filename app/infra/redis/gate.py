@@ -11,23 +11,33 @@ from typing import Iterable
 from app.infra.redis import keys
 from app.infra.redis.client import get_redis, script
 
-# Admission gate: check the limit and take a slot in one step.
+# Admission gate: check the model's limit and the tenant's share of it, and
+# take a slot in both, in one step.
 # KEYS[1] gate sorted set (member job id, score admission time)
 # KEYS[2] runtime queue_limit override (optional integer string)
+# KEYS[3] the tenant's gate sorted set (its slots of this model)
+# KEYS[4] runtime per-tenant queue cap override (optional integer string)
 # ARGV[1] job id  ARGV[2] configured queue_limit (cap)  ARGV[3] now (unix s)
-# Returns {admitted 0|1, effective limit, depth after}.
-# The limit is the runtime override if present, never above the cap; a limit
+# ARGV[4] the tenant's cap on this model
+# Returns {admitted 0|1, effective limit, depth after, 'model' | 'tenant' (who refused; '' when admitted)}:
+# on a tenant refusal the limit and depth are the tenant's.
+# Each limit is its runtime override if present, never above its cap; a limit
 # <= 0 rejects everything.  Re-admitting a member is a no-op success.
 GATE_ADMIT = """
 local limit = tonumber(ARGV[2])
 local rt = tonumber(redis.call('GET', KEYS[2]) or '')
 if rt and rt < limit then limit = rt end
 local depth = redis.call('ZCARD', KEYS[1])
-if limit <= 0 then return {0, limit, depth} end
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {1, limit, depth} end
-if depth >= limit then return {0, limit, depth} end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {1, limit, depth, ''} end
+if limit <= 0 or depth >= limit then return {0, limit, depth, 'model'} end
+local share = tonumber(ARGV[4])
+local trt = tonumber(redis.call('GET', KEYS[4]) or '')
+if trt and trt < share then share = trt end
+local held = redis.call('ZCARD', KEYS[3])
+if share <= 0 or held >= share then return {0, share, held, 'tenant'} end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-return {1, limit, depth + 1}
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+return {1, limit, depth + 1, ''}
 """
 
 # Reconcile a gate with the database.
@@ -61,19 +71,37 @@ class GateDecision:
     admitted: bool
     limit: int
     depth: int
+    refused_by: str = ""  # 'model' (the queue is full) or 'tenant' (the tenant is at its share)
 
 
-def gate_admit(model: str, job_id: str, cap: int) -> GateDecision:
-    admitted, limit, depth = script(GATE_ADMIT)(
-        keys=[keys.gate(model), keys.runtime_queue_limit(model)],
-        args=[job_id, int(cap), f"{time.time():.6f}"],
+def gate_admit(model: str, tenant: str, job_id: str, cap: int, tenant_cap: int | None = None) -> GateDecision:
+    """``tenant_cap``: the tenant's share of the model's queue (None: the whole queue)."""
+    admitted, limit, depth, by = script(GATE_ADMIT)(
+        keys=[keys.gate(model), keys.runtime_queue_limit(model), keys.tenant_gate(model, tenant),
+              keys.runtime_tenant_queue_limit(model)],
+        args=[job_id, int(cap), f"{time.time():.6f}", int(cap if tenant_cap is None else tenant_cap)],
     )
-    return GateDecision(bool(admitted), int(limit), int(depth))
+    return GateDecision(bool(admitted), int(limit), int(depth), by or "")
 
 
-def gate_release(model: str, job_id: str) -> bool:
-    """Give a slot back.  Idempotent: releasing twice removes nothing more."""
-    return bool(get_redis().zrem(keys.gate(model), job_id))
+def gate_release(model: str, tenant: str, job_id: str) -> bool:
+    """Give a slot back (the model's and the tenant's).  Idempotent:
+    releasing twice removes nothing more."""
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.zrem(keys.gate(model), job_id)
+    pipe.zrem(keys.tenant_gate(model, tenant), job_id)
+    removed, _ = pipe.execute()
+    return bool(removed)
+
+
+def tenant_depth(model: str, tenant: str) -> int:
+    return int(get_redis().zcard(keys.tenant_gate(model, tenant)))
+
+
+def tenant_gates(model: str) -> dict[str, str]:
+    """tenant -> its gate key, for every tenant with a gate set on ``model``."""
+    prefix = keys.tenant_gate(model, "")
+    return {k[len(prefix):]: k for k in get_redis().scan_iter(match=prefix + "*", count=500)}
 
 
 def gate_depth(model: str) -> int:
@@ -84,10 +112,13 @@ def gate_members(model: str) -> set[str]:
     return set(get_redis().zrange(keys.gate(model), 0, -1))
 
 
-def gate_reconcile(model: str, active_ids: Iterable[str], grace_seconds: float) -> tuple[list[str], list[str]]:
+def gate_reconcile(model: str, active_ids: Iterable[str], grace_seconds: float,
+                   key: str | None = None) -> tuple[list[str], list[str]]:
+    """Make the model's gate (or ``key``, one tenant's gate of it) hold
+    exactly ``active_ids``, sparing members younger than the grace."""
     now = time.time()
     added, removed = script(GATE_RECONCILE)(
-        keys=[keys.gate(model)],
+        keys=[key or keys.gate(model)],
         args=[f"{now:.6f}", f"{now - grace_seconds:.6f}", *active_ids],
     )
     return list(added), list(removed)
@@ -97,16 +128,6 @@ def gate_models() -> list[str]:
     """Models that have a gate key in Redis (including deleted models)."""
     prefix = keys.gate("")
     return [k[len(prefix):] for k in get_redis().scan_iter(match=prefix + "*", count=500)]
-
-
-def release_and_wake(model: str, job_id: str) -> bool:
-    """Release the slot and publish the terminal wake-up in one round trip
-    (release first).  True if the slot was still held."""
-    pipe = get_redis().pipeline(transaction=False)
-    pipe.zrem(keys.gate(model), job_id)
-    pipe.publish(keys.terminal_channel(), job_id)
-    removed, _ = pipe.execute()
-    return bool(removed)
 
 
 def gate_snapshot(model_names: Iterable[str]) -> dict[str, tuple[int, int | None, int | None]]:

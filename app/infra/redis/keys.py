@@ -52,12 +52,60 @@ def beat_history() -> str:
     return f"{_p()}:beat:history"
 
 
+def tenant_gate(model: str, tenant: str) -> str:
+    """Sorted set: the slots of ``model``'s gate that ``tenant`` holds (its share)."""
+    return f"{_p()}:tgate:{model}:{tenant}"
+
+
+def runtime_tenant_queue_limit(model: str) -> str:
+    """Runtime override of the per-tenant queue cap, like queue_limit's."""
+    return f"{_p()}:runtime:tenant_queue_limit:{model}"
+
+
 def semaphore(model: str, tenant: str) -> str:
+    """Sorted set: the tenant's permits on the model (job id -> lease expiry, Redis time)."""
     return f"{_p()}:sem:{model}:{tenant}"
 
 
-def permit_wait(job_id: str, attempt: int) -> str:
-    return f"{_p()}:permit_wait:{job_id}:{attempt}"
+# --- dispatch (app/infra/redis/dispatch.py): the model's name last, then the tenant's.
+
+def dispatch_ready(model: str, tenant: str) -> str:
+    """Sorted set: a tenant's pending jobs waiting for dispatch, by queue order."""
+    return f"{_p()}:dq:ready:{model}:{tenant}"
+
+
+def dispatch_ring(model: str) -> str:
+    return f"{_p()}:dq:ring:{model}"
+
+
+def dispatch_blocked(model: str) -> str:
+    return f"{_p()}:dq:blocked:{model}"
+
+
+def dispatch_pass(model: str) -> str:
+    return f"{_p()}:dq:pass:{model}"
+
+
+def dispatch_inflight(model: str) -> str:
+    return f"{_p()}:dq:inflight:{model}"
+
+
+def dispatch_inflight_info(model: str) -> str:
+    return f"{_p()}:dq:info:{model}"
+
+
+def dispatch_attempts(model: str) -> str:
+    """Hash: job -> the attempt it is queued for (the run_job message carries it)."""
+    return f"{_p()}:dq:attempt:{model}"
+
+
+def dispatch_conf(model: str) -> str:
+    return f"{_p()}:dq:conf:{model}"
+
+
+def tenant_weights() -> str:
+    """Hash: tenant -> dispatch weight (from asynch_tenant_limits)."""
+    return f"{_p()}:tenant:weights"
 
 
 def worker(node: str) -> str:
@@ -67,3 +115,8 @@ def worker(node: str) -> str:
 
 def ratelimit(bucket_id: str) -> str:
     return f"{_p()}:ratelimit:{bucket_id}"
+
+
+def lost_job_cursor() -> str:
+    """Where the lost-job scan of pending rows stopped (app/maintenance/recovery.py)."""
+    return f"{_p()}:maint:lost_cursor"

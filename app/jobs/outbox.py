@@ -1,16 +1,17 @@
-"""The run_job messages of new admissions, sent off the request path.
+"""Newly admitted jobs, handed to the dispatcher off the request path.
 
-A submission answers 202 as soon as its row is committed; its message goes
-into this process's outbox, and one sender thread writes everything queued
-meanwhile with a single LPUSH (publisher.publish_run_jobs).  Under load that
-is one broker round trip for dozens of admissions instead of one each, and
-the request thread never waits for the broker.
+A submission answers 202 as soon as its row is committed; the job goes into
+this process's outbox, and one sender thread takes everything queued
+meanwhile into its tenants' queues (one Lua step per model) and publishes
+the run_job messages of the jobs that may run now with a single LPUSH
+(app/jobs/dispatch.py).  The request thread never waits for Redis or the
+broker after its commit.
 
 Nothing is lost that recovery does not already repair: the row is the truth
-(DESIGN.md invariant 1), so a message that never left (a crash between the
-commit and the send, a broker refusing the batch) is re-sent by
-republish_stale_pending once the job has sat pending for
-ASYNCH_REPUBLISH_AFTER_SECONDS.  At a clean exit the outbox is flushed.
+(docs/architecture.md, invariant 1), so a job that never reached its queue
+(a crash between the commit and the send, Redis refusing the batch) is
+queued by the maintenance pass's lost-job scan.  At a clean exit the outbox
+is flushed.
 """
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ import atexit
 import queue
 import threading
 
-from app.infra import publisher
 from app.infra.process import PerProcess
+from app.jobs import dispatch
 
-MAX_BATCH = 500  # messages per LPUSH
+MAX_BATCH = 500  # jobs per pass of the sender
 
 
 class _Outbox:
-    """This process's queue of messages and the one thread that sends them."""
+    """This process's queue of admitted jobs and the one thread that sends them."""
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -41,7 +42,7 @@ class _Outbox:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            publisher.publish_run_jobs(batch)  # logs and moves on if the broker refuses
+            dispatch.enqueue_new(batch)  # logs and moves on if Redis refuses
             with self.cond:
                 self.unsent -= len(batch)
                 self.cond.notify_all()
@@ -51,16 +52,16 @@ class _Outbox:
 _current: PerProcess[_Outbox] = PerProcess(_Outbox)
 
 
-def send_soon(job_id: str, attempt: int) -> None:
-    """Queue the run_job message of a committed job; returns at once."""
+def send_soon(model: str, tenant: str, job_id: str, score: float) -> None:
+    """Queue a committed job for dispatch; returns at once."""
     box = _current.get()
     with box.cond:
         box.unsent += 1
-    box.queue.put((job_id, attempt))
+    box.queue.put((model, tenant, job_id, score))
 
 
 def flush(timeout: float = 5.0) -> bool:
-    """Wait until every queued message has been handed to the broker (or
+    """Wait until every queued job has been handed to the dispatcher (or
     refused); False if that took longer than ``timeout``."""
     box = _current.peek()
     if box is None:

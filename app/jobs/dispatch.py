@@ -1,0 +1,132 @@
+"""Fair dispatch (docs/architecture.md, "Fair dispatch"): a pending job gets
+its run_job message only when its tenant has a free permit and the fair
+scheduler (app/infra/redis/dispatch.py) picks it.
+
+Who calls what:
+  admission (through the outbox)  ``enqueue_new``: the job joins its tenant's queue
+  the worker, after its claim     ``claimed``: the permit lasts the attempt's lease
+  every move out of pending/running (done, failed, timeout, canceled,
+  retry_wait)                     ``finished``: gate slots and permit back, wake-up
+  retries, promotion, recovery    ``requeue``
+  the periodic pass               ``kick_all``: blocked tenants retried, lost messages re-queued
+
+Each call may dispatch jobs (its own tenant's or anyone's): their messages
+are published here, in one LPUSH.  A message carries the attempt the job was
+queued for, so a message that outlived its attempt (the attempt ran from
+another message and failed) is refused by the claim CAS, not run again.
+
+Redis errors are logged, never raised: the row is the truth and the
+maintenance passes put back whatever a lost call left out (a job missing
+from its queue is queued again by ``requeue`` with mode NX; gate slots and
+permits are reconciled).
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Iterable
+
+import redis
+
+from app.clock import as_utc
+from app.infra import metrics, publisher
+from app.infra.redis import dispatch as rd
+
+log = logging.getLogger(__name__)
+
+# A message for "whatever attempt the row is pending at" (the operator's requeue).
+CURRENT = -1
+
+
+def order_score(at: datetime) -> float:
+    """A job's place in its tenant's queue: its queue time (earlier first)."""
+    return as_utc(at).timestamp()
+
+
+def head(attempt: int) -> str:
+    """The attempt of a retry queued at the head (seed: retryQueueMaxSeconds
+    0, or promoted): its message goes out at high priority too, so it also
+    overtakes the messages already waiting in the broker."""
+    return f"{attempt}h"
+
+
+def _publish(model: str, sent: list[tuple[str, str, str]]) -> None:
+    if not sent:
+        return
+    normal = [(job_id, int(a)) for _t, job_id, a in sent if not a.endswith("h")]
+    high = [(job_id, int(a[:-1])) for _t, job_id, a in sent if a.endswith("h")]
+    if high:
+        publisher.publish_run_jobs(high, publisher.Priority.HIGH)
+    if normal:
+        publisher.publish_run_jobs(normal)
+    counts: dict[str, int] = {}
+    for tenant, _, _ in sent:
+        counts[tenant] = counts.get(tenant, 0) + 1
+    for tenant, n in counts.items():
+        metrics.dispatched(model, tenant, n)
+
+
+def _safely(model: str, what: str, call) -> list[tuple[str, str, str]]:
+    try:
+        pairs = call()
+    except redis.RedisError as exc:
+        log.warning("dispatch (%s) of %s failed: %s; the maintenance pass repairs it", what, model, exc)
+        return []
+    _publish(model, pairs)
+    return pairs
+
+
+def enqueue_new(items: Iterable[tuple[str, str, str, float]]) -> int:
+    """Queue newly admitted jobs, (model, tenant, job_id, score) each (their
+    first attempt, 0), and dispatch what may run now.  Returns how many were
+    dispatched."""
+    by_model: dict[str, list[tuple[str, str, float, int | str]]] = {}
+    for model, tenant, job_id, score in items:
+        by_model.setdefault(model, []).append((tenant, job_id, score, 0))
+    n = 0
+    for model, entries in by_model.items():
+        n += len(_safely(model, "enqueue", lambda m=model, e=entries: rd.enqueue(m, e, mode="NX")))
+    return n
+
+
+def requeue(model: str, entries: list[tuple[str, str, float, int | str]], *, mode: str = "",
+            cap: int | None = None) -> int:
+    """Queue (tenant, job_id, score, attempt) entries again: ``mode`` '' to add or
+    move, 'NX' only where missing (recovery), 'XXLT' only to move a queued
+    job ahead (promotion).  A job holding a permit is never queued twice."""
+    if not entries:
+        return 0
+    return len(_safely(model, "requeue", lambda: rd.enqueue(model, entries, mode=mode, cap=cap)))
+
+
+def claimed(model: str, tenant: str, job_id: str, lease_seconds: float, cap: int) -> None:
+    _safely(model, "claim", lambda: rd.claimed(model, tenant, job_id, lease_seconds, cap=cap))
+
+
+def finished(model: str, tenant: str, job_id: str, *, wake: bool, cap: int | None = None) -> bool:
+    """The job left pending/running: its slots and permit go back and, if
+    ``wake`` (a terminal state), its long-poll waiters are woken.  True if
+    its gate slot was still held (False: released before, or Redis failed)."""
+    held = []
+
+    def call():
+        released, pairs = rd.finish(model, tenant, job_id, wake=wake, cap=cap)
+        held.append(released)
+        return pairs
+
+    _safely(model, "finish", call)
+    return bool(held and held[0])
+
+
+def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> int:
+    return len(_safely(model, "kick", lambda: rd.kick(model, cap=cap, requeue_inflight=requeue_inflight)))
+
+
+def kick_all(caps: dict[str, int], *, requeue_inflight: bool = False) -> int:
+    """Every model with dispatch state (and every configured one): blocked
+    tenants are tried again (a limit was raised, a dead worker's permit
+    expired) and lost messages re-queued."""
+    n = 0
+    for model in sorted(set(caps) | rd.models()):
+        n += kick(model, cap=caps.get(model), requeue_inflight=requeue_inflight)
+    return n

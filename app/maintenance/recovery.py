@@ -1,0 +1,183 @@
+"""Recovery: jobs whose queue entry was lost, a wiped Redis or broker, dead
+workers' attempts, and jobs past their budget (docs/architecture.md,
+"Recovery and wiped Redis").
+
+Every step is safe to run from several beats at once: rows are taken in
+SKIP LOCKED batches, state changes are transition CASes, and queueing a job
+is idempotent (NX: a job already queued, dispatched or running is left as
+it is)."""
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from datetime import timedelta
+
+from sqlalchemy import and_, or_, select
+
+from app import transitions
+from app.clock import as_utc
+from app.clock import now as clock_now
+from app.config import get_settings
+from app.infra.db import transaction
+from app.infra.redis import dispatch as redis_dispatch
+from app.infra.redis import epoch, keys
+from app.infra.redis.client import get_redis
+from app.infra.tables import models, tasks
+from app.jobs import dispatch
+from app.jobs.execution import backoff_seconds
+from app.jobs.service import after_retry_wait, after_terminal
+from app.maintenance.gates import kick_dispatch, model_caps, reconcile_gates
+from app.maintenance.report import Report, batch_size, locked
+from app.states import SLOT_STATES, JobState
+from app.tenancy import limits
+
+log = logging.getLogger(__name__)
+
+
+def _requeue_batch(where, limit: int, after: tuple | None) -> tuple[int, tuple | None]:
+    """Queue one batch of pending jobs again (NX), in queue order after
+    ``after`` = (enqueue_at, id).  Returns (rows seen, the last position)."""
+    q = select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.enqueue_at, tasks.c.attempt,
+               tasks.c.promoted_at).where(
+        tasks.c.state == int(JobState.PENDING), *where)
+    if after is not None:
+        at, jid = after
+        q = q.where(or_(tasks.c.enqueue_at > at, and_(tasks.c.enqueue_at == at, tasks.c.id > jid)))
+    with transaction() as conn:
+        rows = conn.execute(q.order_by(tasks.c.enqueue_at, tasks.c.id).limit(limit)).all()
+    by_model: dict[str, list[tuple[str, str, float, int | str]]] = {}
+    for r in rows:
+        by_model.setdefault(r.model_name, []).append(
+            (r.tenant_id, r.id, dispatch.order_score(r.enqueue_at),
+             dispatch.head(r.attempt) if r.promoted_at is not None else r.attempt))
+    caps = model_caps() if by_model else {}
+    for model, entries in by_model.items():
+        dispatch.requeue(model, entries, mode="NX", cap=caps.get(model))
+    return len(rows), ((rows[-1].enqueue_at, rows[-1].id) if rows else None)
+
+
+def republish_stale_pending(older_than_seconds: float | None = None, limit: int | None = None) -> Report:
+    """Pending jobs untouched for ASYNCH_REPUBLISH_AFTER_SECONDS whose queue
+    entry may be lost (a crash between the commit and the outbox, Redis
+    refusing the batch) are queued again; one still waiting in its queue,
+    dispatched or running is left as it is (NX), so this is harmless.
+
+    One batch per call, continuing where the previous call stopped (a cursor
+    in Redis), so a deep backlog costs the same per pass as a shallow one: a
+    lost job is found within (backlog / ASYNCH_MAINTENANCE_BATCH) passes."""
+    s = get_settings()
+    age = s.republish_after_seconds if older_than_seconds is None else older_than_seconds
+    cutoff = clock_now() - timedelta(seconds=age)
+    r = get_redis()
+    raw = r.get(keys.lost_job_cursor())
+    after = None
+    if raw:
+        at, jid = json.loads(raw)
+        after = (as_utc(_parse_time(at)), jid)
+    seen, last = _requeue_batch([tasks.c.updated_at < cutoff], batch_size(limit), after)
+    if last is None or seen < batch_size(limit):
+        r.delete(keys.lost_job_cursor())  # the end: the next pass starts over
+    else:
+        r.set(keys.lost_job_cursor(), json.dumps([as_utc(last[0]).isoformat(), last[1]]), ex=86400)
+    return Report(processed=seen)
+
+
+def _parse_time(text: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+def requeue_all_pending(limit: int | None = None) -> Report:
+    """Every pending job queued again (NX), in queue order (after a wipe)."""
+    total, last = 0, None
+    while True:
+        seen, last = _requeue_batch([], batch_size(limit), last)
+        total += seen
+        if last is None:
+            return Report(processed=total)
+
+
+def _restore_permits() -> int:
+    """Running jobs hold their tenant's permit until their lease ends."""
+    with transaction() as conn:
+        rows = conn.execute(select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.lease_expires_at)
+                            .where(tasks.c.state == int(JobState.RUNNING))).all()
+    by_model: dict[str, list[tuple[str, str, float]]] = {}
+    fallback = clock_now() + timedelta(seconds=get_settings().lease_grace_seconds)
+    for r in rows:
+        until = as_utc(r.lease_expires_at) or fallback
+        by_model.setdefault(r.model_name, []).append((r.tenant_id, r.id, until.timestamp()))
+    for model, held in by_model.items():
+        redis_dispatch.restore_permits(model, held)
+    return len(rows)
+
+
+def repair_after_wipe() -> Report:
+    """A Redis (the gates' or the broker's) without our epoch mark lost its
+    data.  The gates' Redis: gates, queues, permits and weights are rebuilt
+    from the rows and every pending job is queued again at once.  The
+    broker's: every dispatched message is lost, so dispatched jobs go back to
+    the head of their queues and are dispatched again.  First start looks the
+    same and costs nothing but one rebuild."""
+    token = secrets.token_hex(8)
+    wiped = epoch.claim_epochs(token)
+    if not wiped:
+        return Report(details={"wiped": []})
+    log.warning("redis data lost (%s): rebuilding gates and queues from the rows", ", ".join(wiped))
+    details: dict = {"wiped": wiped}
+    try:
+        if "redis" in wiped:
+            details["reconcile"] = reconcile_gates().as_dict()
+            details["permits"] = _restore_permits()
+            details["weights"] = limits.sync_weights()
+            details["requeued"] = requeue_all_pending().processed
+        details["dispatched"] = kick_dispatch(requeue_inflight="broker" in wiped).processed
+    except BaseException:
+        # Let the next pass see the wipe again.
+        epoch.drop_epochs(token, wiped)
+        raise
+    return Report(processed=details.get("requeued", 0) + details["dispatched"], details=details)
+
+
+def recover_expired_leases(limit: int | None = None) -> Report:
+    """A running job whose lease ran out lost its worker: that attempt failed."""
+    now = clock_now()
+    rep = Report(details={"retry_wait": 0, "failed": 0})
+    with transaction() as conn:
+        rows = conn.execute(locked(conn, select(
+            tasks.c.id, tasks.c.attempt, models.c.retry_times,
+        ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
+            tasks.c.state == int(JobState.RUNNING), tasks.c.lease_expires_at < now,
+        ).limit(batch_size(limit)))).all()
+        results = []
+        for r in rows:
+            retry = r.attempt <= (r.retry_times or 0)
+            retry_at = now + timedelta(seconds=backoff_seconds(r.attempt)) if retry else None
+            won = transitions.fail_attempt(conn, r.id, r.attempt, "worker lost (lease expired)",
+                                           retry_at=retry_at, lease_expired_before=now)
+            if won is not None:
+                results.append(won)
+    for won in results:
+        if won.state == JobState.RETRY_WAIT:
+            after_retry_wait(won)
+            rep.details["retry_wait"] += 1
+        else:
+            after_terminal(won)
+            rep.details["failed"] += 1
+    rep.processed = len(results)
+    return rep
+
+
+def time_out_overdue(limit: int | None = None) -> Report:
+    """pending/running past the job's budget become timeout (slots and permit released)."""
+    now = clock_now()
+    with transaction() as conn:
+        rows = conn.execute(locked(conn, select(tasks.c.id).where(
+            tasks.c.state.in_([int(x) for x in SLOT_STATES]), tasks.c.deadline_at < now,
+        ).limit(batch_size(limit)))).all()
+        won = [w for w in (transitions.time_out(conn, r.id, now=now) for r in rows) if w is not None]
+    for w in won:
+        after_terminal(w)
+    return Report(processed=len(won))
