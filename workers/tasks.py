@@ -11,6 +11,7 @@ from app.infra.celery_config import (
     DELIVER_DUE_CALLBACKS_TASK,
     RUN_JOB_TASK,
 )
+from app.infra import metrics
 from app.jobs import execution
 from app.maintenance import autotune
 from app.maintenance import passes as maintenance
@@ -26,11 +27,13 @@ from workers.celery_app import celery
              max_retries=None)
 def run_job(self, job_id: str, attempt: int = -1) -> str:
     try:
-        return execution.run_attempt(job_id, attempt)
+        out = execution.run_attempt(job_id, attempt)
     except Unavailable as exc:
         # The database is away: ring the doorbell again shortly rather than
         # leave the job to the maintenance pass.
         raise self.retry(exc=exc, countdown=2)
+    metrics.run_job_message(out)
+    return out
 
 
 @celery.task(name="asynch.run_work", ignore_result=True)

@@ -96,6 +96,9 @@ _CALLBACKS = Counter("asynch_callback_deliveries", "callbacks settled, by outcom
                      registry=_REGISTRY)
 _DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit taken, a run_job message "
                       "sent), by tenant: the fair dispatcher's decisions", ["model", "tenant"], registry=_REGISTRY)
+_RUN_JOB = Counter("asynch_run_job_messages", "run_job messages a worker took, by what came of them "
+                   "(done, retry_wait, failed, lost, stale: a duplicate or outdated message)", ["outcome"],
+                   registry=_REGISTRY)
 _JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
                           ["model", "state"], buckets=JOB_BUCKETS, registry=_REGISTRY)
 _CALL_DURATION = Histogram("asynch_model_call_duration_seconds", "one call to the model service (that reached it)",
@@ -157,6 +160,11 @@ def job_finished(row) -> None:
 @_never_raise
 def dispatched(model: str, tenant: str, n: int = 1) -> None:
     _DISPATCHED.labels(model, tenant).inc(n)
+
+
+@_never_raise
+def run_job_message(outcome: str) -> None:
+    _RUN_JOB.labels(outcome).inc()
 
 
 @_never_raise
