@@ -15,7 +15,7 @@ def main() -> None:
 
 
 for _cmd in (processes.db, processes.api, processes.worker, processes.callback_worker, processes.beat, processes.dev, processes.env_cmd,
-             operate.keys, operate.models, operate.jobs, operate.maintenance):
+             operate.keys, operate.models, operate.jobs, operate.maintenance, operate.tenants):
     main.add_command(_cmd)
 
 __all__ = ["ROOT", "alembic_config", "beat_argv", "callback_worker_argv", "main", "upgrade_db", "worker_argv"]

@@ -16,8 +16,9 @@ from app.jobs import service as job_service
 from app.jobs.schemas import JobDetail, JobListQuery, JobStatus
 from app.maintenance import autotune, passes, periodic, requeue
 from app.tenancy import keys as key_service
+from app.tenancy import limits
 from app.tenancy.keys import OPERATOR
-from app.tenancy.schemas import ApiKeyView
+from app.tenancy.schemas import ApiKeyView, TenantLimitsInput
 
 
 def _echo(shape, indent: int | None = None) -> None:
@@ -187,3 +188,36 @@ def m_runs(limit: int) -> None:
         click.echo(json.dumps(run))
 
 
+
+
+# --- tenants ---------------------------------------------------------------------------
+
+@click.group(cls=DomainGroup, help="Tenants' limits: dispatch weight, request rate, long-polls, queue caps.")
+def tenants() -> None:
+    pass
+
+
+@tenants.command("limits", help="Show a tenant's limits; with options, change them first "
+                                "(--queue-limit MODEL=N, repeatable; N empty: back to the default).")
+@click.argument("tenant")
+@click.option("--weight", type=int, default=None, help="Share of dispatch when tenants compete (default 1).")
+@click.option("--rate", type=float, default=None, help="Requests per second per API key.")
+@click.option("--burst", type=int, default=None, help="Token bucket size.")
+@click.option("--max-waiters", type=int, default=None, help="Concurrent long-polls per API process.")
+@click.option("--queue-limit", "queue_limits", multiple=True, help="MODEL=N: this tenant's cap on a model's queue.")
+def tenants_limits(tenant, weight, rate, burst, max_waiters, queue_limits) -> None:
+    change = {k: v for k, v in (("weight", weight), ("rate_per_second", rate), ("burst", burst),
+                                ("max_waiters", max_waiters)) if v is not None}
+    if queue_limits:
+        caps = {}
+        for item in queue_limits:
+            model, sep, n = item.partition("=")
+            if not sep:
+                raise click.BadParameter(f"{item!r} is not MODEL=N", param_hint="--queue-limit")
+            caps[model] = int(n) if n.strip() else None
+        change["queue_limits"] = caps
+    if change:
+        view = limits.update(tenant, parse(TenantLimitsInput, change, message="invalid tenant limits"))
+    else:
+        view = limits.read(OPERATOR, tenant)
+    _echo(view, indent=2)

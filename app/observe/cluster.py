@@ -1,6 +1,7 @@
 """The cluster's gauges for GET /metrics/cluster: jobs by model and state,
 the oldest pending job's age, gate depth vs limit, running vs concurrency,
-runtime overrides, enabled models, worker liveness.
+runtime overrides, enabled models, worker liveness, and the fair
+dispatcher's state (each tenant's ready queue, messages in flight, weights).
 
 Invariants:
 - Every value is read at scrape time from PostgreSQL (the rows) and Redis
@@ -24,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from app.clock import now as clock_now
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
+from app.infra.redis import dispatch as rd
 from app.infra.redis import liveness
 from app.observe.live import job_counts, model_live, oldest_pending
 from app.states import JobState
@@ -61,10 +63,13 @@ class ClusterCollector:
         try:
             live = model_live() if counts is not None else []
             workers = liveness.workers_read()
+            fairness = {m["model_name"]: (rd.ready_counts(m["model_name"]), len(rd.inflight(m["model_name"])))
+                        for m in live}
+            weights = rd.weights()
             up.add_metric(["redis"], 1)
         except Exception as exc:
             log.warning("metrics: redis unavailable: %s", exc)
-            live, workers = [], None
+            live, workers, fairness, weights = [], None, {}, {}
             up.add_metric(["redis"], 0)
         yield up
 
@@ -84,6 +89,25 @@ class ClusterCollector:
             yield g
         if workers is not None:
             yield from self._workers(workers)
+        yield from self._fairness(fairness, weights)
+
+    @staticmethod
+    def _fairness(fairness: dict, weights: dict[str, int]):
+        ready = GaugeMetricFamily("asynch_tenant_ready_jobs", "jobs waiting in a tenant's dispatch queue "
+                                  "(pending, not yet dispatched)", labels=["model", "tenant"])
+        inflight = GaugeMetricFamily("asynch_dispatch_inflight", "run_job messages dispatched and not yet "
+                                     "claimed (at most ASYNCH_DISPATCH_WINDOW)", labels=["model"])
+        for model, (per_tenant, n) in sorted(fairness.items()):
+            for tenant, depth in sorted(per_tenant.items()):
+                ready.add_metric([model, tenant], depth)
+            inflight.add_metric([model], n)
+        weight = GaugeMetricFamily("asynch_tenant_weight", "a tenant's dispatch weight (tenants not listed: 1)",
+                                   labels=["tenant"])
+        for tenant, w in sorted(weights.items()):
+            weight.add_metric([tenant], w)
+        yield ready
+        yield inflight
+        yield weight
 
     @staticmethod
     def _jobs(counts, heads, at, live):

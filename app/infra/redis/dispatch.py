@@ -277,6 +277,10 @@ def replace_weights(weights: dict[str, int]) -> None:
     pipe.execute()
 
 
+def weights() -> dict[str, int]:
+    return {t: int(w) for t, w in get_redis().hgetall(keys.tenant_weights()).items()}
+
+
 def ready_counts(model: str) -> dict[str, int]:
     """tenant -> jobs waiting in its ready queue (metrics, tests)."""
     prefix = keys.dispatch_ready(model, "")
