@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -269,3 +270,17 @@ def test_dev_command_runs_a_job_end_to_end(test_env, tmp_path):
         assert res["echo"] == {"prompt": "hello"}
     finally:
         _stop(proc)
+
+
+def test_tenant_limits_set_and_show(test_env, make_model, r):
+    make_model("m")
+    env = {**os.environ, **test_env}
+    out = asynch("tenants", "limits", "acme", "--weight", "3", "--rate", "5", "--queue-limit", "m=2", env=env)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert (shown["weight"], shown["rate_per_second"], shown["queue_limits"]) == (3, 5.0, {"m": 2})
+    assert r.hget("asynch:tenant:weights", "acme") == "3"  # the dispatcher reads it from Redis
+    again = json.loads(asynch("tenants", "limits", "acme", "--queue-limit", "m=", env=env).stdout)
+    assert again["queue_limits"] == {} and again["weight"] == 3
+    bad = asynch("tenants", "limits", "acme", "--weight", "0", env=env)
+    assert bad.returncode != 0 and "/weight" in bad.stderr
