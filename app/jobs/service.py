@@ -206,16 +206,22 @@ def get_job(principal: Principal, job_id: str, model_name: str | None = None) ->
         return load_job(conn, principal, job_id, model_name)
 
 
-def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None) -> Row:
+def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None,
+             watch=None) -> Row:
     """Return when the job is terminal or the budget ends (it may then still be
-    pending/running).  Never returns early on pending -> running."""
-    get_job(principal, job_id, model_name)  # 404 before waiting
+    pending/running).  Never returns early on pending -> running.  The
+    waiter caps are checked first (429, no read); then one read (404 for a
+    job the principal cannot see); then the wait, woken by the process's
+    listener (app/infra/wakeups.py).  ``watch``: the client's
+    app.infra.serving.ClientWatch, which ends the wait if the client leaves."""
+    from app.jobs.waitcaps import waiter_cap  # here: wait_job is its only caller in this module
 
     def read():
         with single_statement() as conn:
             return load_job(conn, principal, job_id, model_name)
 
-    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, read)
+    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, read, tenant=principal.tenant_id,
+                                     tenant_cap=waiter_cap(principal), watch=watch)
 
 
 def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
