@@ -108,6 +108,7 @@ class _State:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.fetches = 0  # SELECTs the fetcher issued (tests, benchmarks)
+        self.draining = False  # the server is stopping: every wait answers now
 
     def start(self) -> None:
         with self.lock:
@@ -280,6 +281,17 @@ class WaitHub:
     def fetches(self) -> int:
         return _state.get().fetches
 
+    def drain(self) -> None:
+        """The server is shutting down: every current and later wait of this
+        process answers at once with the state it has (as at its budget's
+        end), so a graceful stop is not held up by long-polls."""
+        s = _state.get()
+        s.draining = True
+        with s.lock:
+            woken = [w for ws in s.jobs.values() for w in ws]
+        for w in woken:
+            w.event.set()
+
     def reset(self) -> None:
         """Stop this process's listener and fetcher and forget every waiter
         (tests: a fresh hub on the next use)."""
@@ -314,7 +326,7 @@ def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], obj
             if row is None or is_terminal(row.state):
                 return row
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or s.draining:
                 return row
             poll = watch.poll_seconds if watch is not None else None
             w.event.wait(remaining if poll is None else min(remaining, poll))
