@@ -1,0 +1,241 @@
+"""The serving path (issue "Capacity isolation", part 1) on real API server
+processes: long-polls must not take request capacity from anyone.
+
+- The stall: tenant A holds 96 waits on one running job; tenant B's submits
+  and polls keep their latency, and A's waits all answer when the job ends.
+  Under gthread (2 x 16 threads) the same scenario stalls B: that case is a
+  strict xfail, so the scenario is shown to fail where it should.
+- Waiter caps: 429 + Retry-After + the cap in the message; another tenant
+  unaffected; the count comes back when waits end and when a client hangs
+  up mid-wait.
+- Nothing blocks the gevent hub: a query, the outbox's idle sender and the
+  wake-up listener leave a ticker greenlet on time.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+from api_process import ApiProcess, finish_by_hand, run_by_hand
+from conftest import ROOT, auth, make_key, submit, wait_until
+
+pytestmark = pytest.mark.e2e
+
+N_WAITS = 96
+HOLD_SECONDS = 5.0
+
+
+def _p(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+@pytest.mark.parametrize("worker_class", [
+    "gevent",
+    pytest.param("gthread", marks=pytest.mark.xfail(strict=True, reason="each wait holds one of 2 x 16 threads: "
+                                                                        "the issue's stall")),
+])
+def test_long_polls_do_not_stall_another_tenant(worker_class, test_env, tmp_path, make_model):
+    api = ApiProcess(test_env, tmp_path, worker_class=worker_class, workers=2, threads=16).start()
+    try:
+        make_model("a-model", queue_limit=10)
+        make_model("b-model", queue_limit=10_000)
+        key_a, key_b = make_key("tenant-a"), make_key("tenant-b")
+        job = submit(api.base, key_a, "a-model", {}).json()["job_id"]
+        run_by_hand(job)
+
+        def b_round() -> list[float]:
+            out = []
+            t0 = time.monotonic()
+            r = submit(api.base, key_b, "b-model", {"x": 1})
+            out.append(time.monotonic() - t0)
+            assert r.status_code == 202, r.text
+            t0 = time.monotonic()
+            p = requests.get(f"{api.base}/v1/models/b-model/jobs/{r.json()['job_id']}", headers=auth(key_b), timeout=60)
+            out.append(time.monotonic() - t0)
+            assert p.status_code == 200
+            return out
+
+        baseline = [x for _ in range(20) for x in b_round()]
+
+        returned: list[tuple[float, str]] = []
+        lock = threading.Lock()
+
+        def wait_once() -> None:
+            r = requests.get(f"{api.base}/v1/models/a-model/jobs/{job}/wait?timeout=20000", headers=auth(key_a),
+                             timeout=60)
+            with lock:
+                returned.append((time.monotonic(), r.json().get("state", r.status_code) if r.ok else r.status_code))
+
+        waits = [threading.Thread(target=wait_once) for _ in range(N_WAITS)]
+        for t in waits:
+            t.start()
+        time.sleep(1.0)  # let them all park
+        finished_at: list[float] = []
+
+        def finish() -> None:
+            finish_by_hand(job)
+            finished_at.append(time.monotonic())
+
+        timer = threading.Timer(HOLD_SECONDS, finish)
+        t_start = time.monotonic()
+        timer.start()
+        during = []
+        while time.monotonic() - t_start < HOLD_SECONDS - 0.5:
+            during += b_round()
+        for t in waits:
+            t.join(60)
+        timer.join()
+
+        assert not returned or all(t >= finished_at[0] - 0.05 for t, _ in returned), "a wait ended early"
+        assert len(returned) == N_WAITS and all(s == "done" for _, s in returned), returned
+        after = [t - finished_at[0] for t, _ in returned]
+        b_p99, base_p99 = _p(during, 99), _p(baseline, 99)
+        print(f"{worker_class}: B p99 {b_p99 * 1000:.1f} ms (baseline {base_p99 * 1000:.1f} ms, n={len(during)}); "
+              f"A's waits answered {min(after) * 1000:.0f}..{max(after) * 1000:.0f} ms after the finish")
+        # B keeps its latency: a slow, shared CI machine gets a generous
+        # absolute bound; the stall it guards against is seconds long.
+        assert b_p99 < max(0.5, 5 * base_p99), f"tenant B stalled: p99 {b_p99:.3f}s vs {base_p99:.3f}s before"
+        assert len(during) >= 20, f"tenant B completed only {len(during)} requests in {HOLD_SECONDS - 0.5}s"
+        # A's waits answer together, as soon as the job ends (not 32 at a time).
+        assert max(after) < 1.0, f"waits answered up to {max(after):.2f}s after the job ended"
+    finally:
+        api.stop()
+
+
+def _raw_wait(base: str, key: str, model: str, job: str, timeout_ms: int) -> socket.socket:
+    """A wait sent on a bare socket, its answer not read: the test decides
+    when the client hangs up."""
+    host, port = base.rsplit("//", 1)[1].split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(f"GET /v1/models/{model}/jobs/{job}/wait?timeout={timeout_ms} HTTP/1.1\r\nHost: {host}\r\n"
+              f"Authorization: Bearer {key}\r\n\r\n".encode())
+    return s
+
+
+def _read_answer(s: socket.socket) -> tuple[int, dict]:
+    """Status and JSON body of the response on a _raw_wait socket."""
+    s.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536) or b"?"
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += s.recv(65536)
+    return int(head.split()[1]), json.loads(body)
+
+
+def _probe(base: str, key: str, model: str, job: str) -> requests.Response:
+    # timeout=1: a 1 ms budget, so an admitted probe answers at once and holds nothing.
+    return requests.get(f"{base}/v1/models/{model}/jobs/{job}/wait?timeout=1", headers=auth(key), timeout=30)
+
+
+def _until_refused(base: str, key: str, model: str, job: str, what: str) -> requests.Response:
+    # A Response is falsy when it is not ok: wrap it for wait_until.
+    return wait_until(lambda: [p] if (p := _probe(base, key, model, job)).status_code == 429 else None,
+                      timeout=10, what=what)[0]
+
+
+@pytest.mark.parametrize("worker_class", ["gevent", "gthread"])
+def test_waiter_caps(worker_class, test_env, tmp_path, make_model):
+    api = ApiProcess(test_env, tmp_path, worker_class=worker_class, workers=1, threads=16,
+                     extra_env={"ASYNCH_WAITERS_PER_TENANT": "3", "ASYNCH_WAITERS_MAX": "5"}).start()
+    held: list[socket.socket] = []
+    try:
+        make_model("m", queue_limit=100)
+        keys = {t: make_key(t) for t in ("tenant-a", "tenant-b", "tenant-c")}
+        jobs = {t: submit(api.base, k, "m", {}).json()["job_id"] for t, k in keys.items()}
+        for t in ("tenant-a", "tenant-b"):
+            run_by_hand(jobs[t])
+
+        a_socks = [_raw_wait(api.base, keys["tenant-a"], "m", jobs["tenant-a"], 60000) for _ in range(3)]
+        held += a_socks
+        r = _until_refused(api.base, keys["tenant-a"], "m", jobs["tenant-a"], "A at its cap")
+        assert "per-tenant cap 3" in r.json()["error"], r.text
+        assert int(r.headers["Retry-After"]) >= 1
+        # Another tenant is unaffected by A's cap.
+        assert _probe(api.base, keys["tenant-b"], "m", jobs["tenant-b"]).status_code == 200
+
+        b_socks = [_raw_wait(api.base, keys["tenant-b"], "m", jobs["tenant-b"], 60000) for _ in range(2)]
+        held += b_socks
+        r = _until_refused(api.base, keys["tenant-c"], "m", jobs["tenant-c"], "the process at its cap")
+        assert "per-process cap 5" in r.json()["error"], r.text
+        assert "Retry-After" in r.headers
+        # Only waits are capped: C's submits and polls go on.
+        assert submit(api.base, keys["tenant-c"], "m", {}).status_code == 202
+        assert requests.get(f"{api.base}/v1/models/m/jobs/{jobs['tenant-c']}", headers=auth(keys["tenant-c"]),
+                            timeout=10).status_code == 200
+
+        # A hangs up mid-wait: its places come back long before the 60 s budget.
+        t0 = time.monotonic()
+        for s in a_socks:
+            s.close()
+        wait_until(lambda: _probe(api.base, keys["tenant-a"], "m", jobs["tenant-a"]).status_code == 200,
+                   timeout=10, what="A's count back after hanging up")
+        assert time.monotonic() - t0 < 5
+
+        # B's waits end with the job: they answer, and the count comes back.
+        finish_by_hand(jobs["tenant-b"])
+        for s in b_socks:
+            status, body = _read_answer(s)
+            assert status == 200 and body["state"] == "done", (status, body)
+        wait_until(lambda: _probe(api.base, keys["tenant-c"], "m", jobs["tenant-c"]).status_code == 200,
+                   timeout=10, what="the process's count back")
+    finally:
+        for s in held:
+            s.close()
+        api.stop()
+
+
+HUB_PROBE = r"""
+from gevent import monkey
+monkey.patch_all()
+import sys, time, gevent
+from app.infra.serving import make_green
+if sys.argv[1] == "green":
+    make_green()
+from sqlalchemy import text
+from app.infra.db import get_engine
+from app.infra import outbox
+from app.infra.wakeups import hub
+
+hub.ensure_started()            # the listener and the fetcher: waiting on Redis / an Event
+assert hub.healthy
+outbox.send_soon("job_probe", 0)  # the sender: then idle on its queue
+outbox.flush(5)
+gaps, last = [], [time.monotonic()]
+
+def tick():
+    while True:
+        gevent.sleep(0.01)
+        now = time.monotonic()
+        gaps.append(now - last[0])
+        last[0] = now
+
+ticker = gevent.spawn(tick)
+def query():
+    with get_engine().connect() as conn:
+        conn.execute(text("SELECT pg_sleep(1)"))
+g = gevent.spawn(query)
+g.join()
+gevent.sleep(0.5)
+ticker.kill()
+print(f"MAXGAP {max(gaps):.3f} TICKS {len(gaps)}")
+"""
+
+
+def test_nothing_blocks_the_gevent_hub(test_env):
+    """A one-second query, the outbox's idle sender and the wake-up listener
+    must leave other greenlets running: a 10 ms ticker never waits long."""
+    out = subprocess.run([sys.executable, "-c", HUB_PROBE, "green"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    gap = float(out.stdout.split("MAXGAP ")[1].split()[0])
+    assert gap < 0.2, f"the hub was blocked for {gap:.3f}s: {out.stdout}"
