@@ -8,22 +8,33 @@ processes: long-polls must not take request capacity from anyone.
 - Waiter caps: 429 + Retry-After + the cap in the message; another tenant
   unaffected; the count comes back when waits end and when a client hangs
   up mid-wait.
+- Wake-ups: a woken job is read once for all its waiters; none is lost
+  while the listeners' connections are cut under load.
 - Nothing blocks the gevent hub: a query, the outbox's idle sender and the
   wake-up listener leave a ticker greenlet on time.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import aiohttp
 import pytest
 import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
 from conftest import ROOT, auth, make_key, submit, wait_until
+from sqlalchemy import event
+
+from app.infra import wakeups as waiters
+from app.infra.db import get_engine
+from app.jobs import service as jobs
+from app.tenancy.keys import Principal
 
 pytestmark = pytest.mark.e2e
 
@@ -239,3 +250,89 @@ def test_nothing_blocks_the_gevent_hub(test_env):
     assert out.returncode == 0, out.stderr[-3000:]
     gap = float(out.stdout.split("MAXGAP ")[1].split()[0])
     assert gap < 0.2, f"the hub was blocked for {gap:.3f}s: {out.stdout}"
+
+
+def test_a_woken_job_is_read_once_for_all_its_waiters(make_model):
+    """Single flight: 60 waiters of one job, one terminal commit, and the
+    process reads that job's row once -- not once per waiter."""
+    make_model("flight")
+    p = Principal("tenant-a", "user", None)
+    job_id = jobs.submit(p, "flight", {}).row.id
+    run_by_hand(job_id)
+    waiters.hub.ensure_started()
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, params, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and "asynch_task" in statement:
+            reads.append(statement)
+
+    with ThreadPoolExecutor(60) as ex:
+        futs = [ex.submit(jobs.wait_job, p, job_id, 10000) for _ in range(60)]
+        wait_until(lambda: waiters.hub.waiter_count() == 60, what="60 waiters registered")
+        time.sleep(0.2)  # their first reads are done (they read right after registering)
+        engine = get_engine(autocommit=True)
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            t0 = time.monotonic()
+            finish_by_hand(job_id)
+            rows = [f.result(10) for f in futs]
+            took = time.monotonic() - t0
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+    assert all(r.state == 2 for r in rows)
+    assert took < 2.0, took
+    assert len(reads) == 1, f"{len(reads)} reads of the job after its wake-up"
+
+
+def test_no_wakeup_lost_while_the_listener_reconnects(test_env, tmp_path, make_model):
+    """240 waits on 40 jobs on a real gevent server (2 workers); the jobs
+    finish over 4 s while the servers' listener connections are cut every
+    0.3 s.  Every wait answers done, within 2.5 s of its job's end (not at
+    its 12 s budget)."""
+    api = ApiProcess(test_env, tmp_path, worker_class="gevent", workers=2).start()
+    try:
+        make_model("reconnect", queue_limit=100)
+        key = make_key("tenant-a")
+        ids = [submit(api.base, key, "reconnect", {}).json()["job_id"] for _ in range(40)]
+        for j in ids:
+            run_by_hand(j)
+        answers: list[tuple[str, float, str]] = []
+
+        async def all_waits() -> None:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                async def one(job: str) -> None:
+                    url = f"{api.base}/v1/models/reconnect/jobs/{job}/wait?timeout=12000"
+                    async with s.get(url, headers=auth(key)) as r:
+                        body = await r.json()
+                    answers.append((job, time.monotonic(), body.get("state", str(r.status))))
+
+                await asyncio.gather(*(one(j) for j in ids for _ in range(6)))
+
+        t = threading.Thread(target=asyncio.run, args=(all_waits(),))
+        t.start()
+        time.sleep(1.5)  # parked
+        finished: dict[str, float] = {}
+        stop = threading.Event()
+        kills = []
+
+        def cut() -> None:
+            while not stop.wait(0.3):
+                kills.append(api.kill_listeners(test_env["ASYNCH_REDIS_URL"]))
+
+        killer = threading.Thread(target=cut)
+        killer.start()
+        for j in ids:
+            finish_by_hand(j)
+            finished[j] = time.monotonic()
+            time.sleep(0.1)
+        t.join(30)
+        stop.set()
+        killer.join()
+    finally:
+        api.stop()
+    assert sum(kills) >= 10, kills
+    assert len(answers) == 240
+    not_done = [(j, state) for j, _, state in answers if state != "done"]
+    assert not not_done, f"{len(not_done)} waits ended without their wake-up: {not_done[:5]}"
+    late = sorted(round(at - finished[j], 2) for j, at, _ in answers)[-5:]
+    assert late[-1] < 2.5, f"slowest answers after the job's end (s): {late}"

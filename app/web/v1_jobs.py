@@ -4,8 +4,8 @@ from __future__ import annotations
 from flask import Blueprint, Response, request, url_for
 
 from app.contract import parse
-from app.jobs import service as jobs
 from app.infra.serving import client_watch
+from app.jobs import service as jobs
 from app.jobs.schemas import (
     JobAccepted,
     JobList,
