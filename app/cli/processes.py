@@ -150,12 +150,17 @@ def dev(port: int, model_port: int) -> None:
     base = f"http://127.0.0.1:{port}"
     # The API is the production serving path (gunicorn, gevent worker), one
     # process: every route behaves here as it does behind `asynch api`.
-    api_proc = subprocess.Popen(api_argv(f"127.0.0.1:{port}", workers=1), env={**os.environ, **metrics_group_env()})
+    # Each child leads its own process group, so a stop can reach its
+    # workers/pool processes too; the terminal's Ctrl-C reaches only us, and
+    # we stop them in order.
+    api_proc = subprocess.Popen(api_argv(f"127.0.0.1:{port}", workers=1), env={**os.environ, **metrics_group_env()},
+                                process_group=0)
     children = [api_proc,
-                subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}),
+                subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}, process_group=0),
                 subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
-                                                               "ASYNCH_WORKER_METRICS_PORT": callback_port}),
-                subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")))]
+                                                               "ASYNCH_WORKER_METRICS_PORT": callback_port},
+                                 process_group=0),
+                subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")), process_group=0)]
 
     def _stop(*_a):
         raise KeyboardInterrupt
@@ -200,8 +205,15 @@ Ctrl-C stops everything.
             try:
                 c.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                c.kill()
-                c.wait()
+                pass  # a worker still finishing a model call: killed below
+        for c in children:
+            # Whatever is left of its group (a pool process mid-call, a
+            # process that ignored SIGTERM) goes now.
+            try:
+                os.killpg(c.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            c.wait()
         demo.stop()
         if code:
             sys.exit(code)
