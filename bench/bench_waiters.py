@@ -69,7 +69,7 @@ def _env_extra() -> dict:
     return {"ASYNCH_REDIS_PREFIX": "asynch-bw"}
 
 
-def start_api(worker_class: str, port: int) -> stack.Proc:
+def start_api(worker_class: str, port: int, pool_size: int | None = 4) -> stack.Proc:
     from app.cli.processes import api_argv
     from app.infra.metrics import group_env
 
@@ -78,8 +78,9 @@ def start_api(worker_class: str, port: int) -> stack.Proc:
     argv = api_argv(f"127.0.0.1:{port}", workers=2, threads=16, worker_class=worker_class)
     # The API publishes and listens where this process does (its prefix); a
     # small pool: greenlets queue on it, and PostgreSQL's connections are shared here.
-    extra = {"ASYNCH_REDIS_PREFIX": get_settings().redis_prefix, "ASYNCH_DB_POOL_SIZE": "4",
-             "ASYNCH_LOG_LEVEL": "WARNING", **group_env()}
+    extra = {"ASYNCH_REDIS_PREFIX": get_settings().redis_prefix, "ASYNCH_LOG_LEVEL": "WARNING", **group_env()}
+    if pool_size is not None:
+        extra["ASYNCH_DB_POOL_SIZE"] = str(pool_size)
     p = stack.Proc(f"api-{worker_class}", argv, extra)
     p.wait_for(r"Booting worker with pid")
     stack._wait_http(port)
@@ -414,13 +415,13 @@ def submit_throughput(seconds: int = 10, connections: int = 32, runs: int = 3, d
     from app.config import load_settings, set_settings
 
     set_settings(load_settings())
-    stack.create_model(B_MODEL, "http://127.0.0.1:9", queue_limit=10_000_000)
+    stack.create_model(B_MODEL, "http://127.0.0.1:9", queue_limit=1_000_000)
     key = stack.create_key("tenant-b")
     res: dict[str, list] = {"gthread": [], "gevent": []}
     for i in range(runs):
         for wc in ("gthread", "gevent"):
             port = stack.free_port()
-            api = start_api(wc, port)
+            api = start_api(wc, port, pool_size=None)  # the default pool: what production runs
             try:
                 r = run_wrk(f"http://127.0.0.1:{port}/v1/models/{B_MODEL}/jobs", json.dumps({"x": 1}),
                             {"Authorization": f"Bearer {key}"}, connections=connections, seconds=seconds)
