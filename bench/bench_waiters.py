@@ -317,12 +317,21 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         t_ramp = time.monotonic()
         while w.sent < len(targets) and time.monotonic() - t_ramp < 120:
             time.sleep(0.2)
-        time.sleep(3.0)  # the last ones parked
         ramp_s = time.monotonic() - t_ramp
+        # Parked = the API has read every new wait's job: its processes go
+        # quiet.  (A burst of 10,000 new waits is work -- auth, a read each --
+        # that must not be counted as the cost of keeping them.)
+        settle = time.monotonic()
+        while time.monotonic() - settle < 90:
+            c0 = _cpu(api.pids())
+            time.sleep(1.0)
+            if _cpu(api.pids()) - c0 < 0.1:
+                break
+        settle_s = time.monotonic() - settle
         rss_parked = sum(api.rss_mb())
         answered_early = len(w.answers)
-        print(f"  [{worker_class}] {w.sent} waits opened in {ramp_s:.1f} s; {answered_early} answered before any "
-              f"job ended; API RSS {rss_parked:.0f} MB", flush=True)
+        print(f"  [{worker_class}] {w.sent} waits opened in {ramp_s:.1f} s, API quiet {settle_s:.1f} s later; "
+              f"{answered_early} answered before any job ended; API RSS {rss_parked:.0f} MB", flush=True)
         cpu0, t0 = _cpu_snapshot(api), time.monotonic()
         # The client's own garbage collector must not pause the clock we read
         # arrivals with (10,000 tasks make a slow full collection): off while measuring.
@@ -341,7 +350,7 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         lat = [(at - fin[j]) * 1000 for j, at, st in list(w.answers) if st == "done" and j in fin]
         not_done = sum(1 for _, _, st in list(w.answers) if st != "done")
         out = {
-            "worker_class": worker_class, "waiters": len(targets), "jobs": jobs, "ramp_s": ramp_s,
+            "worker_class": worker_class, "waiters": len(targets), "jobs": jobs, "ramp_s": ramp_s, "settle_s": settle_s,
             "answered": len(w.answers), "unanswered_at_bound": len(targets) - len(w.answers),
             "not_done": not_done, "all_answered": done_all,
             "wake_p50_ms": stack.pct(lat, 50), "wake_p99_ms": stack.pct(lat, 99),

@@ -53,6 +53,30 @@ def make_green() -> bool:
     return True
 
 
+# Collector thresholds of an API worker (CPython's defaults: 700, 10, 10).
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Make full collections rare in an API worker, after its app is loaded.
+
+    A parked long-poll keeps its request's objects (environ, request, frames)
+    alive for its whole budget: 5,000 waits in a process are millions of
+    long-lived objects.  With the default thresholds CPython ran a full
+    collection at each 25% growth of them, 0.2-0.5 s each in which no
+    greenlet runs (bench/bench_waiters.py: wake-up p99 1.8 s and another
+    tenant's submit p99 x12 in such runs).  ``gc.freeze()`` moves everything
+    loaded so far (modules, the app) out of the collector's sight, and the
+    higher thresholds make young collections batch more and full ones
+    follow only every 100 middle ones.  Cycles are still collected.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def raise_nofile(wanted: int) -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never above the hard
     limit; never lowered).  Every waiting client holds a socket: 10,000

@@ -25,6 +25,8 @@ Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
   ``TooManyWaiters`` and counts nothing; every register is matched by one
   unregister (``finally``), including a client that went away mid-wait
   (its ``ClientWatch`` wakes the waiter, which returns at once).
+- The fetcher reads on a connection of its own, so a wake-up never waits
+  for a pooled connection behind the process's requests.
 - Fork: the whole state is per process (app/infra/process.py); a child
   starts with no waiters and its own threads.
 """
@@ -78,14 +80,25 @@ class Waiter:
         return row
 
 
+def _fetch_engine():
+    from app.infra.db import make_engine
+
+    return make_engine(get_settings().database_url, autocommit=True, pool_size=1)
+
+
+# The fetcher's own connection: wake-ups never queue for a database
+# connection behind the requests of the process (a burst of new waits each
+# reading its job, submits).  One more connection per API process.
+_engine = PerProcess(_fetch_engine, on_fork=lambda e: e.dispose(close=False), on_reset=lambda e: e.dispose())
+
+
 def _read_rows(ids: list[str]) -> dict[str, object]:
     from sqlalchemy import select
 
-    from app.infra.db import single_statement
     from app.infra.tables import tasks
 
     out = {}
-    with single_statement() as conn:
+    with _engine.get().connect() as conn:
         for i in range(0, len(ids), FETCH_BATCH):
             chunk = ids[i:i + FETCH_BATCH]
             out.update((r.id, r) for r in conn.execute(select(tasks).where(tasks.c.id.in_(chunk))))
@@ -296,6 +309,7 @@ class WaitHub:
         """Stop this process's listener and fetcher and forget every waiter
         (tests: a fresh hub on the next use)."""
         _state.reset()
+        _engine.reset()
 
 
 hub = WaitHub()

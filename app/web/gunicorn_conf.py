@@ -34,6 +34,7 @@ def on_starting(server) -> None:
 
 def post_worker_init(worker) -> None:
     serving.make_green()  # psycopg2 yields to the hub (no-op outside gevent)
+    serving.tune_gc()
     stop = worker.handle_exit
 
     def handle_exit(sig, frame) -> None:
@@ -51,3 +52,4 @@ def post_worker_init(worker) -> None:
     worker.handle_exit = handle_exit
     signal.signal(signal.SIGTERM, handle_exit)  # the worker installed the unwrapped one already
     signal.siginterrupt(signal.SIGTERM, False)
+
