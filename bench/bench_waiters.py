@@ -376,7 +376,7 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
 
 
 def main(waiters: int = 10_000, jobs: int = 2_000, tenants: int = 20, finish_seconds: float = 20.0,
-         b_seconds: float = 20.0, b_rate: float = 100.0, gthread: bool = True, gthread_bound_seconds: float = 30.0,
+         b_seconds: float = 20.0, b_rate: float = 50.0, gthread: bool = True, gthread_bound_seconds: float = 30.0,
          db: str | None = None, gate_db: int | None = None, broker_db: int | None = None,
          prepare: bool = True) -> dict:
     """The figures of one gevent run (and a bounded gthread run).  ``prepare``:
@@ -456,7 +456,7 @@ if __name__ == "__main__":
     ap.add_argument("--tenants", type=int, default=20)
     ap.add_argument("--finish-seconds", type=float, default=20.0)
     ap.add_argument("--b-seconds", type=float, default=20.0)
-    ap.add_argument("--b-rate", type=float, default=100.0)
+    ap.add_argument("--b-rate", type=float, default=50.0)
     ap.add_argument("--no-gthread", action="store_true")
     ap.add_argument("--wrk", action="store_true", help="submit throughput, gthread vs gevent, instead")
     ap.add_argument("--db")
