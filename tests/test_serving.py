@@ -30,9 +30,9 @@ import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
 from conftest import ROOT, auth, make_key, submit, wait_until
 from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from app.infra import wakeups as waiters
-from app.infra.db import get_engine
 from app.jobs import service as jobs
 from app.tenancy.keys import Principal
 
@@ -213,7 +213,6 @@ from app.infra.serving import make_green
 if sys.argv[1] == "green":
     make_green()
 from sqlalchemy import text
-from app.infra.db import get_engine
 from app.infra import outbox
 from app.infra.wakeups import hub
 
@@ -270,7 +269,8 @@ def test_a_woken_job_is_read_once_for_all_its_waiters(make_model):
         futs = [ex.submit(jobs.wait_job, p, job_id, 10000) for _ in range(60)]
         wait_until(lambda: waiters.hub.waiter_count() == 60, what="60 waiters registered")
         time.sleep(0.2)  # their first reads are done (they read right after registering)
-        engine = get_engine(autocommit=True)
+        # Every engine of this process (the request pools and the fetcher's own).
+        engine = Engine
         event.listen(engine, "before_cursor_execute", count)
         try:
             t0 = time.monotonic()
