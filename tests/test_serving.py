@@ -336,3 +336,25 @@ def test_no_wakeup_lost_while_the_listener_reconnects(test_env, tmp_path, make_m
     assert not not_done, f"{len(not_done)} waits ended without their wake-up: {not_done[:5]}"
     late = sorted(round(at - finished[j], 2) for j, at, _ in answers)[-5:]
     assert late[-1] < 2.5, f"slowest answers after the job's end (s): {late}"
+
+
+def test_sigterm_answers_open_waits_at_once(test_env, tmp_path, make_model):
+    """A stopping worker drains its long-polls: a wait with a minute of
+    budget left answers (state as it is) and the server exits promptly."""
+    api = ApiProcess(test_env, tmp_path, worker_class="gevent", workers=1).start()
+    try:
+        make_model("m", queue_limit=10)
+        key = make_key("tenant-a")
+        job = submit(api.base, key, "m", {}).json()["job_id"]
+        run_by_hand(job)
+        s = _raw_wait(api.base, key, "m", job, 60000)
+        time.sleep(1.0)  # parked
+        t0 = time.monotonic()
+        api.proc.send_signal(15)
+        status, body = _read_answer(s)
+        assert status == 200 and body["state"] == "running", (status, body)
+        assert api.proc.wait(20) == 0
+        assert time.monotonic() - t0 < 10
+        s.close()
+    finally:
+        api.stop()
