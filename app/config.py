@@ -93,6 +93,15 @@ class Settings:
     # Long-poll limits (milliseconds), seed 000's contract.
     wait_default_ms: int = 30000
     wait_max_ms: int = 300000
+    # Concurrent long-polls (/wait) one API process holds, per tenant and in
+    # total.  A wait parks no thread (the API serves on gevent), but each
+    # holds a socket and a little memory: the tenant cap keeps one tenant
+    # from taking a process's whole budget, the process cap bounds its file
+    # descriptors (`asynch api --worker-connections` defaults above it).
+    # Past either: 429 with Retry-After.  A tenant's own cap is its max_waiters in
+    # its limits (PUT /v1/tenants/{tenant}/limits).
+    waiters_per_tenant: int = 1000
+    waiters_max: int = 10000
     # Job listing page size cap.
     list_max_limit: int = 500
     # Beat intervals (seconds).

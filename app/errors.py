@@ -78,6 +78,21 @@ class TenantQueueFull(QueueFull):
         self.retry_after = retry_after
 
 
+class TooManyWaiters(DomainError):
+    """429: this API process already holds as many concurrent long-polls as
+    the tenant (``cap="tenant"``) or the process (``cap="process"``) may
+    have; nothing was waited for.  The message names the cap and its value;
+    the one error handler adds Retry-After."""
+
+    status = 429
+
+    def __init__(self, message: str, cap: str, limit: int, retry_after: int):
+        super().__init__(message)
+        self.cap = cap
+        self.limit = limit
+        self.retry_after = retry_after
+
+
 class Unavailable(DomainError):
     """A dependency (database, Redis) is down: 503, and nothing was admitted."""
 

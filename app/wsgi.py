@@ -1,4 +1,10 @@
-"""WSGI entry point for gunicorn: ``gunicorn app.wsgi:app``."""
-from app import create_app
+"""WSGI entry point for gunicorn: ``gunicorn app.wsgi:app``.
 
+Under a gevent worker psycopg2 is made cooperative here too, before the
+first connection (it is idempotent with the gunicorn hook), so even a plain
+``gunicorn -k gevent app.wsgi:app`` never blocks the hub on PostgreSQL."""
+from app import create_app
+from app.infra.serving import make_green
+
+make_green()
 app = create_app()

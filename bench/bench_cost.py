@@ -70,10 +70,9 @@ def main() -> dict:
     from app.config import load_settings, set_settings
 
     set_settings(load_settings())
-    from app.jobs import outbox
     from app.infra.db import get_engine
     from app.infra.publisher import producer_app
-    from app.jobs import execution
+    from app.jobs import execution, outbox
     from app.jobs import service as jobs
     from app.tenancy.keys import Principal
 

@@ -645,3 +645,44 @@ def _lookup(path: tuple[str, ...]) -> click.Command:
     for tok in path[1:]:
         cmd = cmd.get_command(ctx, tok)
     return cmd
+
+
+# --- the API's serving path -----------------------------------------------------------------
+
+def test_api_serves_on_gevent_with_descriptors_for_its_waiters(compose, services):
+    """The api service runs the gevent worker class (through its own
+    gunicorn configuration, which patches first), and its container's
+    descriptor limit covers every connection a worker may hold plus the
+    spare the hooks reserve (app/web/gunicorn_conf.py)."""
+    from app.cli.processes import CONNECTIONS_BEYOND_WAITERS, api_argv
+    from app.web.gunicorn_conf import SPARE_DESCRIPTORS
+
+    argv = service_argv(services["api"])
+    cmd = resolve_asynch(argv)
+    params = cmd.make_context("api", argv[2:]).params
+    assert params["worker_class"] == "gevent", "api: must serve with --worker-class gevent"
+    settings = load_settings({k: interpolate(str(v)) for k, v in compose["x-asynch-env"].items()})
+    conns = params["worker_connections"] or settings.waiters_max + CONNECTIONS_BEYOND_WAITERS
+    assert conns > settings.waiters_max, "worker connections must leave room beyond the waiters' cap"
+    gunicorn = api_argv(params["bind"], params["workers"], params["threads"], params["worker_class"],
+                        params["worker_connections"])
+    assert gunicorn[gunicorn.index("--config") + 1] == "python:app.web.gunicorn_gevent"
+    assert gunicorn[gunicorn.index("--worker-class") + 1] == "gevent"
+    nofile = (services["api"].get("ulimits") or {}).get("nofile")
+    assert nofile, "api: set ulimits.nofile (each waiting client holds a descriptor)"
+    soft = nofile["soft"] if isinstance(nofile, dict) else int(nofile)
+    assert soft >= conns + SPARE_DESCRIPTORS, f"api: nofile {soft} < {conns} connections + {SPARE_DESCRIPTORS} spare"
+
+
+def test_dev_script_runs_the_dev_stack():
+    """./scripts/dev.sh ends in `asynch dev`, which serves the API through
+    api_argv's gevent path (app/cli/processes.py)."""
+    import inspect
+
+    from app.cli import processes
+
+    script = (ROOT / "scripts" / "dev.sh").read_text()
+    assert re.search(r"^exec \S*asynch dev\b", script, re.M), "scripts/dev.sh must exec `asynch dev`"
+    src = inspect.getsource(processes.dev.callback)
+    assert "api_argv(" in src and "make_server" not in src, "asynch dev must run the API as `asynch api` does"
+    assert "python:app.web.gunicorn_gevent" in processes.api_argv()

@@ -131,3 +131,4 @@ def test_many_waiters_share_one_listener(api_url, workers, make_model, user_key)
     assert all(resp.json()["state"] == "done" for resp, _ in outs)
     assert waiters.hub.waiter_count() == 0
     assert threading.active_count() <= before + 1
+

@@ -30,21 +30,46 @@ def db_upgrade() -> None:
 
 # --- processes ----------------------------------------------------------------------
 
-@click.command(help="Run the API under gunicorn.")
+WORKER_CLASSES = ("gevent", "gthread")
+
+
+@click.command(help="Run the API under gunicorn (gevent: long-polls park no thread).")
 @click.option("--bind", default="0.0.0.0:8000")
 @click.option("--workers", default=2, type=int)
-@click.option("--threads", default=16, type=int, help="Threads per process (long-polls hold one).")
-def api(bind: str, workers: int, threads: int) -> None:
+@click.option("--worker-class", type=click.Choice(WORKER_CLASSES), default="gevent", show_default=True,
+              help="gevent serves every request, long-polls included, on greenlets; gthread is the old "
+                   "thread-per-request server (a long-poll holds a thread).")
+@click.option("--worker-connections", type=int, default=None,
+              help="Connections one worker process holds at once (waits included).  "
+                   "Default: ASYNCH_WAITERS_MAX + 1000.")
+@click.option("--threads", default=16, type=int, help="Threads per process (gthread only).")
+def api(bind: str, workers: int, worker_class: str, worker_connections: int | None, threads: int) -> None:
     # One Prometheus multiprocess directory per API server, set before
     # gunicorn (and so prometheus_client) starts; the hooks manage it.
     os.environ.update(metrics_group_env())
-    os.execvp(sys.executable, api_argv(bind, workers, threads))
+    os.execvp(sys.executable, api_argv(bind, workers, threads, worker_class, worker_connections))
 
 
-def api_argv(bind: str = "0.0.0.0:8000", workers: int = 2, threads: int = 16) -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "--config", "python:app.observe.gunicorn_conf", "--bind", bind,
-            "--workers", str(workers), "--threads", str(threads), "--worker-class", "gthread",
-            "--access-logfile", "-", "app.wsgi:app"]
+# Connections a worker accepts beyond ASYNCH_WAITERS_MAX waits: a process
+# full of waiters must still take other tenants' submits and polls.
+CONNECTIONS_BEYOND_WAITERS = 1000
+
+
+def api_argv(bind: str = "0.0.0.0:8000", workers: int = 2, threads: int = 16, worker_class: str = "gevent",
+             worker_connections: int | None = None) -> list[str]:
+    if worker_class not in WORKER_CLASSES:
+        raise ValueError(f"worker class must be one of {WORKER_CLASSES}, got {worker_class!r}")
+    if worker_connections is None:
+        worker_connections = get_settings().waiters_max + CONNECTIONS_BEYOND_WAITERS
+    # The gevent configuration monkey-patches before anything else is imported
+    # (app/web/gunicorn_gevent.py); both take their hooks from app/web/gunicorn_conf.py.
+    conf = "app.web.gunicorn_gevent" if worker_class == "gevent" else "app.web.gunicorn_conf"
+    argv = [sys.executable, "-m", "gunicorn", "--config", f"python:{conf}", "--bind", bind,
+            "--workers", str(workers), "--worker-class", worker_class,
+            "--worker-connections", str(worker_connections), "--access-logfile", "-"]
+    if worker_class == "gthread":
+        argv += ["--threads", str(threads)]
+    return argv + ["app.wsgi:app"]
 
 
 def metrics_group_env() -> dict[str, str]:
@@ -95,13 +120,11 @@ def beat() -> None:
     os.execvp(sys.executable, beat_argv())
 
 
-@click.command(help="All in one: migrate, a demo echo model, an admin key, the API, a worker and beat.")
+@click.command(help="All in one: migrate, a demo echo model, an admin key, the API (gunicorn gevent, as "
+               "`asynch api` serves it), a job worker, a callback worker and beat.")
 @click.option("--port", default=8000, type=int)
 @click.option("--model-port", default=8765, type=int)
 def dev(port: int, model_port: int) -> None:
-    from werkzeug.serving import make_server
-
-    from app import create_app
     from app.catalog import registry
     from app.catalog.schemas import ModelInput, ModelPatch
     from app.cli.demo_model import DemoModelServer
@@ -124,15 +147,33 @@ def dev(port: int, model_port: int) -> None:
     (ROOT / "data").mkdir(exist_ok=True)
     # Each worker node is its own metrics group; the callback node serves on the next port.
     callback_port = str(get_settings().worker_metrics_port + 1 if get_settings().worker_metrics_port else 0)
-    children = [subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}),
-                subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
-                                                               "ASYNCH_WORKER_METRICS_PORT": callback_port}),
-                subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")))]
-
-    server = make_server("127.0.0.1", port, create_app(), threaded=True)
     base = f"http://127.0.0.1:{port}"
-    click.echo(f"""
-model-asynch dev is up: API {base}, demo model {demo.url}, {len(children)} helper processes.
+    # The API is the production serving path (gunicorn, gevent worker), one
+    # process: every route behaves here as it does behind `asynch api`.
+    # Each child leads its own process group, so a stop can reach its
+    # workers/pool processes too; the terminal's Ctrl-C reaches only us, and
+    # we stop them in order.
+    api_proc = subprocess.Popen(api_argv(f"127.0.0.1:{port}", workers=1), env={**os.environ, **metrics_group_env()},
+                                process_group=0)
+    children = [api_proc,
+                subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}, process_group=0),
+                subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
+                                                               "ASYNCH_WORKER_METRICS_PORT": callback_port},
+                                 process_group=0),
+                subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")), process_group=0)]
+
+    def _stop(*_a):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    code = 0
+    try:
+        if not _wait_healthy(base, api_proc, timeout=60):
+            click.echo("the API did not come up; stopping", err=True)
+            code = 1
+            return
+        click.echo(f"""
+model-asynch dev is up: API {base}, demo model {demo.url}, {len(children) - 1} helper processes.
 Admin key (tenant "demo"): {key}
 Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
 OpenAPI: {base}/openapi.json
@@ -144,26 +185,55 @@ Submit a job, then wait for it and read its result:
   curl -s {base}/v1/models/demo-echo/jobs/<job_id>/result -H 'Authorization: Bearer {key}'
 Ctrl-C stops everything.
 """, err=True)
-
-    def _stop(*_a):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        server.serve_forever()
+        while True:
+            dead = [c for c in children if c.poll() is not None]
+            if dead:
+                click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
+                           "stopping", err=True)
+                code = 1
+                return
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
         for c in children:
-            c.terminate()
-        deadline = time.time() + 10
+            if c.poll() is None:
+                c.terminate()
+        deadline = time.time() + 15
         for c in children:
             try:
                 c.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                c.kill()
+                pass  # a worker still finishing a model call: killed below
+        for c in children:
+            # Whatever is left of its group (a pool process mid-call, a
+            # process that ignored SIGTERM) goes now.
+            try:
+                os.killpg(c.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            c.wait()
         demo.stop()
+        if code:
+            sys.exit(code)
 
+
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
 
 
 @click.command("env", help="List every ASYNCH_ environment variable and its current value.")

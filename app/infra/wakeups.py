@@ -1,14 +1,34 @@
-"""Long-poll wake-ups: one Redis pub/sub listener per API process.
+"""Long-poll wake-ups: one Redis pub/sub listener and one row fetcher per API
+process, shared by every waiter of the process.
 
 The same listener also carries cache invalidations (revoked keys, changed
 models) so every API process drops its per-process caches at once.
 
-A waiter registers (the "subscribe") before it reads the job, so a terminal
-commit is either visible to that read or its wake-up arrives afterwards
-(DESIGN.md invariant 7).  Workers publish only after the terminal commit.
-When the listener's connection drops, everything published meanwhile may be
-lost, so on every (re)subscribe all waiters are woken to read again, and
-while the listener is not subscribed waiters re-read on a short interval.
+Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
+- A waiter registers before its first read, then sleeps: a terminal commit
+  is either visible to that read or its message (workers publish only after
+  the commit) arrives while the waiter is registered.
+- Single flight: a message for job J puts J in the fetch set; the fetcher
+  reads every job of the set in one SELECT per ``FETCH_BATCH`` ids and hands
+  each row to every waiter of that job.  A delivered row always comes from
+  a read that started after the message arrived, so it is at least as new
+  as the commit that sent it.  10,000 waiters on one job cost one read.
+  The row is read by id only: tenant and model never change on a row, so a
+  waiter whose own first read could see the job may see every later copy;
+  a job gone meanwhile is handed over as GONE and the waiter re-reads it
+  itself (its own read says 404).
+- On every (re)subscribe all waited jobs are fetched (messages may have
+  been lost while away); while the listener is not subscribed the fetcher
+  re-reads all waited jobs every ``DEGRADED_POLL_SECONDS``, batched.  A
+  fetch that fails keeps its ids and is retried after the same interval.
+- Caps: a register past the tenant's cap or the process's cap raises
+  ``TooManyWaiters`` and counts nothing; every register is matched by one
+  unregister (``finally``), including a client that went away mid-wait
+  (its ``ClientWatch`` wakes the waiter, which returns at once).
+- The fetcher reads on a connection of its own, so a wake-up never waits
+  for a pooled connection behind the process's requests.
+- Fork: the whole state is per process (app/infra/process.py); a child
+  starts with no waiters and its own threads.
 """
 from __future__ import annotations
 
@@ -21,58 +41,110 @@ from typing import Callable
 import redis
 
 from app.config import get_settings
+from app.errors import TooManyWaiters
 from app.infra.caches import clear_all as clear_caches
+from app.infra.process import PerProcess
 from app.infra.redis.keys import invalidate_channel as invalidate_channel
 from app.infra.redis.keys import terminal_channel as terminal_channel
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
 
-# While the listener is down, waiters re-read the row this often.
+# While the listener is down, the fetcher re-reads every waited job this often.
 DEGRADED_POLL_SECONDS = 0.5
+# Job ids per SELECT ... WHERE id IN (...).
+FETCH_BATCH = 500
+# What a 429 for too many waiters tells the client to wait (seconds): waits
+# end when jobs end, which is not something we can predict per tenant.
+RETRY_AFTER_SECONDS = 1
+LISTENER_NAME = "asynch-wait-listener"
+
+GONE = object()  # the job's row no longer exists: the waiter re-reads it itself
 
 
-class WaitHub:
+class Waiter:
+    """One waiting request.  ``row`` is the newest delivered copy (or GONE),
+    ``None`` when nothing was delivered since the waiter last took it."""
+
+    __slots__ = ("job_id", "tenant", "seq", "event", "row")
+
+    def __init__(self, job_id: str, tenant: str, seq: int) -> None:
+        self.job_id = job_id
+        self.tenant = tenant
+        self.seq = seq  # registration order: a fetch started before it is not delivered to it
+        self.event = threading.Event()
+        self.row = None
+
+    def take(self):
+        row, self.row = self.row, None
+        return row
+
+
+def _fetch_engine():
+    from app.infra.db import make_engine
+
+    return make_engine(get_settings().database_url, autocommit=True, pool_size=1)
+
+
+# The fetcher's own connection: wake-ups never queue for a database
+# connection behind the requests of the process (a burst of new waits each
+# reading its job, submits).  One more connection per API process.
+_engine = PerProcess(_fetch_engine, on_fork=lambda e: e.dispose(close=False), on_reset=lambda e: e.dispose())
+
+
+def _read_rows(ids: list[str]) -> dict[str, object]:
+    from sqlalchemy import select
+
+    from app.infra.tables import tasks
+
+    out = {}
+    with _engine.get().connect() as conn:
+        for i in range(0, len(ids), FETCH_BATCH):
+            chunk = ids[i:i + FETCH_BATCH]
+            out.update((r.id, r) for r in conn.execute(select(tasks).where(tasks.c.id.in_(chunk))))
+    return out
+
+
+class _State:
+    """The hub of one process: waiters, caps' counts, the listener and the fetcher."""
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
-        self._subscribed = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pid: int | None = None
-        self._stop = threading.Event()
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.jobs: dict[str, set[Waiter]] = {}
+        self.per_tenant: dict[str, int] = {}
+        self.total = 0
+        self.seq = 0  # registrations so far
+        self.to_fetch: set[str] = set()
+        self.fetch_now = threading.Event()
+        self.subscribed = threading.Event()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.fetches = 0  # SELECTs the fetcher issued (tests, benchmarks)
+        self.draining = False  # the server is stopping: every wait answers now
+
+    def start(self) -> None:
+        with self.lock:
+            if self.threads and all(t.is_alive() for t in self.threads):
+                return
+            self.threads = [threading.Thread(target=self._listen, name=LISTENER_NAME, daemon=True),
+                            threading.Thread(target=self._fetch_forever, name="asynch-wait-fetcher", daemon=True)]
+            for t in self.threads:
+                t.start()
 
     # -- listener ---------------------------------------------------------
-    def ensure_started(self, ready_timeout: float = 2.0) -> None:
-        pid = os.getpid()
-        if self._thread is None or self._pid != pid or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or self._pid != pid or not self._thread.is_alive():
-                    # After fork the parent's thread does not exist here.
-                    self._subscribed = threading.Event()
-                    self._stop = threading.Event()
-                    self._pid = pid
-                    self._thread = threading.Thread(target=self._run, name="asynch-wait-listener", daemon=True)
-                    self._thread.start()
-        self._subscribed.wait(ready_timeout)
-
-    @property
-    def healthy(self) -> bool:
-        return self._subscribed.is_set()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
+    def _listen(self) -> None:
         settings = get_settings()
         inval = invalidate_channel()
         backoff = 0.1
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             client = None
             try:
-                client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                              socket_connect_timeout=5, health_check_interval=15)
+                client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_connect_timeout=5,
+                                              health_check_interval=15,
+                                              client_name=f"{LISTENER_NAME}-{os.getpid()}")
                 ps = client.pubsub()
-                ps.subscribe(terminal_channel(), invalidate_channel())
+                ps.subscribe(terminal_channel(), inval)
                 # Confirm the subscription before declaring ourselves healthy.
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline:
@@ -81,22 +153,22 @@ class WaitHub:
                         break
                 else:
                     raise redis.ConnectionError("subscribe not confirmed")
-                self._subscribed.set()
+                self.subscribed.set()
                 clear_caches()  # invalidations may have been missed while away
-                self._wake_all()  # and so may wake-ups
+                self.fetch_all()  # and so may wake-ups
                 backoff = 0.1
-                while not self._stop.is_set():
+                while not self.stop.is_set():
                     m = ps.get_message(timeout=1.0)
                     if m and m["type"] == "message":
                         if m["channel"] == inval:
                             clear_caches()
                         else:
-                            self._wake(m["data"])
+                            self.fetch(m["data"])
             except Exception as exc:  # connection lost: degrade, then reconnect
-                if self._subscribed.is_set():
+                if self.subscribed.is_set():
                     log.warning("wait listener lost Redis: %s", exc)
-                self._subscribed.clear()
-                self._wake_all()
+                self.subscribed.clear()
+                self.fetch_now.set()  # the fetcher starts polling
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
             finally:
@@ -106,60 +178,181 @@ class WaitHub:
                     except Exception:
                         pass
 
+    # -- fetcher ----------------------------------------------------------
+    def fetch(self, job_id: str) -> None:
+        with self.lock:
+            if job_id not in self.jobs:
+                return  # nobody here waits for it
+            self.to_fetch.add(job_id)
+        self.fetch_now.set()
+
+    def fetch_all(self) -> None:
+        with self.lock:
+            self.to_fetch.update(self.jobs)
+        self.fetch_now.set()
+
+    def _fetch_forever(self) -> None:
+        while not self.stop.is_set():
+            healthy = self.subscribed.is_set()
+            self.fetch_now.wait(None if healthy else DEGRADED_POLL_SECONDS)
+            # Cleared before the ids are taken: a message after this line sets
+            # it again and its id is either in this batch or the next one.
+            self.fetch_now.clear()
+            with self.lock:
+                ids = set(self.jobs) if not self.subscribed.is_set() else self.to_fetch & self.jobs.keys()
+                self.to_fetch = set()
+                seq = self.seq
+            if not ids:
+                continue
+            try:
+                rows = _read_rows(sorted(ids))
+                self.fetches += 1
+            except Exception as exc:
+                log.warning("wait fetcher could not read %d job(s): %s", len(ids), exc)
+                with self.lock:
+                    self.to_fetch |= ids
+                time.sleep(DEGRADED_POLL_SECONDS)
+                self.fetch_now.set()
+                continue
+            self._deliver(ids, rows, seq)
+
+    def _deliver(self, ids: set[str], rows: dict[str, object], seq: int) -> None:
+        """Hand each row to the waiters that registered before the read began
+        (a later waiter's own first read is newer than this copy)."""
+        woken = []
+        with self.lock:
+            for job_id in ids:
+                row = rows.get(job_id, GONE)
+                for w in self.jobs.get(job_id, ()):
+                    if w.seq <= seq:
+                        w.row = row
+                        woken.append(w)
+        for w in woken:
+            w.event.set()
+
     # -- waiters ----------------------------------------------------------
-    def register(self, job_id: str) -> threading.Event:
-        ev = threading.Event()
-        with self._lock:
-            self._waiters.setdefault(job_id, set()).add(ev)
-        return ev
+    def register(self, job_id: str, tenant: str, tenant_cap: int, process_cap: int) -> Waiter:
+        with self.lock:
+            n = self.per_tenant.get(tenant, 0)
+            if n >= tenant_cap:
+                raise TooManyWaiters(f"too many concurrent waits for this tenant on this API process "
+                                     f"(per-tenant cap {tenant_cap}); retry after {RETRY_AFTER_SECONDS} s",
+                                     cap="tenant", limit=tenant_cap, retry_after=RETRY_AFTER_SECONDS)
+            if self.total >= process_cap:
+                raise TooManyWaiters(f"too many concurrent waits on this API process (per-process cap "
+                                     f"{process_cap}); retry after {RETRY_AFTER_SECONDS} s",
+                                     cap="process", limit=process_cap, retry_after=RETRY_AFTER_SECONDS)
+            self.seq += 1
+            w = Waiter(job_id, tenant, self.seq)
+            self.jobs.setdefault(job_id, set()).add(w)
+            self.per_tenant[tenant] = n + 1
+            self.total += 1
+        return w
 
-    def unregister(self, job_id: str, ev: threading.Event) -> None:
-        with self._lock:
-            s = self._waiters.get(job_id)
-            if s is not None:
-                s.discard(ev)
-                if not s:
-                    del self._waiters[job_id]
+    def unregister(self, w: Waiter) -> None:
+        with self.lock:
+            s = self.jobs.get(w.job_id)
+            if s is None or w not in s:
+                return
+            s.discard(w)
+            if not s:
+                del self.jobs[w.job_id]
+            n = self.per_tenant[w.tenant] - 1
+            if n:
+                self.per_tenant[w.tenant] = n
+            else:
+                del self.per_tenant[w.tenant]
+            self.total -= 1
 
-    def waiter_count(self) -> int:
-        with self._lock:
-            return sum(len(s) for s in self._waiters.values())
 
-    def _wake(self, job_id: str) -> None:
-        with self._lock:
-            evs = list(self._waiters.get(job_id, ()))
-        for ev in evs:
-            ev.set()
+def _stop_state(state: _State) -> None:
+    state.stop.set()
+    state.fetch_now.set()
 
-    def _wake_all(self) -> None:
-        with self._lock:
-            evs = [ev for s in self._waiters.values() for ev in s]
-        for ev in evs:
-            ev.set()
+
+# A forked child has neither the parent's threads nor its waiters.
+_state: PerProcess[_State] = PerProcess(_State, on_reset=_stop_state)
+
+
+class WaitHub:
+    """The process's hub (a facade over its per-process state)."""
+
+    def ensure_started(self, ready_timeout: float = 2.0) -> None:
+        s = _state.get()
+        s.start()
+        s.subscribed.wait(ready_timeout)
+
+    @property
+    def healthy(self) -> bool:
+        return _state.get().subscribed.is_set()
+
+    def waiter_count(self, tenant: str | None = None) -> int:
+        s = _state.get()
+        with s.lock:
+            return s.total if tenant is None else s.per_tenant.get(tenant, 0)
+
+    def fetches(self) -> int:
+        return _state.get().fetches
+
+    def drain(self) -> None:
+        """The server is shutting down: every current and later wait of this
+        process answers at once with the state it has (as at its budget's
+        end), so a graceful stop is not held up by long-polls."""
+        s = _state.get()
+        s.draining = True
+        with s.lock:
+            woken = [w for ws in s.jobs.values() for w in ws]
+        for w in woken:
+            w.event.set()
+
+    def reset(self) -> None:
+        """Stop this process's listener and fetcher and forget every waiter
+        (tests: a fresh hub on the next use)."""
+        _state.reset()
+        _engine.reset()
 
 
 hub = WaitHub()
 
 
-def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], object]):
-    """Block until ``read()`` returns a terminal row or the budget ends.
+def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], object], tenant: str = "",
+                      tenant_cap: int | None = None, process_cap: int | None = None, watch=None):
+    """Block until the job is terminal or the budget ends; returns the last
+    row seen (it may then still be pending/running).
 
-    ``read`` loads the job row (raising if it is gone); its last result is
-    returned.  The order register -> clear -> read -> wait is what makes a
-    wake-up impossible to lose.
+    ``read`` loads the job row as the caller may see it (raising if it is
+    not there).  Order: register (the caps are checked here, before any
+    read) -> read -> sleep; a delivered row replaces a read.  ``watch`` (an
+    app.infra.serving.ClientWatch) ends the wait early when the client has
+    gone; the row read so far is returned to nobody.
     """
+    settings = get_settings()
     deadline = time.monotonic() + max(0.0, budget_seconds)
     hub.ensure_started()
-    ev = hub.register(job_id)
+    s = _state.get()
+    w = s.register(job_id, tenant, settings.waiters_per_tenant if tenant_cap is None else tenant_cap,
+                   settings.waiters_max if process_cap is None else process_cap)
     try:
+        if watch is not None:
+            watch.arm(w.event.set)
+        row = read()
         while True:
-            ev.clear()
-            row = read()
             if row is None or is_terminal(row.state):
                 return row
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or s.draining:
                 return row
-            ev.wait(remaining if hub.healthy else min(remaining, DEGRADED_POLL_SECONDS))
+            poll = watch.poll_seconds if watch is not None else None
+            w.event.wait(remaining if poll is None else min(remaining, poll))
+            w.event.clear()
+            if watch is not None and watch.gone():
+                return row
+            got = w.take()
+            if got is GONE:
+                row = read()
+            elif got is not None:
+                row = got
     finally:
-        hub.unregister(job_id, ev)
+        if watch is not None:
+            watch.close()
+        s.unregister(w)

@@ -47,6 +47,7 @@ from app.infra.storage import ObjectMissing, get_storage
 from app.infra.tables import tasks
 from app.jobs import dispatch, outbox
 from app.jobs.schemas import JobListQuery, SubmitOptions
+from app.jobs.waitcaps import waiter_cap
 from app.states import JobState, parse_v1_filter, v1_name
 from app.tenancy import limits
 from app.tenancy.keys import Principal
@@ -215,16 +216,20 @@ def get_job(principal: Principal, job_id: str, model_name: str | None = None) ->
         return load_job(conn, principal, job_id, model_name)
 
 
-def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None) -> Row:
+def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None,
+             watch=None) -> Row:
     """Return when the job is terminal or the budget ends (it may then still be
-    pending/running).  Never returns early on pending -> running."""
-    get_job(principal, job_id, model_name)  # 404 before waiting
-
+    pending/running).  Never returns early on pending -> running.  The
+    waiter caps are checked first (429, no read); then one read (404 for a
+    job the principal cannot see); then the wait, woken by the process's
+    listener (app/infra/wakeups.py).  ``watch``: the client's
+    app.infra.serving.ClientWatch, which ends the wait if the client leaves."""
     def read():
         with single_statement() as conn:
             return load_job(conn, principal, job_id, model_name)
 
-    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, read)
+    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, read, tenant=principal.tenant_id,
+                                     tenant_cap=waiter_cap(principal), watch=watch)
 
 
 def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:

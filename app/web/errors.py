@@ -18,6 +18,7 @@ from app.errors import (
     DomainError,
     QueueFull,
     RateLimited,
+    TooManyWaiters,
     Unauthorized,
     ValidationFailed,
 )
@@ -73,7 +74,7 @@ def register(app: Flask) -> None:
         headers = {}
         if isinstance(exc, ValidationFailed):
             body["errors"] = exc.errors
-        if isinstance(exc, QueueFull):
+        if isinstance(exc, (QueueFull, TooManyWaiters)):
             headers["Retry-After"] = str(exc.retry_after)
         if isinstance(exc, RateLimited):
             headers.update(exc.headers)

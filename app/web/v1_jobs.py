@@ -1,9 +1,10 @@
 """v1 jobs: the async-jobs wire contract of seed 000 (docs/api.md, "Jobs")."""
 from __future__ import annotations
 
-from flask import Blueprint, Response, url_for
+from flask import Blueprint, Response, request, url_for
 
 from app.contract import parse
+from app.infra.serving import client_watch
 from app.jobs import service as jobs
 from app.jobs.schemas import (
     JobAccepted,
@@ -91,9 +92,15 @@ def job_status(model: str, job_id: str):
 
 @bp.get("/models/<model>/jobs/<job_id>/wait")
 @endpoint("Long-poll a job until it is terminal or the budget ends", tag="jobs", path=_JOB_PATH, query=WaitQuery,
-          ok=Ok(JobStatus, "the poll body"))
+          ok=Ok(JobStatus, "the poll body"), errors=(429,),
+          description="Served without holding a thread (gevent). At most ASYNCH_WAITERS_PER_TENANT concurrent waits "
+                      "per tenant and ASYNCH_WAITERS_MAX in total per API process: past either, 429 with "
+                      "Retry-After and the cap in the error text.")
 def job_wait(model: str, job_id: str, query: WaitQuery):
-    return JobStatus.from_row(jobs.wait_job(current_principal(), job_id, query.budget_ms(), model))
+    # The client's socket is watched while it waits: a client that hangs up
+    # gives its place under the caps back at once, not at its budget's end.
+    row = jobs.wait_job(current_principal(), job_id, query.budget_ms(), model, watch=client_watch(request.environ))
+    return JobStatus.from_row(row)
 
 
 @bp.get("/models/<model>/jobs/<job_id>/result")

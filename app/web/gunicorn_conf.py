@@ -1,0 +1,55 @@
+"""gunicorn configuration `asynch api` runs with: ``-c python:app.web.gunicorn_conf``
+(gthread) or ``-c python:app.web.gunicorn_gevent`` (gevent, the default,
+which patches first and then takes every hook from here).
+
+Invariants:
+- The metrics hooks of app/observe/gunicorn_conf.py run unchanged: the
+  master takes and empties the multiprocess directory before it forks,
+  marks dead workers, removes a temporary directory at exit.
+- The master raises RLIMIT_NOFILE before it forks (workers inherit it):
+  every connection a worker holds open -- a long-poll included -- is a
+  descriptor, plus its database and Redis pools.
+- A stopping worker drains its long-polls (app.infra.wakeups.hub.drain):
+  they answer at once with the state they have, so SIGTERM is not held up
+  by waits with minutes of budget left.
+"""
+from __future__ import annotations
+
+import signal
+
+from app.infra import serving
+from app.infra.wakeups import hub
+from app.observe.gunicorn_conf import child_exit, on_exit  # noqa: F401  (gunicorn reads them here)
+from app.observe.gunicorn_conf import on_starting as _metrics_on_starting
+
+# Descriptors a worker needs besides its client connections: database and
+# Redis pools, the listener, log and metrics files.
+SPARE_DESCRIPTORS = 1024
+
+
+def on_starting(server) -> None:
+    _metrics_on_starting(server)
+    serving.raise_nofile(server.cfg.worker_connections + SPARE_DESCRIPTORS)
+
+
+def post_worker_init(worker) -> None:
+    serving.make_green()  # psycopg2 yields to the hub (no-op outside gevent)
+    serving.tune_gc()
+    stop = worker.handle_exit
+
+    def handle_exit(sig, frame) -> None:
+        stop(sig, frame)
+        # From a signal handler: hand the drain to a greenlet / thread of its own.
+        if serving.is_green():
+            import gevent
+
+            gevent.spawn(hub.drain)
+        else:
+            import threading
+
+            threading.Thread(target=hub.drain, name="asynch-drain", daemon=True).start()
+
+    worker.handle_exit = handle_exit
+    signal.signal(signal.SIGTERM, handle_exit)  # the worker installed the unwrapped one already
+    signal.siginterrupt(signal.SIGTERM, False)
+
