@@ -35,6 +35,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY beat_schedule.py alembic.ini README* ./
 COPY app ./app
 COPY workers ./workers
+COPY model_asynch ./model_asynch
 COPY alembic ./alembic
 RUN pip install . \
     && rm -rf build \

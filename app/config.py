@@ -47,8 +47,15 @@ class Settings:
     # checkout (a PostgreSQL backend fork per request; admission measured
     # ~490 req/s with 5, ~700 with 20, bench/bench_admission.py).
     db_pool_size: int = 16
+    # One Redis (redis://, rediss://) or a Redis Cluster
+    # (redis+cluster://host:port[,host:port...], rediss+cluster://): gates,
+    # permits, runtime limits, rate limits, wake-ups, beat leadership.
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Socket timeout of the Redis clients (seconds): how long a request
+    # waits on an unreachable Redis before it answers 503.
+    redis_timeout_seconds: float = 10.0
     # Celery broker; empty means "the Redis above".  amqp:// works too.
+    # Never a Redis Cluster: with a cluster ASYNCH_REDIS_URL it must be set.
     broker_url: str = ""
     # Where results go: file:///abs/dir, file://relative/dir, s3://bucket/prefix
     # or oss+http(s)://host:port/base (the seed's file service, see storage.py)
@@ -66,6 +73,15 @@ class Settings:
     # (never stored), and a pepper mixed into every stored key hash.
     bootstrap_admin_key: str = ""
     key_pepper: str = ""
+    # A local trial (`asynch dev` sets it): weak or missing secrets are
+    # accepted (see check_startup).  Never in a deployment.
+    dev_mode: bool = False
+    # Keys encrypting secrets at rest (head_msg values, tenant callback
+    # secrets): comma-separated Fernet keys, the first encrypts, every one
+    # decrypts (app/infra/secretbox.py).  Empty: derived from the pepper (dev mode only).
+    secrets_keys: str = ""
+    # The previous callback secret keeps signing (a second signature) this long after a rotation.
+    callback_secret_overlap_seconds: int = 86400
     # Per-process caches on the admission path (seconds; 0 disables): a
     # revoked key / changed model reaches every API process within this.
     auth_cache_seconds: float = 5.0
@@ -73,6 +89,14 @@ class Settings:
     # Request and response limits.
     max_body_bytes: int = 10 * 1024 * 1024
     max_result_bytes: int = 64 * 1024 * 1024
+    # GET .../result with S3 storage: 0 streams the object through the API;
+    # N > 0 answers 307 to a presigned S3 URL valid N seconds instead.
+    result_redirect_seconds: int = 0
+    # Results of at most this many bytes stay in the job's row (location
+    # ``inline:``): no storage round trip, nothing to delete at cleanup.  -1:
+    # 4096 for file:// storage, 0 (off) for S3 and OSS, whose locations
+    # (oss_file) callers may fetch themselves.  0: always store.
+    inline_result_bytes: int = -1
     # A model's timeout_seconds may not exceed this; the broker's visibility
     # timeout is derived from it so a slow call is never re-delivered early.
     max_model_timeout_seconds: int = 3600
@@ -93,6 +117,16 @@ class Settings:
     # Long-poll limits (milliseconds), seed 000's contract.
     wait_default_ms: int = 30000
     wait_max_ms: int = 300000
+    # Sync mode (``Prefer: wait=N`` on a submit): a done job's JSON result of
+    # at most this many bytes is in the 200 body itself (0: never inline).
+    sync_result_max_bytes: int = 65536
+    # Event streams (GET .../jobs/{id}/events, GET /v1/events; each counts
+    # as a waiter): a comment line every keepalive seconds, the row re-read
+    # every poll seconds (a terminal state wakes the stream at once), and a
+    # stream closed after max seconds (the client resumes with Last-Event-ID).
+    events_keepalive_seconds: float = 15.0
+    events_poll_seconds: float = 1.0
+    events_max_seconds: float = 3600.0
     # Concurrent long-polls (/wait) one API process holds, per tenant and in
     # total.  A wait parks no thread (the API serves on gevent), but each
     # holds a socket and a little memory: the tenant cap keeps one tenant
@@ -118,6 +152,10 @@ class Settings:
     done_retention_seconds: int = 7 * 86400
     # Rows one maintenance transaction locks (SKIP LOCKED) and works on.
     maintenance_batch: int = 500
+    # Pending jobs one runWork pass claims and runs itself (the worker-less
+    # deployment of seed 002, app/maintenance/run_once.py); 0: it runs none
+    # (resident Celery workers run them).
+    run_work_max_tasks: int = 0
     # Beat leader lock: a beat that stops renewing it for this long loses
     # it and a standby beat takes over.  Must exceed a beat tick.
     beat_lock_ttl_seconds: float = 30.0
@@ -156,12 +194,37 @@ class Settings:
     # Operator allowlist for callback targets that would otherwise be refused
     # (loopback, private, link-local ...): comma list of IPs, CIDRs or host names.
     callback_allow_hosts: str = ""
+    # The longest a URL check waits for DNS (callbackUrl at submit and before
+    # each delivery); past it the target counts as not resolving.
+    resolve_timeout_seconds: float = 5.0
     # Celery queue of callback deliveries, consumed by `asynch callback-worker`
     # only: a slow receiver ties up callback processes, never job workers.
     callback_queue_name: str = "asynch-callbacks"
     # Trust X-User-Info from a gateway in front of the API for the job's
     # creator.  Off: only the creator field / X-Creator header count.
     trusted_gateway: bool = False
+    # The modelKey allowlist of a model created without model_key_headers
+    # (issue 12: empty, jobs set no header).  A seed-002 deployment whose
+    # clients create models with the seed's createModel and send modelKey
+    # (e.g. X-API-Key over head_msg) names those headers here
+    # (docs/migrating.md).
+    model_key_headers_default: str = ""
+    # How requests authenticate: "key" (a Bearer API key, the default) or
+    # "gateway" (the seed-002 deployment behind the business gateway: a
+    # request proven to come from the gateway -- ASYNCH_GATEWAY_SECRET in
+    # ASYNCH_GATEWAY_SECRET_HEADER and/or a source in ASYNCH_GATEWAY_CIDRS --
+    # acts for the tenant and creator its X-User-Info names, and its
+    # Authorization goes to the OSS file service unchanged; a request that
+    # carries one of our API keys is still authenticated by it: admin routes).
+    auth_mode: str = "key"
+    # Seed-002 routes answer errors with HTTP 200 and the status only in the
+    # envelope's code (as some seed clients expect); off: the real status.
+    seed_errors_http_200: bool = False
+    gateway_secret: str = ""
+    gateway_secret_header: str = "X-Gateway-Secret"
+    gateway_cidrs: str = ""
+    # The tenant of a gateway request whose X-User-Info names none; empty: 401.
+    gateway_default_tenant: str = ""
     # OSS file service backend (storage_url oss+http://host:port/base): the
     # Authorization sent when a job carries none of its own, and the timeout.
     oss_authorization: str = ""
@@ -170,6 +233,9 @@ class Settings:
     # Every metrics endpoint (an API's /metrics and /metrics/cluster, a worker
     # node's metrics port): empty means no key needed; else "Authorization: Bearer <token>".
     metrics_token: str = ""
+    # asynch_jobs{state=done|failed|claimed|timeout|canceled} counts at most
+    # this many rows per model and state: a scrape never counts the whole history.
+    metrics_job_count_cap: int = 10000
     # Prometheus multiprocess directory of one process group (an API server:
     # gunicorn master + workers; a worker node: Celery main + pool).  Empty:
     # `asynch api` / `asynch worker` make a fresh temporary one each start.
@@ -179,7 +245,10 @@ class Settings:
     # processes' counters included); 0 serves none.
     worker_metrics_port: int = 9808
     # Workers refresh their liveness key this often; it expires after 3 intervals.
-    worker_heartbeat_seconds: float = 10.0
+    worker_heartbeat_seconds: float = 5.0
+    # Recovery fails a node's running attempts as soon as its liveness key
+    # has expired (instead of when their lease runs out).  Off: leases only.
+    recover_by_heartbeat: bool = True
     # Request rate limit per API key (a token bucket in Redis, see
     # app/web/ratelimit.py): tokens per second.  0 turns limiting off and then
     # a request costs no Redis round trip for it.  The defaults every key gets
@@ -188,6 +257,12 @@ class Settings:
     # Bucket capacity: how many requests a rested key may send at once.
     # 0 means twice the rate per second, at least 1.
     rate_limit_burst: int = 0
+
+    @property
+    def inline_result_limit(self) -> int:
+        if self.inline_result_bytes >= 0:
+            return self.inline_result_bytes
+        return 4096 if self.storage_url.startswith("file:") else 0
 
     @property
     def effective_broker_url(self) -> str:
@@ -222,7 +297,42 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             kw[f.name] = _float(env, name, default)
         else:
             kw[f.name] = env.get(name, default)
-    return Settings(**kw)
+    s = Settings(**kw)
+    if is_cluster_url(s.redis_url) and not s.broker_url:
+        raise ValueError("ASYNCH_REDIS_URL is a Redis Cluster: set ASYNCH_BROKER_URL to a single Redis or "
+                         "RabbitMQ (the Celery broker cannot use a cluster)")
+    if is_cluster_url(s.broker_url):
+        raise ValueError("ASYNCH_BROKER_URL cannot be a Redis Cluster: use a single Redis or RabbitMQ")
+    if s.auth_mode not in ("key", "gateway"):
+        raise ValueError(f"ASYNCH_AUTH_MODE must be key or gateway, got {s.auth_mode!r}")
+    if s.auth_mode == "gateway" and not (s.gateway_secret or s.gateway_cidrs.strip()):
+        raise ValueError("ASYNCH_AUTH_MODE=gateway needs ASYNCH_GATEWAY_SECRET and/or ASYNCH_GATEWAY_CIDRS")
+    return s
+
+
+# The shortest ASYNCH_BOOTSTRAP_ADMIN_KEY a deployment accepts.
+MIN_BOOTSTRAP_KEY_LENGTH = 32
+
+
+def check_startup(s: Settings) -> None:
+    """Refuse to serve with insecure secrets outside dev mode (every server
+    command calls it): a bootstrap admin key shorter than 32 characters or an
+    empty pepper.  Raises ValueError with the fix."""
+    if s.dev_mode:
+        return
+    problems = []
+    if s.bootstrap_admin_key and len(s.bootstrap_admin_key) < MIN_BOOTSTRAP_KEY_LENGTH:
+        problems.append(f"ASYNCH_BOOTSTRAP_ADMIN_KEY is shorter than {MIN_BOOTSTRAP_KEY_LENGTH} characters")
+    if not s.key_pepper:
+        problems.append("ASYNCH_KEY_PEPPER is empty")
+    if problems:
+        raise ValueError("refusing to start outside dev mode (ASYNCH_DEV_MODE): " + "; ".join(problems)
+                         + " (generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+
+
+def is_cluster_url(url: str) -> bool:
+    """A Redis Cluster URL (redis+cluster:// or rediss+cluster://)."""
+    return url.split("://", 1)[0] in ("redis+cluster", "rediss+cluster")
 
 
 def prometheus_multiproc_dir(env: Mapping[str, str] | None = None) -> str:

@@ -1,5 +1,5 @@
 """Domain errors.  Raised anywhere inside; turned into HTTP once, at the edge
-(app/api/errors.py), each with its status and its ``error`` text."""
+(app/web/errors.py), each with its status and its ``error`` text."""
 from __future__ import annotations
 
 

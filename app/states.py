@@ -1,4 +1,4 @@
-"""Job states: the eight codes of DESIGN.md and how each face shows them."""
+"""Job states: the eight state codes (docs/architecture.md, "Job states") and how each face shows them."""
 from __future__ import annotations
 
 from enum import IntEnum
@@ -27,6 +27,22 @@ TERMINAL_STATES = frozenset(
 )
 # States that still have work ahead of them.
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RETRY_WAIT})
+
+# A job's ``error`` as its tenant sees it: "<code>: <short message>".  The
+# codes are stable (docs/api.md, "Job error codes"); the message never holds
+# internals (storage exceptions, endpoints, paths, the model's error body):
+# those go to the logs and to ``asynch_task.error_detail``, which only admin
+# views show.
+JOB_ERROR_CODES = frozenset({
+    "model_timeout", "model_unreachable", "model_http_error", "model_response_too_large",
+    "model_response_broken", "model_request_invalid", "model_not_configured", "storage_error",
+    "internal_error", "worker_lost", "job_timeout", "canceled",
+})
+
+
+def job_error(code: str, message: str) -> str:
+    assert code in JOB_ERROR_CODES, code
+    return f"{code}: {message}"
 
 # The v1 face (seed 000 wire contract): a caller sees pending until a worker
 # is on it, and done for a claimed job.

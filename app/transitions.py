@@ -1,6 +1,6 @@
 """Every change of a job's state, each one conditional UPDATE ... RETURNING.
 
-The row is the truth (DESIGN.md invariant 2): a transition names the states
+The row is the truth (docs/architecture.md, invariant 2): a transition names the states
 it may start from and, where a worker's attempt is involved, the attempt it
 expects.  The database applies it or not; whoever gets the row back owns the
 transition and its side effects (slot release, wake-up, callback), everyone
@@ -14,19 +14,19 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
-from sqlalchemy import DateTime, bindparam, delete, func, literal, select, update
+from sqlalchemy import DateTime, bindparam, delete, func, literal, literal_column, select, update
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
 from app.infra.tables import models, tasks
-from app.states import TERMINAL_STATES
+from app.states import TERMINAL_STATES, job_error
 from app.states import JobState as S
 
 # The retention of a claimed result whose model row is gone (the column's default).
 DEFAULT_KEEP_SECONDS = 3600
 
-# The state machine of DESIGN.md, and nothing else.
+# The state machine (docs/architecture.md, "Job states"), and nothing else.
 ALLOWED: frozenset[tuple[S, S]] = frozenset({
     (S.PENDING, S.RUNNING),
     (S.RUNNING, S.DONE),
@@ -39,6 +39,9 @@ ALLOWED: frozenset[tuple[S, S]] = frozenset({
     (S.RUNNING, S.CANCELED),
     (S.RETRY_WAIT, S.CANCELED),
     (S.PENDING, S.TIMEOUT),
+    (S.RETRY_WAIT, S.TIMEOUT),   # seed 000: a job waiting to retry still has a budget
+    (S.PENDING, S.FAILED),       # an admin's fail (seed 000: any non-terminal state can be ended)
+    (S.RETRY_WAIT, S.FAILED),
 })
 
 
@@ -57,29 +60,63 @@ def _cas(
     attempt: int | None = None,
     where: Sequence = (),
     values: dict | None = None,
+    alongside: tuple | None = None,
 ) -> Row | None:
+    """The one writer of ``state``.  ``alongside``: (statement, params) of
+    another write that must commit with this one (the usage count of a
+    model call); on PostgreSQL both go as ONE statement (a data-modifying
+    CTE: one round trip, its own transaction on an autocommit connection),
+    elsewhere as two in the caller's transaction.  The side statement runs
+    whether or not the guard matches: it records what happened, not who
+    owns the row."""
     check_allowed(from_states, to_state)
     vals = {"state": int(to_state), "updated_at": clock_now()}
     if S(to_state) in TERMINAL_STATES:
-        # The OSS pass-through credentials are only needed for an upload.
+        # The OSS pass-through credentials are only needed for an upload, the
+        # job's modelKey header values only for a model call: neither stays at rest.
         vals["passthrough_headers"] = None
+        vals["model_key"] = None
     vals.update(values or {})
     states = tuple(int(s) for s in from_states)
+    key = None
     if where:
         # Maintenance guards carry their own literals: built per call (rare).
         stmt = _guarded(states, attempt is not None).where(*where)
         stmt = stmt.values(**vals).returning(*tasks.c)
-        return conn.execute(stmt, {"_id": job_id, "_attempt": attempt}).first()
-    # Hot paths: one statement per shape, built once, values as parameters.
-    key = (states, attempt is not None, tuple(sorted(vals)))
-    stmt = _STATEMENTS.get(key)
-    if stmt is None:
-        stmt = _guarded(states, attempt is not None).values(
-            {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
-        _STATEMENTS[key] = stmt
-    params = {f"v_{k}": v for k, v in vals.items()}
-    params.update(_id=job_id, _attempt=attempt)
+        params = {"_id": job_id, "_attempt": attempt}
+    else:
+        # Hot paths: one statement per shape, built once, values as parameters.
+        key = (states, attempt is not None, tuple(sorted(vals)))
+        stmt = _STATEMENTS.get(key)
+        if stmt is None:
+            stmt = _guarded(states, attempt is not None).values(
+                {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+            _STATEMENTS[key] = stmt
+        params = {f"v_{k}": v for k, v in vals.items()}
+        params.update(_id=job_id, _attempt=attempt)
+    if alongside is not None:
+        side, side_params = alongside
+        params.update(side_params)
+        if conn.dialect.name != "postgresql":
+            conn.execute(side, side_params)
+        else:
+            stmt = _with_side(key, stmt, side)
     return conn.execute(stmt, params).first()
+
+
+_COMBINED: dict[tuple, object] = {}
+
+
+def _with_side(key: tuple, stmt, side):
+    """WITH side AS (<side> RETURNING 1), moved AS (<the CAS> RETURNING *)
+    SELECT * FROM moved -- built once per shape."""
+    combined = _COMBINED.get((key, id(side))) if key is not None else None
+    if combined is None:
+        moved = stmt.cte("moved")
+        combined = select(moved).add_cte(side.returning(literal_column("1")).cte("side"))
+        if key is not None:
+            _COMBINED[(key, id(side))] = combined
+    return combined
 
 
 _STATEMENTS: dict[tuple, object] = {}
@@ -94,53 +131,66 @@ def _guarded(states: tuple[int, ...], with_attempt: bool):
     return stmt
 
 
-def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime) -> Row | None:
+def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
     """pending -> running for the attempt the message was published for.
 
     A duplicate delivery of the same message finds attempt already moved on
     (or the state no longer pending) and gets None: it must not run.
+    ``worker``: the node that runs it (recovery watches its heartbeat).
     """
     now = clock_now()
     return _cas(conn, job_id, [S.PENDING], S.RUNNING, attempt=attempt, values={
         "attempt": attempt + 1,
         "started_at": now,
         "lease_expires_at": lease_until,
+        "worker": worker,
     })
 
 
 def complete(
     conn: Connection, job_id: str, attempt: int, *,
-    location: str, content_type: str, size: int,
+    location: str, content_type: str, size: int, inline: bytes | None = None, alongside: tuple | None = None,
 ) -> Row | None:
-    """running -> done, by the attempt that holds the row."""
-    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, values={
+    """running -> done, by the attempt that holds the row.  ``inline``: the
+    result itself, kept in the row (``location`` is then ``inline:``)."""
+    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "error": None,
+        "error_detail": None,
         "result_location": location,
         "result_content_type": content_type,
         "result_size": size,
+        "result_inline": inline,
     })
 
 
 def fail_attempt(
     conn: Connection, job_id: str, attempt: int, error: str,
-    *, retry_at: datetime | None, lease_expired_before: datetime | None = None,
+    *, retry_at: datetime | None, lease_expired_before: datetime | None = None, worker_gone: str | None = None,
+    alongside: tuple | None = None, detail: str | None = None,
 ) -> Row | None:
     """running -> retry_wait (retry_at given) or failed (no retries left).
+    ``error``: what the tenant sees (app/states.py job_error); ``detail``:
+    the internals behind it, for admin views.
 
     With ``lease_expired_before`` this is the recovery of a dead worker: it
-    only applies if the attempt's lease has really run out.
+    only applies if the attempt's lease has really run out; with
+    ``worker_gone`` only if that node still holds it.
     """
     where = []
     if lease_expired_before is not None:
         where.append(tasks.c.lease_expires_at < lease_expired_before)
-    values = {"error": error[:4000], "lease_expires_at": None}
+    if worker_gone is not None:
+        where.append(tasks.c.worker == worker_gone)
+    values = {"error": error[:4000], "error_detail": detail[:4000] if detail else None, "lease_expires_at": None}
     if retry_at is not None:
         values["next_retry_at"] = retry_at
-        return _cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values)
+        return _cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values,
+                    alongside=alongside)
     values["finished_at"] = clock_now()
-    return _cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values)
+    return _cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values,
+                alongside=alongside)
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
@@ -175,6 +225,22 @@ def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: dateti
     return conn.execute(stmt.values(**vals).returning(tasks.c.id)).first()
 
 
+def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> None:
+    """Note that done/claimed jobs' results were read (not a state change):
+    ``last_read_at``, the order a model's max_completed cap evicts in.
+    Advisory: rows another transaction holds (a batch claiming them, which
+    sets last_read_at itself; a cleanup) are skipped, never waited for, so
+    reads never queue behind or deadlock with claims.  Run it on its own
+    (autocommit) connection, after any claim's transaction committed."""
+    if not job_ids:
+        return
+    where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(S.DONE), int(S.CLAIMED)])]
+    if conn.dialect.name == "postgresql":
+        free = select(tasks.c.id).where(*where).with_for_update(skip_locked=True).scalar_subquery()
+        where = [tasks.c.id.in_(free)]
+    conn.execute(update(tasks).where(*where).values(last_read_at=now))
+
+
 def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], older_than,
                before: datetime) -> list[Row]:
     """Hard-delete the jobs of ``job_ids`` that are still in one of ``states``
@@ -196,17 +262,29 @@ def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Row | None:
     return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
-        "error": "canceled by client",
+        "error": job_error("canceled", "canceled by client"),
+    })
+
+
+def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Row | None:
+    """pending/running/retry_wait -> failed, by an admin (beside cancel:
+    the job ends as a failure, e.g. a poisoned payload); a running attempt's
+    late writes are refused by the attempt guard."""
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, values={
+        "finished_at": clock_now(),
+        "lease_expires_at": None,
+        "next_retry_at": None,
+        "error": (f"failed by admin: {reason}" if reason else "failed by admin")[:4000],
     })
 
 
 def time_out(conn: Connection, job_id: str, *, now: datetime) -> Row | None:
-    """pending/running past the job's budget -> timeout."""
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING], S.TIMEOUT,
+    """pending/running/retry_wait past the job's budget -> timeout."""
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT,
                 where=[tasks.c.deadline_at < now], values={
                     "finished_at": now,
                     "lease_expires_at": None,
-                    "error": "job budget exceeded",
+                    "error": job_error("job_timeout", "job budget exceeded"),
                 })
 
 
@@ -237,7 +315,7 @@ def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | Non
     # Correlated to the row being updated: one primary-key probe of asynch_models per row.
     keep = select(models.c.auto_clean_seconds).where(models.c.model_name == tasks.c.model_name).scalar_subquery()
     stmt = (update(tasks).where(tasks.c.id.in_(locked.scalar_subquery()), tasks.c.state == int(S.DONE))
-            .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now,
+            .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now, last_read_at=now,
                     expire_at=literal(now, DateTime(timezone=True))
                     + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(keep, default_keep_seconds)))
             .returning(*returning))
@@ -258,7 +336,7 @@ def _claim_results_per_model(conn: Connection, where: list, now: datetime, defau
     for model_name, seconds in keep.items():
         expire = now + timedelta(seconds=seconds if seconds is not None else default_keep_seconds)
         stmt = (update(tasks).where(*where, tasks.c.model_name == model_name)
-                .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now, expire_at=expire)
+                .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now, last_read_at=now, expire_at=expire)
                 .returning(*returning))
         out.extend(conn.execute(stmt).all())
     return out

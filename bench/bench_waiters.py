@@ -128,8 +128,11 @@ def _finish(ids: list[str], seconds: float) -> None:
             time.sleep(delay)
         with transaction() as conn:
             won = transitions.complete(conn, j, 1, location="x", content_type="application/json", size=0)
+        committed = time.time()  # the terminal state is durable (and visible) from here
         if won is not None:
             svc.after_terminal(won)
+            print(j, f"{committed:.6f}", flush=False)
+    sys.stdout.flush()
 
 
 def finisher_process(ids: list[str], seconds: float) -> subprocess.Popen:
@@ -138,7 +141,7 @@ def finisher_process(ids: list[str], seconds: float) -> subprocess.Popen:
     code = ("import sys; from app.config import load_settings, set_settings; set_settings(load_settings()); "
             f"from bench.bench_waiters import _finish; _finish(sys.stdin.read().split(), {seconds})")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=stack.ROOT, env={**stack.env(), **_env_extra_now()},
-                         stdin=subprocess.PIPE, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     p.stdin.write(" ".join(ids))
     p.stdin.close()
     return p
@@ -338,7 +341,9 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         b = tenant_b_process(api_url, key_b, b_seconds, b_rate)
         finisher = finisher_process(ids, finish_seconds)
         loaded = _b_result(b, b_seconds + 60)
+        out_text = finisher.stdout.read()  # until the finisher exits
         finisher.wait(finish_seconds + 120)
+        committed = {j: float(t) for j, t in (ln.split() for ln in out_text.splitlines() if ln.strip())}
         cpu1, wall = _cpu_snapshot(api), time.monotonic() - t0
         cpu = {k: round((cpu1[k] - cpu0[k]) / wall, 2) for k in cpu0}
         print(f"  [{worker_class}] cores used while the jobs finished ({wall:.0f} s): {cpu}", flush=True)
@@ -346,6 +351,11 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         gc.enable()
         fin = _finished_at(ids)
         lat = [(at - fin[j]) * 1000 for j, at, st in list(w.answers) if st == "done" and j in fin]
+        # The wake-up proper: from the moment the terminal commit returned to
+        # the answer's arrival.  (finished_at is set in the UPDATE, before
+        # the commit: a slow commit -- an fsync stall -- counts in ``lat``.)
+        lat_c = [(at - committed[j]) * 1000 for j, at, st in list(w.answers) if st == "done" and j in committed]
+        commit_ms = [(committed[j] - fin[j]) * 1000 for j in committed if j in fin]
         not_done = sum(1 for _, _, st in list(w.answers) if st != "done")
         out = {
             "worker_class": worker_class, "waiters": len(targets), "jobs": jobs, "ramp_s": ramp_s, "settle_s": settle_s,
@@ -353,6 +363,8 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
             "not_done": not_done, "all_answered": done_all,
             "wake_p50_ms": stack.pct(lat, 50), "wake_p99_ms": stack.pct(lat, 99),
             "wake_max_ms": max(lat) if lat else float("nan"),
+            "wake_commit_p50_ms": stack.pct(lat_c, 50), "wake_commit_p99_ms": stack.pct(lat_c, 99),
+            "commit_p99_ms": stack.pct(commit_ms, 99), "commit_max_ms": max(commit_ms) if commit_ms else float("nan"),
             "b_alone": base, "b_loaded": loaded, "b_p99_ratio": loaded["p99_ms"] / base["p99_ms"],
             "api_rss_mb": rss_parked, "cores_used": cpu,
         }
@@ -363,6 +375,9 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
                 by_second.setdefault(int((fin[j] - t_first) // 5) * 5, []).append((at - fin[j]) * 1000)
         print("  [" + worker_class + "] wake-up p99 by finish time: " + ", ".join(
             f"{k}-{k + 5}s {stack.pct(v, 99):.0f} ms" for k, v in sorted(by_second.items())), flush=True)
+        print(f"  [{worker_class}] from the terminal commit: wake-up p50 {out['wake_commit_p50_ms']:.1f} ms  p99 "
+              f"{out['wake_commit_p99_ms']:.1f} ms (the finisher's commits themselves: p99 {out['commit_p99_ms']:.1f} ms, "
+              f"max {out['commit_max_ms']:.0f} ms after finished_at)", flush=True)
         print(f"  [{worker_class}] wake-up p50 {out['wake_p50_ms']:.1f} ms  p99 {out['wake_p99_ms']:.1f} ms  max "
               f"{out['wake_max_ms']:.0f} ms (n={len(lat)}, not done {not_done}, unanswered "
               f"{out['unanswered_at_bound']}); tenant B with the waiters: p50 {loaded['p50_ms']:.1f} ms p99 "
@@ -394,8 +409,9 @@ def main(waiters: int = 10_000, jobs: int = 2_000, tenants: int = 20, finish_sec
         reset_redis()
     out = {"gevent": run("gevent", waiters, jobs, tenants, finish_seconds, b_seconds, b_rate)}
     g = out["gevent"]
-    print(f"waiters ({g['waiters']} on {jobs} jobs, 2 gevent workers): wake-up p50 {g['wake_p50_ms']:.1f} ms "
-          f"p99 {g['wake_p99_ms']:.1f} ms | tenant B submit p99 {g['b_alone']['p99_ms']:.1f} ms alone, "
+    print(f"waiters ({g['waiters']} on {jobs} jobs, 2 gevent workers): wake-up from the commit p50 "
+          f"{g['wake_commit_p50_ms']:.1f} ms p99 {g['wake_commit_p99_ms']:.1f} ms (from finished_at p99 "
+          f"{g['wake_p99_ms']:.1f} ms) | tenant B submit p99 {g['b_alone']['p99_ms']:.1f} ms alone, "
           f"{g['b_loaded']['p99_ms']:.1f} ms with the waiters ({g['b_p99_ratio']:.2f}x)", flush=True)
     if gthread:
         t = out["gthread"] = run("gthread", waiters, jobs, tenants, finish_seconds, b_seconds, b_rate,

@@ -18,7 +18,11 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DB_NAME = "asynch_bench"
-GATE_DB, BROKER_DB, COUNTER_DB, NAIVE_BROKER_DB = 6, 5, 3, 4
+# Redis DB numbers of the benchmarks (tests use 14 and 15; parallel
+# checkouts' tests pick theirs through ASYNCH_TEST_REDIS_*): BENCH_REDIS_DBS
+# "gate,broker,counter,naive" moves them.
+GATE_DB, BROKER_DB, COUNTER_DB, NAIVE_BROKER_DB = (int(x) for x in
+                                                   os.environ.get("BENCH_REDIS_DBS", "8,9,10,11").split(","))
 LOGS = ROOT / "bench" / "logs"
 
 
@@ -37,6 +41,8 @@ def env(**extra) -> dict:
         "ASYNCH_STORAGE_URL": f"file://{ROOT}/bench/logs/results",
         "ASYNCH_QUEUE_NAME": "asynch-bench",
         "ASYNCH_LOG_LEVEL": "WARNING",
+        # The API refuses to start outside dev mode without a pepper (app/config.py check_startup).
+        "ASYNCH_KEY_PEPPER": os.environ.get("ASYNCH_KEY_PEPPER") or "bench-pepper",
         "BENCH_NAIVE_BROKER": f"redis://127.0.0.1:6379/{NAIVE_BROKER_DB}",
         "BENCH_NAIVE_COUNTER": f"redis://127.0.0.1:6379/{COUNTER_DB}",
     }

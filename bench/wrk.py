@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 
 _LUA = """
-wrk.method = "POST"
+wrk.method = "%s"
 wrk.body = '%s'
 wrk.headers["Content-Type"] = "application/json"
 %s
@@ -18,10 +18,10 @@ def _ms(value: str, unit: str) -> float:
 
 
 def run_wrk(url: str, body: str, headers: dict[str, str], connections: int = 32, seconds: int = 10,
-            threads: int = 2) -> dict:
+            threads: int = 2, method: str | None = None) -> dict:
     hdr = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(_LUA % (body, hdr))
+        f.write(_LUA % (method or ("POST" if body else "GET"), body, hdr))
         script = f.name
     out = subprocess.run(["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency",
                           "--timeout", "10s", "-s", script, url], capture_output=True, text=True, check=True).stdout

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Start the local services the system and its tests talk to, if they are not
 # already up: PostgreSQL, Redis and (with --rabbitmq) RabbitMQ.  Installs them
-# from Debian's packages when they are missing entirely.
+# from Debian's packages when they are missing entirely.  --cluster installs
+# what the multi-host tests start themselves (tests/cluster/harness.py):
+# pgbouncer, redis-server, iproute2 (they run their own servers, never these).
 set -euo pipefail
 
 want_rabbit=0
-for a in "$@"; do [ "$a" = "--rabbitmq" ] && want_rabbit=1; done
+want_cluster=0
+for a in "$@"; do
+  [ "$a" = "--rabbitmq" ] && want_rabbit=1
+  [ "$a" = "--cluster" ] && want_cluster=1
+done
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -42,4 +48,13 @@ if [ "$want_rabbit" = 1 ] && ! port_open 5672; then
   command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
   rabbitmq-server -detached
   wait_port 5672
+fi
+
+if [ "$want_cluster" = 1 ]; then
+  missing=()
+  command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+  command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v unshare >/dev/null || missing+=(util-linux)
+  if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run the whole test suite on this machine: starts PostgreSQL, Redis and
-# RabbitMQ if needed, installs chromium (browser test), builds .venv, then
+# RabbitMQ if needed (and what the cluster tests run themselves), installs chromium (browser test), builds .venv, then
 # pytest (extra arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/services.sh --rabbitmq
+bash scripts/services.sh --rabbitmq --cluster
 # Under CI a failed install fails the browser test rather than this script.
 bash scripts/browser.sh || echo "chromium install failed" >&2
 bash scripts/venv.sh

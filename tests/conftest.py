@@ -65,6 +65,10 @@ def test_env(tmp_path_factory) -> dict:
         "ASYNCH_KEY_PEPPER": "test-pepper",
         "ASYNCH_RETRY_BACKOFF_SECONDS": "0.2",
         "ASYNCH_MAX_BODY_BYTES": str(256 * 1024),
+        # Results go through the storage backend, as they do on S3 and OSS:
+        # most tests watch the objects.  Small results kept in the row (the
+        # file:// default) are tests/test_worker_path.py's.
+        "ASYNCH_INLINE_RESULT_BYTES": "0",
     }
     os.environ.update(env)
     return env

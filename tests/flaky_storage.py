@@ -31,6 +31,12 @@ class FirstTryFails:
     def get(self, location):
         return self.inner.get(location)
 
+    def stream(self, location):
+        return self.inner.stream(location)
+
+    def presign(self, location, seconds):
+        return self.inner.presign(location, seconds)
+
     def delete(self, location):
         return self.inner.delete(location)
 

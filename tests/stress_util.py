@@ -64,7 +64,7 @@ def assert_ledger_invariants(admitted: list[str], r, models: list[str]) -> dict:
         if JobState(row.state) in (JobState.DONE, JobState.CLAIMED):
             assert row.result_location and row.error is None
     for m in models:
-        assert r.zcard(f"asynch:gate:{m}") == 0, f"gate {m} not empty"
+        assert r.zcard(f"asynch:gate:{{{m}}}") == 0, f"gate {m} not empty"
     active = [x for x in rows.values() if JobState(x.state) in SLOT_STATES]
     assert active == []
     return rows

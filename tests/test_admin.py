@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from app.catalog import model_types
 from app.catalog.schemas import ModelTypeInput
+from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.tables import api_keys, models
 
@@ -32,7 +33,7 @@ def test_admin_creates_reads_updates_deletes_a_model(client, admin_key):
     assert m["head_msg"] == "API_KEY:***,API_STATE:***,API_NUM:***"
     assert m["http_method"] == "POST" and m["base_url"] == "http://127.0.0.1:9" and m["models_type"] == "1,2,3"
     with transaction() as conn:
-        assert conn.execute(select(models.c.head_msg)).scalar_one() == MODEL["head_msg"]
+        assert secretbox.decrypt(conn.execute(select(models.c.head_msg)).scalar_one()) == MODEL["head_msg"]
     assert client.post("/v1/models", json=MODEL, headers=auth(admin_key)).status_code == 409
     resp = client.patch("/v1/models/chat", json={"queue_limit": 3, "enabled": 0}, headers=auth(admin_key))
     assert resp.status_code == 200 and resp.get_json()["queue_limit"] == 3 and resp.get_json()["enabled"] is False
@@ -61,7 +62,7 @@ def test_header_injection_is_refused_on_update_and_model_unchanged(client, admin
         assert resp.status_code == 422
         assert resp.get_json()["errors"][0]["pointer"] == "/head_msg"
     with transaction() as conn:
-        assert conn.execute(select(models.c.head_msg)).scalar_one() == MODEL["head_msg"]
+        assert secretbox.decrypt(conn.execute(select(models.c.head_msg)).scalar_one()) == MODEL["head_msg"]
 
 
 def test_users_cannot_administer(client, user_key, admin_key):

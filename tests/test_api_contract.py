@@ -1,4 +1,4 @@
-"""The v1 wire contract of DESIGN.md: every status code with its exact error
+"""The v1 wire contract (docs/api.md): every status code with its exact error
 text, on real PostgreSQL and Redis (no worker runs here, so jobs stay pending).
 After every refused request the gate and the table are checked unchanged."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ def post(client, key, model, **kw):
 
 
 def assert_nothing_taken(r, model="echo"):
-    assert r.zcard(f"asynch:gate:{model}") == 0
+    assert r.zcard(f"asynch:gate:{{{model}}}") == 0
     assert count_rows() == 0
 
 
@@ -41,7 +41,7 @@ def test_202_with_location(client, echo, user_key, r):
     assert body["job_id"].startswith("job_") and body["state"] == "pending"
     assert resp.headers["Location"] == body["poll_url"] == f"/v1/models/echo/jobs/{body['job_id']}"
     assert body["result_url"] == body["poll_url"] + "/result"
-    assert r.zrange("asynch:gate:echo", 0, -1) == [body["job_id"]]
+    assert r.zrange("asynch:gate:{echo}", 0, -1) == [body["job_id"]]
 
 
 @pytest.mark.parametrize("data,error", [
@@ -173,7 +173,7 @@ def test_429_queue_full_with_retry_after(client, echo, user_key, r):
     assert resp.status_code == 429
     assert resp.get_json() == {"error": "async queue full (max 2)"}
     assert int(resp.headers["Retry-After"]) >= 1
-    assert set(r.zrange("asynch:gate:echo", 0, -1)) == set(ids)
+    assert set(r.zrange("asynch:gate:{echo}", 0, -1)) == set(ids)
     assert count_rows() == 2
     # Canceling one frees its slot for the next submission.
     assert client.post(f"/v1/models/echo/jobs/{ids[0]}/cancel", headers=auth(user_key)).status_code == 200
@@ -191,14 +191,14 @@ def test_limit_zero_rejects_everything(client, make_model, user_key, r):
 
 def test_runtime_override_takes_precedence_but_never_above_cap(client, make_model, user_key, r):
     make_model("tuned", queue_limit=3)
-    r.set("asynch:runtime:queue_limit:tuned", 1)
+    r.set("asynch:runtime:queue_limit:{tuned}", 1)
     assert post(client, user_key, "tuned", json={}).status_code == 202
     resp = post(client, user_key, "tuned", json={})
     assert resp.status_code == 429 and resp.get_json() == {"error": "async queue full (max 1)"}
-    r.set("asynch:runtime:queue_limit:tuned", 50)  # above the cap: the cap wins
+    r.set("asynch:runtime:queue_limit:{tuned}", 50)  # above the cap: the cap wins
     assert [post(client, user_key, "tuned", json={}).status_code for _ in range(3)] == [202, 202, 429]
-    r.set("asynch:runtime:queue_limit:tuned", 0)
-    r.delete("asynch:gate:tuned")
+    r.set("asynch:runtime:queue_limit:{tuned}", 0)
+    r.delete("asynch:gate:{tuned}")
     assert post(client, user_key, "tuned", json={}).status_code == 429
 
 
@@ -209,14 +209,14 @@ def test_idempotency_key(client, echo, user_key, other_key, r):
     assert first.status_code == again.status_code == 202
     assert again.get_json()["job_id"] == first.get_json()["job_id"]
     assert again.headers["Idempotent-Replayed"] == "true"
-    assert r.zcard("asynch:gate:echo") == 1 and count_rows() == 1
+    assert r.zcard("asynch:gate:{echo}") == 1 and count_rows() == 1
     clash = post(client, user_key, "echo", json={"prompt": "b"}, headers=h)
     assert clash.status_code == 422
     assert clash.get_json()["error"] == "Idempotency-Key was already used with a different request"
     # Keys are per tenant: another tenant's same key is a new job.
     other = post(client, other_key, "echo", json={"prompt": "a"}, headers=h)
     assert other.status_code == 202 and other.get_json()["job_id"] != first.get_json()["job_id"]
-    assert r.zcard("asynch:gate:echo") == 2 and count_rows() == 2
+    assert r.zcard("asynch:gate:{echo}") == 2 and count_rows() == 2
 
 
 def test_status_body_and_wait_param(client, echo, user_key):
@@ -234,7 +234,7 @@ def test_cancel_then_409_on_second_cancel(client, echo, user_key, r):
     job_id = post(client, user_key, "echo", json={"prompt": "x"}).get_json()["job_id"]
     resp = client.post(f"/v1/models/echo/jobs/{job_id}/cancel", headers=auth(user_key))
     assert resp.status_code == 200 and resp.get_json()["state"] == "canceled"
-    assert r.zcard("asynch:gate:echo") == 0
+    assert r.zcard("asynch:gate:{echo}") == 0
     resp = client.post(f"/v1/models/echo/jobs/{job_id}/cancel", headers=auth(user_key))
     assert resp.status_code == 409
     assert resp.get_json() == {"error": "job already finished (state: canceled)"}

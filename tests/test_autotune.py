@@ -119,7 +119,7 @@ def test_run_over_finished_jobs_writes_limits_with_ttl_and_logs(make_model, r, s
     finished_jobs("quick", [30] * 5, ago=7200)                               # outside the window
     finished_jobs("slowpoke", [1] * 3, state=JobState.FAILED)                # not done: not a sample
     finished_jobs("idle", [1, 1, 1])                                          # too few
-    r.set("asynch:runtime:max_concurrency:quick", "2")                       # an earlier decrease
+    r.set("asynch:runtime:max_concurrency:{quick}", "2")                       # an earlier decrease
 
     rep = at.autotune().as_dict()
     by = {m["model"]: m for m in rep["models"]}
@@ -130,12 +130,12 @@ def test_run_over_finished_jobs_writes_limits_with_ttl_and_logs(make_model, r, s
     assert by["quick"]["new"] == {"max_concurrency": 3, "queue_limit": 50}  # 3 / 0.5 s * 10 s = 60 > cap
     assert by["quick"]["inputs"]["queued"] == 12 and by["quick"]["inputs"]["samples"] == 12
     assert by["idle"]["action"] == "skip"
-    assert r.get("asynch:runtime:max_concurrency:slowpoke") == "3"
-    assert r.get("asynch:runtime:queue_limit:slowpoke") == "6"
-    ttl = r.ttl("asynch:runtime:queue_limit:slowpoke")
+    assert r.get("asynch:runtime:max_concurrency:{slowpoke}") == "3"
+    assert r.get("asynch:runtime:queue_limit:{slowpoke}") == "6"
+    ttl = r.ttl("asynch:runtime:queue_limit:{slowpoke}")
     assert settings.autotune_ttl_seconds - 5 <= ttl <= settings.autotune_ttl_seconds
-    assert r.ttl("asynch:runtime:max_concurrency:quick") > 0
-    assert r.get("asynch:runtime:queue_limit:idle") is None
+    assert r.ttl("asynch:runtime:max_concurrency:{quick}") > 0
+    assert r.get("asynch:runtime:queue_limit:{idle}") is None
 
     logged = {x.model_name: x for x in log_rows()}
     assert set(logged) == {"slowpoke", "quick"}  # idle did not change
@@ -153,7 +153,7 @@ def test_run_over_finished_jobs_writes_limits_with_ttl_and_logs(make_model, r, s
     # Right after a change there is no evidence about it yet: nothing moves.
     rep = at.autotune().as_dict()
     assert {m["model"]: m for m in rep["models"]}["slowpoke"]["action"] == "skip"
-    assert r.get("asynch:runtime:max_concurrency:slowpoke") == "3"
+    assert r.get("asynch:runtime:max_concurrency:{slowpoke}") == "3"
     # Jobs that ran under the new limits and are still slow: from 3, halved again.
     later = now() + timedelta(minutes=10)
     set_clock(lambda: later)
@@ -196,7 +196,7 @@ def test_concurrent_runs_apply_one_decision(make_model, r):
     for t in threads:
         t.join()
     # One decision on this evidence, however the runs interleave (no 8 -> 4 -> 2 -> 1).
-    assert r.get("asynch:runtime:max_concurrency:slowpoke") == "4"
+    assert r.get("asynch:runtime:max_concurrency:{slowpoke}") == "4"
     assert len(log_rows()) == 1
     assert sum(1 for item in out if item["changed"]) == 1
 
@@ -206,4 +206,4 @@ def test_seed_autotune_route_runs_over_the_database(client, admin_key, make_mode
     finished_jobs("slowpoke", [5.0] * 10)
     body = client.post("/model/autoTune", json={"windowSeconds": 3600}, headers=auth(admin_key)).get_json()
     assert body["code"] == 0 and body["data"]["models"][0]["applied"] is True
-    assert r.get("asynch:runtime:max_concurrency:slowpoke") == "3"
+    assert r.get("asynch:runtime:max_concurrency:{slowpoke}") == "3"

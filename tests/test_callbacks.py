@@ -172,7 +172,7 @@ def test_loopback_in_any_spelling_is_refused_at_submit(client, make_model, user_
         assert [e["pointer"] for e in body["errors"]] == ["/callbackUrl"]
         assert "refused address" in body["errors"][0]["message"]
         assert spy.accepted == 0 and (v6 is None or v6.accepted == 0)
-        assert r.zcard("asynch:gate:m") == 0
+        assert r.zcard("asynch:gate:{m}") == 0
     finally:
         if v6:
             v6.stop()

@@ -72,7 +72,7 @@ def test_a_tenants_own_cap_and_the_runtime_override(client, make_model, admin_ke
             for _ in range(3)] == [202, 202, 429]
     assert client.get("/v1/tenants/tenant-a/limits", headers=auth(a)).get_json()["queue_limits"] == {"shared": 2}
     b = make_key("tenant-b")
-    r.set("asynch:runtime:tenant_queue_limit:shared", 1)  # an operator lowers every share at once
+    r.set("asynch:runtime:tenant_queue_limit:{shared}", 1)  # an operator lowers every share at once
     assert [client.post("/v1/models/shared/jobs", json={}, headers=auth(b)).status_code
             for _ in range(2)] == [202, 429]
 
@@ -110,7 +110,7 @@ def test_shares_hold_with_4_processes_x_16_threads(settings, r):
     assert {t: len(ids) for t, ids in per_tenant.items()} == {"t1": 7, "t2": 7, "t3": 7}
     assert gate.gate_depth("contended") == 21
     for t, ids in per_tenant.items():
-        assert set(r.zrange(f"asynch:tgate:contended:{t}", 0, -1)) == set(ids)
+        assert set(r.zrange(f"asynch:tgate:{{contended}}:{t}", 0, -1)) == set(ids)
 
 
 # --- dispatch across tenants, on real worker processes ----------------------------------

@@ -180,7 +180,7 @@ def test_jobs_show_list_cancel_requeue(test_env, make_model, user_key, r):
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["action"] == "readmitted"
     assert json.loads(asynch("jobs", "show", waiting, env=env).stdout)["internal_state"] == "pending"
-    assert r.zscore("asynch:gate:echo", waiting) is not None
+    assert r.zscore("asynch:gate:{echo}", waiting) is not None
 
     out = asynch("jobs", "requeue", running, env=env)
     assert out.returncode != 0 and "running" in out.stderr

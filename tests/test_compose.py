@@ -30,9 +30,9 @@ DOCKERFILE_PATH = ROOT / "Dockerfile"
 DOCS_PATH = ROOT / "docs" / "operations.md"
 PYPROJECT_PATH = ROOT / "pyproject.toml"
 
-REQUIRED_SERVICES = {"postgres", "redis", "minio", "minio-init", "migrate", "api", "worker", "callbacks", "beat",
+REQUIRED_SERVICES = {"postgres", "pgbouncer", "redis", "minio", "minio-init", "migrate", "api", "worker", "callbacks", "beat",
                      "flower"}
-LONG_RUNNING = {"postgres", "redis", "minio", "api", "worker", "callbacks", "beat", "flower"}
+LONG_RUNNING = {"postgres", "pgbouncer", "redis", "minio", "api", "worker", "callbacks", "beat", "flower"}
 ONE_SHOT = {"minio-init", "migrate"}
 # Services that run our code (the image built from the Dockerfile).
 OUR_SERVICES = {"migrate", "api", "worker", "callbacks", "beat", "flower"}
@@ -189,12 +189,24 @@ def celery_app_target(argv: list[str]) -> str | None:
     pytest.fail(f"celery command without -A/--app: {argv}")
 
 
+# Values an operator would supply for the required ${VAR:?} secrets (the checks parse with them).
+REQUIRED_PLACEHOLDERS = {
+    "ASYNCH_KEY_PEPPER": "p" * 40,
+    "ASYNCH_BOOTSTRAP_ADMIN_KEY": "b" * 40,
+    "ASYNCH_SECRETS_KEYS": "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",
+    "ASYNCH_METRICS_TOKEN": "m" * 40,
+}
+
+
 def interpolate(value: str) -> str:
-    """Compose-style interpolation with an empty shell environment."""
+    """Compose-style interpolation with an empty shell environment (the
+    required secrets get REQUIRED_PLACEHOLDERS)."""
     def sub(m: re.Match) -> str:
         op, default = m.group(2), m.group(3)
         if op in (":-", "-"):
             return default or ""
+        if m.group(1) in REQUIRED_PLACEHOLDERS:
+            return REQUIRED_PLACEHOLDERS[m.group(1)]
         pytest.fail(f"{m.group(0)}: a required variable without a default; the check needs a default")
     return INTERPOLATION.sub(sub, value.replace("$$", "\0")).replace("\0", "$")
 
@@ -250,6 +262,7 @@ def test_our_services_are_built_from_the_dockerfile(services):
 
 def test_images_of_the_backing_services(services):
     assert services["postgres"]["image"].startswith("postgres:16")
+    assert "pgbouncer" in services["pgbouncer"]["image"]
     assert services["redis"]["image"].startswith("redis:7")
     assert "minio/minio" in services["minio"]["image"]
     assert "minio/mc" in services["minio-init"]["image"]
@@ -291,8 +304,10 @@ def test_shared_env_sets_the_deployment_settings(compose, compose_text, services
                 "ASYNCH_S3_ENDPOINT_URL", "ASYNCH_S3_REGION", "ASYNCH_S3_ACCESS_KEY", "ASYNCH_S3_SECRET_KEY",
                 "ASYNCH_KEY_PEPPER", "ASYNCH_BOOTSTRAP_ADMIN_KEY"):
         assert env.get(var), f"x-asynch-env must set {var}"
-    # The admin key comes from the operator's environment, with a default for a trial.
-    assert re.search(r"ASYNCH_BOOTSTRAP_ADMIN_KEY:\s*\$\{ASYNCH_BOOTSTRAP_ADMIN_KEY:-[^}]+\}", compose_text)
+    # The secrets come from the operator's environment, required, with no default (issue 12, item 2).
+    for var in REQUIRED_PLACEHOLDERS:
+        assert re.search(rf"{var}:\s*\$\{{{var}:\?[^}}]*\}}", compose_text), f"{var} must be ${{{var}:?...}}"
+    assert "change-me-pepper" not in compose_text and not re.search(r"\bchange-me\b(?!-minio)", compose_text)
 
     s = load_settings(env)  # every value parses as its setting's type
     assert s.database_url.startswith("postgresql+psycopg2://")
@@ -310,6 +325,20 @@ def test_shared_env_sets_the_deployment_settings(compose, compose_text, services
         f"minio-init must create the bucket {storage.netloc!r} named in ASYNCH_STORAGE_URL"
 
 
+def test_the_api_is_published_on_the_loopback_interface_only(services):
+    """Issue 12, item 2: a host port on every interface exposed the API (and
+    its bootstrap admin key) to the network; it is 127.0.0.1 only."""
+    for name, svc in services.items():
+        for port in svc.get("ports") or []:
+            spec = str(port.get("host_ip", "") + ":" + str(port.get("published"))) if isinstance(port, dict) else str(port)
+            assert spec.startswith("127.0.0.1:"), f"{name}: port {port!r} is published on every interface"
+
+
+def test_compose_settings_pass_the_startup_check(compose):
+    from app.config import check_startup
+    check_startup(load_settings({k: interpolate(str(v)) for k, v in compose["x-asynch-env"].items()}))
+
+
 def test_database_url_matches_the_postgres_service(compose):
     env = {k: interpolate(str(v)) for k, v in compose["x-asynch-env"].items()}
     pg_env = {k: interpolate(str(v)) for k, v in compose["services"]["postgres"]["environment"].items()}
@@ -317,6 +346,26 @@ def test_database_url_matches_the_postgres_service(compose):
     assert url.username == pg_env["POSTGRES_USER"]
     assert url.password == pg_env["POSTGRES_PASSWORD"]
     assert url.path.lstrip("/") == pg_env["POSTGRES_DB"]
+
+
+def test_every_process_reaches_postgres_through_pgbouncer_in_transaction_mode(compose, services):
+    """Our processes connect to pgbouncer, never to postgres; pgbouncer pools
+    per transaction and forwards to the postgres service with its credentials
+    (tests/test_cluster_hosts.py runs the stack through one)."""
+    env = {k: interpolate(str(v)) for k, v in compose["x-asynch-env"].items()}
+    url = urlparse(env["ASYNCH_DATABASE_URL"])
+    bouncer = services["pgbouncer"]
+    b_env = {k: interpolate(str(v)) for k, v in bouncer["environment"].items()}
+    assert url.hostname == "pgbouncer" and url.port == int(b_env["LISTEN_PORT"])
+    assert b_env["POOL_MODE"] == "transaction"
+    upstream = urlparse(b_env["DATABASE_URL"])
+    pg_env = {k: interpolate(str(v)) for k, v in services["postgres"]["environment"].items()}
+    assert upstream.hostname == "postgres" and (upstream.port or 5432) == 5432
+    assert (upstream.username, upstream.password, upstream.path.lstrip("/")) == \
+        (pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"], pg_env["POSTGRES_DB"])
+    assert bouncer["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["migrate"]["depends_on"]["pgbouncer"]["condition"] == "service_healthy"
+    assert int(b_env["DEFAULT_POOL_SIZE"]) < int(services["postgres"]["command"][-1].split("=")[1])
 
 
 # --- compose: commands --------------------------------------------------------------------
@@ -541,7 +590,7 @@ def test_dockerfile_cmd_and_entrypoint_exist(dockerfile):
 
 def test_dockerfile_ships_what_the_commands_need(dockerfile):
     """`pip install .` needs every package pyproject lists, and `asynch db
-    upgrade` finds alembic.ini and alembic/ next to app/ (app/cli.py ROOT),
+    upgrade` finds alembic.ini and alembic/ next to app/ (app/cli/base.py ROOT),
     which the installed copy in site-packages does not have: the source tree
     must be importable first (PYTHONPATH)."""
     import app.cli
@@ -582,7 +631,7 @@ def test_dockerfile_ships_what_the_commands_need(dockerfile):
     env = " ".join(instr(dockerfile, "ENV"))
     m = re.search(r"PYTHONPATH[= ](\S+)", env)
     assert m and home in m.group(1).split(":"), \
-        f"PYTHONPATH must include {home} so app/cli.py finds alembic.ini next to it"
+        f"PYTHONPATH must include {home} so app/cli/base.py finds alembic.ini next to it"
 
 
 def test_dockerfile_names_only_real_asynch_variables():

@@ -292,7 +292,7 @@ def test_model_call_contract(model_server):
     from app.infra.http.model_client import ModelCallError, call_model
 
     base = dict(base_url=model_server.url, route="/v1/m", head_msg="API_KEY:a,X-Stub-Tenant:t",
-                model_key="API_KEY:b", timeout_seconds=5, max_bytes=10_000)
+                model_key="API_KEY:b", timeout_seconds=5, max_bytes=10_000, model_key_headers="API_KEY")
     resp = call_model(http_method="GET", payload={"p": "x y", "n": 2, "b": True, "o": {"k": 1}, "z": None}, **base)
     call = model_server.state.calls[-1]
     assert resp.status == 200 and resp.content_type == "application/json"

@@ -77,11 +77,11 @@ def test_a_job_is_dispatched_only_with_its_tenants_permit(window, r):
     assert sorted(rd.permits("m", "a")) == ["a0", "a1"] and rd.ready_counts("m") == {"a": 3}
     assert enq("m", [("b", "b0", 0)], cap=2) == [("b", "b0")]  # per tenant
     assert finish("m", "a", "a0", wake=False, cap=2) == [("a", "a2")]  # a permit back: the next goes
-    r.set("asynch:runtime:max_concurrency:m", 1)  # the runtime value wins...
+    r.set("asynch:runtime:max_concurrency:{m}", 1)  # the runtime value wins...
     assert finish("m", "a", "a1", wake=False, cap=2) == []
-    r.set("asynch:runtime:max_concurrency:m", 50)  # ...but never above the cap
+    r.set("asynch:runtime:max_concurrency:{m}", 50)  # ...but never above the cap
     assert finish("m", "a", "a2", wake=False, cap=2) == [("a", "a3"), ("a", "a4")]
-    r.set("asynch:runtime:max_concurrency:m", 0)  # <= 0 admits nobody
+    r.set("asynch:runtime:max_concurrency:{m}", 0)  # <= 0 admits nobody
     assert enq("m", [("c", "c0", 0)], cap=2) == [] and rd.ready_counts("m") == {"c": 1}
 
 
@@ -113,7 +113,7 @@ def test_a_tenant_at_its_limit_steps_aside_and_returns_when_a_job_ends(window, r
     assert len(_queue("m", "a", 10, cap=2)) == 0  # most=0: queued, not dispatched
     assert kick("m", cap=2) == [("a", "a-0"), ("a", "a-1")]
     assert kick("m", cap=2) == []
-    assert r.sismember("asynch:dq:blocked:m", "a")
+    assert r.sismember("asynch:dq:blocked:{m}", "a")
     assert enq("m", [("b", "b0", 0)], cap=2) == [("b", "b0")]  # b is not held back by a
     assert finish("m", "a", "a-0", wake=False, cap=2) == [("a", "a-2")]
     assert sorted(rd.permits("m", "a")) == ["a-1", "a-2"]  # at its limit again: aside again
@@ -143,7 +143,7 @@ def test_nothing_holding_a_live_permit_is_queued_twice(window, r):
     assert enq("m", [("a", "j", 1)], cap=1, mode="NX") == []  # recovery's re-queue: a no-op
     assert rd.ready_counts("m") == {}
     enq("m", [("a", "dead", 1)], cap=5)
-    r.zadd("asynch:sem:m:a", {"dead": 1.0})  # a permit whose lease ended long ago
+    r.zadd("asynch:sem:{m}:a", {"dead": 1.0})  # a permit whose lease ended long ago
     assert enq("m", [("a", "dead", 1)], cap=5, mode="NX") == [("a", "dead")]
 
 
@@ -152,16 +152,16 @@ def test_nothing_holding_a_live_permit_is_queued_twice(window, r):
 @pytest.mark.parametrize("payload,outcome", [({}, "done"), ({"status": 400}, "failed"),
                                              ({"status": 503}, "retry_wait")])
 def test_the_permit_is_released_on_every_exit_path(make_model, r, payload, outcome):
-    make_model("m", max_concurrency=1, retry_times=1)
+    make_model("m", max_concurrency=1, retry_times=1, model_key_headers="X-Stub-Tenant")
     job_id = _submit("t", "m", payload)
     assert outbox.flush()
     assert rd.permits("m", "t") == [job_id]  # dispatched with its permit
     assert execution.run_attempt(job_id) == outcome
-    assert rd.permits("m", "t") == [] and r.zcard("asynch:gate:m") == (0 if outcome != "retry_wait" else 0)
+    assert rd.permits("m", "t") == [] and r.zcard("asynch:gate:{m}") == (0 if outcome != "retry_wait" else 0)
 
 
 def test_the_permit_is_released_when_the_attempt_crashes(make_model, r, monkeypatch):
-    make_model("m", max_concurrency=1)
+    make_model("m", max_concurrency=1, model_key_headers="X-Stub-Tenant")
     job_id = _submit("t", "m")
     monkeypatch.setattr(execution, "_upload", lambda *a, **k: 1 / 0)
     assert execution.run_attempt(job_id) == "failed"
@@ -169,12 +169,26 @@ def test_the_permit_is_released_when_the_attempt_crashes(make_model, r, monkeypa
 
 
 def test_a_stale_message_changes_nothing(make_model, r):
-    make_model("m", max_concurrency=1)
+    make_model("m", max_concurrency=1, model_key_headers="X-Stub-Tenant")
     job_id = _submit("t", "m")
     assert execution.run_attempt(job_id) == "done"
     second = _submit("t", "m")
     assert outbox.flush() and rd.permits("m", "t") == [second]
     assert execution.run_attempt(job_id) == "stale" and rd.permits("m", "t") == [second]
+
+
+def test_a_dispatch_of_an_ended_job_gives_its_permit_back(make_model, r):
+    """A queue entry that came back after a slow message (requeue_unclaimed)
+    may be dispatched once more after its job ended: the stale message's
+    worker returns the permit and the in-flight entry (under 50 ms latency and
+    1% loss they stayed until the dispatch lease, and cycled again)."""
+    make_model("m", max_concurrency=1, model_key_headers="X-Stub-Tenant")
+    job_id = _submit("t", "m")
+    assert execution.run_attempt(job_id) == "done"
+    assert enq("m", [("t", job_id, 1)], cap=1) == [("t", job_id)]  # dispatched again: permit + in flight
+    assert rd.permits("m", "t") == [job_id] and rd.inflight("m") == [job_id]
+    assert execution.run_attempt(job_id) == "stale"
+    assert rd.permits("m", "t") == [] and rd.inflight("m") == []
 
 
 # --- Celery worker processes ------------------------------------------------------------------
@@ -210,7 +224,7 @@ def _states(ids) -> dict[str, int]:
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_3_tenants_x_100_jobs_never_exceed_max_concurrency_per_tenant(two_nodes, make_model, model_server, r):
-    make_model("fair", max_concurrency=2, queue_limit=400, timeout_seconds=10)
+    make_model("fair", max_concurrency=2, queue_limit=400, timeout_seconds=10, model_key_headers="X-Stub-Tenant")
     tenants = ("t1", "t2", "t3")
     ids = [_submit(t, "fair", {"sleep_ms": 40, "i": i}) for t in tenants for i in range(100)]
     wait_until(lambda: set(_states(ids).values()) == {JobState.DONE}, timeout=150, interval=0.5,
@@ -223,12 +237,12 @@ def test_3_tenants_x_100_jobs_never_exceed_max_concurrency_per_tenant(two_nodes,
         attempts = conn.execute(select(func.max(tasks.c.attempt), func.max(tasks.c.retry_count))).one()
     assert tuple(attempts) == (1, 0)
     assert all(rd.permits("fair", t) == [] for t in tenants)
-    assert r.zcard("asynch:gate:fair") == 0 and rd.inflight("fair") == []
+    assert r.zcard("asynch:gate:{fair}") == 0 and rd.inflight("fair") == []
 
 
 @pytest.mark.e2e
 def test_a_job_at_its_tenants_limit_holds_no_worker_process(one_node, make_model, model_server):
-    make_model("one", max_concurrency=1, timeout_seconds=10)
+    make_model("one", max_concurrency=1, timeout_seconds=10, model_key_headers="X-Stub-Tenant")
     slow = _submit("a", "one", {"sleep_ms": 4000})
     wait_until(lambda: len(model_server.state.calls) == 1, what="the slow call started")
     blocked = _submit("a", "one", {"n": 2})
@@ -250,11 +264,11 @@ def test_a_job_at_its_tenants_limit_holds_no_worker_process(one_node, make_model
 def test_a_sigkilled_workers_permit_comes_back_when_its_lease_ends(one_node, make_model, model_server, r):
     from app.maintenance import passes
 
-    make_model("sk", max_concurrency=1, timeout_seconds=4, retry_times=0)
+    make_model("sk", max_concurrency=1, timeout_seconds=4, retry_times=0, model_key_headers="X-Stub-Tenant")
     victim = _submit("a", "sk", {"sleep_ms": 8000})
     wait_until(lambda: len(model_server.state.calls) == 1 and rd.permits("sk", "a") == [victim],
                what="the call in flight with its permit")
-    (_, expiry), = r.zrange("asynch:sem:sk:a", 0, -1, withscores=True)
+    (_, expiry), = r.zrange("asynch:sem:{sk}:a", 0, -1, withscores=True)
     for pid in one_node.pool_pids():
         os.kill(pid, signal.SIGKILL)
     waiting = _submit("a", "sk", {"n": 2})

@@ -36,7 +36,7 @@ def test_job_reaches_done_and_result_reads_back(api_url, workers, make_model, us
     assert call["method"] == "POST" and call["path"] == "/v1/echo"
     row = job_row(job_id)
     assert row.state == 2 and row.attempt == 1 and row.finished_at is not None
-    assert r.zcard("asynch:gate:echo") == 0
+    assert r.zcard("asynch:gate:{echo}") == 0
 
 
 def test_binary_result_keeps_bytes_and_content_type(api_url, workers, make_model, user_key):
@@ -51,10 +51,12 @@ def test_binary_result_keeps_bytes_and_content_type(api_url, workers, make_model
 
 
 def test_get_model_sends_query_and_headers(api_url, workers, make_model, user_key, model_server):
-    make_model("getter", http_method="GET", route="/q", head_msg="API_KEY:secret-1,API_NUM:123,API_STATE:true")
+    # A job may override API_KEY (a head_msg header) and add X-Extra only because the model names them.
+    make_model("getter", http_method="GET", route="/q", head_msg="API_KEY:secret-1,API_NUM:123,API_STATE:true",
+               model_key_headers="API_KEY,X-Extra")
     resp = requests.post(f"{api_url}/v1/models/getter/jobs", json={"a": 1, "b": True, "c": "x"},
                          headers={**auth(user_key), "X-Model-Key": "API_KEY:override,X-Extra:e"}, timeout=10)
-    assert resp.status_code == 202
+    assert resp.status_code == 202, resp.text
     wait_until(lambda: job_row(resp.json()["job_id"]).state == 2, what="done")
     call = model_server.state.calls[0]
     assert call["method"] == "GET" and call["path"] == "/q"
@@ -62,3 +64,5 @@ def test_get_model_sends_query_and_headers(api_url, workers, make_model, user_ke
     h = {k.lower(): v for k, v in call["headers"].items()}
     assert h["api_key"] == "override" and h["api_num"] == "123" and h["api_state"] == "true"
     assert h["x-extra"] == "e"
+    # The job and its attempt, so a model can deduplicate (docs/api.md, "What a model receives").
+    assert h["x-asynch-job-id"] == resp.json()["job_id"] and h["x-asynch-attempt"] == "1"

@@ -48,7 +48,7 @@ def test_duplicate_delivery_does_not_call_the_model_again(make_model, model_serv
     assert len(model_server.state.calls) == 1
     row = job_row(job_id)
     assert row.state == JobState.DONE and row.attempt == 1
-    assert r.zcard("asynch:gate:m") == 0
+    assert r.zcard("asynch:gate:{m}") == 0
     assert stat_total() == 1
 
 
@@ -71,7 +71,7 @@ def test_transient_failure_retries_then_succeeds(make_model, model_server, r):
     assert execution.run_attempt(job_id, 0) == "retry_wait"
     row = job_row(job_id)
     assert row.state == JobState.RETRY_WAIT and "HTTP 503" in row.error
-    assert r.zcard("asynch:gate:flaky") == 0  # retry_wait holds no slot
+    assert r.zcard("asynch:gate:{flaky}") == 0  # retry_wait holds no slot
     # Not due yet: stays put.
     assert maintenance.retry_due().processed == 0
     t1 = row.next_retry_at + timedelta(seconds=1)
@@ -79,7 +79,7 @@ def test_transient_failure_retries_then_succeeds(make_model, model_server, r):
     assert maintenance.retry_due().processed == 1
     row = job_row(job_id)
     assert row.state == JobState.PENDING and row.retry_count == 1
-    assert r.zrange("asynch:gate:flaky", 0, -1) == [job_id]
+    assert r.zrange("asynch:gate:{flaky}", 0, -1) == [job_id]
     assert execution.run_attempt(job_id, 1) == "retry_wait"
     t2 = job_row(job_id).next_retry_at + timedelta(seconds=1)
     set_clock(lambda: t2)
@@ -96,8 +96,8 @@ def test_retries_exhausted_fail_the_job(make_model, r):
     assert execution.run_attempt(job_id, 0) == "failed"
     row = job_row(job_id)
     assert row.state == JobState.FAILED and row.finished_at is not None
-    assert row.error.startswith("model returned HTTP 500")
-    assert r.zcard("asynch:gate:bad") == 0
+    assert row.error == "model_http_error: model returned HTTP 500"
+    assert r.zcard("asynch:gate:{bad}") == 0
 
 
 def test_client_error_is_permanent(make_model):
@@ -169,11 +169,11 @@ def test_stale_worker_cannot_write_after_its_lease_was_recovered(make_model, r):
     rep = maintenance.recover_expired_leases()
     assert rep.details == {"retry_wait": 1, "failed": 0}
     row = job_row(job_id)
-    assert row.state == JobState.RETRY_WAIT and row.error == "worker lost (lease expired)"
+    assert row.state == JobState.RETRY_WAIT and row.error == "worker_lost: worker lost (lease expired)"
     # The old worker wakes up and tries to finish: refused.
     with transaction() as conn:
         assert transitions.complete(conn, job_id, 1, location="late", content_type="t", size=0) is None
-    assert r.zcard("asynch:gate:lease") == 0
+    assert r.zcard("asynch:gate:{lease}") == 0
 
 
 def test_cancel_while_running_discards_the_late_result(make_model, model_server, r):
@@ -192,7 +192,7 @@ def test_cancel_while_running_discards_the_late_result(make_model, model_server,
     assert row.state == JobState.CANCELED and row.result_location is None
     root = get_storage().root
     assert not any(p.is_file() for p in root.rglob(f"*{job_id}*"))
-    assert r.zcard("asynch:gate:m") == 0
+    assert r.zcard("asynch:gate:{m}") == 0
 
 
 def test_deleted_model_fails_its_pending_jobs(make_model, r):
@@ -205,5 +205,5 @@ def test_deleted_model_fails_its_pending_jobs(make_model, r):
     with transaction() as conn:
         conn.execute(delete(models).where(models.c.model_name == "gone"))
     assert execution.run_attempt(job_id, 0) == "failed"
-    assert job_row(job_id).error == "model is no longer configured"
-    assert r.zcard("asynch:gate:gone") == 0
+    assert job_row(job_id).error == "model_not_configured: model is no longer configured"
+    assert r.zcard("asynch:gate:{gone}") == 0

@@ -79,7 +79,7 @@ def test_sigkill_a_worker_process_every_two_seconds(fault_worker, make_model, mo
     # A kill between a job's terminal commit and its slot release leaves the
     # slot behind (the order that never over-admits); beat's reconcile pass
     # returns it.  At most one such slot per kill, and none after reconcile.
-    leaked = r.zrange("asynch:gate:kill", 0, -1)
+    leaked = r.zrange("asynch:gate:{kill}", 0, -1)
     assert len(leaked) <= len(kills), (leaked, kills)
     from app.config import get_settings, set_settings
     from app.maintenance.passes import reconcile_gates
@@ -116,7 +116,7 @@ def test_sigstop_past_the_lease_then_sigcont(fault_worker, make_model, model_ser
             wait_until(lambda: job_row(jid).state != JobState.RUNNING or job_row(jid).attempt > 1, timeout=20,
                        what="lease recovery")
         assert job_row(jid).state == JobState.RETRY_WAIT
-        assert job_row(jid).error == "worker lost (lease expired)"
+        assert job_row(jid).error == "worker_lost: worker lost (lease expired)"
         # A second worker takes the retry while the first is still frozen.
         env = {**fault_worker.env, "ASYNCH_LEASE_GRACE_SECONDS": "30"}
         second = WorkerProcess(env, concurrency=1, log_path=fault_worker.log_path.with_name("second.log"),
@@ -141,7 +141,7 @@ def test_sigstop_past_the_lease_then_sigcont(fault_worker, make_model, model_ser
 
     files = [p for p in get_storage().root.rglob("*") if p.is_file() and jid in str(p)]
     assert [p.name for p in files] == ["2"]
-    assert r.zcard("asynch:gate:frozen") == 0
+    assert r.zcard("asynch:gate:{frozen}") == 0
 
 
 class GarbageServer:

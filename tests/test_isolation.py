@@ -46,6 +46,17 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
     ("GET", "/v1/jobs/<job_id>"): [
         {"url": "/v1/jobs/{pending}", "expect": 404, "owner": 200},
         {"url": "/v1/jobs/{done}", "expect": 404, "owner": 200}],
+    ("GET", "/v1/models/<model>/jobs/<job_id>/events"): [
+        {"url": "/v1/models/{model}/jobs/{done}/events", "expect": 404, "owner": 200}],
+    # B's stream replayed from the epoch (Last-Event-ID "1."), asking for A: only B's own jobs.
+    ("GET", "/v1/events"): [
+        {"url": "/v1/events?tenant=tenant-a", "headers": {"Last-Event-ID": "1."}, "expect": "no events of A",
+         "owner": "events of mine"}],
+    # A's idempotency key is A's, per item too.
+    ("POST", "/v1/models/<model>/jobs:batch"): [
+        {"method": "POST", "url": "/v1/models/{model}/jobs:batch",
+         "json": {"jobs": [{"payload": {"prompt": "p"}, "idempotency_key": "idem-a"}]},
+         "expect": "new batch job", "owner": "batch replay"}],
     ("GET", "/v1/jobs/<job_id>/callback"): [
         {"url": "/v1/jobs/{done}/callback", "expect": 404, "owner": 200}],
     ("GET", "/v1/jobs"): [
@@ -98,6 +109,7 @@ ADMIN_ONLY: dict[tuple[str, str], list[tuple[str, dict | None]]] = {
     ("POST", _ANY): [(f"/v1/maintenance/{n}", None) for n in ("retry", "recover", "cleanup", "reconcile")],
     ("POST", "/v1/maintenance/autotune"): [("/v1/maintenance/autotune", {"dry_run": False})],
     ("GET", "/v1/maintenance/runs"): [("/v1/maintenance/runs", None)],
+    ("POST", "/v1/models/<model>/jobs/<job_id>/fail"): [("/v1/models/{model}/jobs/{pending}/fail", None)],
     ("POST", "/task/runWork"): [("/task/runWork", None)],
     ("POST", "/task/cleanWork"): [("/task/cleanWork", None)],
     ("POST", "/model/autoTune"): [("/model/autoTune", {"dryRun": False})],
@@ -265,9 +277,14 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
     case = TENANT_SCOPED[route][i]
     a_jobs = (world["pending"], world["done"])
     before = snapshot(r, a_jobs, exclude_tenant=B)
+    if route == ("GET", "/v1/events"):  # a stream that ends by itself within a second
+        from app.config import get_settings, set_settings
+
+        set_settings(get_settings().with_overrides(events_max_seconds=0.5, events_poll_seconds=0.05,
+                                                   events_keepalive_seconds=0.2))
     resp = _call(client, case, world, world["b"])
     expect = case["expect"]
-    body = resp.get_json()
+    body = resp.get_json() if resp.is_json else None
     if isinstance(expect, int):
         assert resp.status_code == expect, resp.get_data(as_text=True)
         # the same answer as for an id that never existed: nothing to tell A's ids apart by
@@ -281,6 +298,14 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
         assert resp.status_code in (200, 202), resp.get_data(as_text=True)
         new = body.get("job_id") or body["data"]["task_id"]
         assert new not in a_jobs
+    elif expect == "no events of A":
+        text = resp.get_data(as_text=True)
+        assert resp.status_code == 200 and "retry:" in text, text
+        assert not any(j in text for j in a_jobs), text
+    elif expect == "new batch job":
+        assert resp.status_code == 207, resp.get_data(as_text=True)
+        (item,) = body["results"]
+        assert item["status"] == 202 and item["job_id"] not in a_jobs, item
     elif expect == "batch not found":
         assert resp.status_code == 200
         assert [(e["task_id"], e["state"], e["claimed"], e.get("error")) for e in body["data"]] == [
@@ -297,9 +322,16 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
     elif owner == "replay":
         got = own.get_json().get("job_id") or own.get_json()["data"]["task_id"]
         assert own.status_code in (200, 202) and got == world["pending"]
+    elif owner == "events of mine":
+        text = own.get_data(as_text=True)
+        assert own.status_code == 200 and all(j in text for j in a_jobs), text
+    elif owner == "batch replay":
+        data = own.get_json()
+        (item,) = data["results"]
+        assert own.status_code == 207 and item["job_id"] == world["pending"], data
     elif owner == "batch claimed":
         data = own.get_json()["data"]
-        assert [(e["state"], e["claimed"]) for e in data] == [(0, False), (4, True)]
+        assert [(e["state"], e["claimed"]) for e in data] == [(0, False), (2, True)]
     else:
         assert own.status_code == owner, own.get_data(as_text=True)
 

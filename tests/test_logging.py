@@ -49,8 +49,9 @@ def test_no_secret_in_api_or_worker_logs_and_job_fields_present(
     worker_log = tmp_path / "worker.log"
     w = WorkerProcess({**test_env, "ASYNCH_LOG_LEVEL": "DEBUG"}, concurrency=1, log_path=worker_log).start()
     try:
-        make_model("echo", head_msg=f"X-Secret:{HEAD_SECRET}", retry_times=0)
-        make_model("getter", http_method="GET", head_msg=f"X-Secret:{HEAD_SECRET}", retry_times=0)
+        make_model("echo", head_msg=f"X-Secret:{HEAD_SECRET}", retry_times=0, model_key_headers="X-Job")
+        make_model("getter", http_method="GET", head_msg=f"X-Secret:{HEAD_SECRET}", retry_times=0,
+                   model_key_headers="X-Job")
         h = {**auth(user_key), "X-Model-Key": f"X-Job:{MODEL_KEY_SECRET}"}
         done = client.post("/v1/models/echo/jobs", json={"prompt": "hi"}, headers=h).get_json()
         failed = client.post("/v1/models/echo/jobs", json={"status": 500}, headers=h).get_json()

@@ -23,6 +23,7 @@ from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.publisher import Priority, broker_priority
 from app.infra.redis import dispatch as rd
+from app.infra.redis import keys
 from app.infra.storage import get_storage
 from app.infra.tables import tasks
 from app.jobs import execution
@@ -104,7 +105,7 @@ def order(model: str) -> list[str]:
 
     outbox.flush()
     return redis_lib.Redis.from_url(get_settings().redis_url, decode_responses=True).zrange(
-        f"asynch:dq:ready:{model}:{P.tenant_id}", 0, -1)
+        f"asynch:dq:ready:{{{model}}}:{P.tenant_id}", 0, -1)
 
 
 def test_a_head_retry_goes_before_every_waiting_job(make_model, settings):
@@ -155,11 +156,11 @@ def test_full_gate_keeps_the_retry_waiting_never_dropped(make_model, r):
         rep = maintenance.retry_due()
         assert rep.processed == 0 and rep.details["gate_full"] == 1
         assert job_row(failed).state == JobState.RETRY_WAIT
-    assert r.zrange("asynch:gate:narrow", 0, -1) == [holder]
+    assert r.zrange("asynch:gate:{narrow}", 0, -1) == [holder]
     assert execution.run_attempt(holder, 0) == "done"  # frees the slot
     assert maintenance.retry_due().processed == 1
     assert job_row(failed).state == JobState.PENDING
-    assert r.zrange("asynch:gate:narrow", 0, -1) == [failed]
+    assert r.zrange("asynch:gate:{narrow}", 0, -1) == [failed]
 
 
 def test_two_retry_passes_at_once_readmit_each_job_once(make_model, broker, settings, r):
@@ -183,7 +184,7 @@ def test_two_retry_passes_at_once_readmit_each_job_once(make_model, broker, sett
     queued_or_sent = order("many") + rd.inflight("many")
     assert sorted(queued_or_sent) == sorted(failed)  # each re-admitted job queued once, none twice
     assert all(job_row(j).state == JobState.PENDING for j in failed)
-    assert set(r.zrange("asynch:gate:many", 0, -1)) == failed
+    assert set(r.zrange("asynch:gate:{many}", 0, -1)) == failed
 
 
 # --- lost messages and wipes ---------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_a_job_that_lost_its_queue_entry_is_queued_again(make_model, r, settings
     running = _submit("lost", {})
     job_id = _submit("lost", {})
     assert order("lost") == [job_id]
-    r.delete("asynch:dq:ready:lost:tenant-a")  # its entry is lost
+    r.delete("asynch:dq:ready:{lost}:tenant-a")  # its entry is lost
     assert maintenance.republish_stale_pending().processed == 0  # young: maybe on its way
     _at(now() + timedelta(seconds=301))
     assert maintenance.republish_stale_pending().processed == 2  # both looked at...
@@ -206,7 +207,7 @@ def test_a_job_that_lost_its_queue_entry_is_queued_again(make_model, r, settings
 def test_the_lost_job_scan_costs_one_batch_per_pass(make_model, r):
     make_model("deep", max_concurrency=1, queue_limit=100)
     ids = [_submit("deep", {"i": i}) for i in range(25)]
-    r.delete("asynch:dq:ready:deep:tenant-a")
+    r.delete("asynch:dq:ready:{deep}:tenant-a")
     _at(now() + timedelta(seconds=301))
     seen = [maintenance.republish_stale_pending(limit=10).processed for _ in range(4)]
     assert seen == [10, 10, 5, 10]  # a cursor: the whole backlog in three passes, then over again
@@ -215,7 +216,7 @@ def test_the_lost_job_scan_costs_one_batch_per_pass(make_model, r):
 
 def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, settings, r):
     make_model("wiped", queue_limit=10, max_concurrency=2)
-    broker.delete("asynch:epoch")  # the broker database outlives tests: start as a fresh deployment
+    broker.delete(keys.epoch())  # the broker database outlives tests: start as a fresh deployment
     first = maintenance.repair_after_wipe()  # which looks like a wipe
     assert set(first.details["wiped"]) == {"redis", "broker"}
     assert maintenance.repair_after_wipe().details["wiped"] == []
@@ -228,7 +229,7 @@ def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, setti
     rep = maintenance.recover()
     assert rep.details["wipe"]["wiped"] == ["redis"]
     assert rep.details["wipe"]["requeued"] == 3
-    assert set(r.zrange("asynch:gate:wiped", 0, -1)) == set(ids)
+    assert set(r.zrange("asynch:gate:{wiped}", 0, -1)) == set(ids)
     # Queue order kept: the first two dispatched again (2 permits), the third waits.
     assert [j for _, j, _ in queued(broker, settings.queue_name)] == ids[:2] and order("wiped") == ids[2:]
 
@@ -239,6 +240,31 @@ def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, setti
     assert rep.details["wipe"]["wiped"] == ["broker"] and rep.details["wipe"]["dispatched"] == 2
     assert [j for _, j, _ in queued(broker, settings.queue_name)] == ids[:2]
     assert maintenance.run_work().details["wipe"]["wiped"] == []
+
+
+def test_an_upgrade_from_the_layout_before_hash_tags_rebuilds_everything_from_the_rows(make_model, broker, r):
+    """docs/operations.md, "Upgrading": a Redis written by the version before
+    hash tags (asynch:epoch, asynch:gate:<model>, ...) has no mark under the
+    new epoch name, so the first pass rebuilds the new keys from the rows and
+    never reads the old ones."""
+    make_model("upg", queue_limit=10, max_concurrency=1)
+    maintenance.repair_after_wipe()
+    ids = [_submit("upg", {"i": i}) for i in range(3)]
+    # What the old version leaves behind, and none of the new layout.
+    old = {"asynch:epoch": "old", "asynch:gate:upg": None, "asynch:tgate:upg:tenant-a": None}
+    new_keys = [k for k in r.keys("asynch:*") if "{upg}" in k or k.startswith(keys.epoch())]
+    r.delete(*new_keys)
+    r.set("asynch:epoch", "old")
+    r.zadd("asynch:gate:upg", {"stale-job": 1.0})
+    r.zadd("asynch:tgate:upg:tenant-a", {"stale-job": 1.0})
+    rep = maintenance.run_work()
+    assert rep.details["wipe"]["wiped"] == ["redis"]
+    assert set(r.zrange(keys.gate("upg"), 0, -1)) == set(ids)
+    assert set(r.zrange(keys.tenant_gate("upg", "tenant-a"), 0, -1)) == set(ids)
+    assert len(rd.inflight("upg")) + sum(rd.ready_counts("upg").values()) == 3  # every pending job queued
+    for k in old:  # ignored: neither read nor rewritten
+        assert r.exists(k)
+    assert r.zrange("asynch:gate:upg", 0, -1) == ["stale-job"]
 
 
 def test_failed_repair_is_retried_by_the_next_pass(make_model, r, monkeypatch):
@@ -349,7 +375,7 @@ def test_overdue_pending_and_running_time_out_and_release_their_slots(make_model
     rep = maintenance.cleanup()
     assert rep.details["timeouts"] == 2
     assert {job_row(a).state, job_row(b).state} == {JobState.TIMEOUT}
-    assert r.zcard("asynch:gate:slow") == 0
+    assert r.zcard("asynch:gate:{slow}") == 0
 
 
 def _expired_population(n_expired: int, n_kept: int) -> tuple[dict, dict]:

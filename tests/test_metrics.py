@@ -39,8 +39,8 @@ def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings
     assert client.post("/v1/models/echo/jobs", json={}, headers=h).status_code == 422
     assert client.post("/v1/models/ghost/jobs", json={}, headers=h).status_code == 404
     assert client.post(ok.get_json()["poll_url"] + "/cancel", headers=h).status_code == 200
-    r.set("asynch:runtime:queue_limit:idle", 5)
-    r.set("asynch:runtime:max_concurrency:idle", 2)
+    r.set("asynch:runtime:queue_limit:{idle}", 5)
+    r.set("asynch:runtime:max_concurrency:{idle}", 2)
     metrics.callback_delivered("echo", True)
     metrics.callback_delivered("echo", False)
 

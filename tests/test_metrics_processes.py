@@ -59,7 +59,7 @@ class ApiServer:
         self.access = tmp_path / f"{name}-access.log"
         self.log = tmp_path / f"{name}.log"
         env = {**os.environ, **test_env, **(extra_env or {}),
-               "GUNICORN_CMD_ARGS": "--access-logformat '%(p)s %(m)s %(U)s %(s)s'"}
+               "GUNICORN_CMD_ARGS": "--access-logfile - --access-logformat '%(p)s %(m)s %(U)s %(s)s'"}
         if metrics_dir is not None:
             env["ASYNCH_METRICS_DIR"] = str(metrics_dir)
         argv = [sys.executable, "-m", "app.cli", "api", "--bind", f"127.0.0.1:{self.port}", "--workers", "2",

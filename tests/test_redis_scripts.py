@@ -21,9 +21,9 @@ def test_admit_is_idempotent_per_job_and_release_is_idempotent(settings, r):
 
 def test_negative_or_zero_limits_reject(settings, r):
     assert not gate.gate_admit("m", "t", "j", 0).admitted
-    r.set("asynch:runtime:queue_limit:m", -1)
+    r.set("asynch:runtime:queue_limit:{m}", -1)
     assert not gate.gate_admit("m", "t", "j", 10).admitted
-    r.set("asynch:runtime:queue_limit:m", "garbage")  # unreadable override: the cap applies
+    r.set("asynch:runtime:queue_limit:{m}", "garbage")  # unreadable override: the cap applies
     assert gate.gate_admit("m", "t", "j", 10).admitted
 
 
@@ -32,18 +32,18 @@ def test_a_tenant_at_its_share_is_refused_and_others_are_admitted(settings, r):
     d = gate.gate_admit("m", "a", "a9", 10, 3)
     assert d.refused_by == "tenant" and d.limit == 3 and d.depth == 3
     assert gate.gate_admit("m", "b", "b0", 10, 3).admitted  # another tenant still gets in
-    r.set("asynch:runtime:tenant_queue_limit:m", 1)  # the runtime override lowers every share
+    r.set("asynch:runtime:tenant_queue_limit:{m}", 1)  # the runtime override lowers every share
     assert not gate.gate_admit("m", "b", "b1", 10, 3).admitted
-    r.set("asynch:runtime:tenant_queue_limit:m", 50)  # ...but never raises it
+    r.set("asynch:runtime:tenant_queue_limit:{m}", 50)  # ...but never raises it
     assert gate.gate_admit("m", "c", "c0", 10, 1).admitted and not gate.gate_admit("m", "c", "c1", 10, 1).admitted
     assert gate.gate_depth("m") == 5 and gate.tenant_depth("m", "a") == 3
 
 
 def test_reconcile_adds_missing_and_drops_orphans_but_spares_young_slots(settings, r):
-    r.zadd("asynch:gate:m", {"orphan-old": time.time() - 3600, "young": time.time()})
+    r.zadd("asynch:gate:{m}", {"orphan-old": time.time() - 3600, "young": time.time()})
     added, removed = gate.gate_reconcile("m", ["db-1", "db-2"], grace_seconds=30)
     assert sorted(added) == ["db-1", "db-2"] and removed == ["orphan-old"]
-    assert set(r.zrange("asynch:gate:m", 0, -1)) == {"db-1", "db-2", "young"}
+    assert set(r.zrange("asynch:gate:{m}", 0, -1)) == {"db-1", "db-2", "young"}
 
 
 def test_reconcile_gates_matches_the_database_after_a_wipe(make_model, r):
@@ -52,9 +52,9 @@ def test_reconcile_gates_matches_the_database_after_a_wipe(make_model, r):
     ids = {jobs.submit(p, "m", {}).row.id for _ in range(4)}
     jobs.cancel_job(p, ids.pop())
     r.flushdb()  # Redis loses everything
-    r.zadd("asynch:gate:deleted-model", {"ghost": time.time() - 3600})
+    r.zadd("asynch:gate:{deleted-model}", {"ghost": time.time() - 3600})
     rep = maintenance.reconcile_gates()
     assert rep.details["added"] == 3 and rep.details["removed"] == 1
-    assert set(r.zrange("asynch:gate:m", 0, -1)) == ids
-    assert set(r.zrange("asynch:tgate:m:t", 0, -1)) == ids  # the tenant's share too
-    assert r.zcard("asynch:gate:deleted-model") == 0
+    assert set(r.zrange("asynch:gate:{m}", 0, -1)) == ids
+    assert set(r.zrange("asynch:tgate:{m}:t", 0, -1)) == ids  # the tenant's share too
+    assert r.zcard("asynch:gate:{deleted-model}") == 0

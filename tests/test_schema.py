@@ -1,6 +1,6 @@
-"""app/models.py describes the schema Alembic builds, index for index.
+"""app/infra/tables.py describes the schema Alembic builds, index for index.
 
-Queries are written against app/models.py, but the schema comes from the
+Queries are written against app/infra/tables.py, but the schema comes from the
 migrations alone, so the two must not drift: this builds models.py's tables
 in a scratch schema and compares every index definition (columns, order,
 uniqueness, partial predicate) with what `alembic upgrade head` made.

@@ -68,4 +68,4 @@ def test_oversized_body_is_refused_before_it_is_read(api_url, user_key, make_mod
         head = b"".join(chunks).decode(errors="replace")
     assert head.startswith("HTTP/1.1 413"), head
     assert f"request body too large (max {settings.max_body_bytes} bytes)" in head
-    assert r.zcard("asynch:gate:echo") == 0
+    assert r.zcard("asynch:gate:{echo}") == 0

@@ -1,6 +1,6 @@
-"""The business flow of seeds/002 section 2, end to end over HTTP, exactly as
+"""The seed-002 business flow (docs/api.md, "Seed-002 routes"), end to end over HTTP, exactly as
 an integrating business service runs it: create the model -> createTask ->
-poll getTaskBatch until done (it comes back claimed, state 4, with
+poll getTaskBatch until done (the claiming call shows it as 2 with its oss_file and
 expire_at) -> the signed callback arrives -> fetch oss_file.
 
 Real pieces: the API on a socket, PostgreSQL, Redis, a Celery worker process
@@ -28,6 +28,7 @@ SEED_MODEL = {
     "route": "/api/v1/chat", "httpMethod": "POST", "headMsg": "API_KEY:model-key,API_STATE:true,API_NUM:123",
     "enabled": 1, "maxConcurrency": 5, "queueLimit": 20, "timeoutSeconds": 1800, "expectedSeconds": 600,
     "retryTimes": 3, "retryQueueMaxSeconds": 600, "autoCleanSeconds": 3600, "remark": "Model-Service 模型服务",
+    "modelKeyHeaders": "X-API-Key",
 }
 USER_TOKEN = "Bearer business-user-token-7f3a"
 USER_INFO = '{"userId": 7, "username": "zhang.san"}'
@@ -98,7 +99,7 @@ def test_the_seeds_business_flow_end_to_end(api_url, seed_worker, oss, receiver,
         return item if item["state"] not in (0, 1) else None
 
     item = wait_until(settled, timeout=30, interval=0.2, what="task settled")
-    assert item["state"] == 4 and item["claimed"] is True  # done, and claimed by this very call
+    assert item["state"] == 2 and item["claimed"] is True  # done, and claimed by this very call
     assert item["oss_file"].startswith(f"{oss.url}/files/") and item["file_type"] == "application/json"
     expire_at = datetime.fromisoformat(item["expire_at"].replace("Z", "+00:00"))
     assert abs(expire_at - (datetime.now(timezone.utc) + timedelta(seconds=3600))) < timedelta(seconds=60)
@@ -132,9 +133,10 @@ def test_the_seeds_business_flow_end_to_end(api_url, seed_worker, oss, receiver,
         ("model-key", "true", "123", "per-request")
     assert model_call["path"] == "/api/v1/chat" and model_call["payload"] == {"prompt": "你好", "n": 1}
 
-    # The OSS service got the business user's credentials, never our API key.
+    # The OSS service got the business user's credentials, never our API key;
+    # X-User-Info only from a trusted gateway (ASYNCH_TRUSTED_GATEWAY is off here).
     (upload,) = oss.uploads
-    assert upload["headers"]["Authorization"] == USER_TOKEN and upload["headers"]["X-User-Info"] == USER_INFO
+    assert upload["headers"]["Authorization"] == USER_TOKEN and "X-User-Info" not in upload["headers"]
     assert user_key not in json.dumps(upload["headers"]) and upload["filename"].endswith(".json")
     row = job_row(task_id)
     assert row.creator == "" and row.passthrough_headers is None  # secrets dropped once the job is finished

@@ -150,6 +150,24 @@ def _probe(base: str, key: str, model: str, job: str) -> requests.Response:
     return requests.get(f"{base}/v1/models/{model}/jobs/{job}/wait?timeout=1", headers=auth(key), timeout=30)
 
 
+def _parked(base: str) -> int:
+    """The server's parked long-polls (its asynch_waiters gauge)."""
+    text = requests.get(f"{base}/metrics", timeout=10).text
+    return int(float(next((ln.split()[-1] for ln in text.splitlines() if ln.startswith("asynch_waiters ")), "0")))
+
+
+def _hold(base: str, key: str, model: str, job: str, n: int, already: int) -> list[socket.socket]:
+    """n waits that stay parked, opened one at a time and each seen parked
+    (the server's gauge) before the next: under gthread a probe sent right
+    after them could otherwise be served first and take the place one of
+    them was meant to have."""
+    socks = []
+    for i in range(n):
+        socks.append(_raw_wait(base, key, model, job, 60000))
+        wait_until(lambda: _parked(base) >= already + i + 1, timeout=10, what=f"wait {i + 1} of {n} parked")
+    return socks
+
+
 def _until_refused(base: str, key: str, model: str, job: str, what: str) -> requests.Response:
     # A Response is falsy when it is not ok: wrap it for wait_until.
     return wait_until(lambda: [p] if (p := _probe(base, key, model, job)).status_code == 429 else None,
@@ -170,7 +188,7 @@ def test_waiter_caps(worker_class, test_env, tmp_path, make_model):
         for t in ("tenant-a", "tenant-b"):
             run_by_hand(jobs[t])
 
-        a_socks = [_raw_wait(api.base, keys["tenant-a"], "m", jobs["tenant-a"], 60000) for _ in range(3)]
+        a_socks = _hold(api.base, keys["tenant-a"], "m", jobs["tenant-a"], 3, already=0)
         held += a_socks
         r = _until_refused(api.base, keys["tenant-a"], "m", jobs["tenant-a"], "A at its cap")
         assert "per-tenant cap 3" in r.json()["error"], r.text
@@ -178,10 +196,13 @@ def test_waiter_caps(worker_class, test_env, tmp_path, make_model):
         # Another tenant is unaffected by A's cap.
         assert _probe(api.base, keys["tenant-b"], "m", jobs["tenant-b"]).status_code == 200
 
-        b_socks = [_raw_wait(api.base, keys["tenant-b"], "m", jobs["tenant-b"], 60000) for _ in range(2)]
+        b_socks = _hold(api.base, keys["tenant-b"], "m", jobs["tenant-b"], 2, already=3)
         held += b_socks
         r = _until_refused(api.base, keys["tenant-c"], "m", jobs["tenant-c"], "the process at its cap")
         assert "per-process cap 5" in r.json()["error"], r.text
+        assert _parked(api.base) == 5
+        refused = requests.get(f"{api.base}/metrics", timeout=10).text
+        assert 'asynch_waits_refused_total{cap="process"}' in refused and 'asynch_waits_refused_total{cap="tenant"}' in refused
         assert "Retry-After" in r.headers
         # Only waits are capped: C's submits and polls go on.
         assert submit(api.base, keys["tenant-c"], "m", {}).status_code == 202
@@ -205,7 +226,7 @@ def test_waiter_caps(worker_class, test_env, tmp_path, make_model):
                    timeout=10, what="the process's count back")
 
         # A tenant's own cap (asynch_tenant_limits.max_waiters) overrides the setting.
-        held.append(_raw_wait(api.base, keys["tenant-c"], "m", jobs["tenant-c"], 60000))
+        held += _hold(api.base, keys["tenant-c"], "m", jobs["tenant-c"], 1, already=0)
         r = _until_refused(api.base, keys["tenant-c"], "m", jobs["tenant-c"], "C at its own cap")
         assert "per-tenant cap 1" in r.json()["error"], r.text
     finally:
@@ -262,9 +283,12 @@ def test_nothing_blocks_the_gevent_hub(test_env):
     assert gap < 0.2, f"the hub was blocked for {gap:.3f}s: {out.stdout}"
 
 
-def test_a_woken_job_is_read_once_for_all_its_waiters(make_model):
-    """Single flight: 60 waiters of one job, one terminal commit, and the
-    process reads that job's row once -- not once per waiter."""
+@pytest.mark.parametrize("message", ["snapshot", "bare id"])
+def test_a_woken_job_is_read_at_most_once_for_all_its_waiters(make_model, message):
+    """60 waiters of one job, one terminal commit.  The winner's wake-up
+    carries the terminal row: nobody reads it again (0 reads).  A wake-up
+    that carries only the id (an older publisher) is single-flight: the
+    process reads that job's row once, not once per waiter."""
     make_model("flight")
     p = Principal("tenant-a", "user", None)
     job_id = jobs.submit(p, "flight", {}).row.id
@@ -285,14 +309,50 @@ def test_a_woken_job_is_read_once_for_all_its_waiters(make_model):
         event.listen(engine, "before_cursor_execute", count)
         try:
             t0 = time.monotonic()
-            finish_by_hand(job_id)
+            if message == "snapshot":
+                finish_by_hand(job_id)
+            else:
+                from app import transitions
+                from app.infra.db import transaction
+                from app.infra.redis import events
+
+                with transaction() as conn:
+                    assert transitions.complete(conn, job_id, 1, location="x", content_type="text/plain", size=0)
+                events.publish_terminal(job_id)
             rows = [f.result(10) for f in futs]
             took = time.monotonic() - t0
         finally:
             event.remove(engine, "before_cursor_execute", count)
     assert all(r.state == 2 for r in rows)
     assert took < 2.0, took
-    assert len(reads) == 1, f"{len(reads)} reads of the job after its wake-up"
+    assert len(reads) == (0 if message == "snapshot" else 1), f"{len(reads)} reads of the job after its wake-up"
+
+
+def test_a_wakeup_snapshot_is_the_poll_body_and_carries_no_secret(test_env, tmp_path, make_model, r):
+    """A waiter woken by the snapshot answers exactly what a poll of the
+    same job answers; the message itself holds no payload and no modelKey."""
+    api = ApiProcess(test_env, tmp_path, workers=1).start()
+    try:
+        make_model("snap", model_key_headers="X-Token")
+        key = make_key("tenant-a")
+        job = requests.post(f"{api.base}/v1/models/snap/jobs", json={"secret_payload": "p-4e1f"},
+                            headers={**auth(key), "X-Model-Key": "X-Token:mk-7c2a"}, timeout=30).json()["job_id"]
+        run_by_hand(job)
+        sub = r.pubsub()
+        sub.subscribe(waiters.terminal_channel())
+        wait_until(lambda: (m := sub.get_message(timeout=0.1)) and m["type"] == "subscribe", what="subscribed")
+        sock = _raw_wait(api.base, key, "snap", job, 30000)
+        wait_until(lambda: _parked(api.base) == 1, what="the wait parked")
+        finish_by_hand(job)
+        status, woken = _read_answer(sock)
+        sock.close()
+        polled = requests.get(f"{api.base}/v1/models/snap/jobs/{job}", headers=auth(key), timeout=10).json()
+        assert status == 200 and woken == polled, (woken, polled)
+        msg = wait_until(lambda: (m := sub.get_message(timeout=0.5)) and m["type"] == "message" and m, what="the wake-up")
+        assert json.loads(msg["data"])["id"] == job
+        assert "p-4e1f" not in msg["data"] and "mk-7c2a" not in msg["data"]
+    finally:
+        api.stop()
 
 
 def test_no_wakeup_lost_while_the_listener_reconnects(test_env, tmp_path, make_model):

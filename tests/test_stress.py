@@ -93,7 +93,7 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
         stop.set()
         for t in threads:
             t.join(30)
-        wait_until(lambda: r.zcard(f"asynch:gate:{model}") == 0 and _all_terminal(admitted), timeout=60,
+        wait_until(lambda: r.zcard(f"asynch:gate:{{{model}}}") == 0 and _all_terminal(admitted), timeout=60,
                    what="every admitted job to end")
     assert problems == []
     rows = assert_ledger_invariants(admitted, r, [model])

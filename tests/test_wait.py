@@ -1,4 +1,4 @@
-"""Long-poll (DESIGN.md invariant 7): wakes on a terminal state or at its
+"""Long-poll (docs/architecture.md, invariant 7): wakes on a terminal state or at its
 budget, never on pending -> running, and no wake-up can be lost."""
 from __future__ import annotations
 

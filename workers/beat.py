@@ -3,7 +3,7 @@
 Every beat keeps its schedule's clock (entries come due and are reserved as
 usual), but only the holder of the Redis beat lock sends them, stamped
 with its fencing token.  A standby therefore takes over in step with the
-schedule instead of firing everything at once.  See app/services/periodic.py.
+schedule instead of firing everything at once.  See app/maintenance/periodic.py.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ they take a task.  /metrics/cluster turns these into asynch_worker_* gauges.
 """
 from __future__ import annotations
 
+import secrets
 import threading
 
 from celery import bootsteps
@@ -17,6 +18,17 @@ from celery.signals import task_prerun
 
 from app.config import get_settings
 from app.infra import metrics
+
+
+# This start of the node: pool children inherit it (they fork from the main
+# process), a restarted node with the same name gets a new one.  A claim
+# records node#instance, so recovery tells a dead run from its restart.
+INSTANCE = secrets.token_hex(6)
+
+
+def identity(node: str) -> str:
+    """What a claim records as its worker (app/maintenance/recovery.py)."""
+    return f"{node}#{INSTANCE}"
 
 
 class ConsumingHeartbeat(bootsteps.StartStopStep):
@@ -34,7 +46,7 @@ class ConsumingHeartbeat(bootsteps.StartStopStep):
         # The write runs off the event loop so a slow Redis never stalls
         # consuming; the loop turning is what the beat proves.
         queues = ",".join(sorted(q.name for q in c.task_consumer.queues)) if c.task_consumer else ""
-        threading.Thread(target=metrics.worker_heartbeat, args=(c.hostname, queues), daemon=True).start()
+        threading.Thread(target=metrics.worker_heartbeat, args=(c.hostname, queues, INSTANCE), daemon=True).start()
 
     def stop(self, c):
         if self.tref is not None:

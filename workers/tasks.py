@@ -16,6 +16,7 @@ from app.jobs import execution
 from app.maintenance import autotune
 from app.maintenance import passes as maintenance
 from app.maintenance.periodic import run_periodic
+from workers import heartbeat
 from workers.celery_app import celery
 
 
@@ -27,7 +28,7 @@ from workers.celery_app import celery
              max_retries=None)
 def run_job(self, job_id: str, attempt: int = -1) -> str:
     try:
-        out = execution.run_attempt(job_id, attempt)
+        out = execution.run_attempt(job_id, attempt, worker=heartbeat.identity(self.request.hostname))
     except Unavailable as exc:
         # The database is away: ring the doorbell again shortly rather than
         # leave the job to the maintenance pass.

@@ -18,7 +18,9 @@ status, headers and body (app/infra/http/deadline.py), so a receiver that
 trickles bytes costs one callback process that long and no more.  Redirects
 are never followed (a 3xx is a failed attempt).  Failures back off
 exponentially with jitter.  Requests are signed with the tenant's secret
-(app/callbacks/secrets.py).
+the Standard Webhooks way (app/callbacks/signing.py; webhook-id is the
+task_id, the signed payload the query string) and with the legacy
+X-Asynch-Signature (app/callbacks/secrets.py).
 
 ASYNCH_CALLBACK_MAX_ATTEMPTS bounds attempts everywhere: the claim never
 takes a row that used them all, and a row at the cap that is still pending
@@ -48,6 +50,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Row
 
 from app.callbacks import secrets as callback_secrets
+from app.callbacks import signing
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.config import get_settings
@@ -56,6 +59,7 @@ from app.infra.celery_config import DELIVER_CALLBACK_TASK
 from app.infra.db import transaction
 from app.infra.http import deadline, netguard
 from app.infra.publisher import publish_task
+from app.infra.storage import public_location
 from app.infra.tables import callback_attempts, callbacks, tasks
 from app.states import JobState, seed_code
 from app.tenancy.keys import Principal
@@ -79,7 +83,8 @@ def callback_url_for(row: Row) -> str:
     if row.biz_name:
         path += "/" + quote(row.biz_name, safe="")
     query = urlencode([("task_id", row.id), ("state", seed_code(JobState.DONE)),
-                       ("oss_file", row.result_location or ""), ("file_type", row.result_content_type or "")])
+                       ("oss_file", public_location(row.result_location, row.model_name, row.id) or ""),
+                       ("file_type", row.result_content_type or "")])
     if parts.query:
         query = parts.query + "&" + query
     return urlunsplit((parts.scheme, parts.netloc, path or "/", query, ""))
@@ -146,7 +151,8 @@ def claim_delivery(conn: Connection, callback_id: int, now: datetime) -> Row | N
         or_(and_(callbacks.c.status == PENDING, callbacks.c.next_attempt_at <= now),
             and_(callbacks.c.status == SENDING, callbacks.c.lease_until < now)),
     ).values(status=SENDING, attempts=callbacks.c.attempts + 1, lease_until=lease, updated_at=now)
-     .returning(*callbacks.c, _MODEL_NAME, callback_secrets.secret_of(callbacks.c.tenant_id))).first()
+     .returning(*callbacks.c, _MODEL_NAME, callback_secrets.secret_of(callbacks.c.tenant_id),
+                callback_secrets.rotated_at_of(callbacks.c.tenant_id))).first()
 
 
 def give_up_at_cap(conn: Connection, now: datetime, callback_id: int | None = None, limit: int = 500) -> int:
@@ -182,14 +188,15 @@ def deliver(callback_id: int) -> Outcome:
                 wait = (as_utc(cur.next_attempt_at) - now).total_seconds()
                 return Outcome("retry", max(0.05, wait))
             return Outcome("skipped")
-        # The secret is created on a tenant's first use; usually it exists already.
-        secret = cb.secret or callback_secrets.tenant_secret(conn, cb.tenant_id)["secret"]
+        # The secret is created on a tenant's first use; usually it exists
+        # already.  The previous one signs too during the rotation overlap.
+        secrets = callback_secrets.signing_secrets(conn, cb.tenant_id, cb.secret, cb.secret_rotated_at)
     started = time.monotonic()
     address, http_status, error, transient = None, None, None, True
     try:
         target = netguard.check_url(cb.url)
         address = str(target.addresses[0])
-        http_status = _send(target, cb, secret)
+        http_status = _send(target, cb, secrets)
         if not 200 <= http_status < 300:
             error = f"HTTP {http_status}" + (" (redirects are not followed)" if 300 <= http_status < 400 else "")
     except netguard.UrlRefused as exc:
@@ -203,16 +210,19 @@ def deliver(callback_id: int) -> Outcome:
     return _record(cb, now, duration_ms, address, http_status, error, transient)
 
 
-def _send(target: netguard.Target, cb: Row, secret: str) -> int:
+def _send(target: netguard.Target, cb: Row, secrets: list[str]) -> int:
     """The request, to the checked address, within the attempt's deadline.
-    deadline.request sends the URL's Host and verifies TLS for its host name."""
+    deadline.request sends the URL's Host and verifies TLS for its host name.
+    Signed the Standard Webhooks way over the query string (signing.py), and
+    the legacy way with the current secret."""
     s = get_settings()
     ts = int(clock_now().timestamp())
     headers = {
         "User-Agent": USER_AGENT,
+        **signing.sign_headers(secrets, cb.job_id, ts, urlsplit(cb.url).query),
         "X-Asynch-Task-Id": cb.job_id,
         "X-Asynch-Timestamp": str(ts),
-        "X-Asynch-Signature": callback_secrets.sign(secret, cb.job_id, ts, cb.url),
+        "X-Asynch-Signature": callback_secrets.sign(secrets[0], cb.job_id, ts, cb.url),
         "X-Asynch-Delivery": f"{cb.id}.{cb.attempts}",
     }
     resp = deadline.request("GET", cb.url, headers=headers, address=str(target.addresses[0]),

@@ -1,25 +1,41 @@
-"""Per-tenant callback signing secrets and the signature itself.
+"""Per-tenant callback signing secrets (and the legacy signature).
 
-Signature: ``X-Asynch-Signature: sha256=<hex>`` where hex is
+Signatures are Standard Webhooks' (app/callbacks/signing.py).  The legacy
+header, kept for receivers built on the seed, is
+``X-Asynch-Signature: sha256=<hex>`` where hex is
 HMAC-SHA256(secret, "{task_id}.{timestamp}.{url}") and ``url`` is the exact
 URL requested (callbackUrl/bizName?task_id=...&state=...&oss_file=...&file_type=...),
 ``timestamp`` the ``X-Asynch-Timestamp`` header (unix seconds).  A secret is
 generated on a tenant's first use and can be rotated by an admin.
+
+Secrets: ``whsec_`` + standard base64 of 24 random bytes.  At rest the
+column holds ``enc1:`` + the bytes encrypted with the application key
+(app/infra/secretbox.py); a plaintext ``whsec_...`` row (written before
+encryption) still reads as itself.  A rotation keeps the previous secret in
+a row of its own, keyed ``~prev:<sha256(tenant)[:40]>`` ("~" is no tenant
+character, so no tenant can own it), whose created_at is the rotation time:
+deliveries are signed with it as well for ASYNCH_CALLBACK_SECRET_OVERLAP_SECONDS.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
 import secrets
+from datetime import timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from app.callbacks.signing import PREFIX as WHSEC
+from app.clock import as_utc
 from app.clock import now as clock_now
+from app.config import get_settings
 from app.errors import Forbidden, ValidationFailed
+from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.tables import tenant_secrets
 from app.tenancy.keys import Principal
@@ -28,8 +44,23 @@ from app.tenancy.schemas import TENANT_PATTERN
 TENANT = re.compile(TENANT_PATTERN.replace("$", "\\Z"))  # \Z: "$" also matches before a final newline
 
 
+SECRET_BYTES = 24  # the Standard Webhooks size; its encrypted form fits the column (128)
+
+
 def _new_secret() -> str:
-    return "whsec_" + secrets.token_urlsafe(32)
+    """The stored form of a fresh secret (encrypted)."""
+    return secretbox.encrypt_bytes(secrets.token_bytes(SECRET_BYTES))
+
+
+def plain(stored: str) -> str:
+    """The ``whsec_`` secret of a stored value (encrypted or a legacy plaintext row)."""
+    if secretbox.is_encrypted(stored):
+        return WHSEC + base64.b64encode(secretbox.decrypt_bytes(stored)).decode()
+    return stored
+
+
+def previous_id(tenant_id: str) -> str:
+    return "~prev:" + hashlib.sha256(tenant_id.encode()).hexdigest()[:40]
 
 
 def _check_tenant(tenant_id: str) -> None:
@@ -62,11 +93,35 @@ def tenant_secret(conn: Connection, tenant_id: str) -> dict:
 
 
 def rotate_secret(conn: Connection, tenant_id: str) -> dict:
-    """A new secret; deliveries signed from now on use it."""
+    """A new secret; deliveries signed from now on use it (and the previous
+    one too, during the overlap window)."""
     tenant_secret(conn, tenant_id)
+    now = clock_now()
+    old = conn.execute(select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id)
+                       .with_for_update()).scalar_one()
+    ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    prev = ins(tenant_secrets).values(tenant_id=previous_id(tenant_id), secret=old, created_at=now)
+    conn.execute(prev.on_conflict_do_update(index_elements=["tenant_id"],
+                                            set_={"secret": old, "created_at": now}))
     row = conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)
-                       .values(secret=_new_secret(), rotated_at=clock_now()).returning(*tenant_secrets.c)).one()
+                       .values(secret=_new_secret(), rotated_at=now).returning(*tenant_secrets.c)).one()
     return _view(row)
+
+
+def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotated_at) -> list[str]:
+    """The secrets a delivery is signed with: the current one, and the
+    previous one while its rotation is younger than the overlap window.
+    ``stored``/``rotated_at`` are the claim's (None before first use)."""
+    if stored is None:
+        return [tenant_secret(conn, tenant_id)["secret"]]
+    out = [plain(stored)]
+    overlap = get_settings().callback_secret_overlap_seconds
+    if rotated_at is not None and overlap > 0 and as_utc(rotated_at) > clock_now() - timedelta(seconds=overlap):
+        prev = conn.execute(select(tenant_secrets.c.secret).where(
+            tenant_secrets.c.tenant_id == previous_id(tenant_id))).scalar()
+        if prev is not None:
+            out.append(plain(prev))
+    return out
 
 
 def secret_of(tenant_id_column):
@@ -77,8 +132,30 @@ def secret_of(tenant_id_column):
             .correlate(tenant_id_column.table).scalar_subquery().label("secret"))
 
 
+def rotated_at_of(tenant_id_column):
+    """Like secret_of: the secret's last rotation, labelled ``secret_rotated_at``."""
+    return (select(tenant_secrets.c.rotated_at).where(tenant_secrets.c.tenant_id == tenant_id_column)
+            .correlate(tenant_id_column.table).scalar_subquery().label("secret_rotated_at"))
+
+
+def reencrypt_all(conn: Connection) -> tuple[int, int]:
+    """`asynch secrets rotate`: every stored secret re-encrypted with the
+    first key.  Returns (rewritten, left in plaintext): a legacy plaintext
+    secret is too long to encrypt in its column and stays as it is until an
+    admin rotates it (POST .../callback-secret/rotate)."""
+    done = left = 0
+    for row in conn.execute(select(tenant_secrets.c.tenant_id, tenant_secrets.c.secret)).all():
+        if not secretbox.is_encrypted(row.secret):
+            left += 1
+            continue
+        conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == row.tenant_id)
+                     .values(secret=secretbox.rotate(row.secret)))
+        done += 1
+    return done, left
+
+
 def _view(row) -> dict:
-    return {"tenant": row.tenant_id, "secret": row.secret, "created_at": row.created_at, "rotated_at": row.rotated_at}
+    return {"tenant": row.tenant_id, "secret": plain(row.secret), "created_at": row.created_at, "rotated_at": row.rotated_at}
 
 
 def sign(secret: str, task_id: str, timestamp: int, url: str) -> str:

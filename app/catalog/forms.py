@@ -9,13 +9,41 @@ array, object, url, image (a URL or data: URI string).  Optional rules:
 minLength/maxLength (strings, arrays), min/max (numbers), pattern (strings),
 options (any type: the value must be one of them).  Fields not in the form
 pass through to the model untouched.
+
+A ``pattern`` runs on RE2 (google-re2): linear in the input, so a payload
+string of megabytes costs milliseconds whatever the pattern.  New patterns
+must be RE2 syntax (app/catalog/schemas.py refuses backreferences and
+lookaround); a pattern stored before that rule which RE2 cannot compile is
+run by Python's ``re`` on at most PATTERN_FALLBACK_CHARS characters.
 """
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
+import re2
+
 from app.errors import ValidationFailed
+
+
+PATTERN_FALLBACK_CHARS = 256
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+def re2_compile(pattern: str):
+    """The RE2 program of ``pattern``; raises re2.error if RE2 cannot run it."""
+    return re2.compile(pattern, options=_RE2_OPTIONS)
+
+
+@lru_cache(maxsize=1024)
+def _matcher(pattern: str):
+    try:
+        return re2_compile(pattern).search
+    except re2.error:
+        legacy = re.compile(pattern)
+        return lambda v: legacy.search(v[:PATTERN_FALLBACK_CHARS])
 
 
 def _escape(token: str) -> str:
@@ -86,7 +114,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
                 errs.append({"pointer": p, "message": f"must have at least {f['minLength']} characters/items"})
             if "maxLength" in f and len(v) > f["maxLength"]:
                 errs.append({"pointer": p, "message": f"must have at most {f['maxLength']} characters/items"})
-        if isinstance(v, str) and "pattern" in f and not re.search(f["pattern"], v):
+        if isinstance(v, str) and "pattern" in f and not _matcher(f["pattern"])(v):
             errs.append({"pointer": p, "message": f"must match {f['pattern']}"})
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if "min" in f and v < f["min"]:

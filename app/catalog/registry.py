@@ -9,7 +9,8 @@ many in one transaction (app/catalog/transfer.py).
 Rules that live here and nowhere else: a disabled model does not exist for
 users (404), a model's name cannot change, models_type ids must exist, a
 model with active jobs cannot be deleted, a redacted head_msg sent back
-keeps the stored secret.  Writers drop the per-process cache of model rows
+keeps the stored secret, head_msg is stored encrypted (read it through
+secretbox.decrypt).  Writers drop the per-process cache of model rows
 (admission reads through it) and tell the other processes to.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from app.catalog.schemas import ModelInput, ModelPatch
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.errors import Conflict, NotFound, ValidationFailed
-from app.infra import caches
+from app.infra import caches, secretbox
 from app.infra.db import transaction
 from app.infra.http.headers import redact
 from app.infra.redis import dispatch as redis_dispatch
@@ -62,8 +63,15 @@ def _row(conn: Connection, name: str) -> Row | None:
     return conn.execute(select(models).where(models.c.model_name == name)).first()
 
 
+def _sealed(values: dict) -> dict:
+    """head_msg values are secrets: stored encrypted (app/infra/secretbox.py)."""
+    if values.get("head_msg"):
+        values["head_msg"] = secretbox.encrypt(values["head_msg"])
+    return values
+
+
 def _create(conn: Connection, spec: ModelInput) -> Row:
-    values = spec.values()
+    values = _sealed(spec.values())
     _check_types(conn, values["models_type"])
     now = clock_now()
     try:
@@ -83,8 +91,10 @@ def _update(conn: Connection, name: str, change: ModelPatch) -> Row:
     _check_types(conn, values.get("models_type"))
     if "head_msg" in values:
         current = _row(conn, name)
-        if current is not None and current.head_msg and values["head_msg"] == redact(current.head_msg):
+        shown = redact(secretbox.decrypt(current.head_msg)) if current is not None and current.head_msg else None
+        if shown is not None and values["head_msg"] == shown:
             del values["head_msg"]  # a view sent back (values shown as ***) keeps the stored secrets
+    _sealed(values)
     row = conn.execute(update(models).where(models.c.model_name == name)
                        .values(updated_at=clock_now(), **values).returning(*models.c)).first()
     if row is None:
@@ -146,9 +156,25 @@ def enabled_model(name: str) -> Row:
     (admission path): unknown and disabled look the same."""
     row = _cache.get(name, caches.MISSING)
     if row is caches.MISSING:
+        token = _cache.token()  # a change during the read keeps it out of the cache
         with transaction() as conn:
             row = _row(conn, name)
-        _cache.set(name, row)
+        _cache.set(name, row, token)
     if row is None or not row.enabled:
         raise NotFound(f"model not found: {name}")
     return row
+
+
+def reencrypt_head_msgs(conn: Connection) -> int:
+    """`asynch secrets rotate`: every head_msg re-encrypted with the first
+    ASYNCH_SECRETS_KEYS key (plaintext rows from before encryption
+    encrypted).  Returns how many rows were rewritten; drops the caches."""
+    n = 0
+    for row in conn.execute(select(models.c.model_name, models.c.head_msg).where(models.c.head_msg != "")).all():
+        conn.execute(update(models).where(models.c.model_name == row.model_name)
+                     .values(head_msg=secretbox.rotate(row.head_msg)))
+        _cache.pop(row.model_name)
+        n += 1
+    if n:
+        publish_invalidate("models")
+    return n

@@ -11,6 +11,7 @@ import re
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlparse
 
+import re2
 from pydantic import (
     AfterValidator,
     Field,
@@ -20,6 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from app.catalog.forms import re2_compile
 from app.config import get_settings
 from app.contract import (
     NO_NUL,
@@ -30,28 +32,51 @@ from app.contract import (
     StrictBool,
     Timestamp,
     partial,
+    pattern,
     rule,
 )
-from app.infra.http.headers import HeaderSpecError, parse_header_spec, redact
+from app.infra import secretbox
+from app.infra.http.headers import (
+    HEADER_NAMES_PATTERN,
+    HEADER_NAMES_TEXT,
+    HEADER_SPEC_PATTERN,
+    HEADER_SPEC_TEXT,
+    redact,
+)
 
 # Column sizes (app/infra/tables.py): longer values are refused here, not by the database.
 MAX_URL_PART = 1024
 MAX_TYPE_LIST = 512
 MAX_TYPE_ID = 2**31 - 1  # asynch_models_type.type_id is an INTEGER
 
-# base_url: http(s), a non-empty authority (an IPv6 literal in brackets), no
-# spaces or control characters anywhere.
+# base_url: http(s), then an RFC 3986 authority in ASCII (an IDN host is
+# given in punycode): optional userinfo@, a host name or an IPv6 literal in
+# brackets, an optional numeric port; then any path, query or fragment
+# without spaces or control characters.  The IPv6 literal is RFC 3986's
+# IPv6address, so the pattern accepts exactly what urllib's split accepts.
 _URL_CHAR = r"[^\x00-\x20\x7f]"
-_AUTH_CHAR = r"[^/?#\[\]\x00-\x20\x7f]"
-BASE_URL_PATTERN = (rf"[Hh][Tt][Tt][Pp][Ss]?://(?:{_AUTH_CHAR}+|{_AUTH_CHAR}*\[[0-9A-Fa-f:.]+\]{_AUTH_CHAR}*)"
+_H16 = "[0-9A-Fa-f]{1,4}"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LS32 = rf"(?:{_H16}:{_H16}|{_OCTET}(?:\.{_OCTET}){{3}})"
+_IPV6 = "(?:" + "|".join([
+    rf"(?:{_H16}:){{6}}{_LS32}",
+    rf"::(?:{_H16}:){{5}}{_LS32}",
+    rf"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+    rf"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
+    rf"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
+    rf"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+    rf"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
+    rf"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}",
+    rf"(?:(?:{_H16}:){{0,6}}{_H16})?::",
+]) + ")"
+_AUTH_CHAR = r"[A-Za-z0-9\-._~!$&'()*+,;=%]"
+BASE_URL_PATTERN = (rf"[Hh][Tt][Tt][Pp][Ss]?://(?:(?:{_AUTH_CHAR}|:)*@)?(?:{_AUTH_CHAR}+|\[{_IPV6}\])(?::[0-9]*)?"
                     rf"(?:[/?#]{_URL_CHAR}*)?")
 ROUTE_PATTERN = rf"/{_URL_CHAR}*"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 _TYPE_LIST = r"^(?:\s*[0-9]+(?:\s*,\s*[0-9]+)*\s*)?$"
 FIELD_TYPES = ("string", "text", "number", "integer", "boolean", "select", "array", "object", "url", "image")
 FIELD_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
-_HEADER_PART = r"\s*(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+\s*:[^,\x00-\x08\x0a-\x1f\x7f]*)?"
-HEADER_SPEC_PATTERN = f"^{_HEADER_PART}(?:,{_HEADER_PART})*$"
 
 
 
@@ -64,14 +89,6 @@ def _base_url(v: str) -> str:
     if not re.fullmatch(BASE_URL_PATTERN, v):
         raise PydanticCustomError("rule", "not a URL")
     return v.rstrip("/")
-
-
-def _header_spec(v: str) -> str:
-    try:
-        parse_header_spec(v)
-    except HeaderSpecError as exc:
-        raise PydanticCustomError("header_spec", str(exc)) from None
-    return v
 
 
 def _type_list(v: str) -> str:
@@ -92,6 +109,11 @@ def _regex(v: str) -> str:
         re.compile(v)
     except (re.error, TypeError, ValueError, OverflowError, RecursionError):
         raise PydanticCustomError("regex", "must be a valid regular expression") from None
+    try:
+        re2_compile(v)  # linear-time matching (app/catalog/forms.py)
+    except (re2.error, TypeError, ValueError):
+        raise PydanticCustomError("regex", "must be a regular expression RE2 can run (no backreferences or "
+                                           "lookaround)") from None
     return v
 
 
@@ -107,7 +129,12 @@ class FormField(Shape):
     """One field of a model's form.  Keys it does not name (a hint, a
     placeholder) are kept for the console and ignored here."""
 
-    model_config = {"extra": "allow"}
+    # The one cross-field rule, stated in the JSON Schema (so clients and the
+    # fuzzer see it) right beside the validator that enforces it.
+    model_config = {"extra": "allow", "json_schema_extra": {
+        "if": {"properties": {"type": {"const": "select"}}, "required": ["type"]},
+        "then": {"properties": {"options": {"type": "array", "minItems": 1}}, "required": ["options"]},
+    }}
 
     field: Annotated[str, Field(pattern=FIELD_NAME_PATTERN)] = rule("a field name (letters, digits, _ . -)")
     label: str | None = None
@@ -151,8 +178,8 @@ Form = Annotated[list[FormField] | None, AfterValidator(_unique_fields)]
 ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
 BaseUrl = Annotated[str, Field(pattern=f"^{BASE_URL_PATTERN}$", max_length=MAX_URL_PART), AfterValidator(_base_url)]
 Route = Annotated[str, Field(pattern=f"^(?:{ROUTE_PATTERN})?$", max_length=MAX_URL_PART)]
-HeaderSpec = Annotated[str, Field(pattern=HEADER_SPEC_PATTERN),
-                       AfterValidator(_header_spec)]
+HeaderSpec = Annotated[str, pattern(HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT)]
+HeaderNames = Annotated[str, Field(max_length=4000), pattern(HEADER_NAMES_PATTERN, HEADER_NAMES_TEXT)]
 TypeList = Annotated[str, Field(pattern=_TYPE_LIST, max_length=MAX_TYPE_LIST),
                      AfterValidator(_type_list)]
 Remark = Annotated[str, Field(max_length=4000, pattern=NO_NUL)]
@@ -167,7 +194,8 @@ class ModelInput(Shape):
 
     model_name: ModelName = rule("1-128 letters, digits, _ . - (starting with a letter or digit)")
     base_url: BaseUrl = rule(
-        f"an http(s) URL of at most {MAX_URL_PART} characters, no spaces or control characters")
+        f"an http(s) URL of at most {MAX_URL_PART} characters: an ASCII host (IPv6 in brackets), "
+        "an optional numeric port, no spaces or control characters")
     models_type: TypeList | None = rule(
         f"a comma-separated list of type ids, e.g. 1,2,3 (at most {MAX_TYPE_LIST} characters); "
         "the ids must exist", "")
@@ -178,6 +206,12 @@ class ModelInput(Shape):
     head_msg: HeaderSpec | None = Field(
         "", description="K:V,K2:V2 headers sent to the model: names are HTTP tokens, values have no control "
                         "characters (CR, LF, NUL refused); secret, shown back as K:***")
+    model_key_headers: HeaderNames | None = Field(
+        default_factory=lambda: get_settings().model_key_headers_default,
+        description="header names a job's modelKey / X-Model-Key may set, comma-separated; * for any name "
+                        "but the protected ones (Host, Content-Length, Transfer-Encoding, TE, Connection, "
+                        "Keep-Alive, Trailer, Upgrade, Proxy-*, Cookie and head_msg's names), which pass only "
+                        "when named; empty: none (default ASYNCH_MODEL_KEY_HEADERS_DEFAULT, empty)")
     enabled: Bool01 = rule("true/false (or 1/0)", True)
     max_concurrency: Int(1, 10_000) = _ints(
         1, 10_000, 5, "an integer from 1 to 10000: calls at once per tenant")
@@ -195,6 +229,9 @@ class ModelInput(Shape):
     retry_queue_max_seconds: Int(0, 7 * 86400) = _ints(0, 7 * 86400, 600)
     auto_clean_seconds: Int(0, 365 * 86400) = _ints(
         0, 365 * 86400, 3600, "an integer from 0 to 31536000: how long a claimed result is kept")
+    max_completed: Int(0, 100_000_000) = _ints(
+        0, 100_000_000, 0, "an integer from 0 to 100000000: done/claimed jobs kept, the least recently "
+                           "read evicted beyond it (0: no cap)")
     remark: Remark | None = rule("a string of at most 4000 characters", "")
     # Read-only fields of a view: accepted and ignored, so a view can be sent back.
     created_at: Any = Field(None, exclude=True, description="read-only: ignored")
@@ -228,6 +265,7 @@ class ModelView(Shape):
     route: str
     http_method: Literal["GET", "POST"]
     head_msg: str = Field(description="header names only: K:***,K2:***")
+    model_key_headers: str
     enabled: bool
     max_concurrency: int
     queue_limit: int
@@ -237,6 +275,7 @@ class ModelView(Shape):
     retry_times: int
     retry_queue_max_seconds: int
     auto_clean_seconds: int
+    max_completed: int
     remark: str
     created_at: Timestamp | None
     updated_at: Timestamp | None
@@ -283,7 +322,7 @@ def model_view(row, is_admin: bool, face: str = "v1") -> Shape:
     if is_admin:
         cls = SeedModelView if face == "seed" else ModelView
         values = {k: getattr(row, k) for k in ModelView.model_fields}
-        values["head_msg"] = redact(row.head_msg)
+        values["head_msg"] = redact(secretbox.decrypt(row.head_msg))
     else:
         cls = SeedModelUserView if face == "seed" else ModelUserView
         values = {k: getattr(row, k) for k in ModelUserView.model_fields}

@@ -13,6 +13,7 @@ from app.catalog import registry
 from app.catalog.schemas import ModelInput, ModelPatch
 from app.contract import parse
 from app.errors import ValidationFailed
+from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.http.headers import REDACTED, HeaderSpecError, parse_header_spec
 from app.infra.tables import models
@@ -30,6 +31,8 @@ def export_models(names: list[str] | None = None, with_secrets: bool = False) ->
             d = {k: getattr(row, k) for k in FIELDS}
             if not with_secrets:
                 d.pop("head_msg")
+            else:
+                d["head_msg"] = secretbox.decrypt(d["head_msg"])
             out.append(d)
     return out
 

@@ -14,7 +14,9 @@ from app.cli.base import DomainGroup
 from app.contract import dump, parse
 from app.jobs import service as job_service
 from app.jobs.schemas import JobDetail, JobListQuery, JobStatus
+from app.infra import secretbox
 from app.maintenance import autotune, passes, periodic, requeue
+from app.maintenance import secrets as secret_rotation
 from app.tenancy import keys as key_service
 from app.tenancy import limits
 from app.tenancy.keys import OPERATOR
@@ -110,7 +112,8 @@ def jobs() -> None:
 def jobs_show(job_id: str) -> None:
     row = job_service.get_job(OPERATOR, job_id)
     _echo(JobDetail.from_row(row, {"poll_url": f"/v1/models/{row.model_name}/jobs/{row.id}",
-                                   "result_url": f"/v1/models/{row.model_name}/jobs/{row.id}/result"}), indent=2)
+                                   "result_url": f"/v1/models/{row.model_name}/jobs/{row.id}/result"},
+                             admin=True), indent=2)
 
 
 @jobs.command("list", help="Jobs newest first, one JSON object a line.")
@@ -190,6 +193,28 @@ def m_runs(limit: int) -> None:
 
 
 
+# --- worker-less deployment ----------------------------------------------------------------
+
+@click.group(cls=DomainGroup, help="Run jobs without resident workers (a Kubernetes CronJob, the seed's "
+                                   "upper scheduler); resident Celery workers may run beside it.")
+def work() -> None:
+    pass
+
+
+@work.command("run-once", help="The worker pass, then claim up to --max pending jobs and run them here "
+                               "(seed: /task/runWork).")
+@click.option("--max", "max_tasks", type=click.IntRange(0, 10000), default=None,
+              help="Pending jobs to claim and run (default ASYNCH_RUN_WORK_MAX_TASKS).")
+def work_run_once(max_tasks: int | None) -> None:
+    click.echo(json.dumps(passes.run_work(max_tasks).as_dict()))
+
+
+@work.command("clean-once", help="The cleaner pass: expired and old jobs, due retries, expired leases, "
+                                 "timeouts (seed: /task/cleanWork).")
+def work_clean_once() -> None:
+    click.echo(json.dumps(passes.clean_work().as_dict()))
+
+
 # --- tenants ---------------------------------------------------------------------------
 
 @click.group(cls=DomainGroup, help="Tenants' limits: dispatch weight, request rate, long-polls, queue caps.")
@@ -221,3 +246,19 @@ def tenants_limits(tenant, weight, rate, burst, max_waiters, queue_limits) -> No
     else:
         view = limits.read(OPERATOR, tenant)
     _echo(view, indent=2)
+
+
+@click.group(cls=DomainGroup, help="Secrets at rest (head_msg values, callback secrets): key rotation.")
+def secrets() -> None:
+    pass
+
+
+@secrets.command("new-key", help="Print a new key for ASYNCH_SECRETS_KEYS (put it first to rotate).")
+def secrets_new_key() -> None:
+    click.echo(secretbox.new_key())
+
+
+@secrets.command("rotate", help="Re-encrypt every stored secret with the first ASYNCH_SECRETS_KEYS key; "
+                 "afterwards the other keys can be dropped.")
+def secrets_rotate() -> None:
+    click.echo(json.dumps(secret_rotation.rotate_secrets()))

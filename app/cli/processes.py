@@ -11,7 +11,7 @@ import time
 import click
 
 from app.cli.base import ROOT, upgrade_db
-from app.config import env_names, get_settings
+from app.config import check_startup, env_names, get_settings, load_settings, set_settings
 
 # --- database ------------------------------------------------------------------
 
@@ -44,6 +44,7 @@ WORKER_CLASSES = ("gevent", "gthread")
                    "Default: ASYNCH_WAITERS_MAX + 1000.")
 @click.option("--threads", default=16, type=int, help="Threads per process (gthread only).")
 def api(bind: str, workers: int, worker_class: str, worker_connections: int | None, threads: int) -> None:
+    _refuse_insecure()
     # One Prometheus multiprocess directory per API server, set before
     # gunicorn (and so prometheus_client) starts; the hooks manage it.
     os.environ.update(metrics_group_env())
@@ -66,7 +67,11 @@ def api_argv(bind: str = "0.0.0.0:8000", workers: int = 2, threads: int = 16, wo
     conf = "app.web.gunicorn_gevent" if worker_class == "gevent" else "app.web.gunicorn_conf"
     argv = [sys.executable, "-m", "gunicorn", "--config", f"python:{conf}", "--bind", bind,
             "--workers", str(workers), "--worker-class", worker_class,
-            "--worker-connections", str(worker_connections), "--access-logfile", "-"]
+            "--worker-connections", str(worker_connections)]
+    # No gunicorn access log: app/web/request_log.py already writes one JSON
+    # line per request (with model, job and tenant), and the duplicate line
+    # cost ~16% of an API process's CPU under load (bench/bench_waiters.py
+    # profile).  GUNICORN_CMD_ARGS="--access-logfile -" brings it back.
     if worker_class == "gthread":
         argv += ["--threads", str(threads)]
     return argv + ["app.wsgi:app"]
@@ -84,6 +89,7 @@ def metrics_group_env() -> dict[str, str]:
 @click.option("--concurrency", "-c", default=2, type=int)
 @click.option("--queues", "-Q", default=None, help="Queues to consume (default: the job queue, ASYNCH_QUEUE_NAME).")
 def worker(concurrency: int, queues: str | None) -> None:
+    _refuse_insecure()
     # The node's pool processes write their metrics where its main process
     # (serving ASYNCH_WORKER_METRICS_PORT) reads them.
     os.environ.update(metrics_group_env())
@@ -97,10 +103,19 @@ def worker_argv(concurrency: int = 2, queues: str | None = None, node: str | Non
     return argv + (["-n", node] if node else [])
 
 
+def _refuse_insecure() -> None:
+    """Outside dev mode a server does not start with weak secrets (config.check_startup)."""
+    try:
+        check_startup(get_settings())
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @click.command("callback-worker", help="Run a Celery worker that delivers callbacks only "
                "(ASYNCH_CALLBACK_QUEUE_NAME): a slow receiver ties up these processes, never the job workers.")
 @click.option("--concurrency", "-c", default=2, type=int)
 def callback_worker(concurrency: int) -> None:
+    _refuse_insecure()
     os.environ.update(metrics_group_env())  # its own metrics group, like any worker node
     os.execvp(sys.executable, callback_worker_argv(concurrency))
 
@@ -117,6 +132,7 @@ def beat_argv(schedule_file: str = "celerybeat-schedule") -> list[str]:
 
 @click.command(help="Run Celery beat.  Several may run: one leads (Redis lock), the others stand by.")
 def beat() -> None:
+    _refuse_insecure()
     os.execvp(sys.executable, beat_argv())
 
 
@@ -132,6 +148,9 @@ def dev(port: int, model_port: int) -> None:
     from app.tenancy import keys as key_svc
 
     os.chdir(ROOT)
+    # A local trial: every child runs in dev mode (weak secrets accepted, a derived secrets key).
+    os.environ["ASYNCH_DEV_MODE"] = "1"
+    set_settings(load_settings())
     upgrade_db()
     demo = DemoModelServer(port=model_port).start()
     try:
@@ -241,7 +260,8 @@ def env_cmd() -> None:
     s = get_settings()
     for name, var in env_names().items():
         v = getattr(s, name)
-        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key", "oss_authorization", "metrics_token") and v:
+        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key", "oss_authorization", "metrics_token",
+                    "secrets_keys") and v:
             v = "***"
         click.echo(f"{var}={v}")
 

@@ -5,6 +5,11 @@ What a cached entry may hide is bounded by its TTL: a revoked key or a
 changed model is seen by every API process within that many seconds (at
 once by the process that changed it, and by the others as soon as the
 invalidation message reaches their listener: app/infra/wakeups.py).
+A lookup that raced an invalidation never re-caches what it read: a
+reader takes ``token()`` before it reads the database and passes it to
+``set``, which drops the value if a ``clear``/``pop`` happened in between
+(else a key revoked while another thread was looking it up would be cached
+again for a whole TTL).
 cachetools' caches are not thread-safe, so each has a lock; its TTL is read
 from the settings when the cache is first used in a process (tests change
 settings between runs: ``clear_all`` rebuilds them).
@@ -25,6 +30,11 @@ class ProcessCache:
         self._enabled = enabled
         self._lock = threading.Lock()
         self._cache: Cache | None = None
+        self._generation = 0  # bumped by every invalidation
+
+    def token(self) -> int:
+        """Take before reading the source; pass to ``set``."""
+        return self._generation
 
     def _get_cache(self) -> Cache:
         if self._cache is None:
@@ -35,18 +45,23 @@ class ProcessCache:
         with self._lock:
             return self._get_cache().get(key, default)
 
-    def set(self, key: Any, value: Any) -> None:
+    def set(self, key: Any, value: Any, token: int | None = None) -> None:
+        """Cache ``value``, unless an invalidation came after ``token``."""
         if not self._enabled():
             return
         with self._lock:
+            if token is not None and token != self._generation:
+                return
             self._get_cache()[key] = value
 
     def pop(self, key: Any) -> None:
         with self._lock:
+            self._generation += 1
             self._get_cache().pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
+            self._generation += 1
             self._cache = None  # rebuilt with the current settings on next use
 
 

@@ -102,3 +102,18 @@ def single_statement() -> Iterator[Connection]:
     in it; use transaction()."""
     with _lost_database_is_unavailable(), get_engine(autocommit=True).connect() as conn:
         yield conn
+
+@contextmanager
+def atomic_statement() -> Iterator[Connection]:
+    """For a write that is ONE statement on PostgreSQL (a transition with
+    its side write in one CTE, app/transitions.py ``alongside``): an
+    autocommit connection there, one round trip; elsewhere (SQLite) a
+    transaction, because the same write is two statements there."""
+    with _lost_database_is_unavailable():
+        engine = get_engine(autocommit=True)
+        if engine.dialect.name == "postgresql":
+            with engine.connect() as conn:
+                yield conn
+            return
+        with get_engine().begin() as conn:
+            yield conn

@@ -21,8 +21,8 @@ Invariants:
   `asynch dev`'s API) the metrics live in this process's memory.
 - Counters of a dead process stay in its files and keep counting in the
   group's sum (a counter must never go backwards while its target lives);
-  ``process_dead`` drops only what would be wrong for a dead process (live
-  gauges; none today).
+  ``process_dead`` drops only what would be wrong for a dead process (the
+  live gauge ``asynch_waiters``).
 - This module imports nothing above app/infra: no jobs, no observe.
 
 Callers:
@@ -30,6 +30,7 @@ Callers:
   job_finished                     app.jobs.service.after_terminal (every terminal winner)
   model_call                       app.jobs.execution (each call that reached the model)
   callback_delivered(model, ok)    the callback sender, once per callback when settled (delivered or failed for good)
+  waiters(+1/-1) / wait_refused    app.infra.wakeups (a wait registered / ended / refused at a cap)
   worker_heartbeat / worker_consumed / worker_stopped   workers/heartbeat.py
   group_env / prepare_group_dir / process_dead / cleanup_group_dir / serve_node
                                    app/cli/processes.py, app/observe/gunicorn_conf.py,
@@ -54,6 +55,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -99,6 +101,14 @@ _DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit
 _RUN_JOB = Counter("asynch_run_job_messages", "run_job messages a worker took, by what came of them "
                    "(done, retry_wait, failed, lost, stale: a duplicate or outdated message)", ["outcome"],
                    registry=_REGISTRY)
+# A live gauge: the sum over the group's living processes (a dead worker's
+# parked waits are gone with it).  Built on first use: a metric without
+# labels opens its mmap file when it is created, and at import time the
+# group's directory may not exist yet (a Celery node imports this first).
+_WAITERS: Gauge | None = None
+_lazy_lock = threading.Lock()
+_WAITS_REFUSED = Counter("asynch_waits_refused", "long-polls refused at a waiter cap, by cap (tenant, process)",
+                         ["cap"], registry=_REGISTRY)
 _JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
                           ["model", "state"], buckets=JOB_BUCKETS, registry=_REGISTRY)
 _CALL_DURATION = Histogram("asynch_model_call_duration_seconds", "one call to the model service (that reached it)",
@@ -168,6 +178,22 @@ def run_job_message(outcome: str) -> None:
 
 
 @_never_raise
+def waiters(delta: int) -> None:
+    global _WAITERS
+    if _WAITERS is None:
+        with _lazy_lock:
+            if _WAITERS is None:
+                _WAITERS = Gauge("asynch_waiters", "long-polls parked on this API server now", registry=_REGISTRY,
+                                 multiprocess_mode="livesum")
+    _WAITERS.inc(delta)
+
+
+@_never_raise
+def wait_refused(cap: str) -> None:
+    _WAITS_REFUSED.labels(cap).inc()
+
+
+@_never_raise
 def model_call(model: str, seconds: float, ok: bool) -> None:
     _CALL_DURATION.labels(model, "ok" if ok else "error").observe(seconds)
 
@@ -184,10 +210,12 @@ def worker_ttl() -> int:
     return max(3, int(3 * get_settings().worker_heartbeat_seconds))
 
 
-def worker_heartbeat(node: str, queues: str = "") -> None:
-    """The worker's consumer is connected and its event loop is turning."""
+def worker_heartbeat(node: str, queues: str = "", instance: str = "") -> None:
+    """The worker's consumer is connected and its event loop is turning.
+    ``instance``: this start of the node (claims record node#instance)."""
     try:
-        liveness.worker_touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues}, worker_ttl())
+        liveness.worker_touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues, "instance": instance},
+                              worker_ttl())
     except redis.RedisError as exc:
         log.warning("worker heartbeat not recorded: %s", exc)
 

@@ -54,21 +54,25 @@ def make_green() -> bool:
 
 
 # Collector thresholds of an API worker (CPython's defaults: 700, 10, 10).
-GC_THRESHOLDS = (50_000, 20, 100)
+GC_THRESHOLDS = (10_000, 2, 100)
 
 
 def tune_gc() -> None:
-    """Make full collections rare in an API worker, after its app is loaded.
+    """Make full collections rare and young ones short in an API worker,
+    after its app is loaded.
 
-    A parked long-poll keeps its request's objects (environ, request, frames)
-    alive for its whole budget: 5,000 waits in a process are millions of
-    long-lived objects.  With the default thresholds CPython ran a full
-    collection at each 25% growth of them, 0.2-0.5 s each in which no
-    greenlet runs (bench/bench_waiters.py: wake-up p99 1.8 s and another
-    tenant's submit p99 x12 in such runs).  ``gc.freeze()`` moves everything
-    loaded so far (modules, the app) out of the collector's sight, and the
-    higher thresholds make young collections batch more and full ones
-    follow only every 100 middle ones.  Cycles are still collected.
+    A parked long-poll keeps its request's objects (environ, request, frames,
+    watchers: ~60 per wait) alive for its whole budget: 10,000 waits are
+    hundreds of thousands of long-lived objects per process.  With the
+    default thresholds CPython ran a full collection at each 25% growth of
+    them, 0.2-0.5 s each in which no greenlet runs.  ``gc.freeze()`` moves
+    everything loaded so far (modules, the app) out of the collector's
+    sight; full collections follow only every 200 young ones.  The young
+    threshold is a pause length: at 50,000 each gen-0 collection took 30-120
+    ms on a 2-core host and was another tenant's submit p99; at 10,000 with
+    gen 1 every 2 they take under 10 ms, gen-1 ones 30-100 ms every ~0.7 s
+    (bench/bench_waiters.py, docs/architecture.md "Serving").  Cycles are
+    still collected.
     """
     import gc
 

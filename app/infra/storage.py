@@ -9,6 +9,13 @@ Backends: a local directory (default), S3 via boto3, and the seed's OSS file
 service (``oss+http(s)://host:port/base``).  ``put`` takes an optional
 ``context``: headers of the job to pass through (only the OSS backend uses
 them).
+
+``stream`` is how results are served: it raises ObjectMissing/StorageError
+before it returns (so the caller can still answer 410/503), then yields the
+object in CHUNK-byte pieces, so serving a result holds one chunk in memory,
+not the object.  ``presign`` (S3 only; None elsewhere) gives a time-limited
+GET URL for a redirect.  OSS downloads follow no redirects and stop at
+ASYNCH_MAX_RESULT_BYTES (the most a result can be).
 """
 from __future__ import annotations
 
@@ -18,8 +25,8 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Protocol, Sequence
-from urllib.parse import urlparse
+from typing import Iterator, Protocol, Sequence
+from urllib.parse import quote, urlparse
 
 import requests
 
@@ -39,8 +46,19 @@ class ObjectMissing(StorageError):
 class Storage(Protocol):
     def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str: ...
     def get(self, location: str) -> bytes: ...
+    def stream(self, location: str) -> Iterator[bytes]: ...
+    def presign(self, location: str, seconds: int) -> str | None: ...
     def delete(self, location: str) -> None: ...
     def delete_many(self, locations: Sequence[str]) -> dict[str, str]: ...
+
+
+CHUNK = 64 * 1024
+
+
+def _file_chunks(f) -> Iterator[bytes]:
+    with f:
+        while chunk := f.read(CHUNK):
+            yield chunk
 
 
 class LocalStorage:
@@ -80,6 +98,18 @@ class LocalStorage:
             raise ObjectMissing(location) from exc
         except OSError as exc:
             raise StorageError(str(exc)) from exc
+
+    def stream(self, location: str) -> Iterator[bytes]:
+        try:
+            f = self._path(location).open("rb")
+        except FileNotFoundError as exc:
+            raise ObjectMissing(location) from exc
+        except OSError as exc:
+            raise StorageError(str(exc)) from exc
+        return _file_chunks(f)
+
+    def presign(self, location: str, seconds: int) -> str | None:
+        return None
 
     def delete(self, location: str) -> None:
         try:
@@ -139,6 +169,29 @@ class S3Storage:
         except Exception as exc:
             raise StorageError(f"s3 get failed: {exc}") from exc
 
+    def stream(self, location: str) -> Iterator[bytes]:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(location))["Body"]
+        except self.client.exceptions.NoSuchKey as exc:
+            raise ObjectMissing(location) from exc
+        except Exception as exc:
+            raise StorageError(f"s3 get failed: {exc}") from exc
+        return self._chunks(body)
+
+    @staticmethod
+    def _chunks(body) -> Iterator[bytes]:
+        try:
+            yield from body.iter_chunks(CHUNK)
+        finally:
+            body.close()
+
+    def presign(self, location: str, seconds: int) -> str | None:
+        try:
+            return self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self._key(location)}, ExpiresIn=seconds)
+        except Exception as exc:
+            raise StorageError(f"s3 presign failed: {exc}") from exc
+
     def delete(self, location: str) -> None:
         # S3 DeleteObject succeeds for a missing key.
         try:
@@ -171,7 +224,8 @@ class OssStorage:
     """The seed's OSS file service: ``POST {base}/oss/file/uploadFile`` with a
     multipart ``file`` part; the job's ``Authorization`` and ``X-User-Info``
     are passed through (the operator's ASYNCH_OSS_AUTHORIZATION when the job
-    has none).  The answer's file URL is the location (oss_file): JSON with
+    has none, and then without X-User-Info: the operator's credential is
+    never combined with an identity the job brought).  The answer's file URL is the location (oss_file): JSON with
     the URL as ``data`` (a string), ``data.url`` / ``data.fileUrl`` /
     ``data.path``, or a top-level ``url``; a ``code`` other than 0/200 or a
     ``success: false`` is a failed upload.  ``get`` downloads that URL.  The
@@ -184,6 +238,7 @@ class OssStorage:
         self.base = base_url.rstrip("/")
         self.timeout = settings.oss_timeout_seconds
         self.default_auth = settings.oss_authorization
+        self.max_bytes = settings.max_result_bytes
         self.session = requests.Session()
         self.session.trust_env = False
 
@@ -194,6 +249,7 @@ class OssStorage:
             if v:
                 headers[name] = v
         if "Authorization" not in headers and self.default_auth:
+            headers.pop("X-User-Info", None)
             headers["Authorization"] = self.default_auth
         ext = mimetypes.guess_extension((content_type or "").split(";")[0].strip()) or ".bin"
         filename = key.strip("/").replace("/", "-") + ext
@@ -229,16 +285,47 @@ class OssStorage:
                     return data[k]
         return body.get("url") if isinstance(body.get("url"), str) else None
 
-    def get(self, location: str) -> bytes:
+    def _download(self, location: str) -> requests.Response:
         try:
-            resp = self.session.get(location, timeout=self.timeout)
+            resp = self.session.get(location, timeout=self.timeout, stream=True, allow_redirects=False)
         except requests.RequestException as exc:
             raise StorageError(f"oss download failed: {type(exc).__name__}") from exc
-        if resp.status_code == 404:
-            raise ObjectMissing(location)
         if resp.status_code != 200:
-            raise StorageError(f"oss download failed: HTTP {resp.status_code}")
-        return resp.content
+            resp.close()
+            if resp.status_code == 404:
+                raise ObjectMissing(location)
+            raise StorageError(f"oss download failed: HTTP {resp.status_code}"
+                               + (" (redirects are not followed)" if 300 <= resp.status_code < 400 else ""))
+        try:
+            declared = int(resp.headers.get("Content-Length", "0"))
+        except ValueError:
+            declared = 0
+        if declared > self.max_bytes:
+            resp.close()
+            raise StorageError(f"oss download exceeds {self.max_bytes} bytes")
+        return resp
+
+    def _capped(self, resp: requests.Response) -> Iterator[bytes]:
+        seen = 0
+        try:
+            for chunk in resp.iter_content(CHUNK):
+                seen += len(chunk)
+                if seen > self.max_bytes:
+                    raise StorageError(f"oss download exceeds {self.max_bytes} bytes")
+                yield chunk
+        except requests.RequestException as exc:
+            raise StorageError(f"oss download failed: {type(exc).__name__}") from exc
+        finally:
+            resp.close()
+
+    def get(self, location: str) -> bytes:
+        return b"".join(self._capped(self._download(location)))
+
+    def stream(self, location: str) -> Iterator[bytes]:
+        return self._capped(self._download(location))
+
+    def presign(self, location: str, seconds: int) -> str | None:
+        return None
 
     def delete(self, location: str) -> None:
         log.info("oss file service has no delete; left to its retention: %s", location)
@@ -247,6 +334,16 @@ class OssStorage:
         if locations:
             log.info("oss file service has no delete; %d files left to its retention", len(locations))
         return {}
+
+
+def public_location(location: str | None, model_name: str, job_id: str) -> str | None:
+    """A result's location as callers see it (oss_file): an OSS file URL as
+    is (the business side fetches it there), a local key or inline as is;
+    an S3 location (``s3://bucket/key``: the bucket is ours, not the
+    tenant's business) becomes the job's v1 result path."""
+    if location and location.startswith("s3://"):
+        return f"/v1/models/{quote(model_name, safe='')}/jobs/{job_id}/result"
+    return location
 
 
 def storage_from_url(url: str, settings: Settings) -> Storage:

@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     String,
@@ -63,6 +64,10 @@ models = Table(
     Column("remark", Text, nullable=False, server_default=""),
     # Slots of queue_limit one tenant may hold; NULL: ASYNCH_TENANT_QUEUE_SHARE of it (revision 0006).
     Column("tenant_queue_limit", Integer, nullable=True),
+    # Header names a job's modelKey may set ("*": any unprotected one); '' none (revision 0011).
+    Column("model_key_headers", Text, nullable=False, server_default=""),
+    # Done/claimed jobs kept per model (seed 000 async_max_completed); 0: no cap (revision 0012_seed_dropin).
+    Column("max_completed", Integer, nullable=False, server_default="0"),
     Column("created_at", TS, nullable=False),
     Column("updated_at", TS, nullable=False),
 )
@@ -99,10 +104,20 @@ tasks = Table(
     Column("attempt", Integer, nullable=False, server_default="0"),
     # Retries taken (seed: retry_count, not counting the first try).
     Column("retry_count", Integer, nullable=False, server_default="0"),
+    # 0-9, 9 first: orders dispatch within the tenant's share (revision 0013).
+    Column("priority", SmallInteger, nullable=False, server_default="5"),
+    # What the tenant sees: "<code>: <short message>" (app/states.py JOB_ERROR_CODES).
     Column("error", Text, nullable=True),
+    # The internals behind it (exception text, the model's error body): admin views only (revision 0011).
+    Column("error_detail", Text, nullable=True),
     Column("result_location", Text, nullable=True),
     Column("result_content_type", String(255), nullable=True),
     Column("result_size", BigInteger, nullable=True),
+    # A small result kept in the row (location ``inline:``; revision 0010).
+    Column("result_inline", LargeBinary, nullable=True),
+    # The Celery node running the current attempt (revision 0010): recovery
+    # fails the attempt as soon as that node's heartbeat is gone.
+    Column("worker", String(255), nullable=True),
     Column("created_at", TS, nullable=False),
     # Queue order; a retry resets it (tail) or backdates it (head).
     Column("enqueue_at", TS, nullable=False),
@@ -113,6 +128,8 @@ tasks = Table(
     # Job budget: pending/running past it becomes timeout.
     Column("deadline_at", TS, nullable=True),
     Column("claimed_at", TS, nullable=True),
+    # When the result was last read (0012_seed_dropin): max_completed evicts the least recently read.
+    Column("last_read_at", TS, nullable=True),
     Column("expire_at", TS, nullable=True),
     Column("updated_at", TS, nullable=False),
     # When a pending retry was published at high priority (revision 0003).
@@ -120,11 +137,15 @@ tasks = Table(
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it (revision 0005).
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
           postgresql_where=text("idempotency_key IS NOT NULL"), sqlite_where=text("idempotency_key IS NOT NULL")),
-    # Listing: a tenant's jobs newest first, optionally by model.
+    # Listing: a tenant's jobs newest first, optionally by model; every
+    # tenant's (an admin's listing) in its own sort order (revision 0014).
+    Index("ix_asynch_task_created", "created_at", "id"),
     Index("ix_asynch_task_tenant_created", "tenant_id", "created_at"),
     Index("ix_asynch_task_tenant_model_created", "tenant_id", "model_name", "created_at"),
     # Gate reconcile / depth: active rows of a model.
     Index("ix_asynch_task_model_state", "model_name", "state"),
+    # A tenant's event stream (GET /v1/events): its jobs changed since a time (revision 0013).
+    Index("ix_asynch_task_tenant_updated", "tenant_id", "updated_at"),
     # Maintenance scans (revision 0004): each a partial index over the
     # state it looks for, so a row version enters only its own state's index.
     _partial("ix_asynch_task_retry_due", ["next_retry_at"], _in(S.RETRY_WAIT)),

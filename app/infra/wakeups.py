@@ -8,7 +8,15 @@ Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
 - A waiter registers before its first read, then sleeps: a terminal commit
   is either visible to that read or its message (workers publish only after
   the commit) arrives while the waiter is registered.
-- Single flight: a message for job J puts J in the fetch set; the fetcher
+- A terminal wake-up carries the committed terminal row's snapshot (the
+  fields a poll shows; never the payload or a secret), published by the
+  transition's winner after its commit (``snapshot_message``).  Terminal
+  states are absorbing, so that snapshot is final: it is handed to every
+  waiter of the job at once, with no read.  One JSON decode per job per
+  process, and the v1 body is rendered once for all its waiters
+  (``Snapshot.v1_body``; the snapshot itself: app/infra/wakeup_snapshot.py).
+- Single flight, for a message that carries only a job id (an older
+  publisher) and after a reconnect: a message for job J puts J in the fetch set; the fetcher
   reads every job of the set in one SELECT per ``FETCH_BATCH`` ids and hands
   each row to every waiter of that job.  A delivered row always comes from
   a read that started after the message arrived, so it is at least as new
@@ -40,12 +48,15 @@ from typing import Callable
 
 import redis
 
-from app.config import get_settings
+from app.config import get_settings, is_cluster_url
 from app.errors import TooManyWaiters
+from app.infra import metrics
 from app.infra.caches import clear_all as clear_caches
 from app.infra.process import PerProcess
+from app.infra.redis.client import pubsub_client
 from app.infra.redis.keys import invalidate_channel as invalidate_channel
 from app.infra.redis.keys import terminal_channel as terminal_channel
+from app.infra.wakeup_snapshot import parse_snapshot
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
@@ -60,7 +71,6 @@ RETRY_AFTER_SECONDS = 1
 LISTENER_NAME = "asynch-wait-listener"
 
 GONE = object()  # the job's row no longer exists: the waiter re-reads it itself
-
 
 class Waiter:
     """One waiting request.  ``row`` is the newest delivered copy (or GONE),
@@ -134,15 +144,19 @@ class _State:
 
     # -- listener ---------------------------------------------------------
     def _listen(self) -> None:
-        settings = get_settings()
         inval = invalidate_channel()
         backoff = 0.1
         while not self.stop.is_set():
             client = None
             try:
-                client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_connect_timeout=5,
-                                              health_check_interval=15,
-                                              client_name=f"{LISTENER_NAME}-{os.getpid()}")
+                settings = get_settings()
+                if is_cluster_url(settings.redis_url):
+                    # A node of its own: the next master on each reconnect.
+                    client = pubsub_client(f"{LISTENER_NAME}-{os.getpid()}")
+                else:
+                    client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
+                                                  socket_connect_timeout=5, health_check_interval=15,
+                                                  client_name=f"{LISTENER_NAME}-{os.getpid()}")
                 ps = client.pubsub()
                 ps.subscribe(terminal_channel(), inval)
                 # Confirm the subscription before declaring ourselves healthy.
@@ -163,7 +177,7 @@ class _State:
                         if m["channel"] == inval:
                             clear_caches()
                         else:
-                            self.fetch(m["data"])
+                            self.wake(m["data"])
             except Exception as exc:  # connection lost: degrade, then reconnect
                 if self.subscribed.is_set():
                     log.warning("wait listener lost Redis: %s", exc)
@@ -177,6 +191,20 @@ class _State:
                         client.close()
                     except Exception:
                         pass
+
+    def wake(self, data: str) -> None:
+        """A terminal message: its snapshot goes to the job's waiters now;
+        a bare job id is fetched."""
+        snap = parse_snapshot(data)
+        if snap is None:
+            self.fetch(data)
+            return
+        with self.lock:
+            woken = list(self.jobs.get(snap.id, ()))
+            for w in woken:
+                w.row = snap
+        for w in woken:
+            w.event.set()
 
     # -- fetcher ----------------------------------------------------------
     def fetch(self, job_id: str) -> None:
@@ -235,10 +263,12 @@ class _State:
         with self.lock:
             n = self.per_tenant.get(tenant, 0)
             if n >= tenant_cap:
+                metrics.wait_refused("tenant")
                 raise TooManyWaiters(f"too many concurrent waits for this tenant on this API process "
                                      f"(per-tenant cap {tenant_cap}); retry after {RETRY_AFTER_SECONDS} s",
                                      cap="tenant", limit=tenant_cap, retry_after=RETRY_AFTER_SECONDS)
             if self.total >= process_cap:
+                metrics.wait_refused("process")
                 raise TooManyWaiters(f"too many concurrent waits on this API process (per-process cap "
                                      f"{process_cap}); retry after {RETRY_AFTER_SECONDS} s",
                                      cap="process", limit=process_cap, retry_after=RETRY_AFTER_SECONDS)
@@ -247,6 +277,7 @@ class _State:
             self.jobs.setdefault(job_id, set()).add(w)
             self.per_tenant[tenant] = n + 1
             self.total += 1
+        metrics.waiters(1)
         return w
 
     def unregister(self, w: Waiter) -> None:
@@ -263,6 +294,7 @@ class _State:
             else:
                 del self.per_tenant[w.tenant]
             self.total -= 1
+        metrics.waiters(-1)
 
 
 def _stop_state(state: _State) -> None:
@@ -293,6 +325,23 @@ class WaitHub:
 
     def fetches(self) -> int:
         return _state.get().fetches
+
+    def register(self, job_id: str, tenant: str, tenant_cap: int, process_cap: int | None = None) -> Waiter:
+        """Hold a place under the caps (TooManyWaiters past them) and be woken
+        with ``job_id``'s terminal row: an event stream (app/jobs/events.py),
+        which must ``unregister`` in a ``finally``.  ``job_id`` may name no
+        job (a tenant's stream): it is then only counted."""
+        self.ensure_started()
+        s = _state.get()
+        return s.register(job_id, tenant, tenant_cap,
+                          get_settings().waiters_max if process_cap is None else process_cap)
+
+    def unregister(self, w: Waiter) -> None:
+        _state.get().unregister(w)
+
+    @property
+    def draining(self) -> bool:
+        return _state.get().draining
 
     def drain(self) -> None:
         """The server is shutting down: every current and later wait of this

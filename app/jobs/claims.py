@@ -6,22 +6,30 @@ expire_at = now + the model's auto_clean_seconds, through
 transitions.claim_results: one guarded UPDATE, so among any number
 of concurrent calls each task is claimed, and its expire_at set, exactly once
 (``claimed: true`` in the one answer that did it).  Another tenant's ids are
-reported as not found and never touched.
+reported as not found and never touched.  Every done or claimed task a
+call names has its last_read_at set (the claim sets it; later calls with
+transitions.mark_read): a model's max_completed cap evicts the least
+recently read.
 """
 from __future__ import annotations
 
 from sqlalchemy import select
 
 from app import transitions
-from app.infra.db import transaction
+from app.clock import now as clock_now
+from app.infra.db import single_statement, transaction
 from app.infra.tables import tasks
 from app.jobs.seed_schemas import SeedTask
+from app.states import JobState
 from app.tenancy.keys import Principal
 
 # What task_view reads: a batch fetches only these, never the payloads.
 VIEW_COLUMNS = tuple(tasks.c[n] for n in (
     "id", "state", "result_location", "result_content_type", "expire_at", "model_name", "biz_name",
     "retry_count", "created_at", "finished_at", "error"))
+
+
+_READABLE = (int(JobState.DONE), int(JobState.CLAIMED))
 
 
 def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
@@ -41,4 +49,8 @@ def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
             if tenant is not None:
                 q = q.where(tasks.c.tenant_id == tenant)
             rows.update((r.id, r) for r in conn.execute(q))
+    again = [i for i in ids if i in rows and i not in claimed and rows[i].state in _READABLE]
+    if again:
+        with single_statement() as conn:
+            transitions.mark_read(conn, again, now=clock_now())
     return [SeedTask.from_row(rows[tid], tid in claimed) if tid in rows else SeedTask.not_found(tid) for tid in ids]

@@ -38,9 +38,20 @@ log = logging.getLogger(__name__)
 CURRENT = -1
 
 
-def order_score(at: datetime) -> float:
-    """A job's place in its tenant's queue: its queue time (earlier first)."""
-    return as_utc(at).timestamp()
+DEFAULT_PRIORITY = 5
+# Seconds between two priorities' bands: far beyond any queue time, and a
+# score stays exact to ~10 µs (float64) at the lowest band.
+PRIORITY_BAND = 1e10
+
+
+def order_score(at: datetime, priority: int | None = DEFAULT_PRIORITY) -> float:
+    """A job's place in its tenant's queue (lower first): its priority's band
+    (9 first, 0 last), then its queue time (earlier first).  Fairness between
+    tenants is the scheduler's and comes before this: a priority only orders
+    a tenant's own jobs.  A retry at the head keeps its first queue time, so
+    it is ahead of every later job of its band (seed 002's head/tail)."""
+    p = DEFAULT_PRIORITY if priority is None else priority
+    return (9 - p) * PRIORITY_BAND + as_utc(at).timestamp()
 
 
 def head(attempt: int) -> str:
@@ -103,14 +114,17 @@ def claimed(model: str, tenant: str, job_id: str, lease_seconds: float, cap: int
     _safely(model, "claim", lambda: rd.claimed(model, tenant, job_id, lease_seconds, cap=cap))
 
 
-def finished(model: str, tenant: str, job_id: str, *, wake: bool, cap: int | None = None) -> bool:
+def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
+             cap: int | None = None) -> bool:
     """The job left pending/running: its slots and permit go back and, if
-    ``wake`` (a terminal state), its long-poll waiters are woken.  True if
-    its gate slot was still held (False: released before, or Redis failed)."""
+    ``wake`` (a terminal state), its long-poll waiters are woken with
+    ``message`` (the terminal row's snapshot; empty: the job id, and each
+    API process reads the row).  True if its gate slot was still held
+    (False: released before, or Redis failed)."""
     held = []
 
     def call():
-        released, pairs = rd.finish(model, tenant, job_id, wake=wake, cap=cap)
+        released, pairs = rd.finish(model, tenant, job_id, wake=wake, message=message, cap=cap)
         held.append(released)
         return pairs
 
@@ -126,7 +140,15 @@ def kick_all(caps: dict[str, int], *, requeue_inflight: bool = False) -> int:
     """Every model with dispatch state (and every configured one): blocked
     tenants are tried again (a limit was raised, a dead worker's permit
     expired) and lost messages re-queued."""
+    names = sorted(set(caps) | rd.models())
+    try:
+        # Each model's dispatch steps read their own copy of the weights (one
+        # hash slot, Redis Cluster): a model that appeared since the last
+        # change gets them here, within one pass.
+        rd.copy_weights(names)
+    except redis.RedisError as exc:
+        log.warning("dispatch weights not copied: %s; the next pass tries again", exc)
     n = 0
-    for model in sorted(set(caps) | rd.models()):
+    for model in names:
         n += kick(model, cap=caps.get(model), requeue_inflight=requeue_inflight)
     return n

@@ -20,15 +20,15 @@ from app import transitions
 from app.callbacks import delivery as callbacks
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.infra import metrics
-from app.infra.db import single_statement, transaction
+from app.infra import metrics, secretbox
+from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
 from app.jobs import dispatch, stats
 from app.jobs.dispatch import CURRENT
 from app.jobs.service import after_retry_wait, after_terminal, passthrough_of
-from app.states import JobState
+from app.states import JobState, is_terminal, job_error
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,10 @@ def backoff_seconds(attempt: int) -> float:
     return min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * (2 ** max(0, attempt - 1)))
 
 
-def run_attempt(job_id: str, attempt: int = CURRENT) -> str:
+INLINE = "inline:"  # the location of a result kept in its row
+
+
+def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) -> str:
     """Run the attempt a run_job(job_id, attempt) message stands for
     (``CURRENT``: whatever attempt the row is pending at).
 
@@ -46,7 +49,8 @@ def run_attempt(job_id: str, attempt: int = CURRENT) -> str:
     for logs and tests.  A duplicate or outdated message is "stale": the
     claim CAS refuses it before anything else happens.  The tenant's permit
     (maxConcurrency) was taken when the job was dispatched; the claim makes
-    it last the attempt's lease.
+    it last the attempt's lease.  ``worker``: this Celery node's name,
+    recorded with the claim (recovery watches its heartbeat).
     """
     settings = get_settings()
     # Two single-statement round trips (no BEGIN/COMMIT): read the job with
@@ -54,12 +58,19 @@ def run_attempt(job_id: str, attempt: int = CURRENT) -> str:
     with single_statement() as conn:
         job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
     if job is None or job.state != JobState.PENDING or attempt not in (CURRENT, job.attempt):
+        if job is not None and is_terminal(job.state):
+            # A dispatch of a job that has already ended (its queue entry
+            # came back after a slow or lost message: requeue_unclaimed):
+            # nobody will claim it, so its permit and in-flight entry go back
+            # now instead of cycling through the queue (the terminal job's
+            # slot is long released; the step's removals are idempotent).
+            dispatch.finished(job.task_model, job.tenant_id, job_id, wake=False)
         return "stale"
     attempt = job.attempt
     model = job if job.model_id is not None else None
     lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
     with single_statement() as conn:
-        row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds))
+        row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds), worker)
     if row is None:
         return "stale"
     dispatch.claimed(row.model_name, row.tenant_id, job_id, lease_seconds,
@@ -70,11 +81,20 @@ def run_attempt(job_id: str, attempt: int = CURRENT) -> str:
 # The job's pending-check fields and its model's whole row in one round trip
 # (an outer join: a deleted model leaves model_id NULL).
 _JOB_WITH_MODEL = (
-    select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, models.c.id.label("model_id"),
+    select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, tasks.c.model_name.label("task_model"),
+           models.c.id.label("model_id"),
            *[c for c in models.c if c.name != "id"])
     .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
     .where(tasks.c.id == bindparam("job_id"))
 )
+
+
+def run_claimed(row, model, mine: int) -> str:
+    """Run attempt ``mine`` of a row this caller just claimed (the claim's
+    returned row; ``model``: its model's row, None if gone) -- the Celery
+    worker's run_attempt above and the worker-less runWork pass
+    (app/maintenance/run_once.py) share it."""
+    return _run_claimed(row, model, mine)
 
 
 def _run_claimed(row, model, mine: int) -> str:
@@ -83,36 +103,43 @@ def _run_claimed(row, model, mine: int) -> str:
     ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
 
     if model is None:
-        return _fail(row, mine, "model is no longer configured", permanent=True, retry_times=0, ctx=ctx)
+        return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), permanent=True,
+                     retry_times=0, ctx=ctx)
 
     try:
         t0 = time.monotonic()
         try:
             resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
-                              head_msg=model.head_msg, model_key=row.model_key, payload=json.loads(row.request_payload),
-                              timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes)
+                              head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key, payload=json.loads(row.request_payload),
+                              timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes,
+                              job=(row.id, mine), model_key_headers=model.model_key_headers)
         except ModelCallError as exc:
             if exc.called:
                 metrics.model_call(row.model_name, time.monotonic() - t0, False)
-            return _fail(row, mine, str(exc), permanent=exc.permanent, retry_times=model.retry_times, ctx=ctx,
-                         counted=exc.called)
+            return _fail(row, mine, job_error(exc.code, exc.public), permanent=exc.permanent,
+                         retry_times=model.retry_times, ctx=ctx, counted=exc.called, detail=str(exc))
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
 
-        try:
-            location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
-        except StorageError as exc:
-            return _fail(row, mine, f"result upload failed: {exc}", permanent=False,
-                         retry_times=model.retry_times, ctx=ctx, counted=True)
+        inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
+        if inline is not None:
+            location = INLINE  # kept in the row by the done write itself
+        else:
+            try:
+                location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
+            except StorageError as exc:
+                return _fail(row, mine, job_error("storage_error", "result upload failed"), permanent=False,
+                             retry_times=model.retry_times, ctx=ctx, counted=True,
+                             detail=f"result upload failed: {exc}")
 
-        with transaction() as conn:
-            # The call is counted whether or not the job is still ours: the
-            # model did the work.  Same commit as the transition.
-            _count_call(conn, row)
-            won = transitions.complete(conn, job_id, mine, location=location,
-                                       content_type=resp.content_type, size=len(resp.body))
+        with atomic_statement() as conn:
+            # The call is counted whether or not the job is still ours (the
+            # model did the work), in the same statement as the transition.
+            won = transitions.complete(conn, job_id, mine, location=location, content_type=resp.content_type,
+                                       size=len(resp.body), inline=inline, alongside=_call_counted(conn, row))
         if won is None:
             # Canceled, timed out or recovered while we worked: not ours any more.
-            _delete_quietly(location)
+            if inline is None:
+                _delete_quietly(location)
             log.info("attempt lost its job before completing", extra=ctx)
             return "lost"
         after_terminal(won, cap=model.max_concurrency)
@@ -124,16 +151,17 @@ def _run_claimed(row, model, mine: int) -> str:
         # rather than leave it running until its lease runs out.
         log.exception("attempt crashed", extra=ctx)
         try:
-            return _fail(row, mine, f"internal error: {type(exc).__name__}", permanent=False,
-                         retry_times=model.retry_times, ctx=ctx)
+            return _fail(row, mine, job_error("internal_error", "internal error"), permanent=False,
+                         retry_times=model.retry_times, ctx=ctx, detail=f"{type(exc).__name__}: {exc}")
         except Exception:
             log.exception("could not record the crashed attempt; recovery will", extra=ctx)
             return "lost"
 
 
-def _count_call(conn, row) -> None:
-    """One real call to the model service (asynch_model_stat)."""
-    stats.count_call(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
+def _call_counted(conn, row) -> tuple:
+    """One real call to the model service (asynch_model_stat), as a write
+    for the transition to carry."""
+    return stats.call_counted(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 
 
 def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None,
@@ -164,23 +192,24 @@ def _delete_quietly(location: str) -> None:
 
 
 def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,
-          counted: bool = False) -> str:
+          counted: bool = False, detail: str | None = None) -> str:
     """A failed attempt; ``counted``: the model was called (count it in the
-    same commit as the transition)."""
+    same commit as the transition).  ``error``: what the tenant sees (a code
+    and a short message); ``detail``: the internals, logged and kept for
+    admin views."""
     retry = not permanent and attempt <= retry_times
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(attempt)) if retry else None
-    with transaction() as conn:
-        if counted:
-            _count_call(conn, row)
-        won = transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at)
+    with atomic_statement() as conn:
+        won = transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at, detail=detail,
+                                       alongside=_call_counted(conn, row) if counted else None)
     if won is None:
         log.info("attempt lost its job before failing", extra=ctx)
         return "lost"
     if won.state == JobState.RETRY_WAIT:
         # Not terminal: the slot goes back, waiters keep waiting.
         after_retry_wait(won)
-        log.info("attempt failed, will retry: %s", error, extra=ctx)
+        log.info("attempt failed, will retry: %s", detail or error, extra=ctx)
         return "retry_wait"
     after_terminal(won)
-    log.info("job failed: %s", error, extra=ctx)
+    log.info("job failed: %s", detail or error, extra=ctx)
     return "failed"

@@ -36,10 +36,13 @@ class _Outbox:
 
     def _send_forever(self) -> None:
         while True:
-            batch = [self.queue.get()]
+            # An entry is a group of jobs (one request's, or one admission
+            # batch's): never split, so a batch submit is one dispatch step
+            # and one LPUSH.
+            batch = list(self.queue.get())
             while len(batch) < MAX_BATCH:
                 try:
-                    batch.append(self.queue.get_nowait())
+                    batch.extend(self.queue.get_nowait())
                 except queue.Empty:
                     break
             dispatch.enqueue_new(batch)  # logs and moves on if Redis refuses
@@ -54,10 +57,18 @@ _current: PerProcess[_Outbox] = PerProcess(_Outbox)
 
 def send_soon(model: str, tenant: str, job_id: str, score: float) -> None:
     """Queue a committed job for dispatch; returns at once."""
+    send_many([(model, tenant, job_id, score)])
+
+
+def send_many(items: list[tuple[str, str, str, float]]) -> None:
+    """Queue committed jobs, (model, tenant, job_id, score) each, for
+    dispatch in one pass of the sender (one group); returns at once."""
+    if not items:
+        return
     box = _current.get()
     with box.cond:
-        box.unsent += 1
-    box.queue.put((model, tenant, job_id, score))
+        box.unsent += len(items)
+    box.queue.put(list(items))
 
 
 def flush(timeout: float = 5.0) -> bool:

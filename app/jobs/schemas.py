@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
-    AfterValidator,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -29,6 +28,7 @@ from app.clock import now as clock_now
 from app.config import get_settings
 from app.contract import (
     NO_NUL,
+    Loose,
     Params,
     QueryInt,
     Shape,
@@ -38,7 +38,7 @@ from app.contract import (
     pattern,
     rule,
 )
-from app.infra.http.headers import HeaderSpecError, parse_header_spec
+from app.infra.http.headers import HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT
 from app.states import JobState, v1_name
 
 V1_STATES = ("canceled", "done", "failed", "pending", "running", "timeout")
@@ -66,16 +66,7 @@ CallbackUrl = Annotated[str, Field(max_length=2048, description="http(s) to a pu
 HeaderValue = Annotated[str, Field(max_length=8192), pattern("^[^\\r\\n\\x00]*$", "text without CR, LF or NUL")]
 
 
-def _model_key(v: str | None) -> str | None:
-    if v is not None:
-        try:
-            parse_header_spec(v)
-        except HeaderSpecError as exc:
-            raise PydanticCustomError("header_spec", str(exc)) from None
-    return v
-
-
-ModelKey = Annotated[str | None, AfterValidator(_model_key)]
+ModelKey = Annotated[str, pattern(HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT)] | None
 
 
 class SubmitOptions(Shape):
@@ -95,6 +86,7 @@ class SubmitOptions(Shape):
     # Headers for the OSS file service ({"Authorization": ..., "X-User-Info": ...});
     # secrets, kept only until the job is terminal.
     passthrough: dict[str, HeaderValue] | None = None
+    priority: Annotated[int, Field(ge=0, le=9)] = rule("from 0 to 9 (9 first; default 5)", 5)
     # Where the payload sits in the caller's request, for 422 pointers (not a wire field).
     pointer_base: str = Field("", exclude=True)
 
@@ -104,11 +96,58 @@ class SubmitHeaders(Params):
 
     idempotency_key: IdempotencyKey | None = Field(
         None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first job")
-    model_key: str | None = Field(None, alias="X-Model-Key", description=HEADER_SPEC_HELP)
+    # Declared (pattern) here, enforced by SubmitOptions so the 422 keeps its
+    # /modelKey pointer on both faces.
+    model_key: str | None = Field(None, alias="X-Model-Key", description=HEADER_SPEC_HELP,
+                                  json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     biz_name: BizName | None = Field(None, alias="X-Biz-Name", description="business name (callbacks)")
     creator: Creator | None = Field(None, alias="X-Creator", description="who submitted it (stats)")
     callback_url: str | None = Field(None, alias="X-Callback-Url",
                                      description="GET on done (see docs/api.md, Callbacks)")
+    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
+                                          description="sent as Authorization to the OSS file service")
+    user_info: str | None = Field(None, alias="X-User-Info",
+                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+    priority: str | None = Field(None, alias="X-Priority",
+                                 description="0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
+    prefer: str | None = Field(None, alias="Prefer", max_length=1024,
+                               description="RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
+                                           "with the terminal job if it ends within N s (sync mode)")
+
+
+# --- batch submission (POST /v1/models/{model}/jobs:batch) ------------------------------
+
+BATCH_MAX_JOBS = 1000
+
+
+class BatchItem(Shape):
+    """One job of a batch, judged on its own (a bad item is that item's 422,
+    not the batch's)."""
+
+    invalid: ClassVar[str] = "invalid batch item"
+
+    payload: dict[str, Any] = Field(description="the JSON object forwarded to the model service")
+    idempotency_key: IdempotencyKey | None = Field(None, description="as the Idempotency-Key header of a submit")
+    biz_name: BizName = ""
+    callback_url: str | None = Field(None, description="GET on done (see docs/api.md, Callbacks)")
+    model_key: str | None = Field(None, description=HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
+    priority: int | None = Field(None, description="0-9, default 5 (9 first), as X-Priority")
+
+
+class BatchSubmit(Shape):
+    jobs: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=BATCH_MAX_JOBS),
+                    # Items are objects judged one by one (a bad item is its own 422 in
+                    # the 207), so the document does not promise a 4xx for one:
+                    # the item's shape travels as x-item-schema.
+                    WithJsonSchema({"type": "array", "minItems": 1, "maxItems": BATCH_MAX_JOBS,
+                                    "items": {"type": "object", "x-item-schema": BatchItem.model_json_schema()}})] = Field(
+        description=f"1 to {BATCH_MAX_JOBS} jobs; each is admitted or refused on its own")
+
+
+class BatchHeaders(Params):
+    """Headers that apply to every job of a batch."""
+
+    creator: Creator | None = Field(None, alias="X-Creator", description="who submitted them (stats)")
     oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
                                           description="sent as Authorization to the OSS file service")
     user_info: str | None = Field(None, alias="X-User-Info",
@@ -167,7 +206,24 @@ class WaitQuery(Params):
         return min(ms if ms > 0 else s.wait_default_ms, s.wait_max_ms)
 
 
+class EventHeaders(Params):
+    last_event_id: str | None = Field(None, alias="Last-Event-ID", max_length=256,
+                                      description="the id of the last event received: the stream resumes after it")
+
+
+class TenantEventsQuery(Params):
+    model: Text | None = Field(None, description="only this model's jobs")
+    tenant: Text | None = Field(None, description="admins: only this tenant's jobs (default: every tenant)")
+
+
 # --- views -----------------------------------------------------------------------------
+
+class FailRequest(Loose):
+    """An admin's fail: the optional reason, kept in the job's error."""
+
+    invalid: ClassVar[str] = "invalid fail request"
+    reason: Annotated[str, Field(max_length=1000, pattern=NO_NUL)] = rule("a string of at most 1000 characters", "")
+
 
 class JobAccepted(Shape):
     job_id: JobId
@@ -188,9 +244,11 @@ class JobStatus(Shape):
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None
-    error: str | None = Field(None, description="failed, timeout, canceled, or waiting to retry")
+    error: str | None = Field(None, description="failed, timeout, canceled, or waiting to retry: "
+                                                "'<code>: <short message>' (docs/api.md, Job error codes)")
     result_size: int | None = Field(None, description="done")
     content_type: str | None = Field(None, description="done")
+    priority: int | None = Field(None, ge=0, le=9, description="0-9 (9 first), as submitted")
 
     @classmethod
     def values_of(cls, row) -> dict:
@@ -200,6 +258,8 @@ class JobStatus(Shape):
                "started_at": row.started_at, "finished_at": row.finished_at}
         if row.error and state in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT):
             out["error"] = row.error
+        if getattr(row, "priority", None) is not None:
+            out["priority"] = row.priority
         if row.result_size is not None and state in (JobState.DONE, JobState.CLAIMED):
             out["result_size"] = row.result_size
             out["content_type"] = row.result_content_type
@@ -213,6 +273,38 @@ class JobStatus(Shape):
 class JobListItem(JobStatus):
     poll_url: str
     result_url: str
+
+
+class JobSync(JobListItem):
+    """The sync-mode answer (``Prefer: wait=N``): the terminal poll body,
+    its urls, and the result itself when it is JSON and small."""
+
+    result: Any = Field(None, description="done, JSON content type, at most ASYNCH_SYNC_RESULT_MAX_BYTES: the "
+                                          "result itself; otherwise fetch result_url")
+
+
+class BatchItemResult(Shape):
+    """One item's answer: ``status`` is what a submit of it alone would have
+    answered (202 admitted or replayed, 422, 429, 503), with that answer's
+    fields."""
+
+    index: int = Field(ge=0, description="the item's position in `jobs`")
+    status: int
+    job_id: JobId | None = None
+    state: V1State | None = None
+    poll_url: str | None = None
+    result_url: str | None = None
+    replayed: bool | None = Field(None, description="true: its Idempotency-Key returned an earlier job")
+    error: str | None = None
+    errors: list[dict[str, str]] | None = Field(None, description="422: a JSON pointer per problem "
+                                                                  "(/jobs/{index}/...)")
+    retry_after: int | None = Field(None, description="429/503: seconds, as a Retry-After header")
+
+
+class BatchAccepted(Shape):
+    admitted: int = Field(ge=0, description="items with status 202 (replays included)")
+    refused: int = Field(ge=0)
+    results: list[BatchItemResult]
 
 
 class JobList(Shape):
@@ -261,9 +353,11 @@ class JobDetail(JobListItem):
     expire_at: Timestamp | None
     payload: Any
     timeline: list[TimelineEvent]
+    error_detail: str | None = Field(None, description="admins only: what lies behind error (exception text, "
+                                                       "the model's error body)")
 
     @classmethod
-    def from_row(cls, row, urls: dict) -> "JobDetail":  # type: ignore[override]
+    def from_row(cls, row, urls: dict, admin: bool = False) -> "JobDetail":  # type: ignore[override]
         try:
             payload = json.loads(row.request_payload)
         except ValueError:
@@ -271,6 +365,8 @@ class JobDetail(JobListItem):
         values = cls.values_of(row)
         if row.error:
             values["error"] = row.error
+        if admin and getattr(row, "error_detail", None):
+            values["error_detail"] = row.error_detail
         return cls.model_construct(
             **values, **urls, internal_state=JobState(row.state).label, tenant=row.tenant_id, creator=row.creator,
             biz_name=row.biz_name, enqueue_at=row.enqueue_at, next_retry_at=row.next_retry_at,

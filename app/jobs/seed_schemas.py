@@ -19,6 +19,7 @@ from app.jobs.schemas import (
     JobId,
     ModelKey,
 )
+from app.infra.storage import public_location
 from app.states import JobState, seed_code
 
 
@@ -110,14 +111,17 @@ class SeedTask(Shape):
     created_at: Timestamp | None = None
     finished_at: Timestamp | None = None
     error: str | None = None
-    claimed: bool | None = Field(None, description="getTaskBatch: this call moved it 2 -> 4")
+    claimed: bool | None = Field(None, description="getTaskBatch: this call moved it 2 -> 4 (and shows it as 2)")
 
     @classmethod
     def from_row(cls, row, claimed: bool | None = None) -> "SeedTask":
+        """``claimed``: True on the getTaskBatch answer that moved the row
+        2 -> 4; that answer shows it as 2 (done, download it), as the seed's
+        flow expects ("download what is in 2"); every later read shows 4."""
         state = JobState(row.state)
         result = state in _RESULT_STATES
-        values = {"task_id": row.id, "state": seed_code(state),
-                  "oss_file": row.result_location if result else None,
+        values = {"task_id": row.id, "state": 2 if claimed else seed_code(state),
+                  "oss_file": public_location(row.result_location, row.model_name, row.id) if result else None,
                   "file_type": row.result_content_type if result else None,
                   "expire_at": row.expire_at if state == JobState.CLAIMED else None,
                   "model_name": row.model_name, "biz_name": row.biz_name, "retry_count": row.retry_count,

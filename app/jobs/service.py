@@ -1,9 +1,10 @@
 """Jobs as callers see them: submit, status, wait, result, cancel, list.
 
 Submit order matters (invariants 1, 3, 4): validate everything first (bad
-input never touches the gate), take a gate slot, insert the row, commit, and
-only then publish the doorbell.  Any failure between the gate and the commit
-gives the slot back.
+input never touches the gate), then app/jobs/admission.py takes the gate
+slot, inserts the row (committed) and only then hands the job to dispatch,
+for every submission of its batch.  Any failure between the gate and the
+commit gives the slot back.
 """
 from __future__ import annotations
 
@@ -14,12 +15,11 @@ import math
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 import redis
-from sqlalchemy import and_, insert, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection, Row
-from sqlalchemy.exc import IntegrityError
 
 from app import transitions
 from app.catalog.forms import validate_payload
@@ -33,31 +33,27 @@ from app.errors import (
     Gone,
     JobNotFinished,
     NotFound,
-    QueueFull,
-    TenantQueueFull,
+    TooManyWaiters,
     Unavailable,
     ValidationFailed,
 )
-from app.infra import metrics
+from app.infra import metrics, secretbox
 from app.infra import wakeups as waiters
+from app.infra.wakeup_snapshot import snapshot_message
 from app.infra.db import single_statement, transaction
+from app.infra.http.headers import override_problem, parse_header_spec
 from app.infra.http.netguard import callback_url_problem
 from app.infra.redis import gate
-from app.infra.storage import ObjectMissing, get_storage
+from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
-from app.jobs import dispatch, outbox
+from app.jobs import admission, dispatch
 from app.jobs.schemas import JobListQuery, SubmitOptions
 from app.jobs.waitcaps import waiter_cap
-from app.states import JobState, parse_v1_filter, v1_name
+from app.states import JobState, is_terminal, parse_v1_filter, v1_name
 from app.tenancy import limits
 from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
-
-
-# Built once: values arrive as parameters, so each admission skips building
-# and cache-keying a 20-value statement (bench/bench_admission.py).
-_INSERT_JOB = insert(tasks).returning(*tasks.c)
 
 
 def new_job_id() -> str:
@@ -96,20 +92,31 @@ def _find_idempotent(conn: Connection, tenant_id: str, key: str) -> Row | None:
                                             tasks.c.idempotency_key == key)).first()
 
 
-def _replay(existing: Row, model: str, digest: str) -> Submitted:
+def replay(existing: Row, model: str, digest: str) -> Submitted:
     if existing.model_name != model or existing.request_hash != digest:
         raise ValidationFailed("Idempotency-Key was already used with a different request",
                                [{"pointer": "/Idempotency-Key", "message": "reused with a different body"}])
     return Submitted(existing, replayed=True)
 
 
-def _check_callback(opts: SubmitOptions) -> None:
+def check_callback(opts: SubmitOptions) -> None:
     """The callback target must be public (the SSRF guard); the rest of the
     options were judged by their declaration (app/jobs/schemas.py)."""
     if opts.callback_url is not None:
         problem = callback_url_problem(opts.callback_url)
         if problem:
             raise ValidationFailed("invalid job options", [{"pointer": "/callbackUrl", "message": problem}])
+
+
+def _check_model_key(opts: SubmitOptions, model) -> None:
+    """A job's modelKey may set only the headers its model allows
+    (app/infra/http/headers.py); its syntax and Latin-1 values were judged
+    by its declaration."""
+    if opts.model_key:
+        problem = override_problem(parse_header_spec(opts.model_key), secretbox.decrypt(model.head_msg),
+                                   getattr(model, "model_key_headers", ""))
+        if problem:
+            raise ValidationFailed("invalid job options", [{"pointer": "/modelKey", "message": problem}])
 
 
 def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | None = None) -> Submitted:
@@ -130,58 +137,47 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
 def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions) -> Submitted:
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
-    _check_callback(opts)
+    check_callback(opts)
     model = enabled_model(model_name)
+    _check_model_key(opts, model)
     validate_payload(model.form, payload, opts.pointer_base)
     digest = request_hash(model_name, payload, opts)
     if opts.idempotency_key:
         with transaction() as conn:
             existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
         if existing is not None:
-            return _replay(existing, model_name, digest)
+            return replay(existing, model_name, digest)
 
-    job_id = new_job_id()
-    tenant = principal.tenant_id
+    sub = new_submission(principal, model, payload, opts, digest)
     try:
-        decision = gate.gate_admit(model_name, tenant, job_id, model.queue_limit,
-                                   limits.tenant_queue_cap(tenant, model))
-    except redis.RedisError as exc:
-        raise Unavailable("admission gate unavailable") from exc
-    if not decision.admitted:
-        if decision.refused_by == "tenant":
-            raise TenantQueueFull(tenant, decision.limit, retry_after_seconds(model))
-        raise QueueFull(decision.limit, retry_after_seconds(model))
-
-    # From here on we hold a slot: every way out but a commit gives it back.
-    try:
-        now = clock_now()
-        # One statement, its own transaction: one round trip (no BEGIN/COMMIT).
-        with single_statement() as conn:
-            row = conn.execute(_INSERT_JOB, dict(
-                id=job_id, tenant_id=principal.tenant_id, creator=opts.creator,
-                model_name=model_name, biz_name=opts.biz_name, callback_url=opts.callback_url,
-                model_key=opts.model_key, request_payload=json.dumps(payload, ensure_ascii=False), request_hash=digest,
-                passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
-                idempotency_key=opts.idempotency_key, state=int(JobState.PENDING),
-                attempt=0, retry_count=0, created_at=now, enqueue_at=now, updated_at=now,
-                deadline_at=job_deadline(model, now),
-            )).one()
-    except IntegrityError:
-        release_slot(model_name, tenant, job_id)
-        if opts.idempotency_key:
-            # Lost a race with the same key: answer with the winner's job.
-            with transaction() as conn:
-                existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
-            if existing is not None:
-                return _replay(existing, model_name, digest)
-        raise
-    except BaseException:
-        release_slot(model_name, tenant, job_id)
-        raise
-
-    # After the commit: the job joins its tenant's queue; the response does not wait for it.
-    outbox.send_soon(model_name, tenant, job_id, dispatch.order_score(now))
+        # Gate, row and doorbell, shared with whatever else arrives meanwhile
+        # (app/jobs/admission.py: gate before row before message, 202 only
+        # for a committed row).
+        row = admission.admit(sub)
+    except admission.IdempotencyConflict:
+        # Lost a race with the same key: answer with the winner's job.
+        with transaction() as conn:
+            existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
+        if existing is None:
+            raise Unavailable("database unavailable") from None
+        return replay(existing, model_name, digest)
     return Submitted(row, replayed=False)
+
+
+def new_submission(principal: Principal, model, payload: Any, opts: SubmitOptions,
+                   digest: str) -> admission.Submission:
+    """The row and gate step of a validated submission (app/jobs/admission.py)."""
+    now = clock_now()
+    return admission.Submission(
+        values=dict(id=new_job_id(), tenant_id=principal.tenant_id, creator=opts.creator, model_name=model.model_name,
+                    biz_name=opts.biz_name, callback_url=opts.callback_url, model_key=opts.model_key,
+                    request_payload=json.dumps(payload, ensure_ascii=False), request_hash=digest,
+                    passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
+                    idempotency_key=opts.idempotency_key, state=int(JobState.PENDING), attempt=0, retry_count=0,
+                    created_at=now, enqueue_at=now, updated_at=now, deadline_at=job_deadline(model, now),
+                    priority=opts.priority),
+        queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
+        retry_after=retry_after_seconds(model))
 
 
 def passthrough_of(row: Row) -> dict[str, str] | None:
@@ -216,6 +212,17 @@ def get_job(principal: Principal, job_id: str, model_name: str | None = None) ->
         return load_job(conn, principal, job_id, model_name)
 
 
+def read_result_row(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
+    """get_job for a read of the result (the result download, the seed's
+    getTaskResult): a done/claimed job's last_read_at is set, the order a
+    model's max_completed cap evicts in (least recently read first)."""
+    row = get_job(principal, job_id, model_name)
+    if JobState(row.state) in (JobState.DONE, JobState.CLAIMED):
+        with single_statement() as conn:
+            transitions.mark_read(conn, [job_id], now=clock_now())
+    return row
+
+
 def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None,
              watch=None) -> Row:
     """Return when the job is terminal or the budget ends (it may then still be
@@ -232,21 +239,111 @@ def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str
                                      tenant_cap=waiter_cap(principal), watch=watch)
 
 
-def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
-    row = get_job(principal, job_id, model_name)
+@dataclass(frozen=True)
+class ResultBody:
+    """A done job's result as served: ``data`` (the inline bytes, or chunks
+    streamed from storage), or ``redirect`` (a presigned storage URL)."""
+    row: Row
+    content_type: str
+    data: bytes | Iterator[bytes] = b""
+    redirect: str | None = None
+
+
+def result_body(principal: Principal, job_id: str, model_name: str | None = None) -> ResultBody:
+    """Never the whole object in memory: a stored result is streamed in
+    chunks (or, with ASYNCH_RESULT_REDIRECT_SECONDS and S3, redirected to a
+    presigned URL); a small one kept in the row is served from it."""
+    row = read_result_row(principal, job_id, model_name)
     if JobState(row.state) not in (JobState.DONE, JobState.CLAIMED):
         raise JobNotFinished(f"job not finished (state: {v1_name(row.state)})")
+    ctype = row.result_content_type or "application/octet-stream"
+    if row.result_inline is not None:  # a small result kept in the row (app/jobs/execution.py)
+        return ResultBody(row, ctype, bytes(row.result_inline))
+    storage = get_storage()
     try:
-        data = get_storage().get(row.result_location)
+        seconds = get_settings().result_redirect_seconds
+        url = storage.presign(row.result_location, seconds) if seconds > 0 else None
+        if url:
+            return ResultBody(row, ctype, redirect=url)
+        return ResultBody(row, ctype, storage.stream(row.result_location))
     except ObjectMissing as exc:
         raise Gone(f"result no longer available: {job_id}") from exc
-    return data, row.result_content_type or "application/octet-stream", row
+    except StorageError as exc:
+        log.warning("result read failed: %s", exc, extra={"job_id": job_id})
+        raise Unavailable("result storage unavailable") from exc
+
+
+def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
+    """The whole result (callers that need it at once: the CLI, tests)."""
+    out = result_body(principal, job_id, model_name)
+    data = out.data if isinstance(out.data, bytes) else b"".join(out.data)
+    if out.redirect:
+        data = get_storage().get(out.row.result_location)
+    return data, out.content_type, out.row
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    """A submission in sync mode: ``row`` is the newest copy seen (terminal
+    when ``finished``); ``waited_s`` the wait honoured (None: not waited, the
+    waiter caps were full); ``result`` the inline JSON result, if any."""
+
+    submitted: Submitted
+    row: Any
+    finished: bool
+    waited_s: int | None
+    result: Any = None
+    has_result: bool = False
+
+
+def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions, wait_s: int,
+                    watch=None) -> SyncOutcome:
+    """Sync mode (``Prefer: wait=N``): submit, then wait up to ``wait_s``
+    seconds (capped by ASYNCH_WAIT_MAX_MS) for the job's terminal state on the
+    long-poll path (app/infra/wakeups.py: no thread parked under gevent, the
+    waiter caps apply).  The job is admitted whatever the wait does: caps
+    full means no wait (``waited_s`` None), never a refusal of a job that is
+    already in."""
+    sub = submit(principal, model_name, payload, opts)
+    wait_s = max(0, min(wait_s, get_settings().wait_max_ms // 1000))
+    if wait_s <= 0:
+        return SyncOutcome(sub, sub.row, is_terminal(sub.row.state), None)
+    try:
+        row = wait_job(principal, sub.row.id, wait_s * 1000, model_name, watch=watch)
+    except TooManyWaiters:
+        return SyncOutcome(sub, sub.row, is_terminal(sub.row.state), None)
+    if not is_terminal(row.state):
+        return SyncOutcome(sub, row, False, wait_s)
+    limit = get_settings().sync_result_max_bytes
+    ctype = (row.result_content_type or "").split(";")[0].strip().lower()
+    json_type = ctype == "application/json" or ctype.endswith("+json")
+    if (JobState(row.state) in (JobState.DONE, JobState.CLAIMED) and json_type
+            and row.result_size is not None and row.result_size <= limit):
+        try:
+            data, _ctype, _row = result_bytes(principal, row.id, model_name)
+            return SyncOutcome(sub, row, True, wait_s, json.loads(data), True)
+        except (DomainError, ValueError, UnicodeDecodeError):
+            pass  # gone meanwhile, or not JSON after all: result_url says it
+    return SyncOutcome(sub, row, True, wait_s)
 
 
 def cancel_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
     with transaction() as conn:
         row = load_job(conn, principal, job_id, model_name)
         won = transitions.cancel(conn, job_id, None if principal.is_admin else principal.tenant_id)
+    if won is None:
+        raise Conflict(f"job already finished (state: {v1_name(row.state)})")
+    after_terminal(won)
+    return won
+
+
+def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: str | None = None) -> Row:
+    """An admin ends a pending, running or waiting-to-retry job as failed
+    (seed 000: any non-terminal state can be ended); 409 if it already
+    ended.  One guarded UPDATE (transitions.fail_by_admin)."""
+    with transaction() as conn:
+        row = load_job(conn, principal, job_id, model_name)
+        won = transitions.fail_by_admin(conn, job_id, reason)
     if won is None:
         raise Conflict(f"job already finished (state: {v1_name(row.state)})")
     after_terminal(won)
@@ -260,7 +357,8 @@ def after_terminal(row: Row, cap: int | None = None) -> None:
     returns the slot and waiters end at their budget.  ``cap``: the model's
     max_concurrency, when the caller has it."""
     metrics.job_finished(row)
-    dispatch.finished(row.model_name, row.tenant_id, row.id, wake=True, cap=cap)
+    dispatch.finished(row.model_name, row.tenant_id, row.id, wake=True, message=snapshot_message(row),
+                      cap=cap)
 
 
 def after_retry_wait(row: Row, cap: int | None = None) -> None:

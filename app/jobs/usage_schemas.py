@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
-from app.contract import Day, Params, Shape, Text
+from app.contract import Day, Params, QueryInt, Shape, Text, rule
 
 
 def _day(v: Any) -> Any:
@@ -29,6 +29,9 @@ class UsageQuery(Params):
     day_to: QueryDay = Field(None, alias="to", description="last day (inclusive), YYYY-MM-DD")
     tenant: Text | None = Field(None, description="users: only their own (another: 403)")
     model: Text | None = None
+    # Pages in (day, model, tenant, creator) order; ``total`` stays the whole filter's sum.
+    limit: QueryInt(1, 10000) = rule("from 1 to 10000", 1000)
+    cursor: Text | None = Field(None, description="next_cursor of the previous page")
 
     @field_validator("day_to")
     @classmethod
@@ -55,4 +58,5 @@ class Usage(Shape):
     day_from: Day | None = Field(alias="from")
     day_to: Day | None = Field(alias="to")
     rows: list[UsageRow]
-    total: int = Field(ge=0)
+    total: int = Field(ge=0, description="request_count summed over every row the filter matches (all pages)")
+    next_cursor: str | None = Field(None, description="pass as cursor for the next page; null on the last")

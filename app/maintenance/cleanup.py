@@ -2,21 +2,25 @@
 model's auto_clean_seconds after the batch claim), failed/timeout/canceled
 jobs after ASYNCH_FAILED_RETENTION_SECONDS and done jobs nobody claimed
 after ASYNCH_DONE_RETENTION_SECONDS are hard-deleted with their stored
-results; then jobs past their budget time out."""
+results; a model with max_completed > 0 keeps at most that many done and
+claimed jobs, the least recently read (last_read_at, else finished_at)
+deleted first (seed 000's async_max_completed); then jobs past their budget
+(pending, running, retry_wait) time out."""
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 from typing import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from app import transitions
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.storage import get_storage
-from app.infra.tables import tasks
+from app.infra.tables import models, tasks
+from app.jobs.execution import INLINE
 from app.maintenance.recovery import time_out_overdue
 from app.maintenance.report import Report, batch_size, locked
 from app.states import JobState
@@ -24,16 +28,18 @@ from app.states import JobState
 log = logging.getLogger(__name__)
 
 
-def _purge_batch(states: Sequence[JobState], older_than, before, limit: int) -> tuple[int, int, int, int]:
+def _purge_batch(states: Sequence[JobState], older_than, before, limit: int,
+                 where: Sequence = ()) -> tuple[int, int, int, int]:
     """Delete one SKIP LOCKED batch: the stored objects first (in bulk), then
     the rows whose object is gone (one guarded DELETE).  Holding the row locks
     while deleting the objects is what makes two cleanups delete each object
     once.  Returns (rows seen, rows deleted, objects deleted, object errors)."""
     with transaction() as conn:
         rows = conn.execute(locked(conn, select(tasks.c.id, tasks.c.result_location).where(
-            tasks.c.state.in_([int(x) for x in states]), older_than < before,
+            tasks.c.state.in_([int(x) for x in states]), older_than < before, *where,
         ).order_by(older_than).limit(limit))).all()
-        locations = [r.result_location for r in rows if r.result_location]
+        # A result kept in its row (location "inline:") goes with the row.
+        locations = [r.result_location for r in rows if r.result_location and r.result_location != INLINE]
         failed = get_storage().delete_many(locations) if locations else {}
         for r in rows:
             if r.result_location in failed:
@@ -71,7 +77,36 @@ def cleanup(limit: int | None = None) -> Report:
             # rows whose objects failed to delete: leave them for next time.
             if seen < n or deleted == 0:
                 break
+    rep.details["evicted"] = 0
+    for model_name, cap in _capped_models():
+        while True:
+            with transaction() as conn:
+                kept = conn.execute(select(func.count()).where(
+                    tasks.c.model_name == model_name, tasks.c.state.in_(_COMPLETED))).scalar_one()
+            over = kept - cap
+            if over <= 0:
+                break
+            # The least recently read first; now + 1 s: every completed row qualifies.
+            seen, deleted, objects, errors = _purge_batch(
+                [JobState.DONE, JobState.CLAIMED], _LAST_READ, now + timedelta(seconds=1), min(over, n),
+                where=[tasks.c.model_name == model_name])
+            rep.details["evicted"] += deleted
+            rep.details["objects"] += objects
+            rep.details["object_errors"] += errors
+            if deleted == 0:
+                break
     timeouts = time_out_overdue(limit)
     rep.details["timeouts"] = timeouts.processed
-    rep.processed = rep.details["claimed"] + rep.details["failed"] + rep.details["done"] + timeouts.processed
+    rep.processed = (rep.details["claimed"] + rep.details["failed"] + rep.details["done"] + rep.details["evicted"]
+                     + timeouts.processed)
     return rep
+
+
+_COMPLETED = [int(JobState.DONE), int(JobState.CLAIMED)]
+_LAST_READ = func.coalesce(tasks.c.last_read_at, tasks.c.finished_at)
+
+
+def _capped_models() -> list[tuple[str, int]]:
+    with transaction() as conn:
+        return [(r.model_name, r.max_completed) for r in conn.execute(
+            select(models.c.model_name, models.c.max_completed).where(models.c.max_completed > 0))]

@@ -13,15 +13,18 @@ import logging
 import secrets
 from datetime import timedelta
 
+import redis
+
 from sqlalchemy import and_, or_, select
 
 from app import transitions
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.config import get_settings
+from app.infra import metrics
 from app.infra.db import transaction
 from app.infra.redis import dispatch as redis_dispatch
-from app.infra.redis import epoch, keys
+from app.infra.redis import epoch, keys, liveness
 from app.infra.redis.client import get_redis
 from app.infra.tables import models, tasks
 from app.jobs import dispatch
@@ -29,7 +32,7 @@ from app.jobs.execution import backoff_seconds
 from app.jobs.service import after_retry_wait, after_terminal
 from app.maintenance.gates import kick_dispatch, model_caps, reconcile_gates
 from app.maintenance.report import Report, batch_size, locked
-from app.states import SLOT_STATES, JobState
+from app.states import SLOT_STATES, JobState, job_error
 from app.tenancy import limits
 
 log = logging.getLogger(__name__)
@@ -39,7 +42,7 @@ def _requeue_batch(where, limit: int, after: tuple | None) -> tuple[int, tuple |
     """Queue one batch of pending jobs again (NX), in queue order after
     ``after`` = (enqueue_at, id).  Returns (rows seen, the last position)."""
     q = select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.enqueue_at, tasks.c.attempt,
-               tasks.c.promoted_at).where(
+               tasks.c.promoted_at, tasks.c.priority).where(
         tasks.c.state == int(JobState.PENDING), *where)
     if after is not None:
         at, jid = after
@@ -49,7 +52,7 @@ def _requeue_batch(where, limit: int, after: tuple | None) -> tuple[int, tuple |
     by_model: dict[str, list[tuple[str, str, float, int | str]]] = {}
     for r in rows:
         by_model.setdefault(r.model_name, []).append(
-            (r.tenant_id, r.id, dispatch.order_score(r.enqueue_at),
+            (r.tenant_id, r.id, dispatch.order_score(r.enqueue_at, r.priority),
              dispatch.head(r.attempt) if r.promoted_at is not None else r.attempt))
     caps = model_caps() if by_model else {}
     for model, entries in by_model.items():
@@ -128,7 +131,9 @@ def repair_after_wipe() -> Report:
     log.warning("redis data lost (%s): rebuilding gates and queues from the rows", ", ".join(wiped))
     details: dict = {"wiped": wiped}
     try:
-        if "redis" in wiped:
+        # "redis", or "redis:<tag>" for one master of a Redis Cluster: any
+        # lost part of the derived state means rebuilding all of it.
+        if any(name.split(":")[0] == "redis" for name in wiped):
             details["reconcile"] = reconcile_gates().as_dict()
             details["permits"] = _restore_permits()
             details["weights"] = limits.sync_weights()
@@ -155,7 +160,8 @@ def recover_expired_leases(limit: int | None = None) -> Report:
         for r in rows:
             retry = r.attempt <= (r.retry_times or 0)
             retry_at = now + timedelta(seconds=backoff_seconds(r.attempt)) if retry else None
-            won = transitions.fail_attempt(conn, r.id, r.attempt, "worker lost (lease expired)",
+            won = transitions.fail_attempt(conn, r.id, r.attempt,
+                                           job_error("worker_lost", "worker lost (lease expired)"),
                                            retry_at=retry_at, lease_expired_before=now)
             if won is not None:
                 results.append(won)
@@ -170,12 +176,69 @@ def recover_expired_leases(limit: int | None = None) -> Report:
     return rep
 
 
+def recover_dead_workers(limit: int | None = None) -> Report:
+    """A running attempt whose worker node stopped heartbeating (its
+    liveness hash expired: 3 missed intervals) failed: retry_wait or failed
+    now, not when its lease (model timeout + grace) runs out.  Only the node
+    named by the claim counts, and only if it still holds the attempt; a
+    node that is merely paused (SIGSTOP) has its late writes refused by the
+    attempt guard like any recovered attempt.  A retry is due at once."""
+    if not get_settings().recover_by_heartbeat:
+        return Report(details={"skipped": "ASYNCH_RECOVER_BY_HEARTBEAT is off"})
+    ttl = metrics.worker_ttl()
+    try:
+        live = {f"{node}#{fields.get('instance', '')}" for node, fields in liveness.workers_read().items()}
+        if not liveness.liveness_settled(ttl):
+            return Report(details={"skipped": "liveness not established yet (first start or a wiped Redis)"})
+    except redis.RedisError as exc:
+        return Report(details={"skipped": f"redis: {exc}"})
+    now = clock_now()
+    rep = Report(details={"retry_wait": 0, "failed": 0, "nodes": []})
+    with transaction() as conn:
+        q = select(tasks.c.id, tasks.c.attempt, tasks.c.worker, models.c.retry_times).join(
+            models, models.c.model_name == tasks.c.model_name, isouter=True).where(
+            tasks.c.state == int(JobState.RUNNING), tasks.c.worker.is_not(None),
+            # Claimed at least a TTL ago: its node has had time to be seen.
+            tasks.c.started_at < now - timedelta(seconds=ttl))
+        if live:
+            q = q.where(tasks.c.worker.not_in(sorted(live)))
+        rows = conn.execute(locked(conn, q.limit(batch_size(limit)))).all()
+        results = []
+        for r in rows:
+            retry = r.attempt <= (r.retry_times or 0)
+            # Due at once, no backoff: a node that died is not the model
+            # failing, so run_work's retry step (next in the same sweep)
+            # puts it back in its queue.  The attempt still counts.
+            retry_at = now if retry else None
+            won = transitions.fail_attempt(conn, r.id, r.attempt,
+                                           job_error("worker_lost", "worker lost (stopped heartbeating)"),
+                                           retry_at=retry_at, worker_gone=r.worker)
+            if won is not None:
+                results.append(won)
+                if r.worker not in rep.details["nodes"]:
+                    rep.details["nodes"].append(r.worker)
+    for won in results:
+        if won.state == JobState.RETRY_WAIT:
+            after_retry_wait(won)
+            rep.details["retry_wait"] += 1
+        else:
+            after_terminal(won)
+            rep.details["failed"] += 1
+    rep.processed = len(results)
+    if results:
+        log.warning("recovered %d attempt(s) of worker node(s) without a heartbeat: %s", len(results),
+                    ", ".join(rep.details["nodes"]))
+    return rep
+
+
 def time_out_overdue(limit: int | None = None) -> Report:
-    """pending/running past the job's budget become timeout (slots and permit released)."""
+    """pending/running/retry_wait past the job's budget become timeout
+    (slots and permit released; a retry_wait job holds none, the release is
+    a no-op)."""
     now = clock_now()
     with transaction() as conn:
         rows = conn.execute(locked(conn, select(tasks.c.id).where(
-            tasks.c.state.in_([int(x) for x in SLOT_STATES]), tasks.c.deadline_at < now,
+            tasks.c.state.in_([int(x) for x in (*SLOT_STATES, JobState.RETRY_WAIT)]), tasks.c.deadline_at < now,
         ).limit(batch_size(limit)))).all()
         won = [w for w in (transitions.time_out(conn, r.id, now=now) for r in rows) if w is not None]
     for w in won:

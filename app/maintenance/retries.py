@@ -40,7 +40,7 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
         with transaction() as conn:
             rows = conn.execute(locked(conn, select(
                 tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt, tasks.c.created_at,
-                models.c.queue_limit, models.c.tenant_queue_limit, models.c.retry_queue_max_seconds,
+                tasks.c.priority, models.c.queue_limit, models.c.tenant_queue_limit, models.c.retry_queue_max_seconds,
             ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
                 tasks.c.state == int(JobState.RETRY_WAIT), due,
             ).order_by(tasks.c.next_retry_at).limit(batch_size(limit)))).all()
@@ -63,7 +63,7 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
                     release_slot(r.model_name, r.tenant_id, r.id)
                     continue
                 queued.setdefault(r.model_name, []).append(
-                    (r.tenant_id, r.id, dispatch.order_score(r.created_at if head else now),
+                    (r.tenant_id, r.id, dispatch.order_score(r.created_at if head else now, r.priority),
                      dispatch.head(r.attempt) if head else r.attempt))
                 rep.details["head" if head else "tail"] += 1
     except BaseException:
@@ -90,7 +90,7 @@ def promote_waiting_retries(limit: int | None = None) -> Report:
         cutoff = now - timedelta(seconds=m.retry_queue_max_seconds)
         with transaction() as conn:
             rows = conn.execute(locked(conn, select(
-                tasks.c.id, tasks.c.tenant_id, tasks.c.attempt, tasks.c.created_at).where(
+                tasks.c.id, tasks.c.tenant_id, tasks.c.attempt, tasks.c.created_at, tasks.c.priority).where(
                 tasks.c.model_name == m.model_name, tasks.c.state == int(JobState.PENDING),
                 tasks.c.retry_count > 0, tasks.c.promoted_at.is_(None), tasks.c.enqueue_at < cutoff,
             ).order_by(tasks.c.enqueue_at).limit(batch_size(limit)))).all()
@@ -98,7 +98,7 @@ def promote_waiting_retries(limit: int | None = None) -> Report:
                 continue
             try:
                 # Move first, mark after: a failed move leaves it unmarked for the next pass.
-                dispatch.requeue(m.model_name, [(r.tenant_id, r.id, dispatch.order_score(r.created_at),
+                dispatch.requeue(m.model_name, [(r.tenant_id, r.id, dispatch.order_score(r.created_at, r.priority),
                                                  dispatch.head(r.attempt)) for r in rows], mode="XXLT")
             except redis.RedisError:
                 continue

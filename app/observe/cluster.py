@@ -13,6 +13,10 @@ Invariants:
 - A scrape reports what it can: a source that does not answer is
   ``asynch_metrics_source_up{source} 0`` and its gauges are left out (absent,
   not zero, so no alert fires on a made-up value).
+- A scrape's cost does not grow with the job history: active states are
+  counted exactly (admission bounds them), terminal states at most
+  ASYNCH_METRICS_JOB_COUNT_CAP rows per model and state (the gauge then
+  reads the cap).
 """
 from __future__ import annotations
 
@@ -22,12 +26,16 @@ import time
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from sqlalchemy import select
+
 from app.clock import now as clock_now
+from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
 from app.infra.redis import dispatch as rd
 from app.infra.redis import liveness
-from app.observe.live import job_counts, model_live, oldest_pending
+from app.infra.tables import models
+from app.observe.live import finished_counts, job_counts, model_live, oldest_pending
 from app.states import JobState
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,8 @@ class ClusterCollector:
         try:
             with transaction() as conn:
                 counts, heads = job_counts(conn), oldest_pending(conn)
+                names = conn.execute(select(models.c.model_name)).scalars().all()
+                counts.update(finished_counts(conn, names, get_settings().metrics_job_count_cap))
             at = clock_now()
             up.add_metric(["database"], 1)
         except Exception as exc:  # a scrape reports what it can

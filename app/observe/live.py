@@ -6,21 +6,44 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func, literal, select, union_all
 
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.infra.db import transaction
 from app.infra.redis import gate
 from app.infra.tables import models, tasks
-from app.states import JobState
+from app.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 
 
-def job_counts(conn) -> dict[tuple[str, str], int]:
-    """(model, state label) -> rows; one GROUP BY over (model_name, state),
-    which ix_asynch_task_model_state answers."""
-    q = select(tasks.c.model_name, tasks.c.state, func.count()).group_by(tasks.c.model_name, tasks.c.state)
+def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]:
+    """(model, state label) -> rows of the ACTIVE states (pending, running,
+    retry_wait), of one tenant or all; one GROUP BY that
+    ix_asynch_task_model_state answers.  Bounded: admission keeps active
+    jobs under each model's queue_limit, however long the history is."""
+    q = (select(tasks.c.model_name, tasks.c.state, func.count())
+         .where(tasks.c.state.in_([int(s) for s in ACTIVE_STATES])).group_by(tasks.c.model_name, tasks.c.state))
+    if tenant_id is not None:
+        q = q.where(tasks.c.tenant_id == tenant_id)
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q)}
+
+
+def finished_counts(conn, model_names: list[str], cap: int) -> dict[tuple[str, str], int]:
+    """(model, state label) -> rows of each terminal state, counting at most
+    ``cap`` rows each (ASYNCH_METRICS_JOB_COUNT_CAP): a scrape never counts
+    the whole history.  One statement of index-range subqueries, each
+    stopped by its LIMIT."""
+    parts = []
+    for m in model_names:
+        for s in TERMINAL_STATES:
+            rows = select(literal(1)).where(tasks.c.model_name == m, tasks.c.state == int(s)).limit(cap).subquery()
+            parts.append(select(literal(m).label("m"), literal(int(s)).label("s"),
+                                select(func.count()).select_from(rows).scalar_subquery().label("n")))
+    out = {}
+    for i in range(0, len(parts), 200):
+        for m, s, n in conn.execute(union_all(*parts[i:i + 200]) if len(parts[i:i + 200]) > 1 else parts[i]):
+            out[(m, JobState(s).label)] = n
+    return out
 
 
 def oldest_pending(conn) -> dict[str, datetime]:
@@ -32,19 +55,24 @@ def oldest_pending(conn) -> dict[str, datetime]:
     return {m: as_utc(t) for m, t in conn.execute(q)}
 
 
-def model_live(include_disabled: bool = True) -> list[dict]:
+def model_live(include_disabled: bool = True, tenant_id: str | None = None) -> list[dict]:
     """Every configured model with its queue depth vs limit, running vs
-    concurrency, runtime overrides (autotune) and enabled state."""
+    concurrency, runtime overrides (autotune) and enabled state.  With
+    ``tenant_id`` (a user's overview) the job numbers are that tenant's
+    only: queue_depth is its own pending + running + retry_wait, never the
+    gate's total, which would show other tenants' load."""
     with transaction() as conn:
         rows = conn.execute(select(models.c.model_name, models.c.enabled, models.c.queue_limit,
                                    models.c.max_concurrency).order_by(models.c.model_name)).all()
-        counts = job_counts(conn)
+        counts = job_counts(conn, tenant_id)
     if not include_disabled:
         rows = [r for r in rows if r.enabled]
     gates = gate.gate_snapshot(r.model_name for r in rows)
     out = []
     for r in rows:
         depth, rt_ql, rt_mc = gates[r.model_name]
+        if tenant_id is not None:
+            depth = sum(counts.get((r.model_name, s.label), 0) for s in ACTIVE_STATES)
         out.append({
             "model_name": r.model_name,
             "enabled": bool(r.enabled),

@@ -1,7 +1,14 @@
-"""Who a job is for: the tenant comes from the API key (app/services/keys.py);
-the creator from the request's creator field / X-Creator header, or, when the
-operator trusts a gateway in front of the API (ASYNCH_TRUSTED_GATEWAY), from
-the X-User-Info header that gateway sets (it wins over the client's field)."""
+"""Who a job is for: the tenant comes from the API key (app/tenancy/keys.py),
+or in gateway auth mode (ASYNCH_AUTH_MODE=gateway) from the X-User-Info the
+proven gateway sets (``tenant_from_info``); the creator from the request's
+creator field / X-Creator header, or, when the operator trusts a gateway in
+front of the API (ASYNCH_TRUSTED_GATEWAY, implied by gateway auth mode), from
+that X-User-Info (it wins over the client's field).
+
+X-User-Info is an identity only a trusted gateway can vouch for: without
+ASYNCH_TRUSTED_GATEWAY (or gateway auth mode) it is neither the creator nor
+passed through to the OSS file service (``oss_passthrough``), so a client
+cannot pose as another user there under the operator's credential."""
 from __future__ import annotations
 
 import base64
@@ -10,6 +17,7 @@ import json
 
 from app.config import get_settings
 
+_TENANT_KEYS = ("tenantId", "tenant_id", "tenant", "tenantCode", "tenant_code")
 _NAME_KEYS = ("username", "userName", "user_name", "name", "userId", "user_id", "uid", "id")
 
 
@@ -45,9 +53,41 @@ def user_from_info(value: str) -> str:
     return ""
 
 
+def tenant_from_info(value: str | None) -> str:
+    """The tenant an X-User-Info header names (JSON or base64 JSON, one of
+    the usual tenant keys), else ASYNCH_GATEWAY_DEFAULT_TENANT; "" if
+    neither (or the name is not 1-64 printable ASCII characters)."""
+    data = _decode(value.strip()) if value else None
+    name = ""
+    if data is not None:
+        for k in _TENANT_KEYS:
+            v = data.get(k)
+            if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
+                name = str(v).strip()
+                break
+    name = name or get_settings().gateway_default_tenant
+    if not (0 < len(name) <= 64 and all(0x20 < ord(c) < 0x7F for c in name)):
+        return ""
+    return name
+
+
 def creator_for(explicit: str | None, user_info: str | None) -> str:
-    if get_settings().trusted_gateway and user_info:
+    s = get_settings()
+    if (s.trusted_gateway or s.auth_mode == "gateway") and user_info:
         name = user_from_info(user_info)
         if name:
             return name
     return explicit or ""
+
+
+def oss_passthrough(oss_authorization: str | None, user_info: str | None) -> dict[str, str] | None:
+    """The headers a job carries to the OSS file service: the caller's own
+    credential for it (X-Oss-Authorization, sent as Authorization) and, from
+    a trusted gateway only, X-User-Info."""
+    out = {}
+    if oss_authorization:
+        out["Authorization"] = oss_authorization
+    s = get_settings()
+    if user_info and (s.trusted_gateway or s.auth_mode == "gateway"):
+        out["X-User-Info"] = user_info
+    return out or None

@@ -77,11 +77,23 @@ def revoke_key(key_id: int) -> Row:
                            .values(revoked_at=clock_now()).returning(*api_keys.c)).first()
         if row is None:
             row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
+    # After the commit (the block above): a process that re-reads on the
+    # message must see the revocation.
     _cache.clear()
     publish_invalidate("keys")
     if row is None:
         raise NotFound(f"api key not found: {key_id}")
     return row
+
+
+def looks_like_key(key: str | None) -> bool:
+    """One of our API keys by its form (or the bootstrap admin key): gateway
+    auth mode authenticates such a request by the key, every other one by
+    the gateway's proof."""
+    if not key:
+        return False
+    boot = get_settings().bootstrap_admin_key
+    return bool(_KEY.match(key)) or bool(boot and hmac.compare_digest(key.encode(), boot.encode()))
 
 
 def authenticate(key: str | None) -> Principal:
@@ -93,8 +105,9 @@ def authenticate(key: str | None) -> Principal:
     h = hash_key(key)
     p = _cache.get(h)
     if p is MISSING:
+        token = _cache.token()  # a revocation during the lookup keeps it out of the cache
         p = _lookup(key, h)
-        _cache.set(h, p)
+        _cache.set(h, p, token)
     return p
 
 

@@ -26,7 +26,7 @@ from app.infra import caches
 from app.infra.db import transaction
 from app.infra.redis import dispatch as redis_dispatch
 from app.infra.redis.events import publish_invalidate
-from app.infra.tables import tenant_limits
+from app.infra.tables import models, tenant_limits
 from app.tenancy.keys import Principal
 from app.tenancy.schemas import TENANT_PATTERN, TenantLimits, TenantLimitsInput
 
@@ -127,8 +127,15 @@ def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
     _cache.pop(tenant)
     publish_invalidate("tenants")
     lim = _load(tenant)
-    redis_dispatch.set_weight(tenant, lim.weight or 1)
+    redis_dispatch.set_weight(tenant, lim.weight or 1, _model_names())
     return _view(tenant, lim)
+
+
+def _model_names() -> list[str]:
+    """Every configured model: each keeps its own copy of the weights (one
+    hash slot with its dispatch state, app/infra/redis/keys.py)."""
+    with transaction() as conn:
+        return [r.model_name for r in conn.execute(select(models.c.model_name))]
 
 
 def sync_weights() -> int:
@@ -136,6 +143,6 @@ def sync_weights() -> int:
     with transaction() as conn:
         rows = conn.execute(select(tenant_limits.c.tenant_id, tenant_limits.c.weight).where(
             tenant_limits.c.model_name == "", tenant_limits.c.weight.is_not(None))).all()
-    redis_dispatch.replace_weights({r.tenant_id: r.weight for r in rows})
+    redis_dispatch.replace_weights({r.tenant_id: r.weight for r in rows}, _model_names())
     return len(rows)
 

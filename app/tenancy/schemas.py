@@ -74,8 +74,12 @@ class TenantLimitsInput(Shape):
     weight: Int(1, 1000) | None = rule(
         "an integer from 1 to 1000: the tenant's share of dispatch when tenants compete for a model's workers "
         "(default 1)", None)
-    rate_per_second: Annotated[float, Field(gt=0, le=1_000_000)] | None = rule(
-        "requests per second per API key of this tenant (default ASYNCH_RATE_LIMIT_PER_SECOND)", None)
+    # At least 0.01/s: a bucket of the largest burst then refills within
+    # the rate limiter's 1e9 s bound (a smaller rate made every request of
+    # the tenant a 500, found by schemathesis).
+    rate_per_second: Annotated[float, Field(ge=0.01, le=1_000_000)] | None = rule(
+        "requests per second per API key of this tenant, 0.01 to 1000000 (default ASYNCH_RATE_LIMIT_PER_SECOND)",
+        None)
     burst: Int(1, 10_000_000) | None = rule("the token bucket's size (default twice the rate)", None)
     max_waiters: Int(0, 1_000_000) | None = rule(
         "concurrent long-polls per API process (default ASYNCH_WAITERS_PER_TENANT)", None)

@@ -1,1 +1,1 @@
-"""HTTP edge: thin blueprints over app.services."""
+"""HTTP edge: thin blueprints over the feature packages' services."""

@@ -2,7 +2,9 @@
 
 Requests to the seed-002 routes get the seed's envelope instead:
 ``{"code": <HTTP status>, "message": <the error text>, "data": null
-[, "errors": [...] with camelCase pointers]}`` with the same HTTP status."""
+[, "errors": [...] with camelCase pointers]}`` with the same HTTP status
+(ASYNCH_SEED_ERRORS_HTTP_200: HTTP 200, the status only in ``code``, for
+clients that read nothing but the envelope)."""
 from __future__ import annotations
 
 import logging
@@ -60,29 +62,46 @@ def _envelope(status: int, body: dict) -> dict:
 
 
 def _json(status: int, body: dict, headers: dict | None = None):
-    resp = jsonify(_envelope(status, body) if _seed_face() else body)
-    resp.status_code = status
+    seed = _seed_face()
+    resp = jsonify(_envelope(status, body) if seed else body)
+    resp.status_code = 200 if seed and get_settings().seed_errors_http_200 else status
     for k, v in (headers or {}).items():
         resp.headers[k] = v
     return resp
 
 
+def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
+    """A domain error's status, v1 body and headers: the error handler's
+    answer, and a batch item's (app/web/v1_jobs.py, jobs:batch)."""
+    body = {"error": exc.message}
+    headers = {}
+    if isinstance(exc, ValidationFailed):
+        body["errors"] = exc.errors
+    if isinstance(exc, (QueueFull, TooManyWaiters)):
+        headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, RateLimited):
+        headers.update(exc.headers)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="asynch"'
+    if exc.status == 503:
+        headers["Retry-After"] = "5"
+    return exc.status, body, headers
+
+
+def item_answer(exc: BaseException) -> tuple[int, dict, dict]:
+    """What one item of a batch is told: a domain error as its own request
+    would have been; anything else an internal error (logged)."""
+    if isinstance(exc, DomainError):
+        return domain_answer(exc)
+    log.error("batch item failed: %r", exc)
+    return 500, {"error": "internal error"}, {}
+
+
 def register(app: Flask) -> None:
     @app.errorhandler(DomainError)
     def domain_error(exc: DomainError):
-        body = {"error": exc.message}
-        headers = {}
-        if isinstance(exc, ValidationFailed):
-            body["errors"] = exc.errors
-        if isinstance(exc, (QueueFull, TooManyWaiters)):
-            headers["Retry-After"] = str(exc.retry_after)
-        if isinstance(exc, RateLimited):
-            headers.update(exc.headers)
-        if isinstance(exc, Unauthorized):
-            headers["WWW-Authenticate"] = 'Bearer realm="asynch"'
-        if exc.status == 503:
-            headers["Retry-After"] = "5"
-        return _json(exc.status, body, headers)
+        status, body, headers = domain_answer(exc)
+        return _json(status, body, headers)
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_exc):

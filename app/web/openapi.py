@@ -142,11 +142,21 @@ def _field_schemas(model: type[BaseModel], face: str) -> list[tuple[str, dict, b
         wire = info.alias if (face == "seed" or model.__name__.endswith("Headers")) and info.alias else name
         prop = schema["properties"].get(info.alias if face == "seed" and info.alias else name) \
             or schema["properties"].get(wire, {})
-        prop = _inline(prop, defs)
+        prop = _not_null(_inline(prop, defs))
         desc = prop.pop("description", "") or ""
         prop.pop("default", None) if prop.get("default") is None else None
         out.append((wire, prop, info.is_required(), desc))
     return out
+
+
+def _not_null(prop: dict) -> dict:
+    """A query or header parameter is absent or a string, never JSON null:
+    drop a ``null`` alternative (None in the model means "not sent")."""
+    alts = [a for a in prop.get("anyOf", []) if a != {"type": "null"}]
+    if "anyOf" not in prop or len(alts) == len(prop["anyOf"]):
+        return prop
+    rest = {k: v for k, v in prop.items() if k != "anyOf"}
+    return {**alts[0], **rest} if len(alts) == 1 else {**rest, "anyOf": alts}
 
 
 def _inline(node: Any, defs: dict) -> Any:

@@ -9,6 +9,8 @@ Invariants:
   (key_id None, from the environment) has its own bucket ``bootstrap`` under
   the same policy -- it is a full admin credential and must not be the one
   unlimited key.  A resolver may exempt it (or any key) by returning None.
+  A gateway request (ASYNCH_AUTH_MODE=gateway: a user without a key) is
+  charged to its tenant's bucket ``gateway:<tenant>``.
 - A key without a policy (limits off) costs no Redis round trip.
 - Refused: ``RateLimited`` (429, nothing else done) with Retry-After and the
   RateLimit fields; the one error handler adds them.  Allowed: the same
@@ -131,7 +133,9 @@ def policy_for(principal: Principal) -> RatePolicy | None:
 
 
 def bucket_id(principal: Principal) -> str:
-    return "bootstrap" if principal.key_id is None else str(principal.key_id)
+    if principal.key_id is not None:
+        return str(principal.key_id)
+    return "bootstrap" if principal.is_admin else f"gateway:{principal.tenant_id}"
 
 
 def header_fields(policy: RatePolicy, took: Take) -> dict[str, str]:

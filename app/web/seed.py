@@ -151,7 +151,7 @@ def get_task_batch(body: TaskIds):
 @bp.get("/task/getTaskResult")
 @endpoint("One task (another tenant's: 404)", query=TaskQuery, errors=(404,), ok=Ok(SeedTask, "the task"), **SEED)
 def get_task_result(query: TaskQuery):
-    return SeedTask.from_row(jobs.get_job(current_principal(), query.taskId))
+    return SeedTask.from_row(jobs.read_result_row(current_principal(), query.taskId))
 
 
 # --- stats --------------------------------------------------------------------------

@@ -1,24 +1,37 @@
 """v1 jobs: the async-jobs wire contract of seed 000 (docs/api.md, "Jobs")."""
 from __future__ import annotations
 
-from flask import Blueprint, Response, request, url_for
+from flask import Blueprint, Response, jsonify, request, url_for
 
-from app.contract import parse
+from app.contract import dump, parse
 from app.infra.serving import client_watch
+from app.infra.wakeup_snapshot import Snapshot
+from app.jobs import batch as batches
+from app.jobs import events as job_events
 from app.jobs import service as jobs
 from app.jobs.schemas import (
+    BATCH_MAX_JOBS,
+    BatchAccepted,
+    BatchHeaders,
+    BatchItemResult,
+    BatchSubmit,
+    EventHeaders,
+    FailRequest,
     JobAccepted,
     JobList,
     JobListItem,
     JobListQuery,
     JobStatus,
+    JobSync,
     SubmitHeaders,
     SubmitOptions,
+    TenantEventsQuery,
     WaitQuery,
 )
-from app.tenancy.identity import creator_for
-from app.web.auth import current_principal
+from app.tenancy.identity import creator_for, oss_passthrough
+from app.web.auth import current_principal, gateway_oss_authorization
 from app.web.contract import Ok, endpoint
+from app.web.errors import item_answer
 
 bp = Blueprint("v1_jobs", __name__, url_prefix="/v1")
 
@@ -34,35 +47,109 @@ def job_urls(row) -> dict:
 def passthrough(oss_authorization: str | None, user_info: str | None) -> dict[str, str] | None:
     """Headers for the OSS file service.  Our own Authorization header is the
     middleware's API key and never leaves the middleware: the caller's
-    credential for the file service comes as X-Oss-Authorization."""
-    out = {}
-    if oss_authorization:
-        out["Authorization"] = oss_authorization
-    if user_info:
-        out["X-User-Info"] = user_info
-    return out or None
+    credential for the file service comes as X-Oss-Authorization -- or, for
+    a request through the gateway (ASYNCH_AUTH_MODE=gateway), it is that
+    request's own Authorization, unchanged; X-User-Info only from a trusted
+    gateway (app/tenancy/identity.py)."""
+    return oss_passthrough(oss_authorization or gateway_oss_authorization(), user_info)
+
+
+def prefer_wait(prefer: str | None) -> int | None:
+    """The ``wait`` preference of a Prefer header (RFC 7240: comma-separated
+    ``token[=value]`` with ``;`` parameters), in whole seconds; None when it
+    is absent or not a positive number (an unusable preference is ignored)."""
+    for pref in (prefer or "").split(","):
+        name, _, value = pref.split(";", 1)[0].partition("=")
+        if name.strip().lower() == "wait":
+            value = value.strip().strip('"')
+            return int(value) if value.isdigit() and 0 < int(value) < 10**9 else None
+    return None
 
 
 @bp.post("/models/<model>/jobs")
 @endpoint("Submit a job", tag="jobs", body=_PAYLOAD, nul_allowed=("",), headers=SubmitHeaders, errors=(422, 429),
           path={"model": {"description": "model_name"}},
           ok={202: Ok(JobAccepted, "admitted", {"Location": "the poll_url",
-                                                "Idempotent-Replayed": "true on a replay"})},
+                                                "Idempotent-Replayed": "true on a replay",
+                                                "Preference-Applied": "wait=N when a Prefer: wait was honoured"}),
+              200: Ok(JobSync, "sync mode (Prefer: wait=N): the job ended within N seconds",
+                      {"Location": "the poll_url", "Preference-Applied": "wait=N",
+                       "Idempotent-Replayed": "true on a replay"})},
           description="Checks run in order: key, body size, JSON, model (404 unknown or disabled), form (422), "
-                      "idempotency, gate (429). Nothing before the gate takes a slot.")
+                      "idempotency, gate (429). Nothing before the gate takes a slot. With `Prefer: wait=N` "
+                      "(seconds, capped by ASYNCH_WAIT_MAX_MS) the answer waits on the long-poll path, under the "
+                      "waiter caps: 200 with the terminal job (and a small JSON result inline) if it ends "
+                      "within N s, else 202 as without it. Caps full: 202 at once, no Preference-Applied.")
 def submit_job(model: str, body: dict, headers: SubmitHeaders):
-    opts = parse(SubmitOptions, {
+    opts = _options(headers)
+    wait_s = prefer_wait(headers.prefer)
+    if wait_s is None:
+        return _accepted(jobs.submit(current_principal(), model, body, opts), None)
+    out = jobs.submit_and_wait(current_principal(), model, body, opts, wait_s, watch=client_watch(request.environ))
+    if not out.finished:
+        return _accepted(out.submitted, out.waited_s, out.row)
+    extra = {"Location": job_urls(out.row)["poll_url"], "Preference-Applied": f"wait={out.waited_s}"}
+    if out.submitted.replayed:
+        extra["Idempotent-Replayed"] = "true"
+    values = {**JobStatus.values_of(out.row), **job_urls(out.row)}
+    if out.has_result:
+        values["result"] = out.result
+    return JobSync.model_construct(**values), 200, extra
+
+
+def _options(headers: SubmitHeaders) -> SubmitOptions:
+    return parse(SubmitOptions, {
         "Idempotency-Key": headers.idempotency_key, "modelKey": headers.model_key, "bizName": headers.biz_name or "",
         "creator": creator_for(headers.creator, headers.user_info), "callbackUrl": headers.callback_url or None,
-        "passthrough": passthrough(headers.oss_authorization, headers.user_info)}, face="seed",
+        "passthrough": passthrough(headers.oss_authorization, headers.user_info),
+        "priority": headers.priority if headers.priority not in (None, "") else 5}, face="seed",
         message="invalid job options")
-    out = jobs.submit(current_principal(), model, body, opts)
+
+
+def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
+    """The 202: ``seen`` is a newer copy than the admitted row (after a
+    sync-mode wait that ran out), ``waited_s`` the wait honoured."""
     urls = job_urls(out.row)
-    state = JobStatus.from_row(out.row).state if out.replayed else "pending"
+    if seen is not None:
+        state = JobStatus.from_row(seen).state
+    else:
+        state = JobStatus.from_row(out.row).state if out.replayed else "pending"
     extra = {"Location": urls["poll_url"]}
     if out.replayed:
         extra["Idempotent-Replayed"] = "true"
+    if waited_s is not None:
+        extra["Preference-Applied"] = f"wait={waited_s}"
     return JobAccepted.model_construct(job_id=out.row.id, state=state, **urls), 202, extra
+
+
+@bp.post("/models/<model>/jobs:batch")
+@endpoint("Submit a batch of jobs", tag="jobs", body=BatchSubmit, nul_allowed=("/jobs",), headers=BatchHeaders,
+          errors=(422,), path={"model": {"description": "model_name"}},
+          ok={207: Ok(BatchAccepted, "every item's own answer, in order")},
+          description=f"1 to {BATCH_MAX_JOBS} jobs of one model. Each item is judged as a submit of it alone would "
+                      "be (202 admitted or replayed, 422 with pointers under /jobs/{index}, 429 with retry_after) "
+                      "and does not affect the others; the valid ones pass one gate step and one INSERT. A bad "
+                      "key, body or model refuses the whole batch as for a submit.")
+def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
+    results, admitted = [], 0
+    outcomes = batches.submit_batch(current_principal(), model, body.jobs,
+                                    creator_for(headers.creator, headers.user_info),
+                                    passthrough(headers.oss_authorization, headers.user_info))
+    for o in outcomes:
+        if o.submitted is not None:
+            row = o.submitted.row
+            state = JobStatus.from_row(row).state if o.submitted.replayed else "pending"
+            values = dict(status=202, job_id=row.id, state=state, **job_urls(row))
+            if o.submitted.replayed:
+                values["replayed"] = True
+            admitted += 1
+        else:
+            status, err, hdrs = item_answer(o.error)
+            values = dict(status=status, **err)
+            if "Retry-After" in hdrs:
+                values["retry_after"] = int(hdrs["Retry-After"])
+        results.append(BatchItemResult.model_construct(index=o.index, **values))
+    return BatchAccepted.model_construct(admitted=admitted, refused=len(results) - admitted, results=results), 207
 
 
 def _list(model: str | None, query: JobListQuery) -> JobList:
@@ -100,16 +187,27 @@ def job_wait(model: str, job_id: str, query: WaitQuery):
     # The client's socket is watched while it waits: a client that hangs up
     # gives its place under the caps back at once, not at its budget's end.
     row = jobs.wait_job(current_principal(), job_id, query.budget_ms(), model, watch=client_watch(request.environ))
+    if isinstance(row, Snapshot):
+        # A terminal wake-up: its many waiters send the bytes rendered for
+        # the first one (the same declaration renders them; see wakeups.py).
+        if row.v1_body is None:
+            row.v1_body = jsonify(dump(JobStatus.from_row(row))).get_data()
+        return Response(row.v1_body, status=200, mimetype="application/json")
     return JobStatus.from_row(row)
 
 
 @bp.get("/models/<model>/jobs/<job_id>/result")
 @endpoint("The model's stored response", tag="jobs", path=_JOB_PATH, errors=(409, 410),
-          ok=Ok({}, "the response bytes with their Content-Type", media_type="*/*"))
+          ok={200: Ok({}, "the response bytes with their Content-Type (streamed from storage)", media_type="*/*"),
+              307: Ok(None, "ASYNCH_RESULT_REDIRECT_SECONDS > 0 with S3 storage: a presigned URL of the object",
+                      {"Location": "the presigned URL"})})
 def job_result(model: str, job_id: str):
-    data, ctype, row = jobs.result_bytes(current_principal(), job_id, model)
-    resp = Response(data, status=200, content_type=ctype)
-    resp.headers["X-Job-Id"] = row.id
+    out = jobs.result_body(current_principal(), job_id, model)
+    if out.redirect:
+        resp = Response(status=307, headers={"Location": out.redirect})
+    else:
+        resp = Response(out.data, status=200, content_type=out.content_type)
+    resp.headers["X-Job-Id"] = out.row.id
     return resp
 
 
@@ -117,3 +215,52 @@ def job_result(model: str, job_id: str):
 @endpoint("Cancel a job", tag="jobs", path=_JOB_PATH, errors=(409,), ok=Ok(JobStatus, "the poll body"))
 def job_cancel(model: str, job_id: str):
     return JobStatus.from_row(jobs.cancel_job(current_principal(), job_id, model))
+
+
+@bp.post("/models/<model>/jobs/<job_id>/fail")
+@endpoint("Fail a job (admins): pending, running or waiting to retry -> failed", tag="jobs", auth="admin",
+          path=_JOB_PATH, body=FailRequest, body_required=False, errors=(409,), ok=Ok(JobStatus, "the poll body"))
+def job_fail(model: str, job_id: str, body: FailRequest):
+    return JobStatus.from_row(jobs.fail_job(current_principal(), job_id, body.reason, model))
+
+
+# The schema of one event (what an SSE parser yields per event), not of the stream's text.
+_SSE = Ok({"type": "object", "description": "one server-sent event: `id`, `event` (the v1 state), `data` (JSON)",
+           "properties": {"id": {"type": "string"}, "event": {"type": "string"}, "data": {"type": "string"},
+                          "retry": {"type": "integer"}}},
+          "the event stream", {"Cache-Control": "no-cache"}, media_type="text/event-stream")
+_SSE_TEXT = ("Counts against the waiter caps (429 as /wait) while open; `: keep-alive` comments every "
+             "ASYNCH_EVENTS_KEEPALIVE_SECONDS; closed after ASYNCH_EVENTS_MAX_SECONDS (resume with Last-Event-ID).")
+
+
+def _stream(stream: job_events.Stream) -> Response:
+    def body():
+        yield "retry: 1000\n\n"  # sent at once: the client has its headers without waiting for an event
+        for ev in stream:
+            yield job_events.render(ev)
+
+    resp = Response(body(), status=200, mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    resp.call_on_close(stream.close)  # the place under the caps comes back however the response ends
+    return resp
+
+
+@bp.get("/models/<model>/jobs/<job_id>/events")
+@endpoint("A job's state changes as server-sent events, until its terminal state", tag="jobs", path=_JOB_PATH,
+          headers=EventHeaders, ok=_SSE, errors=(422, 429),
+          description="Events `pending` / `running` (id: the place on the job's line, data: job_id, model, state, "
+                      "attempt) and the terminal one (id `end`, data: the poll body), after which the stream ends. "
+                      "A resumed stream (Last-Event-ID) sends every state passed since, in order. " + _SSE_TEXT)
+def job_event_stream(model: str, job_id: str, headers: EventHeaders):
+    return _stream(job_events.job_events(current_principal(), job_id, model, headers.last_event_id,
+                                         watch=client_watch(request.environ)))
+
+
+@bp.get("/events")
+@endpoint("The caller tenant's job changes as server-sent events", tag="jobs", query=TenantEventsQuery,
+          headers=EventHeaders, ok=_SSE, errors=(422, 429),
+          description="One event per job change (id `<updated_at µs>.<job_id>`, event: the v1 state, data: the poll "
+                      "body), from now or after Last-Event-ID; at-least-once (dedupe by id). " + _SSE_TEXT)
+def tenant_event_stream(query: TenantEventsQuery, headers: EventHeaders):
+    return _stream(job_events.tenant_events(current_principal(), query.model, headers.last_event_id, query.tenant,
+                                            watch=client_watch(request.environ)))

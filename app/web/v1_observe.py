@@ -17,9 +17,10 @@ bp = Blueprint("v1_observe", __name__, url_prefix="/v1")
 
 @bp.get("/overview")
 @endpoint("Live numbers per model: queue depth vs limit, running vs concurrency, runtime overrides",
-          tag="observe", ok=Ok(Overview, "models (users: enabled ones)"))
+          tag="observe", ok=Ok(Overview, "models (users: enabled ones, with their own tenant's jobs only)"))
 def overview():
-    return {"models": live.model_live(include_disabled=current_principal().is_admin)}
+    p = current_principal()
+    return {"models": live.model_live(include_disabled=p.is_admin, tenant_id=None if p.is_admin else p.tenant_id)}
 
 
 @bp.get("/overview/series")
@@ -35,5 +36,6 @@ def overview_series(query: SeriesQuery):
           path={"job_id": {"description": "job id (job_...)"}},
           description="The row keeps the latest attempt only: earlier attempts' errors are not kept.")
 def job_detail(job_id: str):
-    row = jobs.get_job(current_principal(), job_id)
-    return JobDetail.from_row(row, job_urls(row))
+    p = current_principal()
+    row = jobs.get_job(p, job_id)
+    return JobDetail.from_row(row, job_urls(row), admin=p.is_admin)

@@ -1,13 +1,18 @@
 """Calls a configured model service exactly as its row says: base_url+route,
 GET with the payload as query parameters or POST with it as JSON, head_msg
-headers merged with the job's modelKey, and a cap on the response size.
+headers merged with the job's modelKey (only the names the model's
+model_key_headers allows, app/infra/http/headers.py), and a cap on the
+response size.
 
 ``timeout_seconds`` is a hard wall-clock deadline for the whole call:
 connect, sending, waiting for the status line and headers, and the body
 (app/infra/http/deadline.py).  A model that trickles its answer costs the
 worker ``timeout_seconds``, not more.
 
-Errors (ModelCallError): ``permanent`` ones are not retried (other 3xx/4xx,
+Errors (ModelCallError): ``code`` and ``public`` are what the job's tenant
+sees (a stable code, a short message without the model's body, addresses
+or exception text); ``str(exc)`` is the whole story, for logs and admins.
+``permanent`` ones are not retried (other 3xx/4xx,
 an oversize answer, a request we cannot send); 5xx, 408, 429, timeouts and
 network failures are transient.  ``called`` says whether the request
 reached the model service (a byte of it was sent): only those count in
@@ -19,7 +24,7 @@ import json
 from dataclasses import dataclass
 
 from app.infra.http import deadline
-from app.infra.http.headers import merge_headers, parse_header_spec
+from app.infra.http.headers import HeaderSpecError, job_headers
 
 USER_AGENT = "model-asynch/1"
 
@@ -28,10 +33,13 @@ class ModelCallError(Exception):
     """The call failed.  ``permanent`` errors are not retried; ``called`` says
     whether the request reached the model service (it counts in the stats)."""
 
-    def __init__(self, message: str, *, permanent: bool, called: bool):
+    def __init__(self, message: str, *, permanent: bool, called: bool, code: str = "model_request_invalid",
+                 public: str | None = None):
         super().__init__(message)
         self.permanent = permanent
         self.called = called
+        self.code = code
+        self.public = public if public is not None else message
 
 
 @dataclass(frozen=True)
@@ -61,10 +69,24 @@ def query_params(payload: dict) -> dict[str, str]:
     return out
 
 
+# Sent with every call: the job and its attempt, so a model (or a proxy in
+# front of it) can deduplicate; an attempt calls the model at most once.
+JOB_HEADER, ATTEMPT_HEADER = "X-Asynch-Job-Id", "X-Asynch-Attempt"
+
+
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
-               payload: dict, timeout_seconds: float, max_bytes: int) -> ModelResponse:
-    headers = {"User-Agent": USER_AGENT, "Accept": "*/*",
-               **merge_headers(parse_header_spec(head_msg), parse_header_spec(model_key))}
+               payload: dict, timeout_seconds: float, max_bytes: int,
+               job: tuple[str, int] | None = None, model_key_headers: str = "") -> ModelResponse:
+    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt.
+    ``model_key_headers``: the names ``model_key`` may set."""
+    try:
+        configured = job_headers(head_msg, model_key, model_key_headers)
+    except HeaderSpecError as exc:
+        raise ModelCallError(f"model call not sent: {exc}", permanent=True, called=False,
+                             public="model call not sent: a header may not be sent") from exc
+    headers = {"User-Agent": USER_AGENT, "Accept": "*/*", **configured}
+    if job is not None:
+        headers[JOB_HEADER], headers[ATTEMPT_HEADER] = job[0], str(job[1])
     method = http_method.upper()
     kw: dict = {"params": query_params(payload)} if method == "GET" else {"json": payload}
     try:
@@ -73,21 +95,27 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
                                 keep_alive=True, **kw)
     except deadline.DeadlineExceeded as exc:
         raise ModelCallError(f"model call timed out after {timeout_seconds}s", permanent=False,
-                             called=exc.reached) from exc
+                             called=exc.reached, code="model_timeout") from exc
     except deadline.ConnectFailed as exc:
-        raise ModelCallError(f"model unreachable: {exc}", permanent=False, called=False) from exc
+        raise ModelCallError(f"model unreachable: {exc}", permanent=False, called=False, code="model_unreachable",
+                             public="model unreachable") from exc
     except deadline.ResponseTooLarge as exc:
-        raise ModelCallError(f"model response exceeds {max_bytes} bytes", permanent=True, called=True) from exc
+        raise ModelCallError(f"model response exceeds {max_bytes} bytes", permanent=True, called=True,
+                             code="model_response_too_large") from exc
     except deadline.InvalidRequest as exc:
-        raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False) from exc
+        raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False,
+                             public="model call could not be sent") from exc
     except deadline.RequestError as exc:  # BrokenResponse: reset, closed early, not HTTP
-        raise ModelCallError(f"model response broken: {exc}", permanent=False, called=exc.reached) from exc
+        raise ModelCallError(f"model response broken: {exc}", permanent=False, called=exc.reached,
+                             code="model_response_broken", public="model response broken") from exc
     except (TypeError, ValueError) as exc:  # a payload JSON cannot carry (NaN)
-        raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False) from exc
+        raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False,
+                             public="model call could not be sent (payload not encodable)") from exc
     if resp.status >= 300:
         snippet = resp.body[:200].decode("utf-8", "replace")
         # 5xx, 408 and 429 may pass; other 3xx/4xx will fail the same way again.
         transient = resp.status >= 500 or resp.status in (408, 429)
-        raise ModelCallError(f"model returned HTTP {resp.status}: {snippet}", permanent=not transient, called=True)
+        raise ModelCallError(f"model returned HTTP {resp.status}: {snippet}", permanent=not transient, called=True,
+                             code="model_http_error", public=f"model returned HTTP {resp.status}")
     ctype = resp.header("Content-Type") or "application/octet-stream"
     return ModelResponse(body=resp.body, content_type=ctype, status=resp.status)

@@ -1,16 +1,55 @@
 """The process's Redis clients (fork-safe: app/infra/process.py) and the
-registration of Lua scripts, once per client."""
+registration of Lua scripts, once per client.
+
+``ASYNCH_REDIS_URL`` is one Redis (``redis://``, ``rediss://``, ``unix://``)
+or a Redis Cluster (``redis+cluster://host:port[,host:port...]``,
+``rediss+cluster://`` with TLS): then the gate's client is redis-py's
+``RedisCluster``, which routes each command and each script by its keys'
+hash slot (app/infra/redis/keys.py gives every model's keys one slot).  The
+Celery broker is never a cluster (kombu cannot use one): app/config.py
+refuses a cluster URL without an ASYNCH_BROKER_URL of its own."""
 from __future__ import annotations
 
-import redis
+import itertools
+from urllib.parse import unquote, urlsplit
 
-from app.config import get_settings
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from app.config import get_settings, is_cluster_url
 from app.infra.process import PerProcess
 
 
-def _gate_client() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url, decode_responses=True, health_check_interval=30,
-                                socket_connect_timeout=5, socket_timeout=10, retry_on_timeout=True)
+def _common() -> dict:
+    t = get_settings().redis_timeout_seconds
+    return {"decode_responses": True, "socket_connect_timeout": min(5.0, t), "socket_timeout": t}
+
+
+def cluster_nodes(url: str) -> tuple[list[ClusterNode], dict]:
+    """Startup nodes and connection options of a ``redis+cluster://`` URL."""
+    parts = urlsplit(url)
+    auth, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = auth.partition(":") if auth else ("", "", "")
+    nodes = []
+    for hp in hosts.split(","):
+        host, _, port = hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "6379")
+        nodes.append(ClusterNode(host.strip("[]"), int(port or 6379)))
+    opts: dict = {"ssl": parts.scheme.startswith("rediss")}
+    if user:
+        opts["username"] = unquote(user)
+    if password:
+        opts["password"] = unquote(password)
+    return nodes, opts
+
+
+def _gate_client() -> redis.Redis | RedisCluster:
+    url = get_settings().redis_url
+    if is_cluster_url(url):
+        nodes, opts = cluster_nodes(url)
+        # retry_on_timeout is not a cluster option: RedisCluster retries a
+        # command on another node itself after a connection error.
+        return RedisCluster(startup_nodes=nodes, health_check_interval=30, **opts, **_common())
+    return redis.Redis.from_url(url, health_check_interval=30, retry_on_timeout=True, **_common())
 
 
 def _broker_client() -> redis.Redis | bool:
@@ -18,8 +57,7 @@ def _broker_client() -> redis.Redis | bool:
     url = s.effective_broker_url
     if url == s.redis_url or url.split("://", 1)[0] not in ("redis", "rediss"):
         return False  # no broker Redis of its own
-    return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, socket_timeout=10,
-                                retry_on_timeout=True)
+    return redis.Redis.from_url(url, retry_on_timeout=True, **_common())
 
 
 # redis-py re-creates pooled connections after fork itself; a fresh client
@@ -27,11 +65,31 @@ def _broker_client() -> redis.Redis | bool:
 _client: PerProcess[redis.Redis] = PerProcess(_gate_client)
 _broker: PerProcess[redis.Redis | bool] = PerProcess(_broker_client)
 _scripts: PerProcess[dict] = PerProcess(dict)
+_next_node = itertools.count()
 
 
 def get_redis() -> redis.Redis:
     """The gate's Redis (gates, permits, runtime limits, wake-ups, leadership)."""
     return _client.get()
+
+
+def is_cluster(client: redis.Redis | None = None) -> bool:
+    return isinstance(client if client is not None else get_redis(), RedisCluster)
+
+
+def pubsub_client(client_name: str) -> redis.Redis:
+    """A dedicated connection for a pub/sub listener.  Under Redis Cluster,
+    a PUBLISH reaches the subscribers on every node, so the listener takes
+    one node, the next one on each reconnect (a dead node is left behind)."""
+    url = get_settings().redis_url
+    opts = {**_common(), "socket_timeout": None, "health_check_interval": 15, "client_name": client_name}
+    if not is_cluster_url(url):
+        return redis.Redis.from_url(url, **opts)
+    cluster = get_redis()
+    nodes = cluster.get_primaries() or cluster.get_nodes()
+    node = nodes[next(_next_node) % len(nodes)]
+    _, auth = cluster_nodes(url)
+    return redis.Redis(host=node.host, port=node.port, **auth, **opts)
 
 
 def broker_redis() -> redis.Redis | None:

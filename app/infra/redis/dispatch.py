@@ -15,9 +15,12 @@ where it can be, and not in the broker's FIFO.
 
 Every decision is one Lua step over the model's keys.  The scripts share the
 functions of ``_LIB``; per-tenant keys are built inside the script from the
-prefixes in ARGV (one Redis; under Redis Cluster all of a model's keys would
-need one hash tag).  Everything here is derived state: the rows are the
-truth, and app/maintenance rebuilds these sets from them after a wipe.
+prefixes in ARGV, which start with the model's hash tag like every key in
+KEYS, so a step touches one hash slot (Redis Cluster; app/infra/redis/keys.py).
+That is why a step reads the model's own copy of the tenant weights, not
+the global hash: ``copy_weights`` refreshes the copies from it on every
+change and every periodic kick.  Everything here is derived state: the rows
+are the truth, and app/maintenance rebuilds these sets from them after a wipe.
 
 Lost messages repair themselves: a dispatched job that no worker claims
 within ``lease`` seconds goes back to the head of its tenant's queue with
@@ -32,12 +35,12 @@ from app.config import get_settings
 from app.infra.redis import keys
 from app.infra.redis.client import get_redis, script
 
-# KEYS (every script): 1 ring (zset tenant -> pass)  2 blocked (set)
+# KEYS (every script; all of one model, one hash slot): 1 ring (zset tenant -> pass)  2 blocked (set)
 #   3 pass (hash tenant -> saved pass; field "" the virtual time)
 #   4 inflight (zset job -> dispatch time)  5 inflight info (hash job -> "tenant score")
 #   6 conf (hash: mc = the model's max_concurrency)  7 runtime max_concurrency override
-#   8 weights (hash tenant -> weight)  9 attempts (hash job -> the attempt it is pending at)
-# ARGV (every script): 1 ready key prefix ("...:ready:{model}:")  2 permit key prefix
+#   8 the model's copy of the weights (hash tenant -> weight)  9 attempts (hash job -> the attempt it is pending at)
+# ARGV (every script): 1 ready key prefix ("...:dq:ready:{model}:")  2 permit key prefix ("...:sem:{model}:")
 #   3 cap (max_concurrency; '' = the stored conf)  4 window  5 dispatch lease (s)  6 most jobs to dispatch
 # Each script returns {tenant1, job1, attempt1, tenant2, ...}: the jobs dispatched
 # (their permits taken): publish one run_job(job, attempt) message for each.
@@ -153,9 +156,12 @@ end
 return dispatch()
 """
 
-# A worker claimed a dispatched job (its row is running now).
+# A worker claimed a dispatched job (its row is running now), or the worker-less
+# runWork pass claimed a job straight from its row (it may still sit in its
+# tenant's ready queue: it leaves it, so it is not dispatched while it runs).
 # ARGV 7 tenant  8 job  9 run lease (s): the permit lasts as long as the row's lease.
 CLAIMED = _LIB + """
+redis.call('ZREM', READY .. ARGV[7], ARGV[8])
 redis.call('ZREM', K_INF, ARGV[8])
 redis.call('HDEL', K_INFO, ARGV[8])
 redis.call('ZADD', SEM .. ARGV[7], NOW + tonumber(ARGV[9]), ARGV[8])
@@ -165,11 +171,14 @@ return dispatch()
 # A job left pending/running (terminal, or retry_wait): its gate slots, its
 # place in the queue and its permit all go back, in one step, and the next
 # job is dispatched.
-# ARGV 7 tenant  8 job  9 tenant-gate key prefix  10 gate key  11 terminal channel ('' = no wake-up)
+# KEYS 10 the model's gate (zset)
+# ARGV 7 tenant  8 job  9 tenant-gate key prefix ("...:tgate:{model}:")  10 terminal channel ('' = no wake-up)
+#   11 the wake-up message ('' = the job id alone).  A channel is not a key: under Redis Cluster the
+#   PUBLISH reaches the subscribers on every node.
 # Returns {1 if the model's gate slot was still held (0: released before), dispatched pairs...}.
 FINISH = _LIB + """
 local t, job = ARGV[7], ARGV[8]
-local released = redis.call('ZREM', ARGV[10], job)
+local released = redis.call('ZREM', KEYS[10], job)
 redis.call('ZREM', ARGV[9] .. t, job)
 redis.call('ZREM', READY .. t, job)
 redis.call('ZREM', SEM .. t, job)
@@ -177,7 +186,7 @@ redis.call('ZREM', K_INF, job)
 redis.call('HDEL', K_INFO, job)
 redis.call('HDEL', K_ATT, job)
 unblock(t)
-if ARGV[11] ~= '' then redis.call('PUBLISH', ARGV[11], job) end
+if ARGV[10] ~= '' then redis.call('PUBLISH', ARGV[10], ARGV[11] ~= '' and ARGV[11] or job) end
 local out = dispatch()
 table.insert(out, 1, released)
 return out
@@ -198,7 +207,7 @@ return dispatch()
 def _keys(model: str) -> list[str]:
     return [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
             keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_conf(model),
-            keys.runtime_max_concurrency(model), keys.tenant_weights(), keys.dispatch_attempts(model)]
+            keys.runtime_max_concurrency(model), keys.dispatch_weights(model), keys.dispatch_attempts(model)]
 
 
 def _args(model: str, cap: int | None, most: int | None) -> list:
@@ -227,12 +236,14 @@ def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
                                                             f"{run_lease_seconds:.3f}"]))
 
 
-def finish(model: str, tenant: str, job_id: str, *, wake: bool,
+def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
            cap: int | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
-    """(whether the gate slot was still held, the jobs dispatched)."""
-    released, *rest = script(FINISH)(keys=_keys(model), args=[
-        *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""), keys.gate(model),
-        keys.terminal_channel() if wake else ""])
+    """(whether the gate slot was still held, the jobs dispatched).
+    ``message``: what the wake-up carries (app/infra/wakeups.py
+    snapshot_message); empty, the job id."""
+    released, *rest = script(FINISH)(keys=[*_keys(model), keys.gate(model)], args=[
+        *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
+        keys.terminal_channel() if wake else "", message if wake else ""])
     return bool(released), _triples(rest)
 
 
@@ -252,9 +263,11 @@ def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
 def models() -> set[str]:
     """Models with dispatch state in Redis (for the periodic kick)."""
     found = set()
-    for key_of in (keys.dispatch_ring, keys.dispatch_inflight, keys.dispatch_blocked):
-        head = key_of("")
-        found.update(k[len(head):] for k in get_redis().scan_iter(match=head + "*", count=500))
+    for kind in ("dq:ring", "dq:inflight", "dq:blocked"):
+        for k in get_redis().scan_iter(match=keys.model_pattern(kind), count=500):
+            name = keys.model_of(k, kind)
+            if name:
+                found.add(name)
     return found
 
 
@@ -265,15 +278,35 @@ def set_cap(model: str, max_concurrency: int) -> None:
     get_redis().hset(keys.dispatch_conf(model), "mc", int(max_concurrency))
 
 
-def set_weight(tenant: str, weight: int) -> None:
+def set_weight(tenant: str, weight: int, models_: Iterable[str] = ()) -> None:
+    """The tenant's weight, in the global hash and in the copy of every
+    model with dispatch state (and of ``models_``): at once where it matters."""
     get_redis().hset(keys.tenant_weights(), tenant, int(weight))
+    copy_weights(set(models_) | models())
 
 
-def replace_weights(weights: dict[str, int]) -> None:
+def replace_weights(weights: dict[str, int], models_: Iterable[str] = ()) -> None:
     pipe = get_redis().pipeline(transaction=True)
     pipe.delete(keys.tenant_weights())
     if weights:
         pipe.hset(keys.tenant_weights(), mapping={t: int(w) for t, w in weights.items()})
+    pipe.execute()
+    copy_weights(set(models_) | models())
+
+
+def copy_weights(model_names: Iterable[str]) -> None:
+    """Make each model's copy of the weights (what its dispatch steps read)
+    equal the global hash.  Each copy is replaced in one MULTI of its own
+    slot; a step between two copies sees the old or the new weights whole."""
+    names = sorted(set(model_names))
+    if not names:
+        return
+    current = {t: int(w) for t, w in get_redis().hgetall(keys.tenant_weights()).items()}
+    pipe = get_redis().pipeline(transaction=False)
+    for m in names:
+        pipe.delete(keys.dispatch_weights(m))
+        if current:
+            pipe.hset(keys.dispatch_weights(m), mapping=current)
     pipe.execute()
 
 

@@ -1,7 +1,14 @@
 """Wipe detection: every Redis we depend on (the gate's, and the broker's
 when it is a Redis database of its own) carries an epoch mark.  A store
 where ``SET NX`` of the mark succeeds has lost everything (or this is the
-first start), so recovery rebuilds what it held from the rows."""
+first start, or the key layout changed: the mark's name carries its
+version), so recovery rebuilds what it held from the rows.
+
+Under Redis Cluster a node can lose its data alone (a master restarted
+without persistence and no replica to fail over to), so the mark is kept
+on every master: one key per master, hash-tagged into a slot that master
+serves.  A resharding that moves such a slot only costs one rebuild.
+"""
 from __future__ import annotations
 
 from typing import Iterable
@@ -9,7 +16,7 @@ from typing import Iterable
 import redis
 
 from app.infra.redis import keys
-from app.infra.redis.client import broker_redis, get_redis, script
+from app.infra.redis.client import broker_redis, get_redis, is_cluster, script
 
 # Delete a key only if it still holds our value (epoch rollback).
 # KEYS[1] key  ARGV[1] expected value.  Returns 1 if deleted.
@@ -19,23 +26,39 @@ return 0
 """
 
 
-def _stores() -> list[tuple[str, redis.Redis]]:
-    stores = [("redis", get_redis())]
+def _stores() -> list[tuple[str, redis.Redis, str]]:
+    """(name, client, epoch key) of every mark we keep."""
+    r = get_redis()
+    stores = [(f"redis:{tag}" if tag else "redis", r, keys.epoch(tag)) for tag in _node_tags(r)]
     b = broker_redis()
     if b is not None:
-        stores.append(("broker", b))
+        stores.append(("broker", b, keys.epoch()))
     return stores
+
+
+def _node_tags(r) -> list[str]:
+    """One hash tag per cluster master ("n<i>", the first that lands in a
+    slot it serves); [""] for a single Redis."""
+    if not is_cluster(r):
+        return [""]
+    tags = []
+    for node in r.get_primaries():
+        for i in range(100_000):
+            if r.get_node_from_key(keys.epoch(f"n{i}")) == node:
+                tags.append(f"n{i}")
+                break
+    return tags
 
 
 def claim_epochs(token: str) -> list[str]:
     """Mark every Redis we depend on with ``token`` where no mark is present.
     Returns the names of the stores that had none: they were wiped (or this
     is the first start), so whatever they held derived state for is gone."""
-    return [name for name, client in _stores() if client.set(keys.epoch(), token, nx=True)]
+    return [name for name, client, key in _stores() if client.set(key, token, nx=True)]
 
 
 def drop_epochs(token: str, names: Iterable[str]) -> None:
     """Undo claim_epochs (the repair failed): the next pass sees the wipe again."""
-    for name, client in _stores():
+    for name, client, key in _stores():
         if name in names:
-            script(COMPARE_DELETE, client)(keys=[keys.epoch()], args=[token])
+            script(COMPARE_DELETE, client)(keys=[key], args=[token])

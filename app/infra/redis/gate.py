@@ -12,7 +12,7 @@ from app.infra.redis import keys
 from app.infra.redis.client import get_redis, script
 
 # Admission gate: check the model's limit and the tenant's share of it, and
-# take a slot in both, in one step.
+# take a slot in both, in one step.  Every key carries the model's hash tag (one slot).
 # KEYS[1] gate sorted set (member job id, score admission time)
 # KEYS[2] runtime queue_limit override (optional integer string)
 # KEYS[3] the tenant's gate sorted set (its slots of this model)
@@ -38,6 +38,43 @@ if share <= 0 or held >= share then return {0, share, held, 'tenant'} end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return {1, limit, depth + 1, ''}
+"""
+
+# Admission of a list, for ONE model: GATE_ADMIT's checks for each item in
+# order, each seeing the slots the items before it took (group commit,
+# app/jobs/admission.py).
+# KEYS[1] gate sorted set  KEYS[2] runtime queue_limit override
+# KEYS[3] runtime per-tenant queue cap override  KEYS[4..] the tenants' gate sorted sets
+# ARGV[1] configured queue_limit (cap)  ARGV[2] now (unix s)
+# ARGV[3..] triples: job id, index of its tenant's key in KEYS (4..), the tenant's cap
+# Returns one {admitted 0|1, limit, depth, 'model' | 'tenant' | ''} per item, as GATE_ADMIT.
+GATE_ADMIT_MANY = """
+local limit = tonumber(ARGV[1])
+local rt = tonumber(redis.call('GET', KEYS[2]) or '')
+if rt and rt < limit then limit = rt end
+local trt = tonumber(redis.call('GET', KEYS[3]) or '')
+local depth = redis.call('ZCARD', KEYS[1])
+local out = {}
+for i = 3, #ARGV, 3 do
+  local job, tkey, share = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
+  if trt and trt < share then share = trt end
+  if redis.call('ZSCORE', KEYS[1], job) then
+    out[#out + 1] = {1, limit, depth, ''}
+  elseif limit <= 0 or depth >= limit then
+    out[#out + 1] = {0, limit, depth, 'model'}
+  else
+    local held = redis.call('ZCARD', tkey)
+    if share <= 0 or held >= share then
+      out[#out + 1] = {0, share, held, 'tenant'}
+    else
+      redis.call('ZADD', KEYS[1], ARGV[2], job)
+      redis.call('ZADD', tkey, ARGV[2], job)
+      depth = depth + 1
+      out[#out + 1] = {1, limit, depth, ''}
+    end
+  end
+end
+return out
 """
 
 # Reconcile a gate with the database.
@@ -84,10 +121,44 @@ def gate_admit(model: str, tenant: str, job_id: str, cap: int, tenant_cap: int |
     return GateDecision(bool(admitted), int(limit), int(depth), by or "")
 
 
+def gate_admit_many(items: list[tuple[str, str, str, int, int]]) -> list[GateDecision]:
+    """(model, tenant, job_id, cap, tenant_cap) items, decided in order: one
+    GATE_ADMIT_MANY step per model, all in one round trip (a pipeline)."""
+    by_model: dict[str, list[int]] = {}
+    for i, (model, *_rest) in enumerate(items):
+        by_model.setdefault(model, []).append(i)
+    now = f"{time.time():.6f}"
+    run = script(GATE_ADMIT_MANY)
+    # One model (the usual batch): one EVALSHA.  Several: a pipeline (redis-py
+    # checks SCRIPT EXISTS first, so two round trips for the whole batch).
+    pipe = get_redis().pipeline(transaction=False) if len(by_model) > 1 else None
+    results = []
+    for model, idx in by_model.items():
+        tenant_keys: dict[str, int] = {}
+        args: list = [int(items[idx[0]][3]), now]
+        for i in idx:
+            _m, tenant, job_id, _cap, tenant_cap = items[i]
+            pos = tenant_keys.setdefault(tenant, 4 + len(tenant_keys))
+            args += [job_id, pos, int(tenant_cap)]
+        keys_ = [keys.gate(model), keys.runtime_queue_limit(model), keys.runtime_tenant_queue_limit(model),
+                 *[keys.tenant_gate(model, t) for t in tenant_keys]]
+        if pipe is None:
+            results.append(run(keys=keys_, args=args))
+        else:
+            run(keys=keys_, args=args, client=pipe)
+    if pipe is not None:
+        results = pipe.execute()
+    out: list[GateDecision | None] = [None] * len(items)
+    for (model, idx), res in zip(by_model.items(), results):
+        for i, (admitted, limit, depth, by) in zip(idx, res):
+            out[i] = GateDecision(bool(admitted), int(limit), int(depth), by or "")
+    return out  # type: ignore[return-value]
+
+
 def gate_release(model: str, tenant: str, job_id: str) -> bool:
     """Give a slot back (the model's and the tenant's).  Idempotent:
     releasing twice removes nothing more."""
-    pipe = get_redis().pipeline(transaction=True)
+    pipe = get_redis().pipeline(transaction=True)  # one slot: both keys carry the model's tag
     pipe.zrem(keys.gate(model), job_id)
     pipe.zrem(keys.tenant_gate(model, tenant), job_id)
     removed, _ = pipe.execute()
@@ -126,8 +197,8 @@ def gate_reconcile(model: str, active_ids: Iterable[str], grace_seconds: float,
 
 def gate_models() -> list[str]:
     """Models that have a gate key in Redis (including deleted models)."""
-    prefix = keys.gate("")
-    return [k[len(prefix):] for k in get_redis().scan_iter(match=prefix + "*", count=500)]
+    found = (keys.model_of(k, "gate") for k in get_redis().scan_iter(match=keys.model_pattern("gate"), count=500))
+    return [m for m in found if m]
 
 
 def gate_snapshot(model_names: Iterable[str]) -> dict[str, tuple[int, int | None, int | None]]:

@@ -1,6 +1,6 @@
 """Worker liveness: one hash per Celery node (app/infra/metrics.py writes
-it, app/observe/cluster.py renders it); it expires by itself when the node
-stops touching it."""
+it, app/observe/cluster.py renders it, app/maintenance/recovery.py acts on
+its absence); it expires by itself when the node stops touching it."""
 from __future__ import annotations
 
 from app.infra.redis import keys
@@ -25,3 +25,15 @@ def workers_read() -> dict[str, dict[str, str]]:
     for k in found:
         pipe.hgetall(k)
     return {k[len(prefix):]: v for k, v in zip(found, pipe.execute()) if v}
+
+
+def liveness_settled(ttl_seconds: float) -> bool:
+    """Whether a missing node hash means a dead node: only once this Redis
+    has held liveness for a whole TTL.  After a wipe (or on first start)
+    every hash is missing at once, live nodes' too, until their next beat;
+    the mark set here is wiped with them, so the wait starts again."""
+    r = get_redis()
+    now = float(r.time()[0])
+    r.set(keys.liveness_since(), now, nx=True)
+    since = float(r.get(keys.liveness_since()) or now)
+    return now - since >= ttl_seconds

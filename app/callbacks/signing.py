@@ -1,0 +1,90 @@
+"""Standard Webhooks signatures (https://www.standardwebhooks.com/) of callbacks.
+
+Headers of every delivery:
+
+- ``webhook-id``: the job's task_id (the same on every retry of its callback:
+  receivers deduplicate by it);
+- ``webhook-timestamp``: unix seconds of this attempt;
+- ``webhook-signature``: ``v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{payload}")>``,
+  space-separated when more than one secret signs (after a rotation, the new
+  and the previous secret during ASYNCH_CALLBACK_SECRET_OVERLAP_SECONDS).
+
+``key`` is the secret's bytes: a ``whsec_`` secret is base64 after the prefix.
+The callback is the seed's GET with the fields in the query, so the signed
+``payload`` is the request's query string exactly as sent (the part of the
+URL after ``?``, without the ``?``); a receiver passes
+``request.query_string`` where other webhooks pass the body.  The
+standardwebhooks package verifies these (tests/test_signing.py uses it).
+
+Invariants: ``verify`` compares in constant time, accepts any one of the
+space-separated ``v1,`` signatures, and refuses a timestamp further than
+``tolerance`` seconds from now either way (a replayed or pre-dated delivery).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import time
+
+PREFIX = "whsec_"
+DEFAULT_TOLERANCE_SECONDS = 300
+
+
+class SignatureInvalid(ValueError):
+    """The delivery's signature, or its timestamp, does not verify."""
+
+
+def secret_bytes(secret: str) -> bytes:
+    """A ``whsec_`` secret's key bytes: standard base64 after the prefix.
+    Secrets issued before Standard Webhooks signing (urlsafe base64) decode
+    too; anything else is its UTF-8 bytes."""
+    body = secret[len(PREFIX):] if secret.startswith(PREFIX) else secret
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        pass
+    try:
+        return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    except (binascii.Error, ValueError):
+        return body.encode()
+
+
+def signature(secret: str, msg_id: str, timestamp: int, payload: str | bytes) -> str:
+    """One ``v1,<base64>`` signature."""
+    if isinstance(payload, str):
+        payload = payload.encode()
+    content = f"{msg_id}.{timestamp}.".encode() + payload
+    return "v1," + base64.b64encode(hmac.new(secret_bytes(secret), content, hashlib.sha256).digest()).decode()
+
+
+def sign_headers(secrets: list[str], msg_id: str, timestamp: int, payload: str | bytes) -> dict[str, str]:
+    """The three headers, one signature per secret (the current one first)."""
+    return {"webhook-id": msg_id, "webhook-timestamp": str(timestamp),
+            "webhook-signature": " ".join(signature(s, msg_id, timestamp, payload) for s in secrets)}
+
+
+def verify(secret: str, headers, payload: str | bytes, tolerance: int = DEFAULT_TOLERANCE_SECONDS,
+           now: float | None = None) -> None:
+    """What a receiver does: raises SignatureInvalid unless one of the
+    ``webhook-signature`` entries is ``secret``'s over this id, timestamp and
+    payload, and the timestamp is within ``tolerance`` seconds of ``now``."""
+    get = headers.get
+    msg_id = get("webhook-id") or get("Webhook-Id")
+    ts_text = get("webhook-timestamp") or get("Webhook-Timestamp")
+    sigs = get("webhook-signature") or get("Webhook-Signature")
+    if not msg_id or not ts_text or not sigs:
+        raise SignatureInvalid("missing webhook-id, webhook-timestamp or webhook-signature")
+    try:
+        ts = int(ts_text)
+    except (TypeError, ValueError):
+        raise SignatureInvalid("webhook-timestamp is not unix seconds") from None
+    now = time.time() if now is None else now
+    if abs(now - ts) > tolerance:
+        raise SignatureInvalid(f"webhook-timestamp is more than {tolerance} s from now")
+    expected = signature(secret, msg_id, ts, payload)
+    for candidate in sigs.split(" "):
+        if candidate.startswith("v1,") and hmac.compare_digest(candidate.encode(), expected.encode()):
+            return
+    raise SignatureInvalid("no signature matches")

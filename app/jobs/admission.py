@@ -1,0 +1,272 @@
+"""Group-committed admission: the submissions that arrive while a batch is
+in flight share the next one -- one Redis round trip for every gate step,
+one multi-row INSERT, and (through the outbox) one dispatch step and one
+LPUSH.  Each request waits on its own event for its own answer.
+
+Why: a submission's work is three round trips (gate, INSERT, dispatch) and
+the code around them; done one request at a time, a gevent worker spends
+most of its CPU in the client libraries' per-call overhead (SQLAlchemy's
+statement handling above all), and the round trips serialise.  Grouped,
+the per-call cost is paid once per batch (bench/bench_admission.py).
+
+Batching is natural, not timed: the committer takes whatever is queued the
+moment it is free, so an idle process answers a lone request at once (a
+batch of one) and a busy one grows its batches with the load, never
+waiting for more.
+
+Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission
+path"):
+- Gate before row: a job's row is inserted only after its gate step
+  admitted it, and the gate steps of a batch run in arrival order, each in
+  one Lua step (``GATE_ADMIT_MANY``: the same checks as ``GATE_ADMIT``, the
+  depth updated between items).
+- Row before message: a job is handed to the outbox only after the INSERT
+  that holds it returned (autocommit: one statement, its own transaction).
+- A 202 only for a committed row: a request's event is set after its row's
+  statement returned; a refused, conflicting or failed item gets its error.
+- No leaked slot: every item the gate admitted whose row was not inserted
+  (the INSERT failed, an Idempotency-Key conflict) has its slots released
+  before its request is answered.
+- Fork: the committer thread and its queue are per process
+  (app/infra/process.py).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from app.errors import QueueFull, TenantQueueFull, Unavailable
+from app.infra.db import single_statement
+from app.infra.process import PerProcess
+from app.infra.redis import gate
+from app.infra.tables import tasks
+from app.jobs import dispatch, outbox
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 256  # submissions per batch: bounds one INSERT's size and a batch's latency
+
+
+class IdempotencyConflict(Exception):
+    """The row lost an Idempotency-Key race to another row (the caller replays)."""
+
+
+@dataclass(eq=False)
+class Submission:
+    """One admitted-or-not job: what its gate step and its row need."""
+
+    values: dict[str, Any]                # the asynch_task row
+    queue_limit: int                      # the model's configured cap
+    tenant_cap: int                       # the tenant's share of it
+    retry_after: int                      # for a 429
+    event: threading.Event = field(default_factory=threading.Event)
+    row: Any = None
+    error: BaseException | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.values["id"]
+
+    @property
+    def model(self) -> str:
+        return self.values["model_name"]
+
+    @property
+    def tenant(self) -> str:
+        return self.values["tenant_id"]
+
+
+class _Committer:
+    """This process's admission queue and the one thread that commits it."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Submission] = queue.SimpleQueue()
+        self.batches = 0  # tests, benchmarks
+        threading.Thread(target=self._run, name="asynch-admission", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self.queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                commit_batch(batch)
+            except BaseException as exc:  # never leave a request waiting
+                log.exception("admission batch failed")
+                for s in batch:
+                    if not s.event.is_set():
+                        s.error = s.error or Unavailable("admission failed")
+                        s.event.set()
+            self.batches += 1
+
+
+_committer: PerProcess[_Committer] = PerProcess(_Committer)
+
+# A request waits at most this long for its batch: far above any batch's
+# round trips; past it something is wedged, and a 503 is the honest answer.
+WAIT_SECONDS = 30.0
+
+
+def admit(sub: Submission) -> Any:
+    """Queue ``sub`` for the next batch and wait for its answer: the
+    committed row, or the domain error (QueueFull, TenantQueueFull,
+    Unavailable, IdempotencyConflict, the database's error)."""
+    _committer.get().queue.put(sub)
+    if not sub.event.wait(WAIT_SECONDS):
+        # Not answered: it may still be committed later.  The row is the truth
+        # and its job runs; the caller is told we do not know.
+        raise Unavailable("admission did not answer in time")
+    if sub.error is not None:
+        raise sub.error
+    return sub.row
+
+
+def admit_many(subs: list[Submission]) -> None:
+    """A batch submit (POST .../jobs:batch): its submissions are one batch of
+    their own, committed in the caller's thread (greenlet) -- one gate step,
+    one INSERT, one outbox group -- and each answered on its own (``row`` or
+    ``error``) before this returns."""
+    if not subs:
+        return
+    try:
+        commit_batch(subs)
+    except BaseException:
+        log.exception("admission batch failed")
+        for s in subs:
+            if not s.event.is_set():
+                s.error = s.error or Unavailable("admission failed")
+                s.event.set()
+
+
+def batches_committed() -> int:
+    box = _committer.peek()
+    return box.batches if box is not None else 0
+
+
+def _answer(sub: Submission, *, row: Any = None, error: BaseException | None = None) -> None:
+    sub.row, sub.error = row, error
+    sub.event.set()
+
+
+def commit_batch(batch: list[Submission]) -> None:
+    """Gate, INSERT and hand-off for ``batch`` (in arrival order); every
+    submission is answered before this returns."""
+    try:
+        decisions = gate.gate_admit_many([(s.model, s.tenant, s.job_id, s.queue_limit, s.tenant_cap) for s in batch])
+    except redis.RedisError as exc:
+        for s in batch:
+            _answer(s, error=Unavailable("admission gate unavailable"))
+        log.warning("admission gate unavailable: %s", exc)
+        return
+    admitted = []
+    for s, d in zip(batch, decisions):
+        if d.admitted:
+            admitted.append(s)
+        elif d.refused_by == "tenant":
+            _answer(s, error=TenantQueueFull(s.tenant, d.limit, s.retry_after))
+        else:
+            _answer(s, error=QueueFull(d.limit, s.retry_after))
+    if not admitted:
+        return
+    try:
+        rows = _insert([s.values for s in admitted])
+    except Unavailable as exc:  # the database is away: nobody's row is in
+        for s in admitted:
+            _release(s)
+            _answer(s, error=exc)
+        return
+    except Exception:
+        # One row the database refused must not fail its neighbours (another
+        # tenant's request, perhaps): each row alone, each with its own answer.
+        rows = {}
+        for s in admitted:
+            try:
+                rows.update(_insert([s.values]))
+            except Exception as exc:
+                _release(s)
+                _answer(s, error=_as_domain(exc))
+    committed = []
+    for s in admitted:
+        if s.event.is_set():
+            continue
+        row = rows.get(s.job_id)
+        if row is None:  # its Idempotency-Key was taken by another row
+            _release(s)
+            _answer(s, error=IdempotencyConflict())
+            continue
+        committed.append((s, row))
+    # After the commit: the batch's jobs join their tenants' queues as one
+    # group (the outbox batches the dispatch step and the LPUSH across
+    # requests too, and never splits a group).
+    outbox.send_many([(s.model, s.tenant, s.job_id, dispatch.order_score(s.values["enqueue_at"],
+                                                                                s.values.get("priority")))
+                      for s, _row in committed])
+    for s, row in committed:
+        _answer(s, row=row)
+
+
+def _as_domain(exc: BaseException) -> BaseException:
+    """What a request is told when its own row was refused."""
+    if isinstance(exc, Unavailable):
+        return exc
+    log.error("admission INSERT failed: %s", exc)
+    return exc  # not a domain error: the one handler answers 500 and logs it
+
+
+def _release(sub: Submission) -> None:
+    try:
+        gate.gate_release(sub.model, sub.tenant, sub.job_id)
+    except redis.RedisError:
+        log.warning("slot release failed; reconcile will repair it", extra={"job_id": sub.job_id})
+
+
+_COLUMNS = ("id", "tenant_id", "creator", "model_name", "biz_name", "callback_url", "model_key", "request_payload",
+            "request_hash", "passthrough_headers", "idempotency_key", "state", "attempt", "retry_count", "created_at",
+            "enqueue_at", "updated_at", "deadline_at", "priority")
+# Columns a submission may leave out (the table's server defaults).
+_DEFAULTS = {"priority": 5}
+# The partial unique index's target (revision 0005): a row whose key is taken is skipped, not an error.
+_CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+
+
+def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:
+    """One multi-row INSERT ... RETURNING (its own transaction); the rows
+    inserted, by id.  On PostgreSQL the VALUES list is rendered by the driver
+    (``mogrify``) and sent as one plain statement: building and compiling a
+    Core insert of that many rows cost more than the round trip it saves.
+    Elsewhere (SQLite, dev mode): Core."""
+    with single_statement() as conn:
+        if conn.dialect.name != "postgresql":
+            return {r.id: r for r in conn.execute(_sqlite_insert(values))}
+        cur = conn.connection.dbapi_connection.cursor()
+        try:
+            rendered = b",".join(cur.mogrify(_ROW_TEMPLATE, tuple(v.get(c, _DEFAULTS.get(c)) for c in _COLUMNS))
+                                 for v in values)
+        finally:
+            cur.close()
+        # SQLAlchemy hands the driver an empty parameter mapping, so psycopg2
+        # still reads "%" as a placeholder: a "%s" in a payload or a header
+        # raised TypeError (a 500, found by schemathesis).  "%%" is one "%".
+        sql = _INSERT_HEAD + rendered.decode().replace("%", "%%") + _INSERT_TAIL
+        return {r.id: r for r in conn.exec_driver_sql(sql)}
+
+
+_ROW_TEMPLATE = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+_INSERT_HEAD = f"INSERT INTO asynch_task ({', '.join(_COLUMNS)}) VALUES "
+_INSERT_TAIL = _CONFLICT + " RETURNING " + ", ".join(c.name for c in tasks.c)
+
+
+def _sqlite_insert(values: list[dict[str, Any]]):
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return (sqlite_insert(tasks).values([{**_DEFAULTS, **v} for v in values])
+            .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"],
+                                    index_where=tasks.c.idempotency_key.is_not(None))
+            .returning(*tasks.c))

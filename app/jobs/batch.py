@@ -1,0 +1,142 @@
+"""Batch submit (POST /v1/models/{model}/jobs:batch): up to BATCH_MAX_JOBS
+jobs of one model, each admitted or refused on its own.
+
+Invariants (the submit's, item by item; docs/architecture.md "The
+admission path"):
+- Validation before the gate: an item that fails its shape, its options or
+  the model's form is that item's 422 and takes no slot; the others go on.
+  Only what concerns the whole request (key, body, unknown model) refuses
+  the batch.
+- One gate step, one INSERT, one outbox group for every valid item
+  (app/jobs/admission.py ``admit_many``): each item gets the gate's own
+  decision (202, or its 429 with Retry-After), in the items' order.
+- Idempotency keys per item: a key already used by the tenant replays that
+  job (or is a 422 for a different request), found with one SELECT for the
+  batch; a key repeated inside the batch is admitted once, and its later
+  items replay the first (or are its 422 / share its refusal); a key lost to
+  a concurrent request replays the winner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from app.catalog.forms import validate_payload
+from app.catalog.registry import enabled_model
+from app.contract import parse
+from app.errors import DomainError, Unavailable, ValidationFailed
+from app.infra import metrics
+from app.infra.db import transaction
+from app.infra.tables import tasks
+from app.jobs import admission
+from app.jobs import service as jobs
+from app.jobs.schemas import BatchItem, SubmitOptions
+from app.tenancy.keys import Principal
+
+
+@dataclass
+class Outcome:
+    """One item: ``submitted`` (admitted or replayed) or ``error``."""
+
+    index: int
+    submitted: jobs.Submitted | None = None
+    error: BaseException | None = None
+
+
+def _options(item: BatchItem, index: int, creator: str, passthrough: dict | None) -> SubmitOptions:
+    return parse(SubmitOptions, {
+        "Idempotency-Key": item.idempotency_key, "modelKey": item.model_key, "bizName": item.biz_name,
+        "creator": creator, "callbackUrl": item.callback_url or None, "passthrough": passthrough,
+        "priority": 5 if item.priority is None else item.priority, "pointerBase": f"/jobs/{index}/payload"}, face="seed", message="invalid job options")
+
+
+def _existing(principal: Principal, keys: set[str]) -> dict[str, Any]:
+    if not keys:
+        return {}
+    with transaction() as conn:
+        rows = conn.execute(select(tasks).where(tasks.c.tenant_id == principal.tenant_id,
+                                                tasks.c.idempotency_key.in_(sorted(keys)))).all()
+    return {r.idempotency_key: r for r in rows}
+
+
+# SubmitOptions' and the submit's pointers (seed names, headers) as the batch item's field names.
+_FIELD = {"/Idempotency-Key": "/idempotency_key", "/modelKey": "/model_key", "/bizName": "/biz_name",
+          "/callbackUrl": "/callback_url", "/creator": "/creator"}
+
+
+def _prefix(exc: DomainError, index: int) -> DomainError:
+    """A 422's pointers into the batch body (/jobs/{index}/...)."""
+    if isinstance(exc, ValidationFailed):
+        base = f"/jobs/{index}"
+        exc.errors = [e if e["pointer"].startswith(base + "/") or e["pointer"] == base
+                      else {**e, "pointer": base + _FIELD.get(e["pointer"], e["pointer"])} for e in exc.errors]
+    return exc
+
+
+def submit_batch(principal: Principal, model_name: str, items: list[dict], creator: str = "",
+                 passthrough: dict | None = None) -> list[Outcome]:
+    """Judge, admit and answer every item (see the module's invariants)."""
+    model = enabled_model(model_name)  # 404 for the whole batch
+    out = [Outcome(i) for i in range(len(items))]
+    valid: list[tuple[int, Any, SubmitOptions, str]] = []
+    for i, raw in enumerate(items):
+        try:
+            item = parse(BatchItem, raw, base=f"/jobs/{i}")
+            opts = _options(item, i, creator, passthrough)
+            jobs.check_callback(opts)
+            validate_payload(model.form, item.payload, opts.pointer_base)
+            valid.append((i, item.payload, opts, jobs.request_hash(model_name, item.payload, opts)))
+        except DomainError as exc:
+            out[i].error = _prefix(exc, i)
+    existing = _existing(principal, {o.idempotency_key for _i, _p, o, _d in valid if o.idempotency_key})
+    first_of: dict[str, int] = {}  # a key's first item in this batch
+    later: list[tuple[int, str, str]] = []  # (index, key, digest) of repeats
+    subs: list[tuple[int, admission.Submission, str]] = []
+    for i, payload, opts, digest in valid:
+        key = opts.idempotency_key
+        try:
+            if key and key in existing:
+                out[i].submitted = jobs.replay(existing[key], model_name, digest)
+                continue
+        except DomainError as exc:
+            out[i].error = _prefix(exc, i)
+            continue
+        if key and key in first_of:
+            later.append((i, key, digest))
+            continue
+        if key:
+            first_of[key] = i
+        subs.append((i, jobs.new_submission(principal, model, payload, opts, digest), digest))
+    admission.admit_many([s for _i, s, _d in subs])
+    lost = {s.values["idempotency_key"] for _i, s, _d in subs if isinstance(s.error, admission.IdempotencyConflict)}
+    winners = _existing(principal, lost)
+    for i, s, digest in subs:
+        if isinstance(s.error, admission.IdempotencyConflict):
+            won = winners.get(s.values["idempotency_key"])
+            try:
+                if won is None:
+                    raise Unavailable("database unavailable")
+                out[i].submitted = jobs.replay(won, model_name, digest)
+            except DomainError as exc:
+                out[i].error = _prefix(exc, i)
+        elif s.error is not None:
+            out[i].error = s.error
+        else:
+            out[i].submitted = jobs.Submitted(s.row, replayed=False)
+    for i, key, digest in later:
+        first = out[first_of[key]]
+        if first.submitted is None:
+            out[i].error = first.error
+            continue
+        try:  # the first item's row, or the 422 for a different request
+            out[i].submitted = jobs.replay(first.submitted.row, model_name, digest)
+        except DomainError as exc:
+            out[i].error = _prefix(exc, i)
+    for o in out:
+        if o.submitted is not None and not o.submitted.replayed:
+            metrics.job_admitted(model_name)
+        elif isinstance(o.error, DomainError):
+            metrics.job_rejected(model_name, o.error)
+    return out

@@ -1,0 +1,284 @@
+"""Job event streams (server-sent events): one job's state changes, or every
+job of a tenant, resumable with Last-Event-ID.
+
+Invariants:
+- The row is the truth: events are derived from job rows, never kept
+  elsewhere, so nothing a stream shows can disagree with a poll.
+- A job's stream: its states form one line, pending (attempt 0) ->
+  running (1) -> [pending (1) -> running (2) ...] -> a terminal state, so
+  each non-terminal event's id is its place on that line (pending of
+  attempt a: 2a, running of attempt a: 2a-1) and the terminal event's id is
+  ``end``.  A stream (or a resumed one) sends every place after the last id
+  up to the row's current one, in order: a state passed while the client was
+  away is still sent (from the row, with the attempt it had), so a client
+  misses nothing; the terminal event carries the full poll body and ends the
+  stream.  Resuming after ``end`` answers the terminal event again.
+- A tenant's stream: an event per job change, id ``<updated_at µs>.<job_id>``,
+  in (updated_at, id) order, read from the rows changed since the cursor
+  (index ix_asynch_task_tenant_updated).  A re-read reaches back
+  ``LATE_SECONDS`` before its cursor (a transition's time is taken just
+  before its commit, so a commit can land a little behind a newer one) and
+  sends what it has not sent: at-least-once, a client dedupes by id.  Each
+  event is the job's state when read: two changes within one poll interval
+  show as the newer.
+- Tenant-scoped: a caller sees only its own tenant's jobs (admins: any job,
+  and ``tenant`` on the tenant stream).
+- Every open stream holds one place under the waiter caps
+  (app/jobs/waitcaps.py, app/infra/wakeups.py) for its whole life, checked
+  before anything is read or sent (429), and given back in a ``finally``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Iterator
+
+from sqlalchemy import and_, or_, select
+
+from app.clock import as_utc
+from app.clock import now as clock_now
+from app.config import get_settings
+from app.errors import NotFound
+from app.infra.db import single_statement
+from app.infra.tables import tasks
+from app.infra.wakeups import GONE, hub
+from app.jobs import service as jobs
+from app.jobs.schemas import JobStatus
+from app.jobs.waitcaps import waiter_cap
+from app.states import JobState, is_terminal, v1_name
+from app.tenancy.keys import Principal
+
+LATE_SECONDS = 2.0
+TENANT_PAGE = 500  # rows per re-read of a tenant's stream
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str | None      # None: a keep-alive
+    event: str = ""
+    data: dict | None = None
+
+
+KEEPALIVE = Event(None)
+
+
+class Stream:
+    """An open stream: its events, and ``close`` (idempotent), which gives
+    its place under the caps back even if it was never iterated."""
+
+    def __init__(self, events: Iterator[Event], waiter) -> None:
+        self._events = events
+        self._waiter = waiter
+
+    def __iter__(self) -> Iterator[Event]:
+        return self._events
+
+    def close(self) -> None:
+        self._events.close()
+        hub.unregister(self._waiter)
+
+
+def place(row) -> int | None:
+    """The row's place on its job's line; None for a terminal row."""
+    state = JobState(row.state)
+    if is_terminal(state):
+        return None
+    if state == JobState.RUNNING:
+        return 2 * row.attempt - 1
+    return 2 * row.attempt  # pending, retry_wait (shown as pending)
+
+
+def _last_place(row) -> int:
+    """The last non-terminal place a terminal row passed: running of its
+    last attempt (or pending, if it never ran)."""
+    return 2 * row.attempt - 1 if row.attempt >= 1 else 0
+
+
+def parse_job_id(last: str | None) -> int | str:
+    """A job stream's Last-Event-ID: -1 (none, or junk: from the start), a place, or "end"."""
+    if last is None:
+        return -1
+    last = last.strip()
+    if last == "end":
+        return "end"
+    return int(last) if last.isdigit() else -1
+
+
+def _brief(row, state: str, attempt: int) -> dict:
+    return {"job_id": row.id, "model": row.model_name, "state": state, "attempt": attempt}
+
+
+def _since(row, after: int) -> list[Event]:
+    """The events after place ``after`` up to the row's current state."""
+    now = place(row)
+    top = now if now is not None else _last_place(row)
+    out = []
+    for k in range(after + 1, top + 1):
+        if k % 2:
+            out.append(Event(str(k), "running", _brief(row, "running", (k + 1) // 2)))
+        else:
+            out.append(Event(str(k), "pending", _brief(row, "pending", k // 2)))
+    if now is None:
+        out.append(Event("end", v1_name(row.state), _poll_body(row)))
+    return out
+
+
+def _poll_body(row) -> dict:
+    from app.contract import dump
+
+    return dump(JobStatus.from_row(row))
+
+
+def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None,
+               watch=None) -> Stream:
+    """One job's events after ``last_id``; the caps are checked and the job
+    read (404) before this returns, the rest as the iterator is consumed."""
+    def read():
+        with single_statement() as conn:
+            return jobs.load_job(conn, principal, job_id, model_name)
+
+    w = hub.register(job_id, principal.tenant_id, waiter_cap(principal))
+    try:
+        row = read()
+    except BaseException:
+        hub.unregister(w)
+        raise
+    return Stream(_follow_job(w, row, read, parse_job_id(last_id), watch), w)
+
+
+def _pause(w, watch, seconds: float) -> bool:
+    """Sleep until woken or ``seconds``; False when the client has gone
+    (``watch``: app.infra.serving.ClientWatch, armed to wake ``w``)."""
+    poll = watch.poll_seconds if watch is not None else None
+    w.event.wait(seconds if poll is None else min(seconds, poll))
+    w.event.clear()
+    return not (watch is not None and watch.gone())
+
+
+def _follow_job(w, row, read, last, watch) -> Iterator[Event]:
+    s = get_settings()
+    if watch is not None:
+        watch.arm(w.event.set)
+    try:
+        if last == "end":
+            last = _last_place(row) if is_terminal(row.state) else -1
+        t0 = time.monotonic()
+        quiet_since = t0
+        while True:
+            for ev in _since(row, last):
+                yield ev
+                quiet_since = time.monotonic()
+                if ev.id == "end":
+                    return
+                last = int(ev.id)
+            now = time.monotonic()
+            if now - t0 >= s.events_max_seconds or hub.draining:
+                return
+            if now - quiet_since >= s.events_keepalive_seconds:
+                yield KEEPALIVE
+                quiet_since = now
+            if not _pause(w, watch, min(s.events_poll_seconds, s.events_keepalive_seconds)):
+                return
+            got = w.take()
+            try:
+                row = got if got is not None and got is not GONE else read()
+            except NotFound:
+                return  # deleted meanwhile (cleanup): nothing more will happen
+    finally:
+        if watch is not None:
+            watch.close()
+        hub.unregister(w)
+
+
+# --- a tenant's stream -------------------------------------------------------------------
+
+def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
+    if not last:
+        return None
+    micros, _, job_id = last.strip().partition(".")
+    if not micros.isdigit() or len(micros) > 18:
+        return None
+    try:
+        return datetime.fromtimestamp(int(micros) / 1e6, tz=timezone.utc), job_id
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _tenant_id(row) -> str:
+    t = as_utc(row.updated_at)
+    micros = (t - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    return f"{micros}.{row.id}"
+
+
+def tenant_events(principal: Principal, model_name: str | None, last_id: str | None,
+                  tenant: str | None = None, watch=None) -> Stream:
+    """The events of the tenant's jobs (of ``model_name`` if given) changed
+    after ``last_id`` (none: from now); caps checked before this returns."""
+    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, waiter_cap(principal))
+    scope = tenant if principal.is_admin else principal.tenant_id
+    cursor = parse_tenant_cursor(last_id)
+    if cursor is None:
+        cursor = (clock_now(), "")
+    return Stream(_follow_tenant(w, scope, model_name, cursor, watch), w)
+
+
+def _changed(scope: str | None, model_name: str | None, since: datetime) -> list:
+    q = select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.state, tasks.c.attempt,
+               tasks.c.retry_count, tasks.c.error, tasks.c.result_size, tasks.c.result_content_type,
+               tasks.c.created_at, tasks.c.started_at, tasks.c.finished_at, tasks.c.updated_at)
+    if scope is not None:
+        q = q.where(tasks.c.tenant_id == scope)
+    if model_name:
+        q = q.where(tasks.c.model_name == model_name)
+    q = q.where(tasks.c.updated_at > since).order_by(tasks.c.updated_at, tasks.c.id).limit(TENANT_PAGE)
+    with single_statement() as conn:
+        return conn.execute(q).all()
+
+
+def _follow_tenant(w, scope, model_name, cursor, watch) -> Iterator[Event]:
+    s = get_settings()
+    if watch is not None:
+        watch.arm(w.event.set)
+    sent: dict[str, datetime] = {}  # event id -> its time, within the late window
+    at = cursor[0]
+    strict = False  # a full page of nothing new: read on from ``at`` itself
+    try:
+        t0 = quiet_since = time.monotonic()
+        while True:
+            rows = _changed(scope, model_name, at if strict else at - timedelta(seconds=LATE_SECONDS))
+            fresh = 0
+            for row in rows:
+                ev_id, upd = _tenant_id(row), as_utc(row.updated_at)
+                if ev_id in sent or (upd, row.id) <= cursor:
+                    continue  # sent already, or before the client's own cursor
+                sent[ev_id] = upd
+                fresh += 1
+                yield Event(ev_id, v1_name(row.state), _poll_body(row))
+                quiet_since = time.monotonic()
+                at = max(at, upd)
+            strict = len(rows) == TENANT_PAGE and not fresh
+            horizon = at - timedelta(seconds=2 * LATE_SECONDS)
+            for k in [k for k, t in sent.items() if t < horizon]:
+                del sent[k]
+            now = time.monotonic()
+            if now - t0 >= s.events_max_seconds or hub.draining:
+                return
+            if now - quiet_since >= s.events_keepalive_seconds:
+                yield KEEPALIVE
+                quiet_since = now
+            if len(rows) < TENANT_PAGE and not _pause(w, watch, min(s.events_poll_seconds,
+                                                                      s.events_keepalive_seconds)):
+                return
+    finally:
+        if watch is not None:
+            watch.close()
+        hub.unregister(w)
+
+
+def render(ev: Event) -> str:
+    """One event in text/event-stream form."""
+    if ev.id is None:
+        return ": keep-alive\n\n"
+    return f"id: {ev.id}\nevent: {ev.event}\ndata: {json.dumps(ev.data, separators=(',', ':'))}\n\n"

@@ -1,0 +1,39 @@
+"""model-asynch's Python client: ``Client`` (blocking, requests) and
+``AsyncClient`` (asyncio, aiohttp: ``pip install model-asynch[client-async]``).
+
+Independent of the server package (``app``): it talks HTTP only, so it can be
+used from anywhere the API is reachable.  docs/client.md shows each call.
+"""
+from model_asynch.client import (
+    AsynchError,
+    BadRequest,
+    BatchItem,
+    BatchResult,
+    Client,
+    Conflict,
+    Event,
+    Forbidden,
+    Gone,
+    Job,
+    NotFinished,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    Result,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+    ValidationError,
+)
+
+__all__ = ["AsyncClient", "AsynchError", "BadRequest", "BatchItem", "BatchResult", "Client", "Conflict", "Event",
+           "Forbidden", "Gone", "Job", "NotFinished", "NotFound", "PayloadTooLarge", "RateLimited", "Result",
+           "ServerError", "Unauthorized", "Unavailable", "ValidationError"]
+
+
+def __getattr__(name: str):
+    if name == "AsyncClient":  # aiohttp only when asked for
+        from model_asynch.aio import AsyncClient
+
+        return AsyncClient
+    raise AttributeError(name)

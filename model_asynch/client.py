@@ -1,0 +1,371 @@
+"""The blocking client, and what both clients share: the typed errors, the
+job/result/event shapes, the retry policy and the event-stream parser.
+
+Invariants:
+- Every error answer becomes the ``AsynchError`` subclass of its status,
+  carrying the API's own error text (``message``), its 422 pointers
+  (``errors``) and ``Retry-After`` (``retry_after``).
+- Retries: 429 and 503 answers, and connection failures, are retried up to
+  ``retries`` times, waiting ``Retry-After`` when the server sent it, else an
+  exponential backoff with jitter (capped at ``max_backoff``).  A submit is
+  only ever retried with an Idempotency-Key (one is made when the caller gave
+  none), so a retry after a lost answer returns the first job instead of
+  admitting a second one.  Other non-idempotent calls (cancel) are retried
+  only on answers the server gave (429/503: nothing was done).
+- Nothing here imports the server package: HTTP only.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+from urllib.parse import quote
+
+import requests
+
+TERMINAL = frozenset({"done", "failed", "timeout", "canceled"})
+RETRY_STATUSES = frozenset({429, 503})
+
+
+# --- errors --------------------------------------------------------------------------
+
+class AsynchError(Exception):
+    """An error answer of the API: ``status``, ``message`` (the API's error
+    text), ``errors`` (422 pointers), ``retry_after`` (seconds or None)."""
+
+    status = 0
+
+    def __init__(self, status: int, message: str, errors: list | None = None, retry_after: float | None = None,
+                 body: Any = None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.errors = errors or []
+        self.retry_after = retry_after
+        self.body = body
+
+
+class BadRequest(AsynchError): pass            # noqa: E701 - 400
+class Unauthorized(AsynchError): pass          # noqa: E701 - 401
+class Forbidden(AsynchError): pass             # noqa: E701 - 403
+class NotFound(AsynchError): pass              # noqa: E701 - 404
+class Conflict(AsynchError): pass              # noqa: E701 - 409
+class NotFinished(Conflict): pass              # noqa: E701 - 409 on /result: the job has not finished
+class Gone(AsynchError): pass                  # noqa: E701 - 410
+class PayloadTooLarge(AsynchError): pass       # noqa: E701 - 413
+class ValidationError(AsynchError): pass       # noqa: E701 - 422
+class RateLimited(AsynchError): pass           # noqa: E701 - 429 (queue full, rate limit, waiter caps)
+class Unavailable(AsynchError): pass           # noqa: E701 - 503
+class ServerError(AsynchError): pass           # noqa: E701 - other 5xx
+
+
+_BY_STATUS = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone,
+              413: PayloadTooLarge, 422: ValidationError, 429: RateLimited, 503: Unavailable}
+
+
+def retry_after_of(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def error_for(status: int, text: str, retry_after: str | None, result_call: bool = False) -> AsynchError:
+    """The typed error of an error answer (its body is the API's JSON error)."""
+    try:
+        body = json.loads(text) if text else {}
+    except ValueError:
+        body = {"error": text}
+    if not isinstance(body, dict):
+        body = {"error": str(body)}
+    message = str(body.get("error") or body.get("message") or f"HTTP {status}")
+    cls = NotFinished if (status == 409 and result_call) else _BY_STATUS.get(status, ServerError if status >= 500
+                                                                             else AsynchError)
+    return cls(status, message, body.get("errors"), retry_after_of(retry_after), body)
+
+
+# --- shapes --------------------------------------------------------------------------
+
+@dataclass
+class Job:
+    """A job as the API shows it (the poll body; ``raw`` has every field)."""
+
+    job_id: str
+    state: str
+    model: str | None = None
+    raw: dict = field(default_factory=dict)
+    result: Any = None          # sync mode: the inline JSON result, when the server sent it
+    has_result: bool = False
+    replayed: bool = False      # an Idempotency-Key returned an earlier job
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def error(self) -> str | None:
+        return self.raw.get("error")
+
+    @classmethod
+    def of(cls, body: dict, model: str | None = None, replayed: bool = False) -> "Job":
+        return cls(job_id=body["job_id"], state=body.get("state", "pending"), model=body.get("model", model),
+                   raw=body, result=body.get("result"), has_result="result" in body, replayed=replayed)
+
+
+@dataclass
+class Result:
+    content: bytes
+    content_type: str
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode()
+
+
+@dataclass
+class Event:
+    id: str
+    event: str
+    data: Any
+
+
+@dataclass
+class BatchItem:
+    """One item's answer in a batch: ``job`` when admitted (status 202), else ``error``."""
+
+    index: int
+    status: int
+    job: Job | None = None
+    error: AsynchError | None = None
+
+
+@dataclass
+class BatchResult:
+    admitted: int
+    refused: int
+    items: list[BatchItem]
+
+    @classmethod
+    def of(cls, body: dict, model: str) -> "BatchResult":
+        items = []
+        for x in body["results"]:
+            if x["status"] == 202:
+                items.append(BatchItem(x["index"], 202, Job.of(x, model, replayed=bool(x.get("replayed")))))
+            else:
+                err = error_for(x["status"], json.dumps(x), None)
+                err.retry_after = x.get("retry_after")
+                items.append(BatchItem(x["index"], x["status"], error=err))
+        return cls(body["admitted"], body["refused"], items)
+
+
+def batch_body(jobs: Iterable[dict]) -> dict:
+    """``jobs``: payload dicts, or items ``{"payload": ..., "idempotency_key": ..., ...}``."""
+    out = []
+    for j in jobs:
+        out.append(j if isinstance(j, dict) and "payload" in j else {"payload": j})
+    return {"jobs": out}
+
+
+def submit_headers(idempotency_key: str | None, priority: int | None, wait: int | None, biz_name: str | None,
+                   callback_url: str | None, model_key: str | None) -> dict[str, str]:
+    h = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4().hex}"}
+    if priority is not None:
+        h["X-Priority"] = str(priority)
+    if wait:
+        h["Prefer"] = f"wait={int(wait)}"
+    if biz_name:
+        h["X-Biz-Name"] = biz_name
+    if callback_url:
+        h["X-Callback-Url"] = callback_url
+    if model_key:
+        h["X-Model-Key"] = model_key
+    return h
+
+
+class Backoff:
+    """How long to wait before retry ``n`` (1-based)."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap = base, cap
+
+    def delay(self, n: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(self.cap, retry_after)
+        return min(self.cap, self.base * 2 ** (n - 1)) * (0.5 + random.random() / 2)
+
+
+class SSEParser:
+    """text/event-stream lines in, events out (blocks without data dispatch nothing)."""
+
+    def __init__(self) -> None:
+        self._fields: dict[str, str] = {}
+        self.last_id: str | None = None
+
+    def feed(self, line: str) -> Event | None:
+        if line == "":
+            f, self._fields = self._fields, {}
+            if "id" in f:
+                self.last_id = f["id"]
+            if "data" not in f:
+                return None
+            try:
+                data = json.loads(f["data"])
+            except ValueError:
+                data = f["data"]
+            return Event(f.get("id", ""), f.get("event", "message"), data)
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        self._fields[name] = self._fields[name] + "\n" + value if name == "data" and name in self._fields else value
+        return None
+
+
+def q(part: str) -> str:
+    return quote(part, safe="")
+
+
+# --- the blocking client ---------------------------------------------------------------
+
+class Client:
+    """``Client("http://host:8000", "ak_...")``; every method raises an
+    ``AsynchError`` subclass for an error answer (after its retries)."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 5,
+                 backoff: float = 0.5, max_backoff: float = 30.0, session: requests.Session | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = Backoff(backoff, max_backoff)
+        self.session = session or requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {api_key}"
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, *, json_body: Any = None, headers: dict | None = None,
+                 params: dict | None = None, timeout: float | None = None, safe: bool = True,
+                 result_call: bool = False) -> requests.Response:
+        """One call with the retry policy; ``safe``: also retried after a
+        connection failure (the server may have done it: only idempotent calls)."""
+        n = 0
+        while True:
+            try:
+                resp = self.session.request(method, self.base_url + path, json=json_body, headers=headers,
+                                            params=params, timeout=timeout or self.timeout)
+            except (requests.ConnectionError, requests.Timeout):
+                n += 1
+                if not safe or n > self.retries:
+                    raise
+                time.sleep(self.backoff.delay(n, None))
+                continue
+            if resp.status_code < 400:
+                return resp
+            err = error_for(resp.status_code, resp.text, resp.headers.get("Retry-After"), result_call)
+            n += 1
+            if resp.status_code in RETRY_STATUSES and n <= self.retries:
+                time.sleep(self.backoff.delay(n, err.retry_after))
+                continue
+            raise err
+
+    # -- jobs ---------------------------------------------------------------------------
+    def submit(self, model: str, payload: dict, *, idempotency_key: str | None = None, priority: int | None = None,
+               wait: int | None = None, biz_name: str | None = None, callback_url: str | None = None,
+               model_key: str | None = None) -> Job:
+        """Admit a job (202), or with ``wait=N`` seconds, sync mode: the
+        finished job (and a small JSON result in ``result``) if it ends in
+        time.  Retried with one Idempotency-Key (made here when not given)."""
+        headers = submit_headers(idempotency_key, priority, wait, biz_name, callback_url, model_key)
+        resp = self._request("POST", f"/v1/models/{q(model)}/jobs", json_body=payload, headers=headers,
+                             timeout=self.timeout + (wait or 0))
+        return Job.of(resp.json(), model, replayed=resp.headers.get("Idempotent-Replayed") == "true")
+
+    def get(self, model: str, job_id: str) -> Job:
+        return Job.of(self._request("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}").json(), model)
+
+    def wait(self, model: str, job_id: str, timeout: float | None = None, poll_ms: int = 30000) -> Job:
+        """Long-poll until the job is finished or ``timeout`` seconds (None:
+        no limit) have passed; returns the job as last seen."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = poll_ms if deadline is None else max(1, min(poll_ms, int((deadline - time.monotonic()) * 1000)))
+            job = Job.of(self._request("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}/wait",
+                                       params={"timeout": left}, timeout=self.timeout + left / 1000).json(), model)
+            if job.finished or (deadline is not None and time.monotonic() >= deadline):
+                return job
+
+    def result(self, model: str, job_id: str) -> Result:
+        """The stored result (NotFinished before the job is done, Gone once cleaned up)."""
+        resp = self._request("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}/result", result_call=True)
+        return Result(resp.content, resp.headers.get("Content-Type", "application/octet-stream"))
+
+    def run(self, model: str, payload: dict, *, timeout: float | None = None, **kw: Any) -> Job:
+        """Submit and wait for the end (sync mode first, then long-polls)."""
+        job = self.submit(model, payload, wait=int(min(timeout or 60, 60)), **kw)
+        return job if job.finished else self.wait(model, job.job_id, timeout)
+
+    def cancel(self, model: str, job_id: str) -> Job:
+        return Job.of(self._request("POST", f"/v1/models/{q(model)}/jobs/{q(job_id)}/cancel", safe=False).json(),
+                      model)
+
+    def batch(self, model: str, jobs: Iterable[dict]) -> BatchResult:
+        """Up to 1,000 jobs; each item is admitted or refused on its own.
+        Retried after a lost answer only when every item has an idempotency_key."""
+        body = batch_body(jobs)
+        safe = all(j.get("idempotency_key") for j in body["jobs"])
+        return BatchResult.of(self._request("POST", f"/v1/models/{q(model)}/jobs:batch", json_body=body,
+                                            safe=safe).json(), model)
+
+    def events(self, model: str, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
+        """The job's events until its terminal one; reconnects with
+        Last-Event-ID when the connection drops, missing nothing."""
+        yield from self._stream(f"/v1/models/{q(model)}/jobs/{q(job_id)}/events", None, last_event_id, until_end=True)
+
+    def tenant_events(self, model: str | None = None, last_event_id: str | None = None) -> Iterator[Event]:
+        """Every change of the tenant's jobs (of ``model``), endlessly; resumes on reconnect."""
+        yield from self._stream("/v1/events", {"model": model} if model else None, last_event_id, until_end=False)
+
+    def _stream(self, path: str, params, last: str | None, until_end: bool) -> Iterator[Event]:
+        n = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = last
+            try:
+                resp = self.session.get(self.base_url + path, params=params, headers=headers, stream=True,
+                                        timeout=(self.timeout, 120))
+                if resp.status_code >= 400:
+                    err = error_for(resp.status_code, resp.text, resp.headers.get("Retry-After"))
+                    n += 1
+                    if resp.status_code in RETRY_STATUSES and n <= self.retries:
+                        time.sleep(self.backoff.delay(n, err.retry_after))
+                        continue
+                    raise err
+                parser = SSEParser()
+                with resp:
+                    for line in resp.iter_lines(decode_unicode=True):
+                        ev = parser.feed(line)
+                        if ev is None:
+                            continue
+                        n = 0
+                        last = ev.id or last
+                        yield ev
+                        if until_end and ev.id == "end":
+                            return
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError):
+                n += 1
+                if n > self.retries:
+                    raise
+                time.sleep(self.backoff.delay(n, None))
