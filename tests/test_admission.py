@@ -1,0 +1,192 @@
+"""Group-committed admission (app/jobs/admission.py) on real PostgreSQL and
+Redis: a batch is one gate step per model, one INSERT and one LPUSH; every
+submission gets its own answer; nothing refused or failed keeps a slot or
+leaves a row."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis as redis_lib
+from sqlalchemy import event, func, select
+
+from app.errors import QueueFull, TenantQueueFull
+from app.infra.db import get_engine, transaction
+from app.infra.redis import gate
+from app.infra.tables import tasks
+from app.jobs import admission, outbox
+from app.jobs import service as jobs
+from app.jobs.schemas import SubmitOptions
+from app.states import JobState
+from app.tenancy.keys import Principal
+
+A, B = Principal("tenant-a", "user", None), Principal("tenant-b", "user", None)
+
+
+class Count:
+    """Statements sent to PostgreSQL (every engine) and gate/broker calls sent to Redis."""
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+        self.redis: list[str] = []
+
+    def __enter__(self) -> "Count":
+        import redis.connection
+
+        event.listen(get_engine(True), "before_cursor_execute", self._sql)
+        event.listen(get_engine(False), "before_cursor_execute", self._sql)
+        self._real = redis.connection.AbstractConnection.send_packed_command
+        me = self
+
+        def send(conn, command, check_health=True):
+            raw = b"".join(command) if isinstance(command, list) else command
+            me.redis.append(raw.split(b"\r\n")[2].decode().upper() if raw.startswith(b"*") else "?")
+            return me._real(conn, command, check_health)
+
+        redis.connection.AbstractConnection.send_packed_command = send
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import redis.connection
+
+        redis.connection.AbstractConnection.send_packed_command = self._real
+        event.remove(get_engine(True), "before_cursor_execute", self._sql)
+        event.remove(get_engine(False), "before_cursor_execute", self._sql)
+
+    def _sql(self, _conn, _cur, statement, *_a) -> None:
+        self.sql.append(statement.split(None, 1)[0].upper())
+
+
+def _sub(principal: Principal, model_row, i: int, key: str | None = None) -> admission.Submission:
+    """A submission as service.submit builds it, for a direct batch."""
+    from app.clock import now
+    from app.tenancy import limits
+
+    t = now()
+    return admission.Submission(
+        values=dict(id=jobs.new_job_id(), tenant_id=principal.tenant_id, creator="", model_name=model_row.model_name,
+                    biz_name="", callback_url=None, model_key=None, request_payload=f'{{"i": {i}}}',
+                    request_hash=f"h{i}", passthrough_headers=None, idempotency_key=key,
+                    state=int(JobState.PENDING), attempt=0, retry_count=0, created_at=t, enqueue_at=t, updated_at=t,
+                    deadline_at=jobs.job_deadline(model_row, t)),
+        queue_limit=model_row.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model_row),
+        retry_after=1)
+
+
+def _model(name: str):
+    from app.catalog.registry import enabled_model
+
+    return enabled_model(name)
+
+
+def _rows(model: str) -> int:
+    with transaction() as conn:
+        return conn.execute(select(func.count()).select_from(tasks).where(tasks.c.model_name == model)).scalar_one()
+
+
+def test_a_batch_is_one_gate_step_one_insert_and_one_lpush(make_model, settings, r):
+    make_model("grp", queue_limit=100, max_concurrency=100)
+    m = _model("grp")
+    warm = [_sub(A, m, 99)]  # scripts loaded, connections open: count the steady state
+    admission.commit_batch(warm)
+    assert outbox.flush(5) and warm[0].error is None
+    batch = [_sub(A if i % 2 else B, m, i) for i in range(40)]
+    broker = redis_lib.Redis.from_url(settings.effective_broker_url)
+    pushes0 = int(broker.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
+    with Count() as c:
+        admission.commit_batch(batch)
+        assert outbox.flush(5)
+    assert all(s.event.is_set() and s.error is None and s.row.state == JobState.PENDING for s in batch)
+    assert [s.row.id for s in batch] == [s.job_id for s in batch]
+    assert c.sql == ["INSERT"], c.sql
+    assert c.redis.count("EVALSHA") == 2, c.redis  # the gate step, then the outbox's one dispatch step
+    pushes = int(broker.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0)) - pushes0
+    assert pushes == 1, pushes  # every dispatched job's message in one LPUSH
+    assert _rows("grp") == 41 and gate.gate_depth("grp") == 41
+
+
+def test_refusals_in_a_batch_are_answered_each_and_keep_nothing(make_model, r):
+    """A batch over the model's limit and over tenant A's share: the gate
+    decides item by item in arrival order; refused items get their 429s and
+    hold no slot and no row."""
+    make_model("grp", queue_limit=6, max_concurrency=10, tenant_queue_limit=4)
+    m = _model("grp")
+    batch = [_sub(A, m, i) for i in range(5)] + [_sub(B, m, 10 + i) for i in range(3)]
+    admission.commit_batch(batch)
+    outcome = [type(s.error).__name__ if s.error else "ok" for s in batch]
+    # A: 4 admitted, the 5th at its share; B: 2 more fill the model's 6, the 3rd is refused.
+    assert outcome == ["ok"] * 4 + ["TenantQueueFull"] + ["ok", "ok", "QueueFull"], outcome
+    assert isinstance(batch[4].error, TenantQueueFull) and isinstance(batch[7].error, QueueFull)
+    assert _rows("grp") == 6 and gate.gate_depth("grp") == 6
+    assert gate.gate_members("grp") == {s.job_id for s in batch if s.error is None}
+
+
+def test_an_idempotency_race_inside_one_batch_has_one_row_and_releases_the_loser(make_model, r):
+    make_model("grp", queue_limit=10)
+    m = _model("grp")
+    first, second = _sub(A, m, 1, key="same-key"), _sub(A, m, 2, key="same-key")
+    admission.commit_batch([first, second])
+    assert first.error is None and isinstance(second.error, admission.IdempotencyConflict)
+    assert _rows("grp") == 1 and gate.gate_members("grp") == {first.job_id}
+
+
+def test_a_row_the_database_refuses_fails_only_itself(make_model, r):
+    make_model("grp", queue_limit=10)
+    m = _model("grp")
+    good1, bad, good2 = _sub(A, m, 1), _sub(B, m, 2), _sub(A, m, 3)
+    bad.values["biz_name"] = "x" * 300  # over the column's 128: the database refuses this row only
+    admission.commit_batch([good1, bad, good2])
+    assert good1.error is None and good2.error is None and bad.error is not None
+    assert _rows("grp") == 2 and gate.gate_members("grp") == {good1.job_id, good2.job_id}
+
+
+def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, r):
+    """64 threads at a gate of 8 through service.submit: exactly 8 rows and
+    8 slots, every other request a 429, and fewer batches than requests."""
+    make_model("grp", queue_limit=8, max_concurrency=8)
+    start = threading.Barrier(64)
+    before = admission.batches_committed()
+
+    def one(i: int) -> str:
+        start.wait()
+        try:
+            jobs.submit(A if i % 2 else B, "grp", {"i": i}, SubmitOptions())
+            return "ok"
+        except QueueFull:  # TenantQueueFull is a QueueFull too
+            return "429"
+
+    with ThreadPoolExecutor(64) as ex:
+        outcomes = list(ex.map(one, range(64)))
+    assert outcomes.count("ok") == 8 and outcomes.count("429") == 56
+    assert _rows("grp") == 8 and gate.gate_depth("grp") == 8
+    assert admission.batches_committed() - before < 64
+
+
+@pytest.mark.parametrize("down", ["redis", "database"])
+def test_an_outage_answers_every_waiting_submission_and_keeps_nothing(make_model, settings, r, down):
+    """The gate's Redis or the database is a port nobody listens on: every
+    submission of the batch is told 503, and no row and no slot remains."""
+    from conftest import free_port
+
+    from app.config import set_settings
+    from app.errors import Unavailable
+    from app.infra.db import reset_engine
+    from app.infra.redis.client import reset_redis
+
+    make_model("grp", queue_limit=10)
+    m = _model("grp")
+    batch = [_sub(A, m, i) for i in range(3)]
+    dead = (dict(redis_url=f"redis://127.0.0.1:{free_port()}/0") if down == "redis"
+            else dict(database_url=f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/nowhere"))
+    set_settings(settings.with_overrides(**dead))
+    reset_redis()
+    reset_engine()
+    try:
+        admission.commit_batch(batch)
+    finally:
+        set_settings(settings)
+        reset_redis()
+        reset_engine()
+    assert all(isinstance(s.error, Unavailable) for s in batch), [s.error for s in batch]
+    assert _rows("grp") == 0 and gate.gate_depth("grp") == 0
