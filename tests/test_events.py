@@ -1,0 +1,175 @@
+"""Event streams (issue 16 item 1): a job's state changes and a tenant's job
+changes as server-sent events, resumable with Last-Event-ID, tenant-scoped,
+with keep-alives, under the waiter caps.  Real API server, PostgreSQL,
+Redis, Celery workers and the stub model over HTTP."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+from conftest import auth, job_row, submit, wait_until
+
+from app.config import set_settings
+from app.jobs.waitcaps import set_waiter_cap_resolver
+
+pytestmark = pytest.mark.e2e
+
+
+class SSE:
+    """A streaming client: ``next()`` is the next event (id, event, data) or
+    ("", "comment", text) for a comment line; None at the stream's end."""
+
+    def __init__(self, url: str, key: str, last: str | None = None, timeout: float = 30) -> None:
+        headers = {**auth(key), "Accept": "text/event-stream"}
+        if last is not None:
+            headers["Last-Event-ID"] = last
+        self.resp = requests.get(url, headers=headers, stream=True, timeout=timeout)
+        self.lines = self.resp.iter_lines(decode_unicode=True)
+
+    def next(self, comments: bool = False):
+        ev: dict = {}
+        for line in self.lines:
+            if line == "":
+                if "data" in ev:  # a block without data (retry:) dispatches nothing
+                    return ev.get("id", ""), ev.get("event", "message"), json.loads(ev["data"])
+                ev = {}
+                continue
+            if line.startswith(":"):
+                if comments:
+                    return "", "comment", line[1:].strip()
+                continue
+            field, _, value = line.partition(":")
+            ev[field] = value.removeprefix(" ")
+        return None
+
+    def close(self) -> None:
+        self.resp.close()
+
+
+def _events_url(api_url, model, job_id):
+    return f"{api_url}/v1/models/{model}/jobs/{job_id}/events"
+
+
+def test_a_client_sees_pending_running_done_in_order_and_the_stream_ends(api_url, workers, make_model, user_key):
+    make_model("ev")
+    job = submit(api_url, user_key, "ev", {"sleep_ms": 1500}).json()["job_id"]
+    s = SSE(_events_url(api_url, "ev", job), user_key)
+    assert s.resp.status_code == 200 and s.resp.headers["Content-Type"].startswith("text/event-stream")
+    seen = []
+    while (ev := s.next()) is not None:
+        seen.append(ev)
+    assert [(i, e) for i, e, _d in seen] == [("0", "pending"), ("1", "running"), ("end", "done")], seen
+    assert seen[1][2] == {"job_id": job, "model": "ev", "state": "running", "attempt": 1}
+    assert seen[2][2]["state"] == "done" and seen[2][2]["result_size"] > 0
+
+
+def test_a_reconnect_mid_stream_misses_nothing(api_url, workers, make_model, user_key, model_server):
+    make_model("ev2")
+    job = submit(api_url, user_key, "ev2", {"hold": "ev2"}).json()["job_id"]
+    s = SSE(_events_url(api_url, "ev2", job), user_key)
+    first = s.next()
+    assert first[:2] in (("0", "pending"), ("1", "running")), first
+    s.close()  # the client goes away after its first event
+    wait_until(lambda: job_row(job).state == 1, what="running")
+    model_server.state.release("ev2")
+    wait_until(lambda: job_row(job).state == 2, what="done")
+    s = SSE(_events_url(api_url, "ev2", job), user_key, last=first[0])
+    rest = []
+    while (ev := s.next()) is not None:
+        rest.append(ev[:2])
+    want = [("1", "running"), ("end", "done")]
+    assert rest == want[1:] if first[0] == "1" else rest == want, (first, rest)
+    # Resuming after the end answers the terminal event again, and ends.
+    s = SSE(_events_url(api_url, "ev2", job), user_key, last="end")
+    assert s.next()[:2] == ("end", "done") and s.next() is None
+
+
+def test_streams_are_tenant_scoped(api_url, make_model, user_key, other_key):
+    make_model("ev3")
+    job = submit(api_url, user_key, "ev3", {}).json()["job_id"]
+    r = requests.get(_events_url(api_url, "ev3", job), headers=auth(other_key), timeout=10)
+    assert r.status_code == 404 and r.json()["error"] == f"job not found: {job}"
+    assert requests.get(_events_url(api_url, "ev3", job), timeout=10).status_code == 401
+
+
+def test_keepalives_while_nothing_happens(api_url, make_model, user_key, settings, model_server):
+    """The model holds the call: after pending and running, nothing
+    happens, and the stream sends keep-alive comments."""
+    make_model("ev4")
+    set_settings(settings.with_overrides(events_keepalive_seconds=0.3, events_poll_seconds=0.1))
+    job = submit(api_url, user_key, "ev4", {"hold": "ev4"}).json()["job_id"]
+    s = SSE(_events_url(api_url, "ev4", job), user_key)
+    got = []
+    t0 = time.monotonic()
+    while (ev := s.next(comments=True))[1] != "comment":
+        got.append(ev[1])
+    assert ev == ("", "comment", "keep-alive") and time.monotonic() - t0 < 5
+    assert got in (["pending"], ["pending", "running"]), got
+    s.close()
+    model_server.state.release("ev4")
+
+
+def test_streams_count_against_the_waiter_caps(api_url, make_model, user_key, model_server):
+    from app.infra.wakeups import hub
+
+    make_model("ev5")
+    job = submit(api_url, user_key, "ev5", {"hold": "ev5"}).json()["job_id"]
+    set_waiter_cap_resolver(lambda p: 1)
+    try:
+        s = SSE(_events_url(api_url, "ev5", job), user_key)
+        assert s.next()[1] in ("pending", "running")
+        r = requests.get(f"{api_url}/v1/events", headers=auth(user_key), timeout=10)
+        assert r.status_code == 429 and "per-tenant cap 1" in r.json()["error"] and r.headers["Retry-After"]
+        r = requests.get(f"{api_url}/v1/models/ev5/jobs/{job}/wait?timeout=100", headers=auth(user_key), timeout=10)
+        assert r.status_code == 429
+        s.close()  # the client hangs up: its place comes back (its socket is watched)
+        wait_until(lambda: hub.waiter_count("tenant-a") == 0, timeout=5, what="the place back")
+    finally:
+        set_waiter_cap_resolver(None)
+        model_server.state.release("ev5")
+
+
+def test_the_tenant_stream_shows_its_jobs_changes_and_resumes(api_url, workers, make_model, user_key, other_key):
+    make_model("ev6")
+    s = SSE(f"{api_url}/v1/events?model=ev6", user_key)
+    assert s.resp.status_code == 200
+    mine = [submit(api_url, user_key, "ev6", {"sleep_ms": 300, "n": i}).json()["job_id"] for i in range(3)]
+    submit(api_url, other_key, "ev6", {"sleep_ms": 10})  # another tenant's: never in this stream
+    got: list = []
+    lock = threading.Lock()
+
+    def read(stream):
+        try:
+            while (ev := stream.next()) is not None:
+                with lock:
+                    got.append(ev)
+        except Exception:
+            pass  # closed by the test (urllib3 raises what it raises on a closed stream)
+
+    def finished() -> bool:
+        with lock:
+            return {d["job_id"] for _i, e, d in got if e == "done"} >= set(mine)
+
+    # Read a little, drop the connection, resume from the last id: nothing missed.
+    first = s.next()
+    got.append(first)
+    s.close()
+    time.sleep(0.5)
+    s = SSE(f"{api_url}/v1/events?model=ev6", user_key, last=got[-1][0])
+    t = threading.Thread(target=read, args=(s,), daemon=True)
+    t.start()
+    wait_until(finished, timeout=30, what="every job's done event")
+    time.sleep(3)  # a few more re-reads over the late window: nothing is sent twice
+    s.close()
+    assert finished(), got
+    assert {d["job_id"] for _i, _e, d in got} == set(mine)  # only the caller's tenant
+    for job in mine:
+        states = [e for _i, e, d in got if d["job_id"] == job]
+        assert states[-1] == "done" and states.index("done") == len(states) - 1, states
+        order = {"pending": 0, "running": 1, "done": 2}
+        assert [order[x] for x in states] == sorted(order[x] for x in states), states
+    ids = [i for i, _e, _d in got]
+    assert len(ids) == len(set(ids))  # no event twice across the reconnect
