@@ -63,10 +63,20 @@ class Shape(BaseModel):
         default is "" (the seed sends null for "none")."""
         out = self.model_dump(exclude_unset=only_given)
         for k, v in out.items():
-            if v is None and any(getattr(c, "model_fields", {}).get(k) is not None
-                                 and c.model_fields[k].default == "" for c in type(self).__mro__):
+            if v is None and any(_empty_text_default(getattr(c, "model_fields", {}).get(k))
+                                 for c in type(self).__mro__):
                 out[k] = ""
         return out
+
+
+def _empty_text_default(info: Any) -> bool:
+    """A text field whose null means "none": its default is "", or a text
+    default from a setting (``default_factory``, e.g. model_key_headers)."""
+    if info is None:
+        return False
+    if info.default_factory is not None:
+        return isinstance(info.default_factory(), str)
+    return info.default == ""
 
 
 class Loose(Shape):
