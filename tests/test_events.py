@@ -173,3 +173,27 @@ def test_the_tenant_stream_shows_its_jobs_changes_and_resumes(api_url, workers, 
         assert [order[x] for x in states] == sorted(order[x] for x in states), states
     ids = [i for i, _e, _d in got]
     assert len(ids) == len(set(ids))  # no event twice across the reconnect
+
+
+@pytest.mark.parametrize("last", ["\u00b2", "1\u00b3", "-5", "12x", "\u00b9.job"])
+def test_a_junk_last_event_id_replays_from_the_start_and_gives_its_place_back(api_url, workers, make_model,
+                                                                              user_key, last):
+    """A Latin-1 digit ("²" is a digit to str.isdigit, not to int()) once
+    raised after the stream had taken its place under the caps: a 500 and
+    a place never given back.  Junk is "from the start"; the place comes back."""
+    from app.infra.wakeups import hub
+
+    make_model("ev7")
+    job = submit(api_url, user_key, "ev7", {}).json()["job_id"]
+    wait_until(lambda: job_row(job).state == 2, what="done")
+    s = SSE(_events_url(api_url, "ev7", job), user_key, last=last)
+    assert s.resp.status_code == 200, s.resp.text
+    seen = []
+    while (ev := s.next()) is not None:
+        seen.append(ev[:2])
+    assert seen == [("0", "pending"), ("1", "running"), ("end", "done")], seen
+    r = requests.get(f"{api_url}/v1/events", headers={**auth(user_key), "Last-Event-ID": last}, stream=True,
+                     timeout=10)
+    assert r.status_code == 200
+    r.close()
+    wait_until(lambda: hub.waiter_count("tenant-a") == 0, timeout=10, what="every place back")

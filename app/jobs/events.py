@@ -103,7 +103,8 @@ def parse_job_id(last: str | None) -> int | str:
     last = last.strip()
     if last == "end":
         return "end"
-    return int(last) if last.isdigit() else -1
+    # isascii: "²" is a digit to str.isdigit but not to int().
+    return int(last) if last.isascii() and last.isdigit() else -1
 
 
 def _brief(row, state: str, attempt: int) -> dict:
@@ -139,13 +140,14 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
         with single_statement() as conn:
             return jobs.load_job(conn, principal, job_id, model_name)
 
+    last = parse_job_id(last_id)  # before the place is taken: nothing may raise between the two
     w = hub.register(job_id, principal.tenant_id, waiter_cap(principal))
     try:
         row = read()
     except BaseException:
         hub.unregister(w)
         raise
-    return Stream(_follow_job(w, row, read, parse_job_id(last_id), watch), w)
+    return Stream(_follow_job(w, row, read, last, watch), w)
 
 
 def _pause(w, watch, seconds: float) -> bool:
@@ -198,7 +200,7 @@ def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
     if not last:
         return None
     micros, _, job_id = last.strip().partition(".")
-    if not micros.isdigit() or len(micros) > 18:
+    if not (micros.isascii() and micros.isdigit()) or len(micros) > 18:
         return None
     try:
         return datetime.fromtimestamp(int(micros) / 1e6, tz=timezone.utc), job_id
@@ -216,11 +218,12 @@ def tenant_events(principal: Principal, model_name: str | None, last_id: str | N
                   tenant: str | None = None, watch=None) -> Stream:
     """The events of the tenant's jobs (of ``model_name`` if given) changed
     after ``last_id`` (none: from now); caps checked before this returns."""
-    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, waiter_cap(principal))
     scope = tenant if principal.is_admin else principal.tenant_id
     cursor = parse_tenant_cursor(last_id)
     if cursor is None:
         cursor = (clock_now(), "")
+    # Last: nothing between taking the place and handing it to the Stream may raise.
+    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, waiter_cap(principal))
     return Stream(_follow_tenant(w, scope, model_name, cursor, watch), w)
 
 
