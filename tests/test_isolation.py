@@ -289,6 +289,7 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
         assert resp.status_code == expect, resp.get_data(as_text=True)
         # the same answer as for an id that never existed: nothing to tell A's ids apart by
         never = _call(client, case, world, world["b"], pending=NEVER, done=NEVER)
+        never.close()
         assert never.status_code == resp.status_code
         if route[1].startswith(("/task/", "/stat/")):
             assert body["code"] == expect and body["data"] is None  # the seed envelope's form
@@ -334,6 +335,14 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
         assert [(e["state"], e["claimed"]) for e in data] == [(0, False), (2, True)]
     else:
         assert own.status_code == owner, own.get_data(as_text=True)
+    # A WSGI server closes every response it serves (PEP 3333); the test
+    # client does not, and an unread event stream keeps its waiter place
+    # until it is closed.
+    for done_with in (resp, own):
+        done_with.close()
+    from app.infra.wakeups import hub
+
+    assert hub.waiter_count() == 0, "a closed response kept a waiter place"
 
 
 def _admin_cases():
