@@ -136,6 +136,10 @@ class Settings:
     # its limits (PUT /v1/tenants/{tenant}/limits).
     waiters_per_tenant: int = 1000
     waiters_max: int = 10000
+    # Park a sleeping /wait as a small record answered by the wake-up hub
+    # (app/infra/parking.py) instead of keeping its request greenlet, under
+    # `asynch api`'s gevent worker.  Off: every wait keeps its greenlet.
+    wait_parking: bool = True
     # Job listing page size cap.
     list_max_limit: int = 500
     # Beat intervals (seconds).

@@ -69,7 +69,7 @@ def _env_extra() -> dict:
     return {"ASYNCH_REDIS_PREFIX": "asynch-bw"}
 
 
-def start_api(worker_class: str, port: int, pool_size: int | None = 4) -> stack.Proc:
+def start_api(worker_class: str, port: int, pool_size: int | None = 4, parking: bool = True) -> stack.Proc:
     from app.cli.processes import api_argv
     from app.config import get_settings
     from app.infra.metrics import group_env
@@ -80,6 +80,7 @@ def start_api(worker_class: str, port: int, pool_size: int | None = 4) -> stack.
     extra = {"ASYNCH_REDIS_PREFIX": get_settings().redis_prefix, "ASYNCH_LOG_LEVEL": "WARNING", **group_env()}
     if pool_size is not None:
         extra["ASYNCH_DB_POOL_SIZE"] = str(pool_size)
+    extra["ASYNCH_WAIT_PARKING"] = "true" if parking else "false"
     p = stack.Proc(f"api-{worker_class}", argv, extra)
     p.wait_for(r"Booting worker with pid")
     stack._wait_http(port)
@@ -301,16 +302,19 @@ class Waiters:
 # --- one run --------------------------------------------------------------------------
 
 def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds: float, b_seconds: float,
-        b_rate: float, bound_seconds: float | None = None) -> dict:
+        b_rate: float, bound_seconds: float | None = None, parking: bool = True) -> dict:
+    """One configuration; ``parking`` False: gevent keeps a greenlet per wait
+    (ASYNCH_WAIT_PARKING=false), the serving path before app/infra/parking.py."""
+    label = worker_class if parking or worker_class != "gevent" else "gevent-unparked"
     stack.truncate_jobs()
     stack.flush_redis()
     port = stack.free_port()
     api_url = f"http://127.0.0.1:{port}"
     ids, key_of, key_b = _setup_jobs(jobs, tenants)
-    api = start_api(worker_class, port)
+    api = start_api(worker_class, port, parking=parking)
     try:
         base = _b_result(tenant_b_process(api_url, key_b, b_seconds, b_rate), b_seconds + 60)
-        print(f"  [{worker_class}] tenant B alone: p50 {base['p50_ms']:.1f} ms  p99 {base['p99_ms']:.1f} ms "
+        print(f"  [{label}] tenant B alone: p50 {base['p50_ms']:.1f} ms  p99 {base['p99_ms']:.1f} ms "
               f"(n={base['n']}, errors {base['errors']})", flush=True)
         per_job = max(1, waiters // jobs)
         targets = [(j, key_of[j]) for j in ids for _ in range(per_job)][:waiters]
@@ -331,7 +335,7 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         settle_s = time.monotonic() - settle
         rss_parked = sum(api.rss_mb())
         answered_early = len(w.answers)
-        print(f"  [{worker_class}] {w.sent} waits opened in {ramp_s:.1f} s, API quiet {settle_s:.1f} s later; "
+        print(f"  [{label}] {w.sent} waits opened in {ramp_s:.1f} s, API quiet {settle_s:.1f} s later; "
               f"{answered_early} answered before any job ended; API RSS {rss_parked:.0f} MB", flush=True)
         cpu0, t0 = _cpu_snapshot(api), time.monotonic()
         # The client's own garbage collector must not pause the clock we read
@@ -346,7 +350,7 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         committed = {j: float(t) for j, t in (ln.split() for ln in out_text.splitlines() if ln.strip())}
         cpu1, wall = _cpu_snapshot(api), time.monotonic() - t0
         cpu = {k: round((cpu1[k] - cpu0[k]) / wall, 2) for k in cpu0}
-        print(f"  [{worker_class}] cores used while the jobs finished ({wall:.0f} s): {cpu}", flush=True)
+        print(f"  [{label}] cores used while the jobs finished ({wall:.0f} s): {cpu}", flush=True)
         done_all = w.join(bound_seconds if bound_seconds is not None else 120)
         gc.enable()
         fin = _finished_at(ids)
@@ -358,7 +362,7 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         commit_ms = [(committed[j] - fin[j]) * 1000 for j in committed if j in fin]
         not_done = sum(1 for _, _, st in list(w.answers) if st != "done")
         out = {
-            "worker_class": worker_class, "waiters": len(targets), "jobs": jobs, "ramp_s": ramp_s, "settle_s": settle_s,
+            "worker_class": label, "waiters": len(targets), "jobs": jobs, "ramp_s": ramp_s, "settle_s": settle_s,
             "answered": len(w.answers), "unanswered_at_bound": len(targets) - len(w.answers),
             "not_done": not_done, "all_answered": done_all,
             "wake_p50_ms": stack.pct(lat, 50), "wake_p99_ms": stack.pct(lat, 99),
@@ -373,12 +377,12 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
         for j, at, st in list(w.answers):
             if st == "done" and j in fin:
                 by_second.setdefault(int((fin[j] - t_first) // 5) * 5, []).append((at - fin[j]) * 1000)
-        print("  [" + worker_class + "] wake-up p99 by finish time: " + ", ".join(
+        print("  [" + label + "] wake-up p99 by finish time: " + ", ".join(
             f"{k}-{k + 5}s {stack.pct(v, 99):.0f} ms" for k, v in sorted(by_second.items())), flush=True)
-        print(f"  [{worker_class}] from the terminal commit: wake-up p50 {out['wake_commit_p50_ms']:.1f} ms  p99 "
+        print(f"  [{label}] from the terminal commit: wake-up p50 {out['wake_commit_p50_ms']:.1f} ms  p99 "
               f"{out['wake_commit_p99_ms']:.1f} ms (the finisher's commits themselves: p99 {out['commit_p99_ms']:.1f} ms, "
               f"max {out['commit_max_ms']:.0f} ms after finished_at)", flush=True)
-        print(f"  [{worker_class}] wake-up p50 {out['wake_p50_ms']:.1f} ms  p99 {out['wake_p99_ms']:.1f} ms  max "
+        print(f"  [{label}] wake-up p50 {out['wake_p50_ms']:.1f} ms  p99 {out['wake_p99_ms']:.1f} ms  max "
               f"{out['wake_max_ms']:.0f} ms (n={len(lat)}, not done {not_done}, unanswered "
               f"{out['unanswered_at_bound']}); tenant B with the waiters: p50 {loaded['p50_ms']:.1f} ms p99 "
               f"{loaded['p99_ms']:.1f} ms (n={loaded['n']}, errors {loaded['errors']}) = "
@@ -391,8 +395,10 @@ def run(worker_class: str, waiters: int, jobs: int, tenants: int, finish_seconds
 def main(waiters: int = 10_000, jobs: int = 2_000, tenants: int = 20, finish_seconds: float = 20.0,
          b_seconds: float = 20.0, b_rate: float = 50.0, gthread: bool = True, gthread_bound_seconds: float = 30.0,
          db: str | None = None, gate_db: int | None = None, broker_db: int | None = None,
-         prepare: bool = True) -> dict:
-    """The figures of one gevent run (and a bounded gthread run).  ``prepare``:
+         prepare: bool = True, unparked: bool = False) -> dict:
+    """The figures of one gevent run (and a bounded gthread run; with
+    ``unparked`` first a gevent run with a greenlet per wait, the baseline
+    of parking).  ``prepare``:
     recreate the database and settings (False when the caller already did)."""
     isolate(db, gate_db, broker_db)
     if prepare:
@@ -407,12 +413,21 @@ def main(waiters: int = 10_000, jobs: int = 2_000, tenants: int = 20, finish_sec
         set_settings(load_settings())
         reset_engine()
         reset_redis()
-    out = {"gevent": run("gevent", waiters, jobs, tenants, finish_seconds, b_seconds, b_rate)}
+    out = {}
+    if unparked:
+        u = out["gevent-unparked"] = run("gevent", waiters, jobs, tenants, finish_seconds, b_seconds, b_rate,
+                                         parking=False)
+    out["gevent"] = run("gevent", waiters, jobs, tenants, finish_seconds, b_seconds, b_rate)
     g = out["gevent"]
     print(f"waiters ({g['waiters']} on {jobs} jobs, 2 gevent workers): wake-up from the commit p50 "
           f"{g['wake_commit_p50_ms']:.1f} ms p99 {g['wake_commit_p99_ms']:.1f} ms (from finished_at p99 "
           f"{g['wake_p99_ms']:.1f} ms) | tenant B submit p99 {g['b_alone']['p99_ms']:.1f} ms alone, "
           f"{g['b_loaded']['p99_ms']:.1f} ms with the waiters ({g['b_p99_ratio']:.2f}x)", flush=True)
+    if unparked:
+        print(f"baseline, a greenlet per wait (ASYNCH_WAIT_PARKING=false), same run: wake-up from the commit p99 "
+              f"{u['wake_commit_p99_ms']:.1f} ms | tenant B submit p99 {u['b_alone']['p99_ms']:.1f} ms alone, "
+              f"{u['b_loaded']['p99_ms']:.1f} ms with the waiters ({u['b_p99_ratio']:.2f}x) | API RSS parked "
+              f"{u['api_rss_mb']:.0f} MB vs {g['api_rss_mb']:.0f} MB parked", flush=True)
     if gthread:
         t = out["gthread"] = run("gthread", waiters, jobs, tenants, finish_seconds, b_seconds, b_rate,
                                  bound_seconds=gthread_bound_seconds)
@@ -472,6 +487,8 @@ if __name__ == "__main__":
     ap.add_argument("--b-seconds", type=float, default=20.0)
     ap.add_argument("--b-rate", type=float, default=50.0)
     ap.add_argument("--no-gthread", action="store_true")
+    ap.add_argument("--unparked", action="store_true",
+                    help="first the same run with a greenlet per wait (ASYNCH_WAIT_PARKING=false): parking's baseline")
     ap.add_argument("--wrk", action="store_true", help="submit throughput, gthread vs gevent, instead")
     ap.add_argument("--db")
     ap.add_argument("--gate-db", type=int)
@@ -481,5 +498,5 @@ if __name__ == "__main__":
         submit_throughput(db=a.db, gate_db=a.gate_db, broker_db=a.broker_db)
     else:
         main(a.waiters, a.jobs, a.tenants, a.finish_seconds, a.b_seconds, a.b_rate, gthread=not a.no_gthread,
-             db=a.db, gate_db=a.gate_db, broker_db=a.broker_db)
+             db=a.db, gate_db=a.gate_db, broker_db=a.broker_db, unparked=a.unparked)
     sys.exit(0)

@@ -27,6 +27,7 @@ Invariants:
 
 Callers:
   job_admitted / job_rejected      app.jobs.service.submit
+  wait_parked                      app.infra.parking
   job_finished                     app.jobs.service.after_terminal (every terminal winner)
   model_call                       app.jobs.execution (each call that reached the model)
   callback_delivered(model, ok)    the callback sender, once per callback when settled (delivered or failed for good)
@@ -191,6 +192,23 @@ def waiters(delta: int) -> None:
 @_never_raise
 def wait_refused(cap: str) -> None:
     _WAITS_REFUSED.labels(cap).inc()
+
+
+_WAITS_PARKED: Counter | None = None
+
+
+@_never_raise
+def wait_parked() -> None:
+    # Created on first use, as _WAITERS: a metric without labels opens its
+    # multiprocess file when it is made, and an import in the master would
+    # open one before on_starting empties the directory.
+    global _WAITS_PARKED
+    if _WAITS_PARKED is None:
+        with _lazy_lock:
+            if _WAITS_PARKED is None:
+                _WAITS_PARKED = Counter("asynch_waits_parked", "long-polls parked as a small record, no greenlet "
+                                        "held (app/infra/parking.py)", registry=_REGISTRY)
+    _WAITS_PARKED.inc()
 
 
 @_never_raise

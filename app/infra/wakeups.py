@@ -76,7 +76,7 @@ class Waiter:
     """One waiting request.  ``row`` is the newest delivered copy (or GONE),
     ``None`` when nothing was delivered since the waiter last took it."""
 
-    __slots__ = ("job_id", "tenant", "seq", "event", "row")
+    __slots__ = ("job_id", "tenant", "seq", "event", "row", "on_wake")
 
     def __init__(self, job_id: str, tenant: str, seq: int) -> None:
         self.job_id = job_id
@@ -84,10 +84,18 @@ class Waiter:
         self.seq = seq  # registration order: a fetch started before it is not delivered to it
         self.event = threading.Event()
         self.row = None
+        # A parked wait (app/infra/parking.py) has no thread or greenlet
+        # blocked on ``event``: it is called instead, after ``row`` is set.
+        self.on_wake: Callable[["Waiter"], None] | None = None
 
     def take(self):
         row, self.row = self.row, None
         return row
+
+    def wake(self) -> None:
+        self.event.set()
+        if self.on_wake is not None:
+            self.on_wake(self)
 
 
 def _fetch_engine():
@@ -204,7 +212,7 @@ class _State:
             for w in woken:
                 w.row = snap
         for w in woken:
-            w.event.set()
+            w.wake()
 
     # -- fetcher ----------------------------------------------------------
     def fetch(self, job_id: str) -> None:
@@ -256,7 +264,7 @@ class _State:
                         w.row = row
                         woken.append(w)
         for w in woken:
-            w.event.set()
+            w.wake()
 
     # -- waiters ----------------------------------------------------------
     def register(self, job_id: str, tenant: str, tenant_cap: int, process_cap: int) -> Waiter:
@@ -352,7 +360,7 @@ class WaitHub:
         with s.lock:
             woken = [w for ws in s.jobs.values() for w in ws]
         for w in woken:
-            w.event.set()
+            w.wake()
 
     def reset(self) -> None:
         """Stop this process's listener and fetcher and forget every waiter
@@ -405,3 +413,26 @@ def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], obj
         if watch is not None:
             watch.close()
         s.unregister(w)
+
+
+def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None,
+               process_cap: int | None = None):
+    """The first half of a wait, for a server that parks it
+    (app/infra/parking.py): register (caps) -> read, as ``wait_for_terminal``
+    does.  Returns ``(row, waiter)``: ``waiter`` is None when there is nothing
+    to wait for (terminal, gone, draining); otherwise it stays registered and
+    the caller owns it (a wake-up from now on is in ``waiter.row``)."""
+    settings = get_settings()
+    hub.ensure_started()
+    s = _state.get()
+    w = s.register(job_id, tenant, settings.waiters_per_tenant if tenant_cap is None else tenant_cap,
+                   settings.waiters_max if process_cap is None else process_cap)
+    try:
+        row = read()
+    except BaseException:
+        s.unregister(w)
+        raise
+    if row is None or is_terminal(row.state) or s.draining:
+        s.unregister(w)
+        return row, None
+    return row, w

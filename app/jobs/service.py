@@ -239,6 +239,18 @@ def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str
                                      tenant_cap=waiter_cap(principal), watch=watch)
 
 
+def begin_wait(principal: Principal, job_id: str, model_name: str | None = None):
+    """The first half of ``wait_job`` for a server that parks waits
+    (app/infra/parking.py): caps, then one read.  ``(row, waiter)``; the
+    waiter is None when the row is the answer now, else the caller owns
+    its place and gives it back with ``waiters.hub.unregister``."""
+    def read():
+        with single_statement() as conn:
+            return load_job(conn, principal, job_id, model_name)
+
+    return waiters.begin_wait(job_id, read, tenant=principal.tenant_id, tenant_cap=waiter_cap(principal))
+
+
 @dataclass(frozen=True)
 class ResultBody:
     """A done job's result as served: ``data`` (the inline bytes, or chunks

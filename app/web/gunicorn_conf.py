@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import signal
 
+from app.config import get_settings
 from app.infra import serving
 from app.infra.wakeups import hub
 from app.observe.gunicorn_conf import child_exit, on_exit  # noqa: F401  (gunicorn reads them here)
@@ -52,4 +53,38 @@ def post_worker_init(worker) -> None:
     worker.handle_exit = handle_exit
     signal.signal(signal.SIGTERM, handle_exit)  # the worker installed the unwrapped one already
     signal.siginterrupt(signal.SIGTERM, False)
+    if serving.is_green() and get_settings().wait_parking:
+        _park_waits(worker)
+
+
+def _park_waits(worker) -> None:
+    """Parked waits (app/infra/parking.py): the middleware keeps a parked
+    request's socket; the worker then writes nothing and closes only its own
+    descriptor (StopIteration ends gunicorn's keep-alive loop at once); and
+    before the worker exits, every parked wait is answered, since gunicorn's
+    graceful stop waits only for request greenlets, which parked waits no
+    longer have."""
+    from gunicorn import SERVER
+
+    from app.infra import parking
+
+    worker.wsgi = parking.ParkingMiddleware(worker.wsgi, server=SERVER)
+    handled = worker.is_already_handled
+
+    def is_already_handled(respiter) -> bool:
+        if respiter is parking.PARKED:
+            raise StopIteration()
+        return handled(respiter)
+
+    worker.is_already_handled = is_already_handled
+    run = worker.run
+
+    def run_then_answer_parked() -> None:
+        try:
+            run()
+        finally:
+            hub.drain()
+            parking.drain()
+
+    worker.run = run_then_answer_parked
 

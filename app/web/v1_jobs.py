@@ -1,10 +1,13 @@
 """v1 jobs: the async-jobs wire contract of seed 000 (docs/api.md, "Jobs")."""
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify, request, url_for
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
 from app.contract import dump, parse
+from app.config import get_settings
+from app.infra import parking
 from app.infra.serving import client_watch
+from app.infra.wakeups import GONE, hub
 from app.infra.wakeup_snapshot import Snapshot
 from app.jobs import batch as batches
 from app.jobs import events as job_events
@@ -184,16 +187,49 @@ def job_status(model: str, job_id: str):
                       "per tenant and ASYNCH_WAITERS_MAX in total per API process: past either, 429 with "
                       "Retry-After and the cap in the error text.")
 def job_wait(model: str, job_id: str, query: WaitQuery):
+    budget_ms = query.budget_ms()
+    if budget_ms > 0 and parking.can_park(request.environ) and get_settings().wait_parking:
+        # Under gunicorn's gevent worker a wait that must sleep is parked
+        # (app/infra/parking.py): this response carries its headers, and the
+        # hub sends the body it renders with _wait_answer when the wait ends.
+        global _answering_app
+        _answering_app = current_app._get_current_object()
+        row, waiter = jobs.begin_wait(current_principal(), job_id, model)
+        if waiter is not None:
+            parking.park(request.environ, waiter, row, budget_ms / 1000.0, _wait_answer, hub.unregister)
+        return JobStatus.from_row(row)
     # The client's socket is watched while it waits: a client that hangs up
     # gives its place under the caps back at once, not at its budget's end.
-    row = jobs.wait_job(current_principal(), job_id, query.budget_ms(), model, watch=client_watch(request.environ))
+    row = jobs.wait_job(current_principal(), job_id, budget_ms, model, watch=client_watch(request.environ))
     if isinstance(row, Snapshot):
-        # A terminal wake-up: its many waiters send the bytes rendered for
-        # the first one (the same declaration renders them; see wakeups.py).
-        if row.v1_body is None:
-            row.v1_body = jsonify(dump(JobStatus.from_row(row))).get_data()
-        return Response(row.v1_body, status=200, mimetype="application/json")
+        return Response(_v1_body(row), status=200, mimetype="application/json")
     return JobStatus.from_row(row)
+
+
+def _v1_body(row) -> bytes:
+    if not isinstance(row, Snapshot):
+        return jsonify(dump(JobStatus.from_row(row))).get_data()
+    # A terminal wake-up: its many waiters send the bytes rendered for the
+    # first one (the same declaration renders them; see wakeups.py).
+    if row.v1_body is None:
+        row.v1_body = jsonify(dump(JobStatus.from_row(row))).get_data()
+    return row.v1_body
+
+
+# The app parked waits are answered with (one per process): they end
+# outside any request, and jsonify needs an app context.
+_answering_app = None
+
+
+def _wait_answer(row, job_id: str) -> tuple[str, bytes]:
+    """A parked wait's answer (status line, body): the poll body of ``row``,
+    or the 404 the job's deletion meanwhile gives (as NotFound would)."""
+    if isinstance(row, Snapshot) and row.v1_body is not None:
+        return "200 OK", row.v1_body
+    with _answering_app.app_context():
+        if row is GONE:
+            return "404 NOT FOUND", jsonify({"error": f"job not found: {job_id}"}).get_data()
+        return "200 OK", _v1_body(row)
 
 
 @bp.get("/models/<model>/jobs/<job_id>/result")
