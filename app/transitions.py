@@ -6,6 +6,11 @@ expects.  The database applies it or not; whoever gets the row back owns the
 transition and its side effects (slot release, wake-up, callback), everyone
 else gets ``None`` and backs off.  Nothing here reads a row and writes it back.
 
+A move into a terminal state (done, failed, timeout, canceled) writes its
+webhook deliveries in the same statement on PostgreSQL (data-modifying
+CTEs over the moved row) and in the same transaction elsewhere
+(app/infra/webhook_rows.py): only the winner writes them, exactly once.
+
 A transition the state machine does not allow at all raises
 IllegalTransition before touching the database: that is a bug, not a race.
 """
@@ -112,8 +117,10 @@ def _cas(
     won = conn.execute(stmt, params).first()
     if won is not None and hooks is not None:
         one = select(tasks).where(tasks.c.id == won.id).subquery("moved")
-        for ins in webhook_rows.inserts(one, hooks, conn.dialect.name):
-            conn.execute(ins)
+        made = sum(conn.execute(ins).rowcount for ins in webhook_rows.inserts(one, hooks, conn.dialect.name))
+        # The same row as PostgreSQL's, with its webhooks_queued (the doorbell's cue).
+        won = conn.execute(select(*tasks.c, literal(made).label("webhooks_queued"))
+                           .where(tasks.c.id == won.id)).first()
     return won
 
 
