@@ -67,6 +67,8 @@ HeaderValue = Annotated[str, Field(max_length=8192), pattern("^[^\\r\\n\\x00]*$"
 
 
 WebhookEvent = Literal["done", "failed", "timeout", "canceled"]
+_EVENT = "(done|failed|timeout|canceled)"
+WEBHOOK_EVENTS_PATTERN = f"^( *{_EVENT} *(, *{_EVENT} *)*)?$"
 WEBHOOK_EVENTS_HELP = "comma-separated terminal states to POST the webhook on: done, failed, timeout, canceled (default all)"
 
 ModelKey = Annotated[str, pattern(HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT)] | None
@@ -93,7 +95,7 @@ class SubmitOptions(Shape):
     # The job's own webhook (docs/api.md, Webhooks): a signed JSON POST on
     # each terminal state of ``webhook_events`` (default: all four).
     webhook_url: CallbackUrl | None = None
-    webhook_events: Annotated[list[WebhookEvent], Field(min_length=1, max_length=4)] | None = None
+    webhook_events: Annotated[list[WebhookEvent], Field(min_length=1)] | None = None
     # Where the payload sits in the caller's request, for 422 pointers (not a wire field).
     pointer_base: str = Field("", exclude=True)
 
@@ -121,7 +123,7 @@ class SubmitHeaders(Params):
                                     description="a signed JSON POST (Standard Webhooks) on the job's terminal "
                                                 "state (see docs/api.md, Webhooks)")
     webhook_events: str | None = Field(None, alias="X-Webhook-Events", max_length=64,
-                                       description=WEBHOOK_EVENTS_HELP)
+                                       pattern=WEBHOOK_EVENTS_PATTERN, description=WEBHOOK_EVENTS_HELP)
     prefer: str | None = Field(None, alias="Prefer", max_length=1024,
                                description="RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                            "with the terminal job if it ends within N s (sync mode)")
