@@ -361,3 +361,26 @@ def test_on_real_processes_the_callback_worker_delivers_each_terminal_state(api_
         cbw.stop()
     with transaction() as conn:
         assert conn.execute(select(func.count()).select_from(webhook_attempts)).scalar_one() == 2
+
+
+def test_a_batch_item_carries_its_own_webhook_and_a_bad_one_is_that_items_422(make_model, client, user_key,
+                                                                              receiver):
+    make_model("m")
+    receiver.secrets["/job"] = tenant_secret()
+    resp = client.post("/v1/models/m/jobs:batch", headers=auth(user_key), json={"jobs": [
+        {"payload": {"q": 1}, "webhook_url": receiver.url + "/job", "webhook_events": ["canceled"]},
+        {"payload": {"q": 2}, "webhook_url": receiver.url + "/job", "webhook_events": ["started"]},
+        {"payload": {"q": 3}, "webhook_url": "http://10.0.0.7/x"},
+        {"payload": {"q": 4}, "webhook_events": ["done"]}]})
+    assert resp.status_code == 207, resp.get_json()
+    results = resp.get_json()["results"]
+    assert [r["status"] for r in results] == [202, 422, 422, 422]
+    pointers = json.dumps(results[1:])
+    assert "/jobs/1/webhook_events/0" in pointers and "/jobs/2/webhook_url" in pointers \
+        and "/jobs/3/webhook_events" in pointers
+    with transaction() as conn:
+        assert conn.execute(select(func.count()).select_from(tasks)).scalar_one() == 1
+    jobs.cancel_job(A, results[0]["job_id"])
+    deliver_all()
+    (req,) = receiver.requests
+    assert req["verified"] and req["json"]["type"] == "job.canceled" and req["json"]["data"]["job_id"] == results[0]["job_id"]

@@ -146,6 +146,8 @@ class BatchItem(Shape):
     callback_url: str | None = Field(None, description="GET on done (see docs/api.md, Callbacks)")
     model_key: str | None = Field(None, description=HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     priority: int | None = Field(None, description="0-9, default 5 (9 first), as X-Priority")
+    webhook_url: str | None = Field(None, description="as X-Webhook-Url (see docs/api.md, Webhooks)")
+    webhook_events: list[WebhookEvent] | None = Field(None, min_length=1, description="as X-Webhook-Events")
 
 
 class BatchSubmit(Shape):
