@@ -384,3 +384,23 @@ def test_a_batch_item_carries_its_own_webhook_and_a_bad_one_is_that_items_422(ma
     deliver_all()
     (req,) = receiver.requests
     assert req["verified"] and req["json"]["type"] == "job.canceled" and req["json"]["data"]["job_id"] == results[0]["job_id"]
+
+
+def test_a_webhook_secret_is_encrypted_at_rest_and_moves_with_secrets_rotate(settings, client, user_key):
+    from cryptography.fernet import Fernet
+
+    from app.infra import secretbox
+
+    k1, k2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    base = settings.with_overrides(callback_allow_hosts="127.0.0.1")
+    set_settings(base.with_overrides(secrets_keys=k1))
+    sub = subscribe(client, user_key, "http://127.0.0.1:1/x")
+    with transaction() as conn:
+        stored = conn.execute(select(webhook_subscriptions.c.secret)).scalar_one()
+    assert secretbox.is_encrypted(stored) and sub["secret"] not in stored
+    set_settings(base.with_overrides(secrets_keys=f"{k2},{k1}"))
+    out = CliRunner().invoke(cli_main, ["secrets", "rotate"])
+    assert out.exit_code == 0 and json.loads(out.output)["webhook_secrets"] == 1, out.output
+    set_settings(base.with_overrides(secrets_keys=k2))  # the old key can go
+    (listed,) = client.get("/v1/tenants/tenant-a/webhooks", headers=auth(user_key)).get_json()["webhooks"]
+    assert listed["secret"] == sub["secret"]
