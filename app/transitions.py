@@ -6,6 +6,11 @@ expects.  The database applies it or not; whoever gets the row back owns the
 transition and its side effects (slot release, wake-up, callback), everyone
 else gets ``None`` and backs off.  Nothing here reads a row and writes it back.
 
+A move into a terminal state (done, failed, timeout, canceled) writes its
+webhook deliveries in the same statement on PostgreSQL (data-modifying
+CTEs over the moved row) and in the same transaction elsewhere
+(app/infra/webhook_rows.py): only the winner writes them, exactly once.
+
 A transition the state machine does not allow at all raises
 IllegalTransition before touching the database: that is a bug, not a race.
 """
@@ -19,7 +24,8 @@ from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
-from app.infra.tables import models, tasks
+from app.infra import webhook_rows
+from app.infra.tables import models, tasks, webhook_deliveries
 from app.states import TERMINAL_STATES, job_error
 from app.states import JobState as S
 
@@ -94,28 +100,58 @@ def _cas(
             _STATEMENTS[key] = stmt
         params = {f"v_{k}": v for k, v in vals.items()}
         params.update(_id=job_id, _attempt=attempt)
+    # A terminal state writes its webhook deliveries with the transition
+    # itself (app/infra/webhook_rows.py): never lost, never twice.
+    hooks = S(to_state) if S(to_state) in webhook_rows.EVENT_OF_STATE else None
+    side = None
     if alongside is not None:
         side, side_params = alongside
         params.update(side_params)
         if conn.dialect.name != "postgresql":
             conn.execute(side, side_params)
-        else:
-            stmt = _with_side(key, stmt, side)
-    return conn.execute(stmt, params).first()
+            side = None
+    if conn.dialect.name == "postgresql":
+        if side is not None or hooks is not None:
+            stmt = _combined(key, stmt, side, hooks)
+        return conn.execute(stmt, params).first()
+    won = conn.execute(stmt, params).first()
+    if won is not None and hooks is not None:
+        one = select(tasks).where(tasks.c.id == won.id).subquery("moved")
+        made = sum(conn.execute(ins).rowcount for ins in webhook_rows.inserts(one, hooks, conn.dialect.name))
+        # The same row as PostgreSQL's, with its webhooks_queued (the doorbell's cue).
+        won = conn.execute(select(*tasks.c, literal(made).label("webhooks_queued"))
+                           .where(tasks.c.id == won.id)).first()
+    return won
 
 
 _COMBINED: dict[tuple, object] = {}
 
 
-def _with_side(key: tuple, stmt, side):
-    """WITH side AS (<side> RETURNING 1), moved AS (<the CAS> RETURNING *)
-    SELECT * FROM moved -- built once per shape."""
-    combined = _COMBINED.get((key, id(side))) if key is not None else None
+def _combined(key: tuple | None, stmt, side, hooks: S | None):
+    """WITH side AS (<side> RETURNING 1), moved AS (<the CAS> RETURNING *),
+    hook0/hook1 AS (INSERT the webhook deliveries FROM moved RETURNING id)
+    SELECT moved.*, <deliveries inserted> AS webhooks_queued FROM moved --
+    built once per shape.  PostgreSQL runs every data-modifying CTE exactly
+    once, so the deliveries commit with the transition or not at all."""
+    ck = (key, id(side) if side is not None else None, hooks)
+    combined = _COMBINED.get(ck) if key is not None else None
     if combined is None:
         moved = stmt.cte("moved")
-        combined = select(moved).add_cte(side.returning(literal_column("1")).cte("side"))
+        cols = [moved]
+        ctes = []
+        if side is not None:
+            ctes.append(side.returning(literal_column("1")).cte("side"))
+        if hooks is not None:
+            made = [ins.returning(webhook_deliveries.c.id).cte(f"hook{i}")
+                    for i, ins in enumerate(webhook_rows.inserts(moved, hooks, "postgresql"))]
+            ctes.extend(made)
+            counted = [select(func.count()).select_from(h).scalar_subquery() for h in made]
+            cols.append((counted[0] + counted[1]).label("webhooks_queued"))
+        combined = select(*cols)
+        for cte in ctes:
+            combined = combined.add_cte(cte)
         if key is not None:
-            _COMBINED[(key, id(side))] = combined
+            _COMBINED[ck] = combined
     return combined
 
 

@@ -22,7 +22,7 @@ import schemathesis
 
 # (operation label regex, pointer regex, why no static schema can say it)
 STATEFUL_RULES: list[tuple[str, str, str]] = [
-    (r"^POST /v1/models/\{model\}/jobs$", r"^/(?!(modelKey|bizName|callbackUrl|Idempotency-Key|X-[A-Za-z-]+)$).*$",
+    (r"^POST /v1/models/\{model\}/jobs$", r"^/(?!(modelKey|bizName|callbackUrl|webhookUrl|webhookEvents|Idempotency-Key|X-[A-Za-z-]+)$).*$",
      "the body is the payload, checked against the model's stored form (pointers name its fields)"),
     (r"^POST /task/createTask$", r"^/requestPayload(/.*)?$", "the payload must fit the model's stored form"),
     (r"^(POST /v1/models/\{model\}/jobs|POST /task/createTask)$", r"^/Idempotency-Key$",
@@ -34,6 +34,12 @@ STATEFUL_RULES: list[tuple[str, str, str]] = [
      r"^/form/\d+/pattern$", "a form pattern must be RE2 syntax (format: regex admits backreferences and lookaround)"),
     (r"^(POST /v1/models/\{model\}/jobs|POST /task/createTask)$", r"^/callbackUrl$",
      "a callback host must resolve to an allowed address (DNS and the allow list, not syntax)"),
+    (r"^POST /v1/models/\{model\}/jobs$", r"^/webhookUrl$",
+     "a webhook host must resolve to an allowed address (DNS and the allow list, not syntax)"),
+    (r"^POST /v1/models/\{model\}/jobs$", r"^/webhookEvents$",
+     "X-Webhook-Events needs X-Webhook-Url (a rule across two headers)"),
+    (r"^POST /v1/tenants/\{tenant\}/webhooks$", r"^/url$",
+     "a webhook host must resolve to an allowed address, and a tenant holds at most 10 webhooks (stored count)"),
     (r"^(POST /v1/models|(PUT|PATCH) /v1/models/\{name\}|POST /model/(createModel|updateModel))$",
      r"^/(models_type|modelsType)$", "the model type must exist"),
     (r"^(POST /v1/models|(PUT|PATCH) /v1/models/\{name\}|POST /model/(createModel|updateModel)"

@@ -444,6 +444,9 @@ def test_jobs_and_callbacks_have_separate_queues_and_pools(services):
     from app.infra.celery_config import (
         DELIVER_CALLBACK_TASK,
         DELIVER_DUE_CALLBACKS_TASK,
+        DELIVER_DUE_WEBHOOKS_TASK,
+        DELIVER_JOB_WEBHOOKS_TASK,
+        DELIVER_WEBHOOK_TASK,
         RUN_JOB_TASK,
         celery_settings,
         queue_for,
@@ -465,14 +468,16 @@ def test_jobs_and_callbacks_have_separate_queues_and_pools(services):
     node = cb_argv[cb_argv.index("-n") + 1]
     assert node.split("@")[0] in json.dumps(services["callbacks"]["healthcheck"])
     assert "-n" not in worker_argv(2) and "celery@" in json.dumps(services["worker"]["healthcheck"])
-    for task in (DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK):
+    for task in (DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, DELIVER_WEBHOOK_TASK, DELIVER_JOB_WEBHOOKS_TASK,
+                 DELIVER_DUE_WEBHOOKS_TASK):
         assert queue_for(task, s) == s.callback_queue_name
         assert celery_settings(s)["task_routes"][task]["queue"] == s.callback_queue_name
     assert queue_for(RUN_JOB_TASK, s) == s.queue_name
     from beat_schedule import build_schedule
     sched = build_schedule(s)
-    assert sched["deliver-callbacks"]["options"]["queue"] == s.callback_queue_name
-    assert all(e["options"]["queue"] == s.queue_name for k, e in sched.items() if k != "deliver-callbacks")
+    on_callbacks = {"deliver-callbacks", "deliver-webhooks"}
+    assert all(sched[k]["options"]["queue"] == s.callback_queue_name for k in on_callbacks)
+    assert all(e["options"]["queue"] == s.queue_name for k, e in sched.items() if k not in on_callbacks)
 
 
 def test_beat_is_a_single_service(services):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import auth, make_key
-from sqlalchemy import select
+from sqlalchemy import select, update
 from test_openapi import _openapi_paths
 
 A, B = "tenant-a", "tenant-b"
@@ -84,6 +84,18 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
         {"url": "/v1/tenants/tenant-a/callback-secret", "expect": 403, "owner": 200}],
     ("GET", "/v1/tenants/<tenant>/limits"): [
         {"url": "/v1/tenants/tenant-a/limits", "expect": 403, "owner": 200}],
+    # Webhooks: A's subscriptions (with their secrets), A's deliveries, A's replays.
+    ("GET", "/v1/jobs/<job_id>/webhooks"): [
+        {"url": "/v1/jobs/{done}/webhooks", "expect": 404, "owner": 200}],
+    ("GET", "/v1/tenants/<tenant>/webhooks"): [
+        {"url": "/v1/tenants/tenant-a/webhooks", "expect": 403, "owner": 200}],
+    ("POST", "/v1/tenants/<tenant>/webhooks"): [
+        {"method": "POST", "url": "/v1/tenants/tenant-a/webhooks", "json": {"url": "http://93.184.216.34/b"},
+         "expect": 403, "owner": 201}],
+    ("DELETE", "/v1/tenants/<tenant>/webhooks/<int:webhook_id>"): [
+        {"method": "DELETE", "url": "/v1/tenants/tenant-a/webhooks/{a_webhook}", "expect": 403, "owner": 204}],
+    ("POST", "/v1/webhook-deliveries/<int:delivery_id>/replay"): [
+        {"method": "POST", "url": "/v1/webhook-deliveries/{a_delivery}/replay", "expect": 404, "owner": 200}],
 }
 
 _ANY = "/v1/maintenance/<any(retry, recover, cleanup, reconcile):name>"
@@ -195,7 +207,8 @@ def world(make_model, client):
     from app.config import get_settings, set_settings
     from app.infra.db import transaction
     from app.infra.storage import get_storage
-    from app.infra.tables import api_keys
+    from app.infra.tables import api_keys, webhook_deliveries
+    from app.webhooks import subscriptions
     from app.jobs import service as jobs
     from app.jobs import stats
     from app.jobs.service import SubmitOptions, release_slot
@@ -211,6 +224,7 @@ def world(make_model, client):
     set_settings(s.with_overrides(callback_allow_hosts="127.0.0.1"))
     try:
         pa = Principal(A, "user", None)
+        a_webhook = subscriptions.create(pa, A, "http://93.184.216.34/a", ["done"])["id"]
         pending = jobs.submit(pa, MODEL, {"prompt": "p"}, SubmitOptions(idempotency_key="idem-a")).row.id
         done = jobs.submit(pa, MODEL, {"prompt": "d"}, SubmitOptions(callback_url="http://127.0.0.1:9/cb")).row.id
     finally:
@@ -221,11 +235,14 @@ def world(make_model, client):
         loc = get_storage().put(done, body, "application/json")
         row = transitions.complete(conn, done, 1, location=loc, content_type="application/json", size=len(body))
         stats.count_call(conn, now().date(), A, "", MODEL)
+        # The done transition wrote A's webhook delivery; it failed (a replay's target).
+        a_delivery = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.job_id == done)
+                                  .values(status="failed", attempts=3).returning(webhook_deliveries.c.id)).scalar_one()
     release_slot(MODEL, A, done)
     callbacks.schedule_for(row)
     assert client.get(f"/v1/tenants/{A}/callback-secret", headers=auth(key_a)).status_code == 200
     return {"admin": admin, "a": key_a, "b": key_b, "pending": pending, "done": done, "model": MODEL,
-            "a_key_id": a_key_id}
+            "a_key_id": a_key_id, "a_webhook": a_webhook, "a_delivery": a_delivery}
 
 
 def snapshot(r, a_jobs: tuple[str, ...], exclude_tenant: str | None = None) -> dict:

@@ -9,6 +9,9 @@ from app.errors import Unavailable
 from app.infra.celery_config import (
     DELIVER_CALLBACK_TASK,
     DELIVER_DUE_CALLBACKS_TASK,
+    DELIVER_DUE_WEBHOOKS_TASK,
+    DELIVER_JOB_WEBHOOKS_TASK,
+    DELIVER_WEBHOOK_TASK,
     RUN_JOB_TASK,
 )
 from app.infra import metrics
@@ -16,6 +19,7 @@ from app.jobs import execution
 from app.maintenance import autotune
 from app.maintenance import passes as maintenance
 from app.maintenance.periodic import run_periodic
+from app.webhooks import delivery as webhooks
 from workers import heartbeat
 from workers.celery_app import celery
 
@@ -71,3 +75,22 @@ def deliver_callback(self, callback_id: int) -> str:
 @celery.task(name=DELIVER_DUE_CALLBACKS_TASK, ignore_result=True)
 def deliver_due_callbacks(fence: dict | None = None) -> dict:
     return run_periodic("deliver_callbacks", fence, callbacks.deliver_due_callbacks)
+
+
+# Webhooks (app/webhooks/delivery.py): on the callback queue as callbacks are.
+@celery.task(name=DELIVER_WEBHOOK_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
+def deliver_webhook(self, delivery_id: int) -> str:
+    out = webhooks.deliver(delivery_id)
+    if out.status == "retry":
+        raise self.retry(countdown=out.retry_in)
+    return out.status
+
+
+@celery.task(name=DELIVER_JOB_WEBHOOKS_TASK, ignore_result=True)
+def deliver_job_webhooks(job_id: str) -> int:
+    return webhooks.fan_out(job_id)
+
+
+@celery.task(name=DELIVER_DUE_WEBHOOKS_TASK, ignore_result=True)
+def deliver_due_webhooks(fence: dict | None = None) -> dict:
+    return run_periodic("deliver_webhooks", fence, webhooks.deliver_due)

@@ -37,7 +37,7 @@ from app.config import get_settings
 from app.errors import Forbidden, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
-from app.infra.tables import tenant_secrets
+from app.infra.tables import tenant_secrets, webhook_subscriptions
 from app.tenancy.keys import Principal
 from app.tenancy.schemas import TENANT_PATTERN
 
@@ -152,6 +152,19 @@ def reencrypt_all(conn: Connection) -> tuple[int, int]:
                      .values(secret=secretbox.rotate(row.secret)))
         done += 1
     return done, left
+
+
+def reencrypt_webhook_secrets(conn: Connection) -> int:
+    """`asynch secrets rotate`: the tenant webhooks' own secrets
+    (app/webhooks/subscriptions.py; always encrypted) re-encrypted with the
+    first key.  Returns how many."""
+    done = 0
+    for row in conn.execute(select(webhook_subscriptions.c.id, webhook_subscriptions.c.secret)).all():
+        if secretbox.is_encrypted(row.secret):
+            conn.execute(update(webhook_subscriptions).where(webhook_subscriptions.c.id == row.id)
+                         .values(secret=secretbox.rotate(row.secret)))
+            done += 1
+    return done
 
 
 def _view(row) -> dict:

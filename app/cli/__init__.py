@@ -16,6 +16,7 @@ def main() -> None:
 
 for _cmd in (processes.db, processes.api, processes.worker, processes.callback_worker, processes.beat, processes.dev, processes.env_cmd,
              operate.keys, operate.models, operate.jobs, operate.maintenance, operate.work, operate.tenants, operate.secrets,
+             operate.callbacks,
              client_cmds.submit, client_cmds.wait):
     main.add_command(_cmd)
 

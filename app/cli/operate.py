@@ -21,6 +21,8 @@ from app.tenancy import keys as key_service
 from app.tenancy import limits
 from app.tenancy.keys import OPERATOR
 from app.tenancy.schemas import ApiKeyView, TenantLimitsInput
+from app.webhooks import delivery as webhook_delivery
+from app.webhooks.schemas import WebhookDelivery
 
 
 def _echo(shape, indent: int | None = None) -> None:
@@ -246,6 +248,20 @@ def tenants_limits(tenant, weight, rate, burst, max_waiters, queue_limits) -> No
     else:
         view = limits.read(OPERATOR, tenant)
     _echo(view, indent=2)
+
+
+# --- callbacks and webhooks ---------------------------------------------------------
+
+@click.group(cls=DomainGroup, help="Callback and webhook deliveries.")
+def callbacks() -> None:
+    pass
+
+
+@callbacks.command("replay", help="Re-send a failed webhook delivery (its id: GET /v1/jobs/{id}/webhooks): "
+                                  "the same webhook-id and body, a fresh attempt budget.")
+@click.argument("delivery_id", type=click.IntRange(min=0))
+def callbacks_replay(delivery_id: int) -> None:
+    _echo(WebhookDelivery.of(webhook_delivery.replay(OPERATOR, delivery_id)))
 
 
 @click.group(cls=DomainGroup, help="Secrets at rest (head_msg values, callback secrets): key rotation.")

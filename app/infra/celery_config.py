@@ -15,8 +15,14 @@ from app.config import Settings
 RUN_JOB_TASK = "asynch.run_job"
 DELIVER_CALLBACK_TASK = "asynch.deliver_callback"
 DELIVER_DUE_CALLBACKS_TASK = "asynch.deliver_due_callbacks"
+# Webhooks (app/webhooks/): one delivery, a terminal job's doorbell (fans
+# out to its deliveries), the sweep.  On the callback queue as callbacks are.
+DELIVER_WEBHOOK_TASK = "asynch.deliver_webhook"
+DELIVER_JOB_WEBHOOKS_TASK = "asynch.deliver_job_webhooks"
+DELIVER_DUE_WEBHOOKS_TASK = "asynch.deliver_due_webhooks"
 MAX_PRIORITY = 9
-CALLBACK_TASKS = frozenset({DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK})
+CALLBACK_TASKS = frozenset({DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, DELIVER_WEBHOOK_TASK,
+                            DELIVER_JOB_WEBHOOKS_TASK, DELIVER_DUE_WEBHOOKS_TASK})
 
 
 def queue_for(task: str, s: Settings) -> str:

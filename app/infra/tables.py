@@ -134,6 +134,10 @@ tasks = Table(
     Column("updated_at", TS, nullable=False),
     # When a pending retry was published at high priority (revision 0003).
     Column("promoted_at", TS, nullable=True),
+    # The job's own webhook (revision 0015): a JSON POST on each terminal
+    # state whose bit is in webhook_events (app/infra/webhook_rows.py EVENT_BITS).
+    Column("webhook_url", Text, nullable=True),
+    Column("webhook_events", SmallInteger, nullable=True),
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it (revision 0005).
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
           postgresql_where=text("idempotency_key IS NOT NULL"), sqlite_where=text("idempotency_key IS NOT NULL")),
@@ -210,6 +214,59 @@ callback_attempts = Table(
     Column("http_status", Integer, nullable=True),
     Column("error", Text, nullable=True),
     Index("ix_asynch_callback_attempt_callback", "callback_id", "attempt"),
+)
+
+# Webhooks (revision 0015): a tenant's subscriptions (URL, event bits, its
+# own whsec_ secret encrypted with app/infra/secretbox.py) ...
+webhook_subscriptions = Table(
+    "asynch_webhook_subscription", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(64), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("events", SmallInteger, nullable=False),
+    Column("secret", String(128), nullable=False),
+    Column("created_at", TS, nullable=False),
+    Index("ix_asynch_webhook_subscription_tenant", "tenant_id"),
+)
+
+# ... and one delivery per (job, receiver) for the terminal state the job
+# reached, inserted by the terminal transition's own statement
+# (app/transitions.py): subscription_id 0 is the job's own webhook.
+# pending -> sending (a lease) -> delivered | pending (backoff) | failed.
+webhook_deliveries = Table(
+    "asynch_webhook_delivery", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", String(64), nullable=False),
+    Column("subscription_id", BigInteger, nullable=False, server_default="0"),
+    Column("event", String(16), nullable=False),
+    Column("url", Text, nullable=False),
+    # The JSON body, frozen at the first attempt (retries and replays send the same bytes).
+    Column("payload", Text, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", TS, nullable=False),
+    Column("lease_until", TS, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("delivered_at", TS, nullable=True),
+    Column("created_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    UniqueConstraint("job_id", "subscription_id", name="uq_asynch_webhook_delivery_job_sub"),
+    Index("ix_asynch_webhook_delivery_status_next", "status", "next_attempt_at"),
+    Index("ix_asynch_webhook_delivery_status_lease", "status", "lease_until"),
+)
+
+webhook_attempts = Table(
+    "asynch_webhook_attempt", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("delivery_id", BigId, ForeignKey("asynch_webhook_delivery.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", TS, nullable=False),
+    Column("duration_ms", Integer, nullable=False),
+    Column("address", String(64), nullable=True),
+    Column("http_status", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Index("ix_asynch_webhook_attempt_delivery", "delivery_id", "attempt"),
 )
 
 # Per-tenant callback signing secrets, generated on first use.

@@ -229,9 +229,9 @@ def _release(sub: Submission) -> None:
 
 _COLUMNS = ("id", "tenant_id", "creator", "model_name", "biz_name", "callback_url", "model_key", "request_payload",
             "request_hash", "passthrough_headers", "idempotency_key", "state", "attempt", "retry_count", "created_at",
-            "enqueue_at", "updated_at", "deadline_at", "priority")
+            "enqueue_at", "updated_at", "deadline_at", "priority", "webhook_url", "webhook_events")
 # Columns a submission may leave out (the table's server defaults).
-_DEFAULTS = {"priority": 5}
+_DEFAULTS = {"priority": 5, "webhook_url": None, "webhook_events": None}
 # The partial unique index's target (revision 0005): a row whose key is taken is skipped, not an error.
 _CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 

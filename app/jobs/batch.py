@@ -49,7 +49,8 @@ def _options(item: BatchItem, index: int, creator: str, passthrough: dict | None
     return parse(SubmitOptions, {
         "Idempotency-Key": item.idempotency_key, "modelKey": item.model_key, "bizName": item.biz_name,
         "creator": creator, "callbackUrl": item.callback_url or None, "passthrough": passthrough,
-        "priority": 5 if item.priority is None else item.priority, "pointerBase": f"/jobs/{index}/payload"}, face="seed", message="invalid job options")
+        "priority": 5 if item.priority is None else item.priority,
+        "webhookUrl": item.webhook_url or None, "webhookEvents": item.webhook_events, "pointerBase": f"/jobs/{index}/payload"}, face="seed", message="invalid job options")
 
 
 def _existing(principal: Principal, keys: set[str]) -> dict[str, Any]:
@@ -63,7 +64,8 @@ def _existing(principal: Principal, keys: set[str]) -> dict[str, Any]:
 
 # SubmitOptions' and the submit's pointers (seed names, headers) as the batch item's field names.
 _FIELD = {"/Idempotency-Key": "/idempotency_key", "/modelKey": "/model_key", "/bizName": "/biz_name",
-          "/callbackUrl": "/callback_url", "/creator": "/creator"}
+          "/callbackUrl": "/callback_url", "/creator": "/creator", "/webhookUrl": "/webhook_url",
+          "/webhookEvents": "/webhook_events"}
 
 
 def _prefix(exc: DomainError, index: int) -> DomainError:

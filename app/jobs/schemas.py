@@ -66,6 +66,11 @@ CallbackUrl = Annotated[str, Field(max_length=2048, description="http(s) to a pu
 HeaderValue = Annotated[str, Field(max_length=8192), pattern("^[^\\r\\n\\x00]*$", "text without CR, LF or NUL")]
 
 
+WebhookEvent = Literal["done", "failed", "timeout", "canceled"]
+_EVENT = "(done|failed|timeout|canceled)"
+WEBHOOK_EVENTS_PATTERN = f"^( *{_EVENT} *(, *{_EVENT} *)*)?$"
+WEBHOOK_EVENTS_HELP = "comma-separated terminal states to POST the webhook on: done, failed, timeout, canceled (default all)"
+
 ModelKey = Annotated[str, pattern(HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT)] | None
 
 
@@ -87,6 +92,10 @@ class SubmitOptions(Shape):
     # secrets, kept only until the job is terminal.
     passthrough: dict[str, HeaderValue] | None = None
     priority: Annotated[int, Field(ge=0, le=9)] = rule("from 0 to 9 (9 first; default 5)", 5)
+    # The job's own webhook (docs/api.md, Webhooks): a signed JSON POST on
+    # each terminal state of ``webhook_events`` (default: all four).
+    webhook_url: CallbackUrl | None = None
+    webhook_events: Annotated[list[WebhookEvent], Field(min_length=1)] | None = None
     # Where the payload sits in the caller's request, for 422 pointers (not a wire field).
     pointer_base: str = Field("", exclude=True)
 
@@ -110,6 +119,11 @@ class SubmitHeaders(Params):
                                   description="passed to the OSS file service; the creator behind a trusted gateway")
     priority: str | None = Field(None, alias="X-Priority",
                                  description="0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
+    webhook_url: str | None = Field(None, alias="X-Webhook-Url",
+                                    description="a signed JSON POST (Standard Webhooks) on the job's terminal "
+                                                "state (see docs/api.md, Webhooks)")
+    webhook_events: str | None = Field(None, alias="X-Webhook-Events", max_length=64,
+                                       pattern=WEBHOOK_EVENTS_PATTERN, description=WEBHOOK_EVENTS_HELP)
     prefer: str | None = Field(None, alias="Prefer", max_length=1024,
                                description="RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                            "with the terminal job if it ends within N s (sync mode)")
@@ -132,6 +146,8 @@ class BatchItem(Shape):
     callback_url: str | None = Field(None, description="GET on done (see docs/api.md, Callbacks)")
     model_key: str | None = Field(None, description=HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     priority: int | None = Field(None, description="0-9, default 5 (9 first), as X-Priority")
+    webhook_url: str | None = Field(None, description="as X-Webhook-Url (see docs/api.md, Webhooks)")
+    webhook_events: list[WebhookEvent] | None = Field(None, min_length=1, description="as X-Webhook-Events")
 
 
 class BatchSubmit(Shape):

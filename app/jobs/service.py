@@ -37,10 +37,12 @@ from app.errors import (
     Unavailable,
     ValidationFailed,
 )
-from app.infra import metrics, secretbox
+from app.infra import metrics, secretbox, webhook_rows
 from app.infra import wakeups as waiters
 from app.infra.wakeup_snapshot import snapshot_message
+from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
 from app.infra.db import single_statement, transaction
+from app.infra.publisher import publish_task
 from app.infra.http.headers import override_problem, parse_header_spec
 from app.infra.http.netguard import callback_url_problem
 from app.infra.redis import gate
@@ -67,7 +69,10 @@ class Submitted:
 
 
 def request_hash(model: str, payload: Any, opts: SubmitOptions) -> str:
-    canon = json.dumps([model, payload, opts.biz_name, opts.callback_url, opts.model_key],
+    parts = [model, payload, opts.biz_name, opts.callback_url, opts.model_key]
+    if opts.webhook_url is not None:  # jobs without one hash as before
+        parts += [opts.webhook_url, sorted(opts.webhook_events or [])]
+    canon = json.dumps(parts,
                        sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canon.encode()).hexdigest()
 
@@ -106,6 +111,13 @@ def check_callback(opts: SubmitOptions) -> None:
         problem = callback_url_problem(opts.callback_url)
         if problem:
             raise ValidationFailed("invalid job options", [{"pointer": "/callbackUrl", "message": problem}])
+    if opts.webhook_events is not None and opts.webhook_url is None:
+        raise ValidationFailed("invalid job options", [{"pointer": "/webhookEvents",
+                                                        "message": "needs a webhook URL (X-Webhook-Url)"}])
+    if opts.webhook_url is not None:
+        problem = callback_url_problem(opts.webhook_url)
+        if problem:
+            raise ValidationFailed("invalid job options", [{"pointer": "/webhookUrl", "message": problem}])
 
 
 def _check_model_key(opts: SubmitOptions, model) -> None:
@@ -175,7 +187,9 @@ def new_submission(principal: Principal, model, payload: Any, opts: SubmitOption
                     passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
                     idempotency_key=opts.idempotency_key, state=int(JobState.PENDING), attempt=0, retry_count=0,
                     created_at=now, enqueue_at=now, updated_at=now, deadline_at=job_deadline(model, now),
-                    priority=opts.priority),
+                    priority=opts.priority, webhook_url=opts.webhook_url,
+                    webhook_events=(webhook_rows.bits_of(opts.webhook_events or webhook_rows.EVENTS)
+                                    if opts.webhook_url else None)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
         retry_after=retry_after_seconds(model))
 
@@ -371,6 +385,10 @@ def after_terminal(row: Row, cap: int | None = None) -> None:
     metrics.job_finished(row)
     dispatch.finished(row.model_name, row.tenant_id, row.id, wake=True, message=snapshot_message(row),
                       cap=cap)
+    if getattr(row, "webhooks_queued", 0):
+        # The deliveries committed with the transition; this rings their
+        # bell (a miss is the webhook sweep's, app/webhooks/delivery.py).
+        publish_task(DELIVER_JOB_WEBHOOKS_TASK, [row.id])
 
 
 def after_retry_wait(row: Row, cap: int | None = None) -> None:

@@ -4,7 +4,8 @@ ASYNCH_SECRETS_KEYS key (app/infra/secretbox.py), in one transaction.
 Invariants: all or nothing (a value no configured key decrypts aborts the
 whole pass and changes nothing); values already encrypted with the first key
 get a fresh token, plaintext values from before encryption are encrypted
-(callback secrets too long for their column stay plaintext and are counted).
+(callback secrets too long for their column stay plaintext and are counted);
+tenant webhooks' secrets (always encrypted) are re-encrypted too.
 """
 from __future__ import annotations
 
@@ -17,4 +18,6 @@ def rotate_secrets() -> dict:
     with transaction() as conn:
         models = registry.reencrypt_head_msgs(conn)
         tenants, plaintext = callback_secrets.reencrypt_all(conn)
-    return {"models": models, "callback_secrets": tenants, "callback_secrets_left_plaintext": plaintext}
+        webhooks = callback_secrets.reencrypt_webhook_secrets(conn)
+    return {"models": models, "callback_secrets": tenants, "callback_secrets_left_plaintext": plaintext,
+            "webhook_secrets": webhooks}

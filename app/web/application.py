@@ -21,6 +21,7 @@ from app.web import (
     v1_maintenance,
     v1_observe,
     v1_tenants,
+    v1_webhooks,
 )
 from app.web.console import bp as console_bp
 
@@ -40,7 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     request_log.register(flask_app)
     input_guard.register(flask_app)
     for module in (health, v1_jobs, v1_admin, v1_maintenance, seed_maintenance, v1_business, seed, docs, metrics,
-                   v1_observe, v1_tenants):
+                   v1_observe, v1_tenants, v1_webhooks):
         flask_app.register_blueprint(module.bp)
     flask_app.register_blueprint(console_bp)
 

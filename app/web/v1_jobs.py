@@ -105,7 +105,10 @@ def _options(headers: SubmitHeaders) -> SubmitOptions:
         "Idempotency-Key": headers.idempotency_key, "modelKey": headers.model_key, "bizName": headers.biz_name or "",
         "creator": creator_for(headers.creator, headers.user_info), "callbackUrl": headers.callback_url or None,
         "passthrough": passthrough(headers.oss_authorization, headers.user_info),
-        "priority": headers.priority if headers.priority not in (None, "") else 5}, face="seed",
+        "priority": headers.priority if headers.priority not in (None, "") else 5,
+        "webhookUrl": headers.webhook_url or None,
+        "webhookEvents": [e.strip() for e in headers.webhook_events.split(",")] if headers.webhook_events else None},
+        face="seed",
         message="invalid job options")
 
 

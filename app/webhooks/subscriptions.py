@@ -1,0 +1,79 @@
+"""A tenant's webhook subscriptions: a URL, an event filter, a secret.
+
+Each subscription signs its deliveries with its own ``whsec_`` secret
+(24 random bytes), stored encrypted with the application key
+(app/infra/secretbox.py) as callback secrets are and shown to the tenant's
+own keys and admins only.  The URL passes the SSRF guard at creation (and
+again at every attempt, app/webhooks/delivery.py).  At most
+MAX_PER_TENANT subscriptions per tenant.  A deleted subscription gets no
+new deliveries; its pending ones fail ("the subscription was deleted").
+"""
+from __future__ import annotations
+
+import secrets as pysecrets
+
+from sqlalchemy import delete, func, insert, select
+
+from app.callbacks import secrets as callback_secrets
+from app.callbacks.secrets import SECRET_BYTES
+from app.clock import now as clock_now
+from app.errors import Forbidden, NotFound, ValidationFailed
+from app.infra import secretbox
+from app.infra.db import transaction
+from app.infra.http.netguard import callback_url_problem
+from app.infra.tables import webhook_subscriptions
+from app.infra.webhook_rows import EVENTS, bits_of, events_of
+from app.tenancy.keys import Principal
+
+MAX_PER_TENANT = 10
+W = webhook_subscriptions.c
+
+
+def _check_access(principal: Principal, tenant_id: str) -> None:
+    callback_secrets._check_tenant(tenant_id)
+    if not principal.is_admin and principal.tenant_id != tenant_id:
+        raise Forbidden("admin key required")
+
+
+def _view(row) -> dict:
+    return {"id": row.id, "tenant": row.tenant_id, "url": row.url, "events": events_of(row.events),
+            "secret": callback_secrets.plain(row.secret), "created_at": row.created_at}
+
+
+def create(principal: Principal, tenant_id: str, url: str, events: list[str] | None) -> dict:
+    _check_access(principal, tenant_id)
+    problem = callback_url_problem(url)
+    if problem:
+        raise ValidationFailed("invalid webhook", [{"pointer": "/url", "message": problem}])
+    with transaction() as conn:
+        # One creator at a time per tenant, so the cap holds under races.
+        conn.execute(select(func.pg_advisory_xact_lock(func.hashtext("asynch-webhooks:" + tenant_id)))
+                     if conn.dialect.name == "postgresql" else select(1))
+        n = conn.execute(select(func.count()).select_from(webhook_subscriptions)
+                         .where(W.tenant_id == tenant_id)).scalar_one()
+        if n >= MAX_PER_TENANT:
+            raise ValidationFailed("invalid webhook", [{"pointer": "/url", "message":
+                                                        f"a tenant has at most {MAX_PER_TENANT} webhooks"}])
+        row = conn.execute(insert(webhook_subscriptions).values(
+            tenant_id=tenant_id, url=url, events=bits_of(events or EVENTS),
+            secret=secretbox.encrypt_bytes(pysecrets.token_bytes(SECRET_BYTES)), created_at=clock_now())
+            .returning(*webhook_subscriptions.c)).one()
+    return _view(row)
+
+
+def list_for(principal: Principal, tenant_id: str) -> list[dict]:
+    _check_access(principal, tenant_id)
+    with transaction() as conn:
+        rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id).order_by(W.id)).all()
+    return [_view(r) for r in rows]
+
+
+def remove(principal: Principal, tenant_id: str, subscription_id: int) -> None:
+    _check_access(principal, tenant_id)
+    if not 0 <= subscription_id <= 2 ** 63 - 1:
+        raise NotFound("no such webhook")
+    with transaction() as conn:
+        gone = conn.execute(delete(webhook_subscriptions).where(
+            W.id == subscription_id, W.tenant_id == tenant_id).returning(W.id)).first()
+    if gone is None:
+        raise NotFound("no such webhook")
