@@ -8,18 +8,23 @@ else gets ``None`` and backs off.  Nothing here reads a row and writes it back.
 
 A transition the state machine does not allow at all raises
 IllegalTransition before touching the database: that is a bug, not a race.
+
+An attempt that ends (running -> done, retry_wait or failed, by its
+worker or by recovery) appends its row to asynch_task_attempt in the same
+statement as the transition (a data-modifying CTE reading the moved row),
+so the log holds exactly the attempts whose transition applied.
 """
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
-from sqlalchemy import DateTime, bindparam, delete, func, literal, literal_column, select, update
+from sqlalchemy import DateTime, bindparam, delete, func, insert, literal, literal_column, select, update
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
-from app.infra.tables import models, tasks
+from app.infra.tables import models, task_attempts, tasks
 from app.states import TERMINAL_STATES, job_error
 from app.states import JobState as S
 
@@ -61,8 +66,10 @@ def _cas(
     where: Sequence = (),
     values: dict | None = None,
     alongside: tuple | None = None,
+    log_attempt: bool = False,
 ) -> Row | None:
-    """The one writer of ``state``.  ``alongside``: (statement, params) of
+    """The one writer of ``state``.  ``log_attempt``: the running attempt
+    ends here; its row goes to the attempt log with the same statement.  ``alongside``: (statement, params) of
     another write that must commit with this one (the usage count of a
     model call); on PostgreSQL both go as ONE statement (a data-modifying
     CTE: one round trip, its own transaction on an autocommit connection),
@@ -94,28 +101,51 @@ def _cas(
             _STATEMENTS[key] = stmt
         params = {f"v_{k}": v for k, v in vals.items()}
         params.update(_id=job_id, _attempt=attempt)
+    pg = conn.dialect.name == "postgresql"
     if alongside is not None:
         side, side_params = alongside
         params.update(side_params)
-        if conn.dialect.name != "postgresql":
+        if not pg:
             conn.execute(side, side_params)
-        else:
-            stmt = _with_side(key, stmt, side)
-    return conn.execute(stmt, params).first()
+    else:
+        side = None
+    if pg and (side is not None or log_attempt):
+        stmt = _combined(key, stmt, side, log_attempt)
+    row = conn.execute(stmt, params).first()
+    if log_attempt and not pg and row is not None:
+        conn.execute(insert(task_attempts).values(**_attempt_values(row)))
+    return row
+
+
+_ATTEMPT_COLS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "error_detail")
+
+
+def _attempt_values(row) -> dict:
+    return {"job_id": row.id, "attempt": row.attempt, "worker": row.worker, "started_at": row.started_at,
+            "ended_at": row.updated_at, "outcome": row.state, "error": row.error, "error_detail": row.error_detail}
 
 
 _COMBINED: dict[tuple, object] = {}
 
 
-def _with_side(key: tuple, stmt, side):
-    """WITH side AS (<side> RETURNING 1), moved AS (<the CAS> RETURNING *)
+def _combined(key: tuple | None, stmt, side, log_attempt: bool):
+    """WITH moved AS (<the CAS> RETURNING *) [, side AS (<side> RETURNING 1)]
+    [, logged AS (INSERT INTO asynch_task_attempt SELECT ... FROM moved)]
     SELECT * FROM moved -- built once per shape."""
-    combined = _COMBINED.get((key, id(side))) if key is not None else None
+    cache_key = (key, id(side) if side is not None else None, log_attempt)
+    combined = _COMBINED.get(cache_key) if key is not None else None
     if combined is None:
         moved = stmt.cte("moved")
-        combined = select(moved).add_cte(side.returning(literal_column("1")).cte("side"))
+        combined = select(moved)
+        if side is not None:
+            combined = combined.add_cte(side.returning(literal_column("1")).cte("side"))
+        if log_attempt:
+            c = moved.c
+            rows = select(c.id, c.attempt, c.worker, c.started_at, c.updated_at, c.state, c.error, c.error_detail)
+            log = insert(task_attempts).from_select(list(_ATTEMPT_COLS), rows)
+            combined = combined.add_cte(log.returning(literal_column("1")).cte("logged"))
         if key is not None:
-            _COMBINED[(key, id(side))] = combined
+            _COMBINED[cache_key] = combined
     return combined
 
 
@@ -153,7 +183,7 @@ def complete(
 ) -> Row | None:
     """running -> done, by the attempt that holds the row.  ``inline``: the
     result itself, kept in the row (``location`` is then ``inline:``)."""
-    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, values={
+    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True, values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "error": None,
@@ -187,10 +217,10 @@ def fail_attempt(
     if retry_at is not None:
         values["next_retry_at"] = retry_at
         return _cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values,
-                    alongside=alongside)
+                    alongside=alongside, log_attempt=True)
     values["finished_at"] = clock_now()
     return _cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values,
-                alongside=alongside)
+                alongside=alongside, log_attempt=True)
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
