@@ -21,7 +21,9 @@ import time
 
 from sqlalchemy import func, select, union
 
+from app.clock import as_utc
 from app.clock import now as clock_now
+from app.contract import iso_z
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
 from app.infra.redis import gate, leader, liveness
@@ -60,11 +62,19 @@ def workers() -> dict:
         running = conn.execute(select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt,
                                       tasks.c.started_at, tasks.c.worker)
                                .where(tasks.c.state == int(JobState.RUNNING)).order_by(tasks.c.started_at)).all()
+    # A running row names "<node>#<instance>" (the process's start, app/maintenance/recovery.py):
+    # a node that restarted under the same name is another instance, and the old one's jobs are orphans.
     by_node: dict[str, list[dict]] = {}
     for r in running:
         by_node.setdefault(r.worker or "", []).append(
             {"job_id": r.id, "model": r.model_name, "tenant": r.tenant_id, "attempt": r.attempt,
-             "started_at": r.started_at})
+             "started_at": iso_z(as_utc(r.started_at))})
+    instance_of = {f"{node}#{h.get('instance', '')}": node for node, h in live.items()}
+    merged: dict[str, list[dict]] = {}
+    for key, jobs_there in by_node.items():
+        if key:
+            merged.setdefault(instance_of.get(key, key), []).extend(jobs_there)
+    by_node = {**merged, "": by_node.get("", [])}
     out = []
     for node in sorted(set(live) | {n for n in by_node if n}):
         h = live.get(node, {})
@@ -94,7 +104,7 @@ def maintenance_state(runs: int = 200) -> dict:
               "drift": snap[m][0] - int(rows.get(m, 0)), "configured": m in names} for m in gate_names]
     return {"leader": {"owner": cur[1], "token": cur[0], "ttl_ms": leader.leader_ttl_ms()} if cur else None,
             "latest": sorted(latest.values(), key=lambda e: e["task"]),
-            "gates": gates, "checked_at": clock_now()}
+            "gates": gates, "checked_at": iso_z(clock_now())}
 
 
 def tenants(principal: Principal) -> list[str]:
