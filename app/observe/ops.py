@@ -79,7 +79,8 @@ def workers() -> dict:
     for node in sorted(set(live) | {n for n in by_node if n}):
         h = live.get(node, {})
         age = _age(h.get("heartbeat"), now)
-        out.append({"node": node, "alive": bool(h) and age is not None and age <= ttl,
+        # Alive as recovery sees it: the hash is there (each heartbeat or consumed message renews it for ttl).
+        out.append({"node": node, "alive": bool(h),
                     "heartbeat_age_seconds": age, "consumed_age_seconds": _age(h.get("consumed"), now),
                     "queues": [q for q in h.get("queues", "").split(",") if q], "instance": h.get("instance") or None,
                     "running": by_node.get(node, [])})

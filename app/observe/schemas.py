@@ -56,8 +56,9 @@ class RunningJob(Shape):
 
 class WorkerView(Shape):
     node: str = Field(description="the Celery node name")
-    alive: bool = Field(description="its liveness hash is there and its heartbeat is younger than ttl_seconds")
-    heartbeat_age_seconds: float | None
+    alive: bool = Field(description="its liveness hash is there: each heartbeat or consumed message renews it for "
+                                    "ttl_seconds; gone, recovery fails the node's attempts")
+    heartbeat_age_seconds: float | None = Field(description="null: no heartbeat since the hash was (re)made")
     consumed_age_seconds: float | None = Field(description="since it last took a message")
     queues: list[str]
     instance: str | None
@@ -65,7 +66,7 @@ class WorkerView(Shape):
 
 
 class Workers(Shape):
-    ttl_seconds: int = Field(description="a node whose heartbeat is older is dead (recovery fails its attempts)")
+    ttl_seconds: int = Field(description="a node silent for longer is dead (recovery fails its attempts)")
     workers: list[WorkerView]
     unassigned_running: int = Field(description="running jobs that name no node")
 

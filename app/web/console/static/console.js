@@ -589,7 +589,8 @@ function usageChart(tenant, days, rows) {
   for (const frac of [0, 0.5, 1]) {
     const y = H - bottom - (H - bottom - top) * frac;
     svg.append(svgEl("line", { x1: left, x2: W - 8, y1: y, y2: y, class: "grid" }),
-               svgEl("text", { x: left - 4, y: y + 3, class: "axis", "text-anchor": "end" }, String(Math.round(max * frac))));
+               svgEl("text", { x: left - 4, y: y + 3, class: "axis", "text-anchor": "end" },
+                      String(Number.isInteger(max * frac) ? max * frac : (max * frac).toFixed(1))));
   }
   dayList.forEach((d, i) => {
     let y = H - bottom;
@@ -605,7 +606,7 @@ function usageChart(tenant, days, rows) {
       g.append(rect);
     });
     svg.append(g);
-    if (i === 0 || i === days - 1 || (days > 10 && i % 7 === 0)) {
+    if (i === 0 || i === days - 1 || (days > 10 && i % 7 === 0 && days - 1 - i >= 4)) {
       svg.append(svgEl("text", { x: left + i * bw + bw / 2, y: H - 8, class: "axis", "text-anchor": "middle" }, d.slice(5)));
     }
   });
@@ -649,6 +650,7 @@ pages.tenants = async () => {
     $("#rate-policy").textContent = rate.limited
       ? `Each key: ${rate.rate_per_second} requests/s, bursts of ${rate.burst}.`
       : "Not rate-limited: no rate is set for this tenant and ASYNCH_RATE_LIMIT_PER_SECOND is 0.";
+    $("#rate-table").hidden = !rate.keys.length;
     $("#rate-table tbody").replaceChildren(...rate.keys.map((k) => el("tr", { "data-key": k.key_id },
       el("td", {}, `key ${k.key_id}`),
       el("td", { class: "tokens" }, k.tokens === null ? "unknown (Redis unreachable)" : [bar(k.tokens, rate.burst), `${k.tokens.toFixed(1)} / ${rate.burst}`]))));
@@ -671,8 +673,8 @@ pages.workers = async () => {
     const r = await api("GET", "/v1/workers");
     if (r.status !== 200) { flash(r.data.error); return; }
     const ws = r.data.workers;
-    $("#workers-summary").textContent = `${ws.length} node(s), ${ws.filter((w) => w.alive).length} alive; a node whose `
-      + `heartbeat is older than ${r.data.ttl_seconds} s is dead.`
+    $("#workers-summary").textContent = `${ws.length} node(s), ${ws.filter((w) => w.alive).length} alive; a node silent `
+      + `for ${r.data.ttl_seconds} s is dead and recovery fails its attempts.`
       + (r.data.unassigned_running ? ` ${r.data.unassigned_running} running job(s) name no node.` : "");
     $("#workers-table tbody").replaceChildren(...ws.map((w) => el("tr", { "data-node": w.node, class: w.alive ? "" : "dead" },
       el("td", {}, w.node, w.instance ? el("div", { class: "hint" }, w.instance) : null),
