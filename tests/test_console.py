@@ -253,7 +253,8 @@ def _no_sideways_scroll(page) -> None:
 
 
 @pytest.mark.e2e
-def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_url, workers, make_model, client):
+def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_url, workers, make_model, client,
+                                                            model_server):
     make_model("flaky", retry_times=1, retry_queue_max_seconds=5)
     make_model("echo")
     key = make_key("ops", admin=True)
@@ -304,6 +305,8 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
             break
     else:
         pytest.fail("the Workers link is not reachable by Tab")
+    model_server.state.hold("console-w")
+    held = client.post("/v1/models/echo/jobs", json={"hold": "console-w"}, headers=auth(key)).get_json()["job_id"]
     page.keyboard.press("Enter")
 
     # Workers: the live node, its heartbeat age, and what it runs.
@@ -314,8 +317,13 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     assert page.text_content(f"{row} td.alive") == "alive"
     # (each test starts with an empty Redis: the node's next heartbeat is at most an interval away)
     expect(page.locator(f"{row} td.heartbeat")).to_have_text(re.compile(r"^\d+\.\d s ago$"), timeout=20000)
-    assert page.text_content(f"{row} td.running") == "idle"
+    # What it runs: the held job, linked, until the stub lets it go.
+    page.wait_for_selector(f'{row} td.running a[href="/console/jobs/{held}"]')
+    assert "echo, attempt 1" in page.text_content(f"{row} td.running")
+    expect(page.locator("#live-status")).to_have_text("Live: following job events.")
     shot(page, "workers")
+    model_server.state.release("console-w")
+    expect(page.locator(f"{row} td.running")).to_have_text("idle")
 
     # Jobs: a job submitted elsewhere appears at once, over the tenant's event stream.
     page.goto(f"{api_url}/console/jobs?model=echo")
@@ -333,7 +341,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     today = clock_now().date().isoformat()
     bar = page.locator(f'#usage-chart g[data-day="{today}"] rect[data-model="flaky"]')
     assert bar.get_attribute("data-count") == "2"  # two calls: the 503 and the success
-    assert "3 calls in 30 days" in page.text_content("#usage-chart svg text.caption")
+    assert "4 calls in 30 days" in page.text_content("#usage-chart svg text.caption")
     page.wait_for_selector('#share-table tr[data-model="echo"]')
     assert "0 / " in page.text_content('#share-table tr[data-model="echo"] td.share')
     assert page.text_content("#rate-policy") == "Each key: 50 requests/s, bursts of 100."
