@@ -10,9 +10,10 @@ A transition the state machine does not allow at all raises
 IllegalTransition before touching the database: that is a bug, not a race.
 
 An attempt that ends (running -> done, retry_wait or failed, by its
-worker or by recovery) appends its row to asynch_task_attempt in the same
-statement as the transition (a data-modifying CTE reading the moved row),
-so the log holds exactly the attempts whose transition applied.
+worker or by recovery; or a running job canceled, timed out or failed by an
+admin) appends its row to asynch_task_attempt in the same statement as the
+transition (a data-modifying CTE reading the moved row), so the log holds
+exactly the attempts whose transition applied, each once.
 """
 from __future__ import annotations
 
@@ -66,10 +67,12 @@ def _cas(
     where: Sequence = (),
     values: dict | None = None,
     alongside: tuple | None = None,
-    log_attempt: bool = False,
+    log_attempt: bool | str = False,
 ) -> Row | None:
     """The one writer of ``state``.  ``log_attempt``: the running attempt
-    ends here; its row goes to the attempt log with the same statement.  ``alongside``: (statement, params) of
+    ends here; its row goes to the attempt log with the same statement
+    (``"open"``: only if the job had a running attempt not logged yet -- a
+    cancel or timeout may also find the job pending or waiting to retry).  ``alongside``: (statement, params) of
     another write that must commit with this one (the usage count of a
     model call); on PostgreSQL both go as ONE statement (a data-modifying
     CTE: one round trip, its own transaction on an autocommit connection),
@@ -112,9 +115,14 @@ def _cas(
     if pg and (side is not None or log_attempt):
         stmt = _combined(key, stmt, side, log_attempt)
     row = conn.execute(stmt, params).first()
-    if log_attempt and not pg and row is not None:
+    if log_attempt and not pg and row is not None and (log_attempt is True or _open_attempt(conn, row)):
         conn.execute(insert(task_attempts).values(**_attempt_values(row)))
     return row
+
+
+def _open_attempt(conn: Connection, row) -> bool:
+    return row.attempt > 0 and conn.execute(select(task_attempts.c.id).where(
+        task_attempts.c.job_id == row.id, task_attempts.c.attempt == row.attempt)).first() is None
 
 
 _ATTEMPT_COLS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "error_detail")
@@ -142,6 +150,10 @@ def _combined(key: tuple | None, stmt, side, log_attempt: bool):
         if log_attempt:
             c = moved.c
             rows = select(c.id, c.attempt, c.worker, c.started_at, c.updated_at, c.state, c.error, c.error_detail)
+            if log_attempt == "open":  # the statement's snapshot: earlier attempts' rows are committed
+                logged = select(task_attempts.c.id).where(task_attempts.c.job_id == c.id,
+                                                          task_attempts.c.attempt == c.attempt)
+                rows = rows.where(c.attempt > 0, ~logged.exists())
             log = insert(task_attempts).from_select(list(_ATTEMPT_COLS), rows)
             combined = combined.add_cte(log.returning(literal_column("1")).cte("logged"))
         if key is not None:
@@ -289,7 +301,7 @@ def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], ol
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Row | None:
     """pending/running/retry_wait -> canceled."""
     where = [] if tenant_id is None else [tasks.c.tenant_id == tenant_id]
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, values={
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open", values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "error": job_error("canceled", "canceled by client"),
@@ -300,7 +312,7 @@ def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Row | None:
     """pending/running/retry_wait -> failed, by an admin (beside cancel:
     the job ends as a failure, e.g. a poisoned payload); a running attempt's
     late writes are refused by the attempt guard."""
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, values={
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, log_attempt="open", values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "next_retry_at": None,
@@ -310,7 +322,7 @@ def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Row | None:
 
 def time_out(conn: Connection, job_id: str, *, now: datetime) -> Row | None:
     """pending/running/retry_wait past the job's budget -> timeout."""
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT,
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT, log_attempt="open",
                 where=[tasks.c.deadline_at < now], values={
                     "finished_at": now,
                     "lease_expires_at": None,

@@ -12,6 +12,8 @@ import pytest
 from conftest import auth, make_key, wait_until
 from sqlalchemy import select
 
+from app import transitions
+from app.clock import now as clock_now
 from app.clock import set_clock
 from app.infra.db import transaction
 from app.infra.redis import leader
@@ -112,6 +114,24 @@ def test_tenant_state_shows_queue_share_and_rate_buckets(client, make_model, use
     assert rate["limited"] is True and rate["rate_per_second"] == 0.01 and rate["burst"] == 10
     (k,) = rate["keys"]
     assert 7 <= k["tokens"] < 7.3  # ten, less the user's three requests (the admin's read is its own key's)
+
+
+def test_a_running_attempt_ended_by_cancel_is_logged_once(client, make_model, user_key):
+    make_model("m", retry_times=1)
+    pending = _submit("m", {"a": 1})
+    running = _submit("m", {"a": 2})
+    waiting = _submit("m", {"tag": "w", "fail_first": 1})
+    assert execution.run_attempt(waiting, 0) == "retry_wait"
+    with transaction() as conn:
+        assert transitions.claim(conn, running, 0, clock_now() + timedelta(seconds=60), worker="n1#i1") is not None
+    for job_id in (pending, running, waiting):
+        assert client.post(f"/v1/models/m/jobs/{job_id}/cancel", headers=auth(user_key)).status_code == 200
+    assert client.get(f"/v1/jobs/{pending}", headers=auth(user_key)).get_json()["attempts"] == []
+    # Waiting to retry: its attempt was logged when it failed, not again by the cancel.
+    assert [a["outcome"] for a in client.get(f"/v1/jobs/{waiting}", headers=auth(user_key)).get_json()["attempts"]] \
+        == ["retry_wait"]
+    (only,) = client.get(f"/v1/jobs/{running}", headers=auth(user_key)).get_json()["attempts"]
+    assert only["attempt"] == 1 and only["outcome"] == "canceled" and only["error"].startswith("canceled:")
 
 
 @pytest.mark.e2e
