@@ -342,6 +342,8 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     bar = page.locator(f'#usage-chart g[data-day="{today}"] rect[data-model="flaky"]')
     assert bar.get_attribute("data-count") == "2"  # two calls: the 503 and the success
     assert "4 calls in 30 days" in page.text_content("#usage-chart svg text.caption")
+    page.click("#usage-table summary")  # the numbers behind the bars, as a table
+    assert page.locator(f'#usage-table tr[data-day="{today}"] td').all_text_contents() == [today, "2", "2", "4"]
     page.wait_for_selector('#share-table tr[data-model="echo"]')
     assert "0 / " in page.text_content('#share-table tr[data-model="echo"] td.share')
     assert page.text_content("#rate-policy") == "Each key: 50 requests/s, bursts of 100."

@@ -611,7 +611,15 @@ function usageChart(tenant, days, rows) {
     }
   });
   const legend = el("ul", { class: "legend" }, modelsSeen.map((m, k) => el("li", {}, el("span", { class: "swatch series-" + (k % 6) }), m)));
-  return [svg, legend];
+  // The same numbers as a table, for keyboards and screen readers (a bar's <title> needs a mouse).
+  const filled = dayList.filter((d) => per.get(d).size).reverse();
+  const table = el("details", { id: "usage-table" }, el("summary", {}, "The numbers"),
+    el("div", { class: "table-wrap" }, el("table", {},
+      el("thead", {}, el("tr", {}, el("th", {}, "Day"), modelsSeen.map((m) => el("th", {}, m)), el("th", {}, "Total"))),
+      el("tbody", {}, filled.length ? filled.map((d) => el("tr", { "data-day": d }, el("td", {}, d),
+        modelsSeen.map((m) => el("td", {}, per.get(d).get(m) || 0)), el("td", {}, totals[dayList.indexOf(d)])))
+        : el("tr", {}, el("td", { colspan: modelsSeen.length + 2, class: "hint" }, "No model call in these days."))))));
+  return [svg, legend, table];
 }
 
 async function statsRows(tenant, from) {
