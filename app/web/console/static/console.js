@@ -369,7 +369,7 @@ pages.jobs = async () => {
   for (const k of ["model", "state", "tenant", "since", "until"]) if (params.get(k)) form.elements[k].value = params.get(k);
   const query = () => {
     const q = new URLSearchParams();
-    for (const k of ["model", "state", "tenant"]) if (form.elements[k].value) q.set(k, form.elements[k].value);
+    for (const k of ["state", "tenant"]) if (form.elements[k].value) q.set(k, form.elements[k].value);
     for (const k of ["since", "until"]) if (form.elements[k].value) q.set(k, new Date(form.elements[k].value).toISOString());
     return q;
   };
@@ -378,7 +378,9 @@ pages.jobs = async () => {
     const q = query();
     q.set("limit", "50");
     if (append && cursor) q.set("cursor", cursor);
-    const r = await api("GET", "/v1/jobs?" + q.toString());
+    // One model's jobs are its own listing (GET /v1/jobs has no model filter).
+    const model = form.elements.model.value;
+    const r = await api("GET", (model ? `/v1/models/${encodeURIComponent(model)}/jobs?` : "/v1/jobs?") + q.toString());
     if (r.status !== 200) { flash(r.data.error + " " + JSON.stringify(r.data.errors || "")); return; }
     const rows = r.data.jobs.map(jobRow);
     const tbody = $("#jobs-table tbody");
@@ -398,7 +400,7 @@ pages.jobs = async () => {
       if (!j || !j.job_id) return false;
       const old = document.querySelector(`tr[data-job="${CSS.escape(j.job_id)}"]`);
       const f = form.elements;
-      const fits = (!f.state.value || f.state.value === j.state) && !f.until.value
+      const fits = (!f.model.value || f.model.value === j.model) && (!f.state.value || f.state.value === j.state) && !f.until.value
         && (!f.since.value || new Date(j.created_at) >= new Date(f.since.value));
       if (old && fits) old.replaceWith(jobRow(j));
       else if (old) old.remove();
