@@ -312,7 +312,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     # Workers: the live node, its heartbeat age, and what it runs.
     page.wait_for_url("**/console/workers")
     page.wait_for_selector("#workers-table tbody tr")
-    (node,) = [r["node"] for r in client.get("/v1/workers", headers=auth(key)).get_json()["workers"]]
+    (node,) = [w["node"] for w in client.get("/v1/workers", headers=auth(key)).get_json()["workers"]]
     row = f'#workers-table tr[data-node="{node}"]'
     assert page.text_content(f"{row} td.alive") == "alive"
     # (each test starts with an empty Redis: the node's next heartbeat is at most an interval away)

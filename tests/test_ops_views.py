@@ -16,7 +16,7 @@ from app import transitions
 from app.clock import now as clock_now
 from app.clock import set_clock
 from app.infra.db import transaction
-from app.infra.redis import leader
+from app.infra.redis import leader, liveness
 from app.infra.tables import task_attempts
 from app.jobs import execution
 from app.jobs import service as jobs
@@ -132,6 +132,23 @@ def test_a_running_attempt_ended_by_cancel_is_logged_once(client, make_model, us
         == ["retry_wait"]
     (only,) = client.get(f"/v1/jobs/{running}", headers=auth(user_key)).get_json()["attempts"]
     assert only["attempt"] == 1 and only["outcome"] == "canceled" and only["error"].startswith("canceled:")
+
+
+def test_a_job_of_a_restarted_nodes_old_instance_is_listed_apart_as_dead(client, make_model, admin_key):
+    make_model("m")
+    old, now_job = _submit("m", {"a": 1}), _submit("m", {"a": 2})
+    with transaction() as conn:
+        transitions.claim(conn, old, 0, clock_now() + timedelta(seconds=60), worker="n1@h#before")
+        transitions.claim(conn, now_job, 0, clock_now() + timedelta(seconds=60), worker="n1@h#after")
+    liveness.worker_touch("n1@h", {"heartbeat": f"{time.time():.3f}", "queues": "q", "instance": "after"}, 15)
+    body = client.get("/v1/workers", headers=auth(admin_key)).get_json()
+    assert [(w["node"], w["alive"], [j["job_id"] for j in w["running"]]) for w in body["workers"]] == [
+        ("n1@h", True, [now_job]), ("n1@h#before", False, [old])]
+    # A hash that names no instance yet (remade by a consumed message after a Redis wipe) takes the node's jobs.
+    liveness.worker_forget("n1@h")
+    liveness.worker_touch("n1@h", {"consumed": f"{time.time():.3f}"}, 15)
+    (w,) = client.get("/v1/workers", headers=auth(admin_key)).get_json()["workers"]
+    assert w["alive"] and w["heartbeat_age_seconds"] is None and {j["job_id"] for j in w["running"]} == {old, now_job}
 
 
 @pytest.mark.e2e

@@ -62,19 +62,20 @@ def workers() -> dict:
         running = conn.execute(select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt,
                                       tasks.c.started_at, tasks.c.worker)
                                .where(tasks.c.state == int(JobState.RUNNING)).order_by(tasks.c.started_at)).all()
-    # A running row names "<node>#<instance>" (the process's start, app/maintenance/recovery.py):
-    # a node that restarted under the same name is another instance, and the old one's jobs are orphans.
+    # A running row names "<node>#<instance>" (the process's start, app/maintenance/recovery.py).
+    # Its job is that node's unless the node's hash names another instance: then the node
+    # restarted and the job is the old instance's, listed on its own (dead).
     by_node: dict[str, list[dict]] = {}
     for r in running:
-        by_node.setdefault(r.worker or "", []).append(
+        worker = r.worker or ""
+        node, sep, inst = worker.rpartition("#")
+        if not sep:
+            node, inst = worker, ""
+        known = live.get(node, {}).get("instance")
+        where = node if node in live and (not known or not inst or known == inst) else worker
+        by_node.setdefault(where, []).append(
             {"job_id": r.id, "model": r.model_name, "tenant": r.tenant_id, "attempt": r.attempt,
              "started_at": iso_z(as_utc(r.started_at))})
-    instance_of = {f"{node}#{h.get('instance', '')}": node for node, h in live.items()}
-    merged: dict[str, list[dict]] = {}
-    for key, jobs_there in by_node.items():
-        if key:
-            merged.setdefault(instance_of.get(key, key), []).extend(jobs_there)
-    by_node = {**merged, "": by_node.get("", [])}
     out = []
     for node in sorted(set(live) | {n for n in by_node if n}):
         h = live.get(node, {})
