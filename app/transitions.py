@@ -13,19 +13,25 @@ CTEs over the moved row) and in the same transaction elsewhere
 
 A transition the state machine does not allow at all raises
 IllegalTransition before touching the database: that is a bug, not a race.
+
+An attempt that ends (running -> done, retry_wait or failed, by its
+worker or by recovery; or a running job canceled, timed out or failed by an
+admin) appends its row to asynch_task_attempt in the same statement as the
+transition (a data-modifying CTE reading the moved row), so the log holds
+exactly the attempts whose transition applied, each once.
 """
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
-from sqlalchemy import DateTime, bindparam, delete, func, literal, literal_column, select, update
+from sqlalchemy import DateTime, bindparam, delete, func, insert, literal, literal_column, select, update
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
 from app.infra import webhook_rows
-from app.infra.tables import models, tasks, webhook_deliveries
+from app.infra.tables import models, task_attempts, tasks, webhook_deliveries
 from app.states import TERMINAL_STATES, job_error
 from app.states import JobState as S
 
@@ -67,8 +73,12 @@ def _cas(
     where: Sequence = (),
     values: dict | None = None,
     alongside: tuple | None = None,
+    log_attempt: bool | str = False,
 ) -> Row | None:
-    """The one writer of ``state``.  ``alongside``: (statement, params) of
+    """The one writer of ``state``.  ``log_attempt``: the running attempt
+    ends here; its row goes to the attempt log with the same statement
+    (``"open"``: only if the job had a running attempt not logged yet -- a
+    cancel or timeout may also find the job pending or waiting to retry).  ``alongside``: (statement, params) of
     another write that must commit with this one (the usage count of a
     model call); on PostgreSQL both go as ONE statement (a data-modifying
     CTE: one round trip, its own transaction on an autocommit connection),
@@ -103,19 +113,25 @@ def _cas(
     # A terminal state writes its webhook deliveries with the transition
     # itself (app/infra/webhook_rows.py): never lost, never twice.
     hooks = S(to_state) if S(to_state) in webhook_rows.EVENT_OF_STATE else None
-    side = None
+    pg = conn.dialect.name == "postgresql"
     if alongside is not None:
         side, side_params = alongside
         params.update(side_params)
-        if conn.dialect.name != "postgresql":
+        if not pg:
             conn.execute(side, side_params)
             side = None
-    if conn.dialect.name == "postgresql":
-        if side is not None or hooks is not None:
-            stmt = _combined(key, stmt, side, hooks)
+    else:
+        side = None
+    if pg:
+        if side is not None or log_attempt or hooks is not None:
+            stmt = _combined(key, stmt, side, log_attempt, hooks)
         return conn.execute(stmt, params).first()
     won = conn.execute(stmt, params).first()
-    if won is not None and hooks is not None:
+    if won is None:
+        return None
+    if log_attempt and (log_attempt is True or _open_attempt(conn, won)):
+        conn.execute(insert(task_attempts).values(**_attempt_values(won)))
+    if hooks is not None:
         one = select(tasks).where(tasks.c.id == won.id).subquery("moved")
         made = sum(conn.execute(ins).rowcount for ins in webhook_rows.inserts(one, hooks, conn.dialect.name))
         # The same row as PostgreSQL's, with its webhooks_queued (the doorbell's cue).
@@ -124,23 +140,47 @@ def _cas(
     return won
 
 
+def _open_attempt(conn: Connection, row) -> bool:
+    return row.attempt > 0 and conn.execute(select(task_attempts.c.id).where(
+        task_attempts.c.job_id == row.id, task_attempts.c.attempt == row.attempt)).first() is None
+
+
+_ATTEMPT_COLS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "error_detail")
+
+
+def _attempt_values(row) -> dict:
+    return {"job_id": row.id, "attempt": row.attempt, "worker": row.worker, "started_at": row.started_at,
+            "ended_at": row.updated_at, "outcome": row.state, "error": row.error, "error_detail": row.error_detail}
+
+
 _COMBINED: dict[tuple, object] = {}
 
 
-def _combined(key: tuple | None, stmt, side, hooks: S | None):
-    """WITH side AS (<side> RETURNING 1), moved AS (<the CAS> RETURNING *),
-    hook0/hook1 AS (INSERT the webhook deliveries FROM moved RETURNING id)
-    SELECT moved.*, <deliveries inserted> AS webhooks_queued FROM moved --
+def _combined(key: tuple | None, stmt, side, log_attempt: bool | str, hooks: S | None):
+    """WITH moved AS (<the CAS> RETURNING *) [, side AS (<side> RETURNING 1)]
+    [, logged AS (INSERT INTO asynch_task_attempt SELECT ... FROM moved)]
+    [, hook0/hook1 AS (INSERT the webhook deliveries FROM moved RETURNING id)]
+    SELECT moved.*[, <deliveries inserted> AS webhooks_queued] FROM moved --
     built once per shape.  PostgreSQL runs every data-modifying CTE exactly
-    once, so the deliveries commit with the transition or not at all."""
-    ck = (key, id(side) if side is not None else None, hooks)
-    combined = _COMBINED.get(ck) if key is not None else None
+    once, so the attempt log and the deliveries commit with the transition
+    or not at all."""
+    cache_key = (key, id(side) if side is not None else None, log_attempt, hooks)
+    combined = _COMBINED.get(cache_key) if key is not None else None
     if combined is None:
         moved = stmt.cte("moved")
         cols = [moved]
         ctes = []
         if side is not None:
             ctes.append(side.returning(literal_column("1")).cte("side"))
+        if log_attempt:
+            c = moved.c
+            rows = select(c.id, c.attempt, c.worker, c.started_at, c.updated_at, c.state, c.error, c.error_detail)
+            if log_attempt == "open":  # the statement's snapshot: earlier attempts' rows are committed
+                logged = select(task_attempts.c.id).where(task_attempts.c.job_id == c.id,
+                                                          task_attempts.c.attempt == c.attempt)
+                rows = rows.where(c.attempt > 0, ~logged.exists())
+            log = insert(task_attempts).from_select(list(_ATTEMPT_COLS), rows)
+            ctes.append(log.returning(literal_column("1")).cte("logged"))
         if hooks is not None:
             made = [ins.returning(webhook_deliveries.c.id).cte(f"hook{i}")
                     for i, ins in enumerate(webhook_rows.inserts(moved, hooks, "postgresql"))]
@@ -151,7 +191,7 @@ def _combined(key: tuple | None, stmt, side, hooks: S | None):
         for cte in ctes:
             combined = combined.add_cte(cte)
         if key is not None:
-            _COMBINED[ck] = combined
+            _COMBINED[cache_key] = combined
     return combined
 
 
@@ -189,7 +229,7 @@ def complete(
 ) -> Row | None:
     """running -> done, by the attempt that holds the row.  ``inline``: the
     result itself, kept in the row (``location`` is then ``inline:``)."""
-    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, values={
+    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True, values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "error": None,
@@ -223,10 +263,10 @@ def fail_attempt(
     if retry_at is not None:
         values["next_retry_at"] = retry_at
         return _cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values,
-                    alongside=alongside)
+                    alongside=alongside, log_attempt=True)
     values["finished_at"] = clock_now()
     return _cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values,
-                alongside=alongside)
+                alongside=alongside, log_attempt=True)
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
@@ -295,7 +335,7 @@ def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], ol
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Row | None:
     """pending/running/retry_wait -> canceled."""
     where = [] if tenant_id is None else [tasks.c.tenant_id == tenant_id]
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, values={
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open", values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "error": job_error("canceled", "canceled by client"),
@@ -306,7 +346,7 @@ def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Row | None:
     """pending/running/retry_wait -> failed, by an admin (beside cancel:
     the job ends as a failure, e.g. a poisoned payload); a running attempt's
     late writes are refused by the attempt guard."""
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, values={
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, log_attempt="open", values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "next_retry_at": None,
@@ -316,7 +356,7 @@ def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Row | None:
 
 def time_out(conn: Connection, job_id: str, *, now: datetime) -> Row | None:
     """pending/running/retry_wait past the job's budget -> timeout."""
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT,
+    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT, log_attempt="open",
                 where=[tasks.c.deadline_at < now], values={
                     "finished_at": now,
                     "lease_expires_at": None,

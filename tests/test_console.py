@@ -1,19 +1,30 @@
 """The web console end to end in headless Chromium (Debian's, driven by
 Playwright through its executable path): log in with a key, submit from the
 form the model's definition renders, watch the job reach done on a real
-worker process, open the result.  Assertions are on the page; no
-screenshots are kept.  Without a browser the test skips locally and fails
+worker process, open the result; then every operator page (a job that
+failed once and its attempts and deliveries, the tenants, the workers,
+maintenance), followed live over the event streams, by keyboard, and at
+200% zoom.  Assertions are on the page; a screenshot of every page is saved
+under build/console-screenshots/ (CONSOLE_SCREENSHOTS_DIR elsewhere), for
+a person to look at.  Without a browser the test skips locally and fails
 under CI (CI=true), where scripts/browser.sh installs it."""
 from __future__ import annotations
 
 import os
+import re
+import time
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
-from conftest import make_key
-from sqlalchemy import func, select
+from conftest import auth, make_key, wait_until
+from sqlalchemy import func, insert, select
 
+from app.clock import now as clock_now
 from app.infra.db import transaction
-from app.infra.tables import tasks
+from app.infra.redis import leader
+from app.infra.tables import callback_attempts, callbacks, tasks
+from app.maintenance import passes, periodic
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -23,6 +34,15 @@ except ImportError:  # handled by the browser fixture: skip locally, fail in CI
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+SHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+             or Path(__file__).resolve().parent.parent / "build" / "console-screenshots")
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def _unavailable(reason: str):
@@ -41,6 +61,25 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         yield b
         b.close()
+
+
+def _watch(pg, errors: list[str]) -> None:
+    pg.set_default_timeout(30000)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text
+          and errors.append(m.text))
+
+
+@pytest.fixture
+def zoomed(browser):
+    """A 1280x800 window at 200% zoom: 640x400 CSS pixels, two device pixels each."""
+    ctx = browser.new_context(viewport={"width": 640, "height": 400}, device_scale_factor=2)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    _watch(pg, errors)
+    yield pg
+    ctx.close()
+    assert errors == [], f"JavaScript errors: {errors}"
 
 
 @pytest.fixture
@@ -122,13 +161,17 @@ def test_login_submit_watch_done_and_open_the_result(page, api_url, workers, mak
     page.click("#submitted-link")
     page.wait_for_url(f"**/console/jobs/{job_id}")
     expect(page.locator('[data-field="state"]')).to_have_text("done", timeout=30000)
-    page.wait_for_selector("#result-json")
+    page.wait_for_selector("#result-tree")
     result = page.text_content("#result-json")
     assert '"prompt": "hello"' in result and '"n": 3' in result and '"mode": "slow"' in result
     assert '"flag": true' in result
     assert page.get_attribute("#download", "download") == f"{job_id}.json"
     events = page.locator("#timeline li").evaluate_all("els => els.map(e => e.dataset.event)")
     assert events[0] == "created" and "started" in events and events[-1] == "finished"
+    # The JSON tree: keys and values as nodes, keyboard-foldable (<details>/<summary>).
+    assert page.locator('#result-tree .json-key', has_text="prompt").count() == 1
+    assert page.locator('#result-tree .json-string', has_text='"hello"').count() == 1
+    shot(page, "job-done")
 
     # Jobs list with a filter; the row links to the job.
     page.goto(f"{api_url}/console/jobs?state=done&model=echo")
@@ -155,6 +198,7 @@ def test_login_submit_watch_done_and_open_the_result(page, api_url, workers, mak
     assert "0 / 16" in page.text_content('tr[data-model="echo"] td.depth')
     assert "0 / 4" in page.text_content('tr[data-model="echo"] td.running')
     page.wait_for_selector('#charts svg[aria-label="echo throughput and P90"]')
+    shot(page, "models")
 
 
 @pytest.mark.e2e
@@ -178,4 +222,157 @@ def test_admin_edits_a_model_and_sees_the_api_validation_messages(page, api_url,
     page.fill("#m-base_url", "http://127.0.0.1:9")
     page.click("#model-form button[type=submit]")
     page.wait_for_selector("#flash.ok")
+    shot(page, "model-edit")
     assert client.get("/v1/models/echo", headers={"Authorization": f"Bearer {key}"}).get_json()["queue_limit"] == 7
+
+
+def _login(page, api_url: str, key: str, next_path: str) -> None:
+    page.goto(f"{api_url}/console/login?next={next_path}")
+    page.fill("#api-key", key)
+    page.click("#login-form button")
+    page.wait_for_url(lambda url: "/console/login" not in url and url.endswith(next_path))
+
+
+def _delivery_log(job_id: str, tenant: str) -> None:
+    """A callback that failed once, then went through, as the delivery worker records it."""
+    now = clock_now()
+    with transaction() as conn:
+        cid = conn.execute(insert(callbacks).values(
+            job_id=job_id, tenant_id=tenant, url="http://hooks.example/done?task_id=" + job_id, status="delivered",
+            attempts=2, next_attempt_at=now, delivered_at=now, created_at=now, updated_at=now)
+            .returning(callbacks.c.id)).scalar_one()
+        conn.execute(insert(callback_attempts), [
+            {"callback_id": cid, "attempt": 1, "started_at": now - timedelta(seconds=5), "duration_ms": 31,
+             "address": "203.0.113.7", "http_status": 503, "error": "HTTP 503 from the receiver"},
+            {"callback_id": cid, "attempt": 2, "started_at": now, "duration_ms": 12, "address": "203.0.113.7",
+             "http_status": 200, "error": None}])
+
+
+def _no_sideways_scroll(page) -> None:
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), "the page scrolls sideways"
+
+
+@pytest.mark.e2e
+def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_url, workers, make_model, client,
+                                                            model_server):
+    make_model("flaky", retry_times=1, retry_queue_max_seconds=5)
+    make_model("echo")
+    key = make_key("ops", admin=True)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+
+    # A job that fails once against the stub model (HTTP 503), then succeeds.
+    sent = client.post("/v1/models/flaky/jobs", json={"tag": "console-once", "fail_first": 1, "n": [1, {"deep": True}]},
+                       headers=auth(key))
+    job_id = sent.get_json()["job_id"]
+    _login(page, api_url, key, f"/console/jobs/{job_id}")
+    wait_until(lambda: client.get(f"/v1/jobs/{job_id}", headers=auth(key)).get_json()["internal_state"] == "retry_wait",
+               what="the first attempt to fail")
+    # The page shows the failed attempt as it happens: over the job's event stream, not a reload.
+    page.wait_for_selector('#attempts li[data-attempt="1"] .attempt-error')
+    assert "503" in page.text_content('#attempts li[data-attempt="1"] .attempt-error')
+    assert page.text_content('#attempts li[data-attempt="1"] .state') == "failed, retried"
+    # No beat runs in the test: the retry pass is run by hand once the retry is due.
+    wait_until(lambda: passes.run_work() and client.get(f"/v1/jobs/{job_id}", headers=auth(key)).get_json()[
+        "internal_state"] != "retry_wait", timeout=30, interval=0.5, what="the retry to be re-admitted")
+    expect(page.locator('[data-field="state"]')).to_have_text("done", timeout=30000)
+    expect(page.locator("#live-status")).to_have_text("Finished.")
+    assert any(u.endswith(f"/v1/models/flaky/jobs/{job_id}/events") for u in requests)
+    second = page.locator('#attempts li[data-attempt="2"]')
+    assert second.get_attribute("data-outcome") == "done"
+    assert "503" in page.text_content('#attempts li[data-attempt="1"] .attempt-error')  # still there after success
+    assert page.locator('#attempts li[data-attempt="1"] details summary').count() == 1  # admins: the detail
+    page.wait_for_selector("#result-tree")
+    assert page.locator("#no-deliveries").count() == 1
+
+    # The deliveries log: each try of the job's callback with its status and error.
+    _delivery_log(job_id, "ops")
+    page.reload()
+    page.wait_for_selector('#deliveries section.delivery[data-kind="callback"]')
+    assert page.text_content('#deliveries .delivery-status') == "delivered"
+    assert "after 2 tries" in page.text_content("#deliveries h3")
+    assert "HTTP 503 from the receiver" in page.text_content('#deliveries tr[data-try="1"]')
+    assert page.text_content('#deliveries tr[data-try="2"] td:nth-child(5)') == "200"
+    shot(page, "job-attempts-deliveries")
+
+    # Keyboard: the skip link comes first, focus is visible, the nav is real links.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") == "solid"
+    for _ in range(12):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.textContent.trim()") == "Workers":
+            break
+    else:
+        pytest.fail("the Workers link is not reachable by Tab")
+    model_server.state.hold("console-w")
+    held = client.post("/v1/models/echo/jobs", json={"hold": "console-w"}, headers=auth(key)).get_json()["job_id"]
+    page.keyboard.press("Enter")
+
+    # Workers: the live node, its heartbeat age, and what it runs.
+    page.wait_for_url("**/console/workers")
+    page.wait_for_selector("#workers-table tbody tr")
+    (node,) = [w["node"] for w in client.get("/v1/workers", headers=auth(key)).get_json()["workers"]]
+    row = f'#workers-table tr[data-node="{node}"]'
+    assert page.text_content(f"{row} td.alive") == "alive"
+    # (each test starts with an empty Redis: the node's next heartbeat is at most an interval away)
+    expect(page.locator(f"{row} td.heartbeat")).to_have_text(re.compile(r"^\d+\.\d s ago$"), timeout=20000)
+    # What it runs: the held job, linked, until the stub lets it go.
+    page.wait_for_selector(f'{row} td.running a[href="/console/jobs/{held}"]')
+    assert "echo, attempt 1" in page.text_content(f"{row} td.running")
+    expect(page.locator("#live-status")).to_have_text("Live: following job events.")
+    shot(page, "workers")
+    model_server.state.release("console-w")
+    expect(page.locator(f"{row} td.running")).to_have_text("idle")
+
+    # Jobs: a job submitted elsewhere appears at once, over the tenant's event stream.
+    page.goto(f"{api_url}/console/jobs?model=echo")
+    expect(page.locator("#live-status")).to_have_text("Live: following job events.")
+    fresh = client.post("/v1/models/echo/jobs", json={"a": 1}, headers=auth(key)).get_json()["job_id"]
+    page.wait_for_selector(f'#jobs-table tr[data-job="{fresh}"]')
+    assert page.locator(f'#jobs-table tr[data-job="{job_id}"]').count() == 0  # the flaky job: not this filter
+    expect(page.locator(f'#jobs-table tr[data-job="{fresh}"] td.state')).to_have_text("done", timeout=30000)
+    shot(page, "jobs-live")
+
+    # Tenants: usage per day from the stats table, queue share, rate limit.
+    assert client.patch("/v1/tenants/ops/limits", json={"rate_per_second": 50, "burst": 100},
+                        headers=auth(key)).status_code == 200
+    page.goto(f"{api_url}/console/tenants?tenant=ops")
+    page.wait_for_selector('#usage-chart svg[aria-label^="Model calls per day for ops"]')
+    today = clock_now().date().isoformat()
+    bar = page.locator(f'#usage-chart g[data-day="{today}"] rect[data-model="flaky"]')
+    assert bar.get_attribute("data-count") == "2"  # two calls: the 503 and the success
+    assert "4 calls in 30 days" in page.text_content("#usage-chart svg text.caption")
+    page.click("#usage-table summary")  # the numbers behind the bars, as a table
+    assert page.locator(f'#usage-table tr[data-day="{today}"] td').all_text_contents() == [today, "2", "2", "4"]
+    page.wait_for_selector('#share-table tr[data-model="echo"]')
+    assert "0 / " in page.text_content('#share-table tr[data-model="echo"] td.share')
+    assert page.text_content("#rate-policy") == "Each key: 50 requests/s, bursts of 100."
+    assert "/ 100" in page.text_content("#rate-table tbody tr td.tokens")
+    shot(page, "tenants")
+
+    # Maintenance: the beat leader, its runs with their counts, the gates against the rows.
+    token = leader.leader_acquire("beat-console:1", 30)
+    periodic.run_periodic("asynch.recover", {"owner": "beat-console:1", "token": token, "sent_at": time.time()},
+                          lambda: {"processed": 3})
+    page.goto(f"{api_url}/console/maintenance")
+    expect(page.locator("#leader-owner")).to_have_text("beat-console:1")
+    assert f"fencing token {token}" in page.text_content("#leader")
+    assert page.text_content('#latest-table tr[data-task="asynch.recover"] td.processed') == "3"
+    assert page.locator('#runs-table tr[data-task="asynch.recover"]').count() >= 1
+    assert page.text_content('#gates-table tr[data-gate="echo"] td.drift-cell') == "in step"
+    page.focus("#reconcile")
+    page.keyboard.press("Enter")
+    expect(page.locator("#reconcile-result")).to_contain_text("Reconciled 2 model(s)")
+    shot(page, "maintenance")
+
+    # 200% zoom: every page reads in 640 CSS pixels without scrolling sideways.
+    _login(zoomed, api_url, key, "/console/models")
+    for path, ready in [("/console/models", "#models-table tbody tr"), (f"/console/jobs/{job_id}", "#attempts li"),
+                        ("/console/jobs", "#jobs-table tbody tr"), ("/console/tenants", "#usage-chart svg"),
+                        ("/console/workers", "#workers-table tbody tr"), ("/console/maintenance", "#gates-table tbody tr"),
+                        ("/console/submit?model=echo", "#submit-job")]:
+        zoomed.goto(api_url + path)
+        zoomed.wait_for_selector(ready)
+        _no_sideways_scroll(zoomed)
+        shot(zoomed, "zoom200-" + (path.strip("/").split("?")[0].replace("/", "-") or "index").replace(job_id, "job"))

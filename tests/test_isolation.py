@@ -96,6 +96,10 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
         {"method": "DELETE", "url": "/v1/tenants/tenant-a/webhooks/{a_webhook}", "expect": 403, "owner": 204}],
     ("POST", "/v1/webhook-deliveries/<int:delivery_id>/replay"): [
         {"method": "POST", "url": "/v1/webhook-deliveries/{a_delivery}/replay", "expect": 404, "owner": 200}],
+    ("GET", "/v1/tenants/<tenant>/state"): [
+        {"url": "/v1/tenants/tenant-a/state", "expect": 403, "owner": 200}],
+    # The tenants a key may look at: a user key, its own only.
+    ("GET", "/v1/tenants"): [{"url": "/v1/tenants", "expect": "own tenant only", "owner": "own tenant only"}],
 }
 
 _ANY = "/v1/maintenance/<any(retry, recover, cleanup, reconcile):name>"
@@ -121,6 +125,8 @@ ADMIN_ONLY: dict[tuple[str, str], list[tuple[str, dict | None]]] = {
     ("POST", _ANY): [(f"/v1/maintenance/{n}", None) for n in ("retry", "recover", "cleanup", "reconcile")],
     ("POST", "/v1/maintenance/autotune"): [("/v1/maintenance/autotune", {"dry_run": False})],
     ("GET", "/v1/maintenance/runs"): [("/v1/maintenance/runs", None)],
+    ("GET", "/v1/maintenance/state"): [("/v1/maintenance/state", None)],
+    ("GET", "/v1/workers"): [("/v1/workers", None)],
     ("POST", "/v1/models/<model>/jobs/<job_id>/fail"): [("/v1/models/{model}/jobs/{pending}/fail", None)],
     ("POST", "/task/runWork"): [("/task/runWork", None)],
     ("POST", "/task/cleanWork"): [("/task/cleanWork", None)],
@@ -153,6 +159,8 @@ PUBLIC: dict[tuple[str, str], str] = {
     ("GET", "/console/models"): "HTML shell", ("GET", "/console/models/edit"): "HTML shell",
     ("GET", "/console/submit"): "HTML shell", ("GET", "/console/jobs"): "HTML shell",
     ("GET", "/console/jobs/<job_id>"): "HTML shell: no job data; its script calls GET /v1/jobs/{id} with the key",
+    ("GET", "/console/tenants"): "HTML shell", ("GET", "/console/workers"): "HTML shell",
+    ("GET", "/console/maintenance"): "HTML shell",
 }
 
 
@@ -312,6 +320,8 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
             assert body["code"] == expect and body["data"] is None  # the seed envelope's form
     elif expect == "empty":
         assert resp.status_code == 200 and body["jobs"] == []
+    elif expect == "own tenant only":
+        assert resp.status_code == 200 and body == {"tenants": [B]}, body
     elif expect == "new job":
         assert resp.status_code in (200, 202), resp.get_data(as_text=True)
         new = body.get("job_id") or body["data"]["task_id"]
@@ -340,6 +350,8 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
     elif owner == "replay":
         got = own.get_json().get("job_id") or own.get_json()["data"]["task_id"]
         assert own.status_code in (200, 202) and got == world["pending"]
+    elif owner == "own tenant only":
+        assert own.status_code == 200 and own.get_json() == {"tenants": ["tenant-a"]}
     elif owner == "events of mine":
         text = own.get_data(as_text=True)
         assert own.status_code == 200 and all(j in text for j in a_jobs), text

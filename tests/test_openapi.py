@@ -164,6 +164,15 @@ def test_real_responses_match_the_documented_schemas(client, make_model, admin_k
     conforms(client.post("/v1/maintenance/autotune", json={"dry_run": "yes"}, headers=a),
              "/v1/maintenance/autotune", "post")
     conforms(client.get("/v1/maintenance/runs?limit=5", headers=a), "/v1/maintenance/runs", "get")
+    # the console's operator views
+    conforms(client.get("/v1/maintenance/state", headers=a), "/v1/maintenance/state", "get")
+    conforms(client.get("/v1/maintenance/state", headers=h), "/v1/maintenance/state", "get")
+    conforms(client.get("/v1/workers", headers=a), "/v1/workers", "get")
+    conforms(client.get("/v1/tenants", headers=a), "/v1/tenants", "get")
+    conforms(client.get("/v1/tenants", headers=h), "/v1/tenants", "get")
+    conforms(client.get("/v1/tenants/tenant-a/state", headers=h), "/v1/tenants/{tenant}/state", "get")
+    conforms(client.get("/v1/tenants/other/state", headers=h), "/v1/tenants/{tenant}/state", "get")
+    conforms(client.get("/v1/tenants/tenant-a/state", headers=a), "/v1/tenants/{tenant}/state", "get")
     conforms(client.get("/metrics"), "/metrics", "get")
     conforms(client.get("/openapi.json"), "/openapi.json", "get")
     conforms(client.get("/healthz"), "/healthz", "get")

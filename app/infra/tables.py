@@ -165,6 +165,24 @@ tasks = Table(
              f"{_in(S.PENDING)} AND retry_count > 0 AND promoted_at IS NULL"),
 )
 
+# One row per ended attempt (revision 0015): running -> done / retry_wait /
+# failed, appended by the transition's own statement (app/transitions.py).
+task_attempts = Table(
+    "asynch_task_attempt", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("worker", String(255), nullable=True),
+    Column("started_at", TS, nullable=True),
+    Column("ended_at", TS, nullable=False),
+    # The state the attempt left the job in (app/states.py JobState).
+    Column("outcome", SmallInteger, nullable=False),
+    Column("error", Text, nullable=True),
+    # Admin views only, as asynch_task.error_detail.
+    Column("error_detail", Text, nullable=True),
+    Index("ix_asynch_task_attempt_job", "job_id", "attempt"),
+)
+
 model_stats = Table(
     "asynch_model_stat", metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),

@@ -336,7 +336,8 @@ class TimelineEvent(Shape):
 
 def timeline(row) -> list[TimelineEvent]:
     """A job's history as far as its row keeps it: the row holds the latest
-    attempt's start and error only (no per-attempt history table)."""
+    attempt's start and error only (earlier attempts: ``attempts``, from
+    asynch_task_attempt)."""
     ev = [("created", row.created_at, "admitted through the gate")]
     if row.retry_count:
         ev.append(("requeued", row.enqueue_at, f"re-admitted for retry {row.retry_count}"))
@@ -354,6 +355,29 @@ def timeline(row) -> list[TimelineEvent]:
     return [TimelineEvent.model_construct(at=at, event=name, detail=detail) for name, at, detail in ev]
 
 
+class AttemptView(Shape):
+    """One ended attempt (asynch_task_attempt): how it ended and why."""
+
+    attempt: int = Field(ge=1)
+    outcome: Literal["done", "failed", "retry_wait", "timeout", "canceled"] = Field(
+        description="the state the attempt left the job in (retry_wait: it is retried)")
+    started_at: Timestamp | None
+    ended_at: Timestamp
+    error: str | None = Field(None, description="'<code>: <short message>', as the job's error")
+    worker: str | None = Field(None, description="admins only: the Celery node that ran it")
+    error_detail: str | None = Field(None, description="admins only: the internals behind error")
+
+    @classmethod
+    def from_row(cls, row, admin: bool = False) -> "AttemptView":
+        out = {"attempt": row.attempt, "outcome": JobState(row.outcome).label, "started_at": row.started_at,
+               "ended_at": row.ended_at}
+        if row.error and JobState(row.outcome) != JobState.DONE:
+            out["error"] = row.error
+        if admin:
+            out.update({k: getattr(row, k) for k in ("worker", "error_detail") if getattr(row, k)})
+        return cls.model_construct(**out)
+
+
 class JobDetail(JobListItem):
     """The poll body plus what an operator or the console's job page needs.
     Never the secrets: modelKey and the callback URL stay out."""
@@ -369,11 +393,14 @@ class JobDetail(JobListItem):
     expire_at: Timestamp | None
     payload: Any
     timeline: list[TimelineEvent]
+    attempts: list[AttemptView] = Field(description="the attempts that ended, oldest first (the running one "
+                                                    "is the job's own started_at/attempt)")
     error_detail: str | None = Field(None, description="admins only: what lies behind error (exception text, "
                                                        "the model's error body)")
 
     @classmethod
-    def from_row(cls, row, urls: dict, admin: bool = False) -> "JobDetail":  # type: ignore[override]
+    def from_row(cls, row, urls: dict, admin: bool = False,  # type: ignore[override]
+                 attempts: list | None = None) -> "JobDetail":
         try:
             payload = json.loads(row.request_payload)
         except ValueError:
@@ -387,4 +414,4 @@ class JobDetail(JobListItem):
             **values, **urls, internal_state=JobState(row.state).label, tenant=row.tenant_id, creator=row.creator,
             biz_name=row.biz_name, enqueue_at=row.enqueue_at, next_retry_at=row.next_retry_at,
             deadline_at=row.deadline_at, claimed_at=row.claimed_at, expire_at=row.expire_at, payload=payload,
-            timeline=timeline(row))
+            timeline=timeline(row), attempts=[AttemptView.from_row(a, admin) for a in attempts or []])

@@ -37,7 +37,7 @@ from flask import after_this_request
 
 from app.config import get_settings
 from app.errors import RateLimited
-from app.infra.redis.ratelimit import Take, take
+from app.infra.redis.ratelimit import Take, peek, take
 from app.tenancy import limits
 from app.tenancy.keys import Principal
 
@@ -183,6 +183,22 @@ def _fail_open(exc: Exception) -> None:
     if warn:
         log.warning("rate limiter cannot reach Redis (%s): requests pass unlimited, next try in %.0f s",
                     exc, BYPASS_SECONDS)
+
+
+def tenant_rate_state(tenant: str, key_ids: list[int]) -> dict:
+    """The policy a tenant's keys get and each key's bucket now (tokens
+    left, refilled to Redis time; read only).  Redis unreachable: buckets
+    null, as the limiter then lets requests through."""
+    policy = policy_for(Principal(tenant_id=tenant, role="user", key_id=None))
+    out: dict = {"limited": policy is not None, "rate_per_second": policy.rate if policy else None,
+                 "burst": policy.burst if policy else None, "keys": []}
+    if policy is None:
+        return out
+    try:
+        out["keys"] = [{"key_id": k, "tokens": round(peek(str(k), policy.rate, policy.burst), 3)} for k in key_ids]
+    except redis.RedisError:
+        out["keys"] = [{"key_id": k, "tokens": None} for k in key_ids]
+    return out
 
 
 def reset() -> None:

@@ -54,6 +54,12 @@ def leader_current() -> tuple[int, str] | None:
     return int(token), owner
 
 
+def leader_ttl_ms() -> int | None:
+    """Milliseconds left on the beat lock (None: no lock)."""
+    ms = int(get_redis().pttl(keys.beat_lock()))
+    return ms if ms >= 0 else None
+
+
 def record_beat_run(entry: str, keep: int) -> None:
     if keep <= 0:
         return

@@ -87,3 +87,17 @@ def take(bucket_id: str, rate: float, burst: int, cost: int = 1, client: redis.R
     allowed, tokens, wait, full = script(TOKEN_BUCKET, r)(keys=[bucket_key(bucket_id)],
                                                       args=[repr(float(rate)), int(burst), int(cost)])
     return Take(bool(allowed), float(tokens), float(wait), float(full))
+
+
+def peek(bucket_id: str, rate: float, burst: int, client: redis.Redis | None = None) -> float:
+    """Tokens the bucket holds now, refilled to the Redis server's time (a
+    read: nothing is taken or written).  A missing bucket is full."""
+    r = client if client is not None else get_redis()
+    pipe = r.pipeline(transaction=False)
+    pipe.time()
+    pipe.hmget(bucket_key(bucket_id), "tk", "ts")
+    (sec, usec), (tk, ts) = pipe.execute()
+    if tk is None or ts is None:
+        return float(burst)
+    elapsed = max(0.0, sec + usec / 1e6 - float(ts))
+    return min(float(burst), float(tk) + elapsed * rate)

@@ -82,3 +82,21 @@ def jobs_page():
 @page('Console: a job, its timeline and its result')
 def job_page(job_id: str):
     return _page("job", "Job", job_id=job_id)
+
+
+@bp.get("/tenants")
+@page("Console: a tenant's usage per day, queue share in use and rate-limit state")
+def tenants_page():
+    return _page("tenants", "Tenants")
+
+
+@bp.get("/workers")
+@page("Console: the workers, their liveness, heartbeat age and running jobs (admins)")
+def workers_page():
+    return _page("workers", "Workers")
+
+
+@bp.get("/maintenance")
+@page("Console: the beat leader, recent periodic runs and the gates against the rows (admins)")
+def maintenance_page():
+    return _page("maintenance", "Maintenance")

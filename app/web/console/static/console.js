@@ -284,6 +284,82 @@ pages.submit = async () => {
   });
 };
 
+// --- event streams ------------------------------------------------------------------------
+// EventSource cannot send an Authorization header, so a stream is a fetch()
+// whose body is read chunk by chunk and parsed as text/event-stream here
+// (fields id/event/data, comments are keep-alives, a blank line ends an
+// event).  A dropped stream reconnects with Last-Event-ID, so nothing is
+// missed; onEvent returning true ends it for good (a job's terminal event).
+
+function openStream(path, onEvent, { onOpen, onFail } = {}) {
+  const st = { closed: false, ac: null, lastId: null };
+  const close = () => { st.closed = true; if (st.ac) st.ac.abort(); };
+  window.addEventListener("pagehide", close);
+  (async () => {
+    let delay = 1000;
+    while (!st.closed) {
+      st.ac = new AbortController();
+      const headers = { Authorization: "Bearer " + (sessionStorage.getItem(KEY) || ""), Accept: "text/event-stream" };
+      if (st.lastId) headers["Last-Event-ID"] = st.lastId;
+      try {
+        const resp = await fetch(path, { headers, signal: st.ac.signal, credentials: "omit", cache: "no-store" });
+        if (resp.status === 401) { toLogin(); return; }
+        if (resp.status !== 200 || !resp.body) {
+          if (onFail && onFail(resp.status)) return;  // the caller falls back (e.g. 429: waiter caps)
+          throw new Error("HTTP " + resp.status);
+        }
+        if (onOpen) onOpen();
+        delay = 1000;
+        const reader = resp.body.getReader(), dec = new TextDecoder();
+        let buf = "", ev = { id: null, event: "message", data: [] };
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          let nl;
+          while ((nl = buf.indexOf("\n")) >= 0) {
+            const line = buf.slice(0, nl).replace(/\r$/, "");
+            buf = buf.slice(nl + 1);
+            if (line === "") {
+              if (ev.data.length) {
+                let data = ev.data.join("\n");
+                try { data = JSON.parse(data); } catch (e) { /* not JSON: the text */ }
+                if (ev.id !== null) st.lastId = ev.id;
+                if (onEvent({ id: ev.id, event: ev.event, data })) { close(); return; }
+              }
+              ev = { id: null, event: "message", data: [] };
+              continue;
+            }
+            if (line.startsWith(":")) continue;  // a keep-alive
+            const colon = line.indexOf(":");
+            const field = colon < 0 ? line : line.slice(0, colon);
+            const val = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+            if (field === "id") ev.id = val;
+            else if (field === "event") ev.event = val;
+            else if (field === "data") ev.data.push(val);
+          }
+        }
+      } catch (e) {
+        if (st.closed) return;
+      }
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(15000, delay * 2);
+    }
+  })();
+  return { close };
+}
+
+function liveStatus(text) { const s = $("#live-status"); if (s) s.textContent = text; }
+
+// --- jobs -------------------------------------------------------------------------------
+
+function jobRow(j) {
+  return el("tr", { "data-job": j.job_id },
+    el("td", {}, el("a", { href: "/console/jobs/" + encodeURIComponent(j.job_id) }, j.job_id)),
+    el("td", {}, j.model), el("td", { class: "state state-" + j.state }, j.state), el("td", {}, fmtTime(j.created_at)),
+    el("td", {}, (j.elapsed_ms / 1000).toFixed(1) + " s"), el("td", {}, j.attempt));
+}
+
 pages.jobs = async () => {
   const form = $("#job-filters");
   const params = new URLSearchParams(location.search);
@@ -293,7 +369,7 @@ pages.jobs = async () => {
   for (const k of ["model", "state", "tenant", "since", "until"]) if (params.get(k)) form.elements[k].value = params.get(k);
   const query = () => {
     const q = new URLSearchParams();
-    for (const k of ["model", "state", "tenant"]) if (form.elements[k].value) q.set(k, form.elements[k].value);
+    for (const k of ["state", "tenant"]) if (form.elements[k].value) q.set(k, form.elements[k].value);
     for (const k of ["since", "until"]) if (form.elements[k].value) q.set(k, new Date(form.elements[k].value).toISOString());
     return q;
   };
@@ -302,72 +378,366 @@ pages.jobs = async () => {
     const q = query();
     q.set("limit", "50");
     if (append && cursor) q.set("cursor", cursor);
-    const r = await api("GET", "/v1/jobs?" + q.toString());
+    // One model's jobs are its own listing (GET /v1/jobs has no model filter).
+    const model = form.elements.model.value;
+    const r = await api("GET", (model ? `/v1/models/${encodeURIComponent(model)}/jobs?` : "/v1/jobs?") + q.toString());
     if (r.status !== 200) { flash(r.data.error + " " + JSON.stringify(r.data.errors || "")); return; }
-    const rows = r.data.jobs.map((j) => el("tr", { "data-job": j.job_id },
-      el("td", {}, el("a", { href: "/console/jobs/" + encodeURIComponent(j.job_id) }, j.job_id)),
-      el("td", {}, j.model), el("td", { class: "state-" + j.state }, j.state), el("td", {}, fmtTime(j.created_at)),
-      el("td", {}, (j.elapsed_ms / 1000).toFixed(1) + " s"), el("td", {}, j.attempt)));
+    const rows = r.data.jobs.map(jobRow);
     const tbody = $("#jobs-table tbody");
     if (append) tbody.append(...rows); else tbody.replaceChildren(...rows);
     cursor = r.data.next_cursor;
     $("#more").hidden = !cursor;
   };
+  // Live: the tenant's job events update the rows shown and add new jobs that match the filters.
+  let stream = null;
+  const follow = () => {
+    if (stream) stream.close();
+    const q = new URLSearchParams();
+    if (form.elements.model.value) q.set("model", form.elements.model.value);
+    if (isAdmin() && form.elements.tenant.value) q.set("tenant", form.elements.tenant.value);
+    stream = openStream("/v1/events" + (q.toString() ? "?" + q : ""), (ev) => {
+      const j = ev.data;
+      if (!j || !j.job_id) return false;
+      const old = document.querySelector(`tr[data-job="${CSS.escape(j.job_id)}"]`);
+      const f = form.elements;
+      const fits = (!f.model.value || f.model.value === j.model) && (!f.state.value || f.state.value === j.state) && !f.until.value
+        && (!f.since.value || new Date(j.created_at) >= new Date(f.since.value));
+      if (old && fits) old.replaceWith(jobRow(j));
+      else if (old) old.remove();
+      else if (fits) $("#jobs-table tbody").prepend(jobRow(j));
+      return false;
+    }, { onOpen: () => liveStatus("Live: following job events."),
+         onFail: (status) => { liveStatus(`Live updates unavailable (HTTP ${status}); reload to refresh.`); return status === 429; } });
+  };
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
     history.replaceState(null, "", "?" + new URLSearchParams([...new FormData(form)].filter(([, v]) => v)).toString());
     load(false);
+    follow();
   });
   $("#more").addEventListener("click", () => load(true));
   await load(false);
+  follow();
 };
 
-const EXT = { "application/json": "json", "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "text/plain": "txt" };
+// --- a job: fields, timeline, attempts, deliveries, result ------------------------------------
+
+const EXT = { "application/json": "json", "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "text/plain": "txt",
+              "image/svg+xml": "svg", "text/csv": "csv", "text/html": "html" };
+
+function jsonTree(v, key, depth) {
+  const label = key === undefined ? [] : [el("span", { class: "json-key" }, String(key)), ": "];
+  if (v !== null && typeof v === "object") {
+    const entries = Array.isArray(v) ? v.map((x, i) => [i, x]) : Object.entries(v);
+    const shown = entries.slice(0, 1000);
+    return el("details", { open: depth < 3 },
+      el("summary", {}, ...label, Array.isArray(v) ? `[${entries.length}]` : `{${entries.length}}`),
+      el("ul", {}, shown.map(([k, x]) => el("li", {}, jsonTree(x, k, depth + 1))),
+         entries.length > shown.length ? el("li", { class: "hint" }, `… ${entries.length - shown.length} more`) : null));
+  }
+  return el("span", { class: "leaf" }, ...label,
+            el("span", { class: "json-" + (v === null ? "null" : typeof v) }, JSON.stringify(v)));
+}
 
 async function showResult(job) {
   const box = $("#result");
   const resp = await fetch(job.result_url, { headers: { Authorization: "Bearer " + sessionStorage.getItem(KEY) }, credentials: "omit" });
   if (resp.status !== 200) { box.replaceChildren(el("p", { class: "error" }, `result: HTTP ${resp.status}`)); return; }
-  const ctype = (resp.headers.get("Content-Type") || "application/octet-stream").split(";")[0].trim();
+  const ctype = (resp.headers.get("Content-Type") || "application/octet-stream").split(";")[0].trim().toLowerCase();
   const blob = await resp.blob();
   const url = URL.createObjectURL(blob);
   let preview;
   if (ctype === "application/json" || ctype.endsWith("+json")) {
     const text = await blob.text();
-    try { preview = el("pre", { id: "result-json" }, JSON.stringify(JSON.parse(text), null, 2)); } catch (e) { preview = el("pre", {}, text); }
+    try {
+      const parsed = JSON.parse(text);
+      preview = [el("div", { id: "result-tree", class: "json-tree" }, jsonTree(parsed, undefined, 0)),
+        el("details", {}, el("summary", {}, "Raw JSON"), el("pre", { id: "result-json" }, JSON.stringify(parsed, null, 2)))];
+    } catch (e) { preview = el("pre", { id: "result-text" }, text.slice(0, 20000)); }
   } else if (ctype.startsWith("image/")) {
-    preview = el("img", { id: "result-image", src: url, alt: "result image" });
+    preview = el("img", { id: "result-image", src: url, alt: `result image (${ctype})` });
   } else if (ctype.startsWith("text/")) {
-    preview = el("pre", {}, (await blob.text()).slice(0, 20000));
+    const text = await blob.text();
+    preview = [el("pre", { id: "result-text" }, text.slice(0, 20000)),
+      text.length > 20000 ? el("p", { class: "hint" }, `First 20000 of ${text.length} characters.`) : null];
   } else {
-    preview = el("p", { class: "hint" }, `${ctype}, ${blob.size} bytes`);
+    preview = el("p", { class: "hint", id: "result-binary" }, `${ctype}, ${blob.size} bytes: no preview.`);
   }
-  box.replaceChildren(preview, el("p", {}, el("a", { id: "download", href: url, download: `${job.job_id}.${EXT[ctype] || "bin"}` },
-    `Download (${ctype}, ${blob.size} bytes)`)));
+  box.replaceChildren(...[preview].flat().filter(Boolean),
+    el("p", {}, el("a", { id: "download", class: "button", href: url, download: `${job.job_id}.${EXT[ctype] || "bin"}` },
+      `Download (${ctype}, ${blob.size} bytes)`)));
+}
+
+const seconds = (a, b) => (a && b ? ((new Date(b) - new Date(a)) / 1000).toFixed(2) + " s" : "");
+
+function renderAttempts(j) {
+  const items = j.attempts.map((a) => el("li", { class: "attempt outcome-" + a.outcome, "data-attempt": a.attempt, "data-outcome": a.outcome },
+    el("strong", {}, `Attempt ${a.attempt}`), " ", el("span", { class: "state state-" + a.outcome }, a.outcome === "retry_wait" ? "failed, retried" : a.outcome),
+    el("div", { class: "when" }, `${fmtTime(a.started_at)} → ${fmtTime(a.ended_at)} (${seconds(a.started_at, a.ended_at)})`,
+       a.worker ? ` on ${a.worker}` : ""),
+    a.error ? el("div", { class: "error attempt-error" }, a.error) : null,
+    a.error_detail ? el("details", {}, el("summary", {}, "Detail (admins)"), el("pre", {}, a.error_detail)) : null));
+  if (j.state === "running" && !j.attempts.some((a) => a.attempt === j.attempt)) {
+    items.push(el("li", { class: "attempt outcome-running", "data-attempt": j.attempt, "data-outcome": "running" },
+      el("strong", {}, `Attempt ${j.attempt}`), " ", el("span", { class: "state state-running" }, "running"),
+      el("div", { class: "when" }, `since ${fmtTime(j.started_at)}`)));
+  }
+  $("#attempts").replaceChildren(...items);
+  $("#no-attempts").hidden = items.length > 0;
+}
+
+// Where a job's deliveries come from; each source answers a list of
+// {kind, target, status, attempts, detail, log: [{attempt, at, duration_ms, http_status, error}]}.
+// Webhook deliveries are another source of the same shape.
+const DELIVERY_SOURCES = [
+  async (j) => {
+    const r = await api("GET", `/v1/jobs/${encodeURIComponent(j.job_id)}/callback`);
+    if (r.status !== 200) return [];
+    const c = r.data;
+    const detail = c.status === "delivered" ? `delivered ${fmtTime(c.delivered_at)}`
+      : c.status === "pending" && c.next_attempt_at ? `next try ${fmtTime(c.next_attempt_at)}` : (c.last_error || "");
+    return [{ kind: "callback", target: "GET " + c.url, status: c.status, attempts: c.attempts, detail, log: c.log }];
+  },
+];
+
+async function loadDeliveries(j) {
+  const all = (await Promise.all(DELIVERY_SOURCES.map((src) => src(j).catch(() => [])))).flat();
+  const box = $("#deliveries");
+  if (!all.length) { box.replaceChildren(el("p", { class: "hint", id: "no-deliveries" }, "No delivery for this job.")); return all; }
+  box.replaceChildren(...all.map((d, i) => el("section", { class: "delivery", "data-kind": d.kind, "data-status": d.status },
+    el("h3", {}, `${d.kind}: `, el("span", { class: "delivery-status status-" + d.status }, d.status),
+       ` after ${d.attempts} ${d.attempts === 1 ? "try" : "tries"}`),
+    el("p", { class: "target" }, d.target), d.detail ? el("p", { class: "hint" }, d.detail) : null,
+    el("div", { class: "table-wrap" }, el("table", { class: "delivery-log", "aria-label": `${d.kind} ${i + 1} tries` },
+      el("thead", {}, el("tr", {}, ["Try", "At", "Took", "Address", "HTTP", "Error"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, d.log.map((a) => el("tr", { "data-try": a.attempt },
+        el("td", {}, a.attempt), el("td", {}, fmtTime(a.at)), el("td", {}, a.duration_ms === null ? "" : a.duration_ms + " ms"),
+        el("td", {}, a.address || ""), el("td", {}, a.http_status === null ? "" : a.http_status),
+        el("td", { class: a.error ? "error" : "" }, a.error || "")))))))));
+  return all;
 }
 
 pages.job = async () => {
   const id = document.body.dataset.jobId;
-  let shown = false;
+  let shown = false, delivered = false, job = null;
   const tick = async () => {
     const r = await api("GET", "/v1/jobs/" + encodeURIComponent(id));
     if (r.status !== 200) { flash(r.data.error); return true; }
-    const j = r.data;
+    const j = job = r.data;
     const rows = [["Job", j.job_id], ["Model", j.model], ["State", j.state], ["Internal state", j.internal_state],
-      ["Tenant", j.tenant], ["Attempt", j.attempt], ["Retries", j.retry_count], ["Elapsed", (j.elapsed_ms / 1000).toFixed(2) + " s"],
-      ["Error", j.error || ""], ["Payload", JSON.stringify(j.payload)]];
+      ["Tenant", j.tenant], ["Attempt", j.attempt], ["Retries", j.retry_count], ["Priority", j.priority ?? ""],
+      ["Elapsed", (j.elapsed_ms / 1000).toFixed(2) + " s"], ["Error", j.error || ""], ["Payload", JSON.stringify(j.payload)]];
     $("#job-fields").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k.toLowerCase() }, v)]));
     $("#timeline").replaceChildren(...j.timeline.map((e) => el("li", { "data-event": e.event },
       el("strong", {}, e.event), ` ${fmtTime(e.at)} `, e.detail)));
+    renderAttempts(j);
     const cancel = $("#cancel-job");
     cancel.hidden = TERMINAL.has(j.state);
     cancel.onclick = async () => { const c = await api("POST", j.poll_url + "/cancel"); flash(c.data.error || "Canceled.", !c.data.error); tick(); };
     if (j.state === "done" && !shown) { shown = true; await showResult(j); }
-    return TERMINAL.has(j.state);
+    const ended = TERMINAL.has(j.state);
+    if (ended && !delivered) { delivered = true; followDeliveries(j); }
+    return ended;
   };
-  if (!(await tick())) {
-    const t = setInterval(async () => { if (await tick()) clearInterval(t); }, 1000);
+  // A delivery is retried on its own schedule after the job ended: its log is re-read while one is in flight.
+  const followDeliveries = async (j) => {
+    for (let i = 0; i < 40; i++) {
+      const all = await loadDeliveries(j);
+      if (!all.some((d) => d.status === "pending" || d.status === "sending")) return;
+      await new Promise((r) => setTimeout(r, 1500));
+    }
+  };
+  if (await tick()) { liveStatus("Finished."); return; }
+  // Live: the job's own event stream; each event re-reads the detail (attempts, timeline).
+  let polling = null;
+  const poll = () => { if (!polling) polling = setInterval(async () => { if (await tick()) clearInterval(polling); }, 1000); };
+  openStream(`/v1/models/${encodeURIComponent(job.model)}/jobs/${encodeURIComponent(id)}/events`, (ev) => {
+    const last = ev.id === "end";
+    tick().then((ended) => { if (ended || last) liveStatus("Finished."); });
+    return last;
+  }, { onOpen: () => liveStatus("Live: following this job's events."),
+       onFail: (status) => { liveStatus(`Live updates unavailable (HTTP ${status}); polling.`); poll(); return true; } });
+};
+
+// --- tenants: usage per day, queue share, rate limit -----------------------------------------
+
+const NS = "http://www.w3.org/2000/svg";
+function svgEl(tag, attrs, text) {
+  const n = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, v);
+  if (text !== undefined) n.textContent = text;
+  return n;
+}
+
+const isoDay = (d) => d.toISOString().slice(0, 10);
+
+function usageChart(tenant, days, rows) {
+  const today = new Date();
+  const dayList = [];
+  for (let i = days - 1; i >= 0; i--) dayList.push(isoDay(new Date(today.getTime() - i * 86400000)));
+  const modelsSeen = [...new Set(rows.map((r) => r.model_name))].sort();
+  const per = new Map(dayList.map((d) => [d, new Map()]));
+  for (const r of rows) {
+    const m = per.get(r.day);
+    if (m) m.set(r.model_name, (m.get(r.model_name) || 0) + r.request_count);
   }
+  const totals = dayList.map((d) => [...per.get(d).values()].reduce((a, b) => a + b, 0));
+  const total = totals.reduce((a, b) => a + b, 0), max = Math.max(1, ...totals);
+  const W = 640, H = 200, left = 36, bottom = 24, top = 20, bw = (W - left - 8) / days;
+  const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, class: "usage", role: "img",
+                             "aria-label": `Model calls per day for ${tenant}: ${total} in ${days} days` });
+  svg.append(svgEl("title", {}, `Model calls per day for ${tenant}`));
+  svg.append(svgEl("text", { x: left, y: 12, class: "caption" }, `${total} calls in ${days} days, at most ${Math.max(...totals)} a day`));
+  for (const frac of [0, 0.5, 1]) {
+    const y = H - bottom - (H - bottom - top) * frac;
+    svg.append(svgEl("line", { x1: left, x2: W - 8, y1: y, y2: y, class: "grid" }),
+               svgEl("text", { x: left - 4, y: y + 3, class: "axis", "text-anchor": "end" },
+                      String(Number.isInteger(max * frac) ? max * frac : (max * frac).toFixed(1))));
+  }
+  dayList.forEach((d, i) => {
+    let y = H - bottom;
+    const g = svgEl("g", { class: "day", "data-day": d });
+    modelsSeen.forEach((m, k) => {
+      const n = per.get(d).get(m) || 0;
+      if (!n) return;
+      const h = ((H - bottom - top) * n) / max;
+      y -= h;
+      const rect = svgEl("rect", { x: left + i * bw + 1, y, width: Math.max(1, bw - 2), height: h, class: "series-" + (k % 6),
+                                   "data-model": m, "data-count": n });
+      rect.append(svgEl("title", {}, `${d} ${m}: ${n}`));
+      g.append(rect);
+    });
+    svg.append(g);
+    if (i === 0 || i === days - 1 || (days > 10 && i % 7 === 0 && days - 1 - i >= 4)) {
+      svg.append(svgEl("text", { x: left + i * bw + bw / 2, y: H - 8, class: "axis", "text-anchor": "middle" }, d.slice(5)));
+    }
+  });
+  const legend = el("ul", { class: "legend" }, modelsSeen.map((m, k) => el("li", {}, el("span", { class: "swatch series-" + (k % 6) }), m)));
+  // The same numbers as a table, for keyboards and screen readers (a bar's <title> needs a mouse).
+  const filled = dayList.filter((d) => per.get(d).size).reverse();
+  const table = el("details", { id: "usage-table" }, el("summary", {}, "The numbers"),
+    el("div", { class: "table-wrap" }, el("table", {},
+      el("thead", {}, el("tr", {}, el("th", {}, "Day"), modelsSeen.map((m) => el("th", {}, m)), el("th", {}, "Total"))),
+      el("tbody", {}, filled.length ? filled.map((d) => el("tr", { "data-day": d }, el("td", {}, d),
+        modelsSeen.map((m) => el("td", {}, per.get(d).get(m) || 0)), el("td", {}, totals[dayList.indexOf(d)])))
+        : el("tr", {}, el("td", { colspan: modelsSeen.length + 2, class: "hint" }, "No model call in these days."))))));
+  return [svg, legend, table];
+}
+
+async function statsRows(tenant, from) {
+  const rows = [];
+  let cursor = null;
+  for (let page = 0; page < 10; page++) {
+    const q = new URLSearchParams({ tenant, from, limit: "10000" });
+    if (cursor) q.set("cursor", cursor);
+    const r = await api("GET", "/v1/stats?" + q);
+    if (r.status !== 200) { flash(r.data.error); break; }
+    rows.push(...r.data.rows);
+    cursor = r.data.next_cursor;
+    if (!cursor) break;
+  }
+  return rows;
+}
+
+pages.tenants = async () => {
+  const form = $("#tenant-form"), sel = $("#tenant-select");
+  const list = (await api("GET", "/v1/tenants")).data.tenants;
+  sel.replaceChildren(...list.map((t) => el("option", { value: t }, t)));
+  const params = new URLSearchParams(location.search);
+  if (params.get("tenant") && list.includes(params.get("tenant"))) sel.value = params.get("tenant");
+  if (params.get("days")) form.elements.days.value = params.get("days");
+  const load = async () => {
+    const tenant = sel.value, days = Number(form.elements.days.value);
+    if (!tenant) { $("#usage-chart").replaceChildren(el("p", { class: "hint" }, "No tenant.")); return; }
+    const from = isoDay(new Date(Date.now() - (days - 1) * 86400000));
+    const [rows, st] = await Promise.all([statsRows(tenant, from), api("GET", `/v1/tenants/${encodeURIComponent(tenant)}/state`)]);
+    $("#usage-chart").replaceChildren(...usageChart(tenant, days, rows));
+    if (st.status !== 200) { flash(st.data.error); return; }
+    $("#share-table tbody").replaceChildren(...st.data.models.map((m) => el("tr", { "data-model": m.model },
+      el("td", {}, m.model), el("td", { class: "share" }, bar(m.in_use, m.cap), `${m.in_use} / ${m.cap}`),
+      el("td", {}, m.queue_limit), el("td", {}, m.pending), el("td", {}, m.running), el("td", {}, m.retry_wait))));
+    const rate = st.data.rate;
+    $("#rate-policy").textContent = rate.limited
+      ? `Each key: ${rate.rate_per_second} requests/s, bursts of ${rate.burst}.`
+      : "Not rate-limited: no rate is set for this tenant and ASYNCH_RATE_LIMIT_PER_SECOND is 0.";
+    $("#rate-table").hidden = !rate.keys.length;
+    $("#rate-table tbody").replaceChildren(...rate.keys.map((k) => el("tr", { "data-key": k.key_id },
+      el("td", {}, `key ${k.key_id}`),
+      el("td", { class: "tokens" }, k.tokens === null ? "unknown (Redis unreachable)" : [bar(k.tokens, rate.burst), `${k.tokens.toFixed(1)} / ${rate.burst}`]))));
+  };
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    history.replaceState(null, "", "?" + new URLSearchParams({ tenant: sel.value, days: form.elements.days.value }));
+    load();
+  });
+  await load();
+  setInterval(load, 10000);
+};
+
+// --- workers ------------------------------------------------------------------------------
+
+const age = (s) => (s === null || s === undefined ? "never" : s < 60 ? `${s.toFixed(1)} s ago` : `${Math.round(s / 60)} min ago`);
+
+pages.workers = async () => {
+  const load = async () => {
+    const r = await api("GET", "/v1/workers");
+    if (r.status !== 200) { flash(r.data.error); return; }
+    const ws = r.data.workers;
+    $("#workers-summary").textContent = `${ws.length} node(s), ${ws.filter((w) => w.alive).length} alive; a node silent `
+      + `for ${r.data.ttl_seconds} s is dead and recovery fails its attempts.`
+      + (r.data.unassigned_running ? ` ${r.data.unassigned_running} running job(s) name no node.` : "");
+    $("#workers-table tbody").replaceChildren(...ws.map((w) => el("tr", { "data-node": w.node, class: w.alive ? "" : "dead" },
+      el("td", {}, w.node, w.instance ? el("div", { class: "hint" }, w.instance) : null),
+      el("td", { class: "alive " + (w.alive ? "yes" : "no") }, w.alive ? "alive" : "dead"),
+      el("td", { class: "heartbeat" }, age(w.heartbeat_age_seconds)),
+      el("td", {}, age(w.consumed_age_seconds)),
+      el("td", {}, w.queues.join(", ")),
+      el("td", { class: "running" }, w.running.length ? el("ul", { class: "plain" }, w.running.map((j) => el("li", {},
+        el("a", { href: "/console/jobs/" + encodeURIComponent(j.job_id) }, j.job_id), ` ${j.model}, attempt ${j.attempt}, since ${fmtTime(j.started_at)}`)))
+        : "idle"))));
+  };
+  await load();
+  setInterval(load, 3000);  // heartbeat ages move on their own
+  // Jobs starting and ending show at once: every job event re-reads the nodes (at most one read in flight).
+  let busy = false;
+  openStream("/v1/events", () => {
+    if (!busy) { busy = true; load().finally(() => { busy = false; }); }
+    return false;
+  }, { onOpen: () => liveStatus("Live: following job events."), onFail: () => true });
+};
+
+// --- maintenance ------------------------------------------------------------------------------
+
+const unixTime = (t) => (t ? new Date(t * 1000).toLocaleString() : "");
+
+pages.maintenance = async () => {
+  const load = async () => {
+    const [st, runs] = await Promise.all([api("GET", "/v1/maintenance/state"), api("GET", "/v1/maintenance/runs?limit=30")]);
+    if (st.status !== 200) { flash(st.data.error); return; }
+    const l = st.data.leader;
+    $("#leader").replaceChildren(...(l
+      ? [el("strong", { id: "leader-owner" }, l.owner), ` holds the beat lock (fencing token ${l.token})`,
+         l.ttl_ms !== null ? `, ${(l.ttl_ms / 1000).toFixed(1)} s left before it must renew.` : "."]
+      : [el("strong", { id: "leader-owner", class: "error" }, "No beat leader:"), " no periodic pass is being scheduled."]));
+    $("#gates-table tbody").replaceChildren(...st.data.gates.map((g) => el("tr", { "data-gate": g.model, class: g.drift ? "drift" : "" },
+      el("td", {}, g.model, g.configured ? "" : " (model deleted)"), el("td", {}, g.slots), el("td", {}, g.active_rows),
+      el("td", { class: "drift-cell" }, g.drift === 0 ? "in step" : (g.drift > 0 ? "+" : "") + g.drift))));
+    const runRow = (e, withToken) => el("tr", { "data-task": e.task }, el("td", {}, e.task), el("td", {}, unixTime(e.ran_at)),
+      el("td", {}, `${(e.took * 1000).toFixed(0)} ms`), el("td", { class: "processed" }, e.processed ?? ""),
+      withToken ? el("td", {}, e.token ?? "manual") : null);
+    $("#latest-table tbody").replaceChildren(...(st.data.latest.length ? st.data.latest.map((e) => runRow(e, true))
+      : [el("tr", {}, el("td", { colspan: 5, class: "hint" }, "No periodic run recorded yet."))]));
+    if (runs.status === 200) $("#runs-table tbody").replaceChildren(...runs.data.runs.slice().reverse().map((e) => runRow(e, false)));
+  };
+  $("#reconcile").addEventListener("click", async () => {
+    const r = await api("POST", "/v1/maintenance/reconcile");
+    $("#reconcile-result").textContent = r.status === 200
+      ? `Reconciled ${r.data.models} model(s): ${r.data.added} slot(s) added, ${r.data.removed} removed.`
+      : (r.data && r.data.error) || `HTTP ${r.status}`;
+    await load();
+  });
+  await load();
+  setInterval(load, 5000);
 };
 
 document.addEventListener("DOMContentLoaded", () => {
