@@ -23,7 +23,7 @@ from sqlalchemy import func, insert, select
 from app.clock import now as clock_now
 from app.infra.db import transaction
 from app.infra.redis import leader
-from app.infra.tables import callback_attempts, callbacks, tasks
+from app.infra.tables import callback_attempts, callbacks, tasks, webhook_attempts, webhook_deliveries
 from app.maintenance import passes, periodic
 
 try:
@@ -246,6 +246,13 @@ def _delivery_log(job_id: str, tenant: str) -> None:
              "address": "203.0.113.7", "http_status": 503, "error": "HTTP 503 from the receiver"},
             {"callback_id": cid, "attempt": 2, "started_at": now, "duration_ms": 12, "address": "203.0.113.7",
              "http_status": 200, "error": None}])
+        wid = conn.execute(insert(webhook_deliveries).values(
+            job_id=job_id, tenant_id=tenant, subscription_id=0, event="done", url="http://hooks.example/wh",
+            status="failed", attempts=1, next_attempt_at=now, last_error="HTTP 410 from the receiver",
+            created_at=now, updated_at=now).returning(webhook_deliveries.c.id)).scalar_one()
+        conn.execute(insert(webhook_attempts).values(delivery_id=wid, attempt=1, started_at=now, duration_ms=9,
+                                                     address="203.0.113.8", http_status=410,
+                                                     error="HTTP 410 from the receiver"))
 
 
 def _no_sideways_scroll(page) -> None:
@@ -293,6 +300,11 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     assert "after 2 tries" in page.text_content("#deliveries h3")
     assert "HTTP 503 from the receiver" in page.text_content('#deliveries tr[data-try="1"]')
     assert page.text_content('#deliveries tr[data-try="2"] td:nth-child(5)') == "200"
+    # Beside it, the job's webhook POST (its own X-Webhook-Url) that failed for good.
+    hook = page.locator('#deliveries section.delivery[data-kind="webhook done"]')
+    expect(hook.locator(".delivery-status")).to_have_text("failed")
+    assert "POST http://hooks.example/wh" in hook.text_content()
+    assert "HTTP 410 from the receiver" in hook.locator('tr[data-try="1"]').text_content()
     shot(page, "job-attempts-deliveries")
 
     # Keyboard: the skip link comes first, focus is visible, the nav is real links.

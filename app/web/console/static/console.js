@@ -498,6 +498,16 @@ const DELIVERY_SOURCES = [
       : c.status === "pending" && c.next_attempt_at ? `next try ${fmtTime(c.next_attempt_at)}` : (c.last_error || "");
     return [{ kind: "callback", target: "GET " + c.url, status: c.status, attempts: c.attempts, detail, log: c.log }];
   },
+  async (j) => {
+    // Standard Webhooks POSTs of its terminal state (GET /v1/jobs/{id}/webhooks).
+    const r = await api("GET", `/v1/jobs/${encodeURIComponent(j.job_id)}/webhooks`);
+    if (r.status !== 200) return [];
+    return r.data.deliveries.map((d) => ({
+      kind: "webhook " + d.event, target: "POST " + d.url, status: d.status, attempts: d.attempts,
+      detail: d.status === "delivered" ? `delivered ${fmtTime(d.delivered_at)}`
+        : d.status === "pending" && d.next_attempt_at ? `next try ${fmtTime(d.next_attempt_at)}` : (d.last_error || ""),
+      log: d.log }));
+  },
 ];
 
 async function loadDeliveries(j) {
