@@ -125,7 +125,14 @@ def _check(c: Cluster, model: str, admitted: list[str]) -> dict:
     def derived_equal() -> bool:
         gates = [f"asynch:gate:{{{model}}}"] + [f"asynch:tgate:{{{model}}}:{t}" for t in TENANTS]
         held = set().union(*(r.zrange(k, 0, -1) for k in gates))
-        permits = set().union(*(r.zrange(f"asynch:sem:{{{model}}}:{t}", 0, -1) for t in TENANTS))
+        # Live permits only: a permit's score is its lease's end, and dispatch
+        # drops expired ones before it counts a tenant's permits (a dead or
+        # cut-off worker's permit is reclaimed that way), so an expired
+        # member holds no capacity.
+        now = r.time()
+        now = now[0] + now[1] / 1e6
+        permits = set().union(*(r.zrangebyscore(f"asynch:sem:{{{model}}}:{t}", f"({now}", "+inf")
+                                for t in TENANTS))
         inflight = r.zrange(f"asynch:dq:inflight:{{{model}}}", 0, -1)
         seen.update(extra_held=sorted(held - active)[:5], missing=sorted(active - held)[:5],
                     stray_permits=sorted(permits - active)[:5], inflight=inflight[:5])

@@ -231,13 +231,26 @@ class ParkingMiddleware:
                 return lambda _data: None
             return start_response(status, headers, exc_info)
 
-        result = self.app(environ, capture)
+        try:
+            result = self.app(environ, capture)
+        except BaseException:
+            spec = environ.pop(ENVIRON_KEY, None)
+            if spec is not None:
+                spec[4](spec[0])  # the place comes back
+            raise
         spec = environ.pop(ENVIRON_KEY, None)
         if spec is None:
             return result
+        waiter, row, budget, render, release = spec
+        if not captured or not captured[0].startswith("200"):
+            # An after-request hook turned the answer into an error: send
+            # that as it is, and wait for nothing.
+            release(waiter)
+            if captured:
+                start_response(*captured)
+            return result
         if hasattr(result, "close"):
             result.close()  # the app's teardown (request log, metrics) runs now
-        waiter, row, budget, render, release = spec
         try:
             sock = environ["gunicorn.socket"].dup()
         except (KeyError, OSError):
