@@ -67,7 +67,11 @@ def _seed() -> float:
         for i in range(10):
             cur.execute("INSERT INTO asynch_models (model_name, base_url, created_at, updated_at) VALUES "
                         "(%s, 'http://127.0.0.1:9', now(), now()) ON CONFLICT DO NOTHING", (f"model-{i}",))
-        cur.execute("ANALYZE asynch_task")
+        # A table that grew to 1,000,000 rows over time has been vacuumed by
+        # autovacuum many times; one loaded in a single statement has not,
+        # its visibility map is empty and no index-only scan is possible.
+        # VACUUM gives the steady state the benchmark means to measure.
+        cur.execute("VACUUM ANALYZE asynch_task")
     conn.close()
     r = get_redis()
     ids = ["job_" + format(i, "x").zfill(24) for i in range(1, PENDING + 1)]

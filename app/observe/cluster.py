@@ -61,9 +61,9 @@ class ClusterCollector:
         up = GaugeMetricFamily("asynch_metrics_source_up", "1 if the source answered this scrape", labels=["source"])
         try:
             with transaction() as conn:
-                counts, heads = job_counts(conn), oldest_pending(conn)
+                active, heads = job_counts(conn), oldest_pending(conn)
                 names = conn.execute(select(models.c.model_name)).scalars().all()
-                counts.update(finished_counts(conn, names, get_settings().metrics_job_count_cap))
+                counts = {**active, **finished_counts(conn, names, get_settings().metrics_job_count_cap)}
             at = clock_now()
             up.add_metric(["database"], 1)
         except Exception as exc:  # a scrape reports what it can
@@ -71,7 +71,7 @@ class ClusterCollector:
             counts = heads = None
             up.add_metric(["database"], 0)
         try:
-            live = model_live() if counts is not None else []
+            live = model_live(counts=active) if counts is not None else []
             workers = liveness.workers_read()
             fairness = {m["model_name"]: (rd.ready_counts(m["model_name"]), len(rd.inflight(m["model_name"])))
                         for m in live}

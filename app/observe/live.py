@@ -55,16 +55,20 @@ def oldest_pending(conn) -> dict[str, datetime]:
     return {m: as_utc(t) for m, t in conn.execute(q)}
 
 
-def model_live(include_disabled: bool = True, tenant_id: str | None = None) -> list[dict]:
+def model_live(include_disabled: bool = True, tenant_id: str | None = None,
+               counts: dict[tuple[str, str], int] | None = None) -> list[dict]:
     """Every configured model with its queue depth vs limit, running vs
     concurrency, runtime overrides (autotune) and enabled state.  With
     ``tenant_id`` (a user's overview) the job numbers are that tenant's
     only: queue_depth is its own pending + running + retry_wait, never the
-    gate's total, which would show other tenants' load."""
+    gate's total, which would show other tenants' load.  ``counts``: the
+    active-state counts the caller already read (``job_counts``; a scrape
+    reads them once, at 100,000 pending rows that GROUP BY is its cost)."""
     with transaction() as conn:
         rows = conn.execute(select(models.c.model_name, models.c.enabled, models.c.queue_limit,
                                    models.c.max_concurrency).order_by(models.c.model_name)).all()
-        counts = job_counts(conn, tenant_id)
+        if counts is None:
+            counts = job_counts(conn, tenant_id)
     if not include_disabled:
         rows = [r for r in rows if r.enabled]
     gates = gate.gate_snapshot(r.model_name for r in rows)
