@@ -175,9 +175,12 @@ class _State:
                         break
                 else:
                     raise redis.ConnectionError("subscribe not confirmed")
+                # Invalidations may have been missed while away: caches are
+                # dropped before the hub calls itself healthy, so nothing
+                # cached after ensure_started() returns is dropped by it.
+                clear_caches()
                 self.subscribed.set()
-                clear_caches()  # invalidations may have been missed while away
-                self.fetch_all()  # and so may wake-ups
+                self.fetch_all()  # wake-ups may have been missed too
                 backoff = 0.1
                 while not self.stop.is_set():
                     m = ps.get_message(timeout=1.0)
