@@ -231,18 +231,24 @@ def _send(target: netguard.Target, cb: Row, secrets: list[str]) -> int:
     return resp.status
 
 
+def settle(attempts: int, error: str | None, transient: bool, now: datetime) -> tuple[dict, Outcome]:
+    """What a finished try makes of a delivery (a callback or a webhook, which
+    share their statuses, attempt cap and backoff): the columns to write and
+    the outcome.  Delivered; due again after the backoff (a transient error
+    under ASYNCH_CALLBACK_MAX_ATTEMPTS); or failed."""
+    if error is None:
+        return {"status": DELIVERED, "delivered_at": now, "last_error": None}, Outcome("delivered")
+    if transient and attempts < get_settings().callback_max_attempts:
+        delay = backoff_seconds(attempts)
+        return ({"status": PENDING, "next_attempt_at": now + timedelta(seconds=delay), "last_error": error},
+                Outcome("retry", delay))
+    return {"status": FAILED, "last_error": error}, Outcome("failed")
+
+
 def _record(cb: Row, started_at: datetime, duration_ms: int, address: str | None,
             http_status: int | None, error: str | None, transient: bool) -> Outcome:
-    s = get_settings()
     now = clock_now()
-    if error is None:
-        values, out = {"status": DELIVERED, "delivered_at": now, "last_error": None}, Outcome("delivered")
-    elif transient and cb.attempts < s.callback_max_attempts:
-        delay = backoff_seconds(cb.attempts)
-        values = {"status": PENDING, "next_attempt_at": now + timedelta(seconds=delay), "last_error": error}
-        out = Outcome("retry", delay)
-    else:
-        values, out = {"status": FAILED, "last_error": error}, Outcome("failed")
+    values, out = settle(cb.attempts, error, transient, now)
     with transaction() as conn:
         conn.execute(insert(callback_attempts).values(
             callback_id=cb.id, attempt=cb.attempts, started_at=started_at, duration_ms=duration_ms,

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection, Row
 
 from app.callbacks import secrets as callback_secrets
 from app.callbacks import signing
-from app.callbacks.delivery import Outcome, backoff_seconds
+from app.callbacks.delivery import Outcome, settle
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.config import get_settings
@@ -171,14 +171,7 @@ def _send(target: netguard.Target, d: Row, keys: list[str], body: str) -> int:
 def _record(d: Row, started_at: datetime, duration_ms: int, address: str | None, http_status: int | None,
             error: str | None, transient: bool) -> Outcome:
     now = clock_now()
-    if error is None:
-        values, out = {"status": DELIVERED, "delivered_at": now, "last_error": None}, Outcome("delivered")
-    elif transient and d.attempts < get_settings().callback_max_attempts:
-        delay = backoff_seconds(d.attempts)
-        values = {"status": PENDING, "next_attempt_at": now + timedelta(seconds=delay), "last_error": error}
-        out = Outcome("retry", delay)
-    else:
-        values, out = {"status": FAILED, "last_error": error}, Outcome("failed")
+    values, out = settle(d.attempts, error, transient, now)
     with transaction() as conn:
         conn.execute(insert(webhook_attempts).values(
             delivery_id=d.id, attempt=d.attempts, started_at=started_at, duration_ms=duration_ms,
