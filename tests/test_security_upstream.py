@@ -84,9 +84,10 @@ def _passthrough_of(job_id):
 @pytest.mark.parametrize("trusted", [False, True])
 def test_user_info_is_kept_for_the_oss_service_only_from_a_trusted_gateway(client, make_model, user_key,
                                                                           settings, trusted):
-    set_settings(settings.with_overrides(trusted_gateway=trusted))
+    set_settings(settings.with_overrides(trusted_gateway=trusted, gateway_secret="gw-secret"))
     make_model("m")
-    hdrs = {**auth(user_key), "X-User-Info": '{"username": "ceo"}', "X-Oss-Authorization": "Bearer mine"}
+    hdrs = {**auth(user_key), "X-User-Info": '{"username": "ceo"}', "X-Oss-Authorization": "Bearer mine",
+            "X-Gateway-Secret": "gw-secret"}  # the gateway's proof (issue 21: X-User-Info needs it)
     v1 = client.post("/v1/models/m/jobs", json={}, headers=hdrs).get_json()["job_id"]
     seed = client.post("/task/createTask", json={"modelName": "m", "requestPayload": {}},
                        headers=hdrs).get_json()["data"]["task_id"]

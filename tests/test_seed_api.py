@@ -261,7 +261,10 @@ def test_creator_from_x_user_info_only_behind_a_trusted_gateway(client, seed_mod
     body = {"modelName": "m", "requestPayload": {"prompt": "p"}, "creator": "claimed-by-client"}
     first = ok(client.post("/task/createTask", json=body, headers=h))["task_id"]
     assert job_row(first).creator == "claimed-by-client"
-    set_settings(settings.with_overrides(trusted_gateway=True))
+    # Trusted only with the gateway's proof (issue 21): here its shared secret.
+    set_settings(settings.with_overrides(trusted_gateway=True, gateway_secret="gw-secret"))
+    assert job_row(ok(client.post("/task/createTask", json=body, headers=h))["task_id"]).creator == "claimed-by-client"
+    h["X-Gateway-Secret"] = "gw-secret"
     second = ok(client.post("/task/createTask", json=body, headers=h))["task_id"]
     assert job_row(second).creator == "zhang.san"
     import base64

@@ -12,16 +12,18 @@ Secrets: ``whsec_`` + standard base64 of 24 random bytes.  At rest the
 column holds ``enc1:`` + the bytes encrypted with the application key
 (app/infra/secretbox.py); a plaintext ``whsec_...`` row (written before
 encryption) still reads as itself.  A rotation keeps the previous secret in
-a row of its own, keyed ``~prev:<sha256(tenant)[:40]>`` ("~" is no tenant
-character, so no tenant can own it), whose created_at is the rotation time:
-deliveries are signed with it as well for ASYNCH_CALLBACK_SECRET_OVERLAP_SECONDS.
+a row of its own, keyed ``~prev:<sha256(tenant)[:40]>``, whose created_at
+is the rotation time.  "~" and ":" are no tenant characters (every tenant
+name, the gateway's included, is checked against TENANT_PATTERN,
+app/tenancy/schemas.py), so no tenant can own such a row or read it as its
+own secret.  Deliveries are signed with it as well for
+ASYNCH_CALLBACK_SECRET_OVERLAP_SECONDS.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
-import re
 import secrets
 from datetime import timedelta
 
@@ -39,9 +41,7 @@ from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.tables import tenant_secrets, webhook_subscriptions
 from app.tenancy.keys import Principal
-from app.tenancy.schemas import TENANT_PATTERN
-
-TENANT = re.compile(TENANT_PATTERN.replace("$", "\\Z"))  # \Z: "$" also matches before a final newline
+from app.tenancy.schemas import is_tenant_name
 
 
 SECRET_BYTES = 24  # the Standard Webhooks size; its encrypted form fits the column (128)
@@ -60,11 +60,12 @@ def plain(stored: str) -> str:
 
 
 def previous_id(tenant_id: str) -> str:
+    """The previous secret's row: never a tenant name ("~", ":")."""
     return "~prev:" + hashlib.sha256(tenant_id.encode()).hexdigest()[:40]
 
 
 def _check_tenant(tenant_id: str) -> None:
-    if not isinstance(tenant_id, str) or not TENANT.match(tenant_id):
+    if not is_tenant_name(tenant_id):
         raise ValidationFailed("invalid tenant", [{"pointer": "/tenant", "message": "must be 1-64 letters, digits, _ . -"}])
 
 

@@ -1,14 +1,17 @@
 """Who a job is for: the tenant comes from the API key (app/tenancy/keys.py),
 or in gateway auth mode (ASYNCH_AUTH_MODE=gateway) from the X-User-Info the
-proven gateway sets (``tenant_from_info``); the creator from the request's
-creator field / X-Creator header, or, when the operator trusts a gateway in
-front of the API (ASYNCH_TRUSTED_GATEWAY, implied by gateway auth mode), from
-that X-User-Info (it wins over the client's field).
+proven gateway sets (``tenant_from_info``; app/web/auth.py checks it is a
+tenant name); the creator from the request's creator field / X-Creator
+header, or, when a gateway in front of the API vouches for the request's
+X-User-Info, from that (it wins over the client's field).
 
-X-User-Info is an identity only a trusted gateway can vouch for: without
-ASYNCH_TRUSTED_GATEWAY (or gateway auth mode) it is neither the creator nor
-passed through to the OSS file service (``oss_passthrough``), so a client
-cannot pose as another user there under the operator's credential."""
+X-User-Info is an identity only a trusted gateway can vouch for, and only
+on a request that passed the gateway's proof (app/web/auth.py
+``trusted_user_info``, the one check): the functions here take that
+vouched-for value (None when there is none) and never the raw header, so
+an unproven X-User-Info is neither the creator nor passed through to the
+OSS file service (``oss_passthrough``), and a client cannot pose as another
+user there under the operator's credential."""
 from __future__ import annotations
 
 import base64
@@ -56,7 +59,7 @@ def user_from_info(value: str) -> str:
 def tenant_from_info(value: str | None) -> str:
     """The tenant an X-User-Info header names (JSON or base64 JSON, one of
     the usual tenant keys), else ASYNCH_GATEWAY_DEFAULT_TENANT; "" if
-    neither (or the name is not 1-64 printable ASCII characters)."""
+    neither.  Not yet judged: the caller checks it is a tenant name."""
     data = _decode(value.strip()) if value else None
     name = ""
     if data is not None:
@@ -65,29 +68,25 @@ def tenant_from_info(value: str | None) -> str:
             if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
                 name = str(v).strip()
                 break
-    name = name or get_settings().gateway_default_tenant
-    if not (0 < len(name) <= 64 and all(0x20 < ord(c) < 0x7F for c in name)):
-        return ""
-    return name
+    return name or get_settings().gateway_default_tenant
 
 
-def creator_for(explicit: str | None, user_info: str | None) -> str:
-    s = get_settings()
-    if (s.trusted_gateway or s.auth_mode == "gateway") and user_info:
-        name = user_from_info(user_info)
+def creator_for(explicit: str | None, trusted_info: str | None) -> str:
+    """``trusted_info``: the X-User-Info a proven gateway vouches for, or None."""
+    if trusted_info:
+        name = user_from_info(trusted_info)
         if name:
             return name
     return explicit or ""
 
 
-def oss_passthrough(oss_authorization: str | None, user_info: str | None) -> dict[str, str] | None:
+def oss_passthrough(oss_authorization: str | None, trusted_info: str | None) -> dict[str, str] | None:
     """The headers a job carries to the OSS file service: the caller's own
-    credential for it (X-Oss-Authorization, sent as Authorization) and, from
-    a trusted gateway only, X-User-Info."""
+    credential for it (X-Oss-Authorization, sent as Authorization) and the
+    X-User-Info a proven gateway vouches for (``trusted_info``), if any."""
     out = {}
     if oss_authorization:
         out["Authorization"] = oss_authorization
-    s = get_settings()
-    if user_info and (s.trusted_gateway or s.auth_mode == "gateway"):
-        out["X-User-Info"] = user_info
+    if trusted_info:
+        out["X-User-Info"] = trusted_info
     return out or None

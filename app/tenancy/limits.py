@@ -11,7 +11,6 @@ and the maintenance rebuild restores (``sync_weights``).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 from cachetools import TTLCache
@@ -28,10 +27,9 @@ from app.infra.redis import dispatch as redis_dispatch
 from app.infra.redis.events import publish_invalidate
 from app.infra.tables import models, tenant_limits
 from app.tenancy.keys import Principal
-from app.tenancy.schemas import TENANT_PATTERN, TenantLimits, TenantLimitsInput
+from app.tenancy.schemas import TenantLimits, TenantLimitsInput, is_tenant_name
 
 _TENANT_FIELDS = ("weight", "rate_per_second", "burst", "max_waiters")
-_TENANT = re.compile(TENANT_PATTERN.replace("$", "\\Z"))  # \Z: "$" also matches before a final newline
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ def tenant_queue_cap(tenant: str, model) -> int:
 
 
 def _check_tenant(tenant: str) -> None:
-    if not _TENANT.match(tenant):
+    if not is_tenant_name(tenant):
         raise ValidationFailed("invalid tenant", [{"pointer": "/tenant",
                                                    "message": "must be 1-64 letters, digits, _ . -"}])
 

@@ -1,14 +1,27 @@
 """Tenancy contracts: API keys."""
 from __future__ import annotations
 
+import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from app.contract import NO_NUL, Int, Params, Shape, StrictBool, Text, Timestamp, rule
 
+# Every tenant name, whatever names it (a key, a limits row, the gateway's
+# X-User-Info): no "~" and no ":", so a tenant can never be an internal row
+# (a callback secret's "~prev:" row, app/callbacks/secrets.py) nor add a
+# separator to a Redis key built from it (app/infra/redis/keys.py).
 TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+TENANT_RULE = "1-64 letters, digits, _ . - (starting with a letter or digit)"
 TenantId = Annotated[str, Field(pattern=TENANT_PATTERN)]
+_TENANT = re.compile(TENANT_PATTERN.replace("$", "\\Z"))  # \Z: "$" also matches before a final newline
+
+
+def is_tenant_name(name: object) -> bool:
+    return isinstance(name, str) and _TENANT.match(name) is not None
+
+
 Role = Literal["admin", "user"]
 
 

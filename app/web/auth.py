@@ -8,7 +8,17 @@ compared in constant time, and/or a source address in the configured CIDRs
 (both, when both are set); it then acts as a *user* of the tenant its
 X-User-Info names (never an admin: admin routes still need an admin key),
 and its Authorization is the caller's credential for the OSS file service,
-passed on unchanged (``gateway_oss_authorization``)."""
+passed on unchanged (``gateway_oss_authorization``).  Its tenant must be a
+tenant name (app/tenancy/schemas.py TENANT_PATTERN: no ``~`` or ``:``, so
+it can never name an internal row such as a callback secret's ``~prev:``
+row or split a Redis key); anything else is a 401 that changes nothing.
+
+X-User-Info (the creator, and the identity passed to the OSS file service)
+is trusted only on a request that proves it comes from the gateway, by the
+same check (``gateway_proven``): in gateway mode, and in key mode with
+ASYNCH_TRUSTED_GATEWAY; on any other request it is dropped
+(``trusted_user_info``).  A trusted gateway with neither a secret nor CIDRs
+configured proves nothing, so its header is always dropped."""
 from __future__ import annotations
 
 import hmac
@@ -23,6 +33,7 @@ from app.infra import metrics
 from app.infra.logs import bind
 from app.tenancy.identity import tenant_from_info
 from app.tenancy.keys import Principal, authenticate, looks_like_key
+from app.tenancy.schemas import TENANT_RULE, is_tenant_name
 from app.web import ratelimit
 
 
@@ -64,24 +75,61 @@ def _networks(spec: str) -> tuple:
     return tuple(ipaddress.ip_network(c.strip(), strict=False) for c in spec.split(",") if c.strip())
 
 
-def _gateway_principal() -> Principal:
+def _proof_problem() -> str | None:
+    """Why this request does not prove it comes from the gateway, or None:
+    the shared secret (constant time) and/or a source address in the CIDRs,
+    both when both are set; with neither configured nothing is proven."""
     s = get_settings()
+    if not (s.gateway_secret or s.gateway_cidrs.strip()):
+        return "no gateway secret or CIDRs are configured"
     if s.gateway_secret:
         sent = request.headers.get(s.gateway_secret_header, "")
         if not hmac.compare_digest(sent.encode(), s.gateway_secret.encode()):
-            raise Unauthorized("not from the gateway (missing or wrong gateway secret)")
+            return "missing or wrong gateway secret"
     if s.gateway_cidrs.strip():
         try:
             addr = ipaddress.ip_address(request.remote_addr or "")
         except ValueError:
-            raise Unauthorized("not from the gateway (unknown source address)") from None
+            return "unknown source address"
         if not any(addr in net for net in _networks(s.gateway_cidrs)):
-            raise Unauthorized("not from the gateway (source address not allowed)")
+            return "source address not allowed"
+    return None
+
+
+def gateway_proven() -> bool:
+    """This request passed the gateway's proof (once per request)."""
+    proven = getattr(g, "gateway_proven", None)
+    if proven is None:
+        proven = g.gateway_proven = _proof_problem() is None
+    return proven
+
+
+def trusted_user_info() -> str | None:
+    """The request's X-User-Info if a trusted gateway vouches for it: gateway
+    auth mode or ASYNCH_TRUSTED_GATEWAY, and this request's gateway proof
+    passed (a key-authenticated request too: the key says who pays, the
+    proof whether the header is the gateway's).  None otherwise: a client
+    cannot name itself someone else, here or at the OSS file service."""
+    info = request.headers.get("X-User-Info")
+    s = get_settings()
+    if not info or not (s.trusted_gateway or s.auth_mode == "gateway"):
+        return None
+    return info if gateway_proven() else None
+
+
+def _gateway_principal() -> Principal:
+    s = get_settings()
     if not (s.gateway_secret or s.gateway_cidrs.strip()):
         raise Unauthorized("gateway auth mode without a gateway secret or CIDRs accepts no request")
+    problem = _proof_problem()
+    if problem:
+        raise Unauthorized(f"not from the gateway ({problem})")
+    g.gateway_proven = True
     tenant = tenant_from_info(request.headers.get("X-User-Info"))
     if not tenant:
         raise Unauthorized("X-User-Info names no tenant")
+    if not is_tenant_name(tenant):
+        raise Unauthorized(f"X-User-Info names an invalid tenant (a tenant is {TENANT_RULE})")
     return Principal(tenant_id=tenant, role="user", key_id=None)
 
 

@@ -36,7 +36,7 @@ from app.jobs.seed_schemas import (
 )
 from app.jobs.usage_schemas import Usage, UsageQuery
 from app.tenancy.identity import creator_for
-from app.web.auth import current_principal
+from app.web.auth import current_principal, trusted_user_info
 from app.web.contract import Ok, endpoint
 from app.web.v1_jobs import passthrough
 
@@ -132,9 +132,9 @@ def delete_type(body: TypeIdBody):
 def create_task(body: CreateTask, headers: TaskHeaders):
     opts = parse(SubmitOptions, {
         "Idempotency-Key": headers.idempotency_key, "creator": creator_for(body.creator or headers.creator,
-                                                                           headers.user_info),
+                                                                           trusted_user_info()),
         "bizName": body.biz_name or "", "callbackUrl": body.callback_url, "modelKey": body.model_key,
-        "passthrough": passthrough(headers.oss_authorization, headers.user_info),
+        "passthrough": passthrough(headers.oss_authorization),
         "pointerBase": "/requestPayload"}, face="seed", message="invalid task")
     out = jobs.submit(current_principal(), body.model_name, body.request_payload, opts)
     return CreatedTask.model_construct(task_id=out.row.id)

@@ -32,7 +32,7 @@ from app.jobs.schemas import (
     WaitQuery,
 )
 from app.tenancy.identity import creator_for, oss_passthrough
-from app.web.auth import current_principal, gateway_oss_authorization
+from app.web.auth import current_principal, gateway_oss_authorization, trusted_user_info
 from app.web.contract import Ok, endpoint
 from app.web.errors import item_answer
 
@@ -47,14 +47,14 @@ def job_urls(row) -> dict:
             "result_url": url_for("v1_jobs.job_result", model=row.model_name, job_id=row.id)}
 
 
-def passthrough(oss_authorization: str | None, user_info: str | None) -> dict[str, str] | None:
+def passthrough(oss_authorization: str | None) -> dict[str, str] | None:
     """Headers for the OSS file service.  Our own Authorization header is the
     middleware's API key and never leaves the middleware: the caller's
     credential for the file service comes as X-Oss-Authorization -- or, for
     a request through the gateway (ASYNCH_AUTH_MODE=gateway), it is that
-    request's own Authorization, unchanged; X-User-Info only from a trusted
-    gateway (app/tenancy/identity.py)."""
-    return oss_passthrough(oss_authorization or gateway_oss_authorization(), user_info)
+    request's own Authorization, unchanged; X-User-Info only when a proven
+    gateway vouches for it (app/web/auth.py trusted_user_info)."""
+    return oss_passthrough(oss_authorization or gateway_oss_authorization(), trusted_user_info())
 
 
 def prefer_wait(prefer: str | None) -> int | None:
@@ -103,8 +103,8 @@ def submit_job(model: str, body: dict, headers: SubmitHeaders):
 def _options(headers: SubmitHeaders) -> SubmitOptions:
     return parse(SubmitOptions, {
         "Idempotency-Key": headers.idempotency_key, "modelKey": headers.model_key, "bizName": headers.biz_name or "",
-        "creator": creator_for(headers.creator, headers.user_info), "callbackUrl": headers.callback_url or None,
-        "passthrough": passthrough(headers.oss_authorization, headers.user_info),
+        "creator": creator_for(headers.creator, trusted_user_info()), "callbackUrl": headers.callback_url or None,
+        "passthrough": passthrough(headers.oss_authorization),
         "priority": headers.priority if headers.priority not in (None, "") else 5,
         "webhookUrl": headers.webhook_url or None,
         "webhookEvents": [e.strip() for e in headers.webhook_events.split(",")] if headers.webhook_events else None},
@@ -139,8 +139,8 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
 def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
     results, admitted = [], 0
     outcomes = batches.submit_batch(current_principal(), model, body.jobs,
-                                    creator_for(headers.creator, headers.user_info),
-                                    passthrough(headers.oss_authorization, headers.user_info))
+                                    creator_for(headers.creator, trusted_user_info()),
+                                    passthrough(headers.oss_authorization))
     for o in outcomes:
         if o.submitted is not None:
             row = o.submitted.row
