@@ -162,3 +162,45 @@ def test_no_tenant_name_maps_onto_an_internal_row():
         assert keys.tenant_gate("m", tenant).rsplit(":", 1)[1] == tenant
     for name in ("~prev:abc", "acme:corp", "a{b}", "", "x" * 65, "tenant-a\n"):
         assert not is_tenant_name(name), name
+
+
+# --- 9, first bullet: reserved model headers, case-insensitively ---------------------------
+
+@pytest.mark.parametrize("model_key", ["x-asynch-job-id:forged", "X-ASYNCH-ATTEMPT:9", "x-asynch-other:1",
+                                       "Forwarded:for=10.0.0.1", "x-forwarded-for:10.0.0.1",
+                                       "X-Forwarded-Host:admin.internal", "X-Real-IP:10.0.0.1", "via:1.1 evil",
+                                       "Expect:100-continue", "EXPECT:100-continue"])
+def test_a_job_cannot_set_a_reserved_or_routing_header_even_under_star(client, make_model, user_key, r, model_key):
+    make_model("m", model_key_headers="*")
+    for resp in (client.post("/v1/models/m/jobs", json={}, headers={**auth(user_key), "X-Model-Key": model_key}),
+                 client.post("/task/createTask", headers=auth(user_key),
+                             json={"modelName": "m", "requestPayload": {}, "modelKey": model_key})):
+        body = resp.get_json()
+        assert resp.status_code == 422, body
+        assert [e["pointer"] for e in body["errors"]] == ["/modelKey"] and "may not be set" in body["errors"][0]["message"]
+    assert r.zcard("asynch:gate:{m}") == 0
+
+
+def test_the_middlewares_own_headers_are_reserved_even_when_the_model_names_them(client, make_model, user_key):
+    make_model("m", model_key_headers="X-Asynch-Job-Id, x-asynch-attempt")
+    resp = client.post("/v1/models/m/jobs", json={}, headers={**auth(user_key), "X-Model-Key": "x-asynch-job-id:f"})
+    assert resp.status_code == 422 and "reserved" in resp.get_json()["errors"][0]["message"], resp.get_json()
+
+
+def test_the_model_receives_each_header_once(client, make_model, user_key, model_server):
+    from app.jobs import execution
+
+    # head_msg and modelKey in other cases than the middleware's own names.
+    make_model("m", head_msg="user-agent:model-ua,ACCEPT:application/json,x-asynch-job-id:stale",
+               model_key_headers="*, user-agent")
+    resp = client.post("/v1/models/m/jobs", json={},
+                       headers={**auth(user_key), "X-Model-Key": "USER-AGENT:job-ua,x-custom:1"})
+    assert resp.status_code == 202, resp.get_json()
+    job_id = resp.get_json()["job_id"]
+    assert execution.run_attempt(job_id, 0) == "done"
+    lines = model_server.state.calls[-1]["header_lines"]
+    names = [k.lower() for k, _ in lines]
+    assert len(names) == len(set(names)), lines
+    sent = {k.lower(): v for k, v in lines}
+    assert sent["user-agent"] == "job-ua" and sent["accept"] == "application/json" and sent["x-custom"] == "1"
+    assert sent["x-asynch-job-id"] == job_id and sent["x-asynch-attempt"] == "1"

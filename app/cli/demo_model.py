@@ -13,7 +13,8 @@ or answer with other bytes:
   hang          never answer (until the client gives up)
   hold          wait until the test calls state.release(<hold>) (at most 60 s):
                 a call the test can keep in flight as long as it needs
-Every call is recorded (path, method, headers, payload, time) for tests,
+Every call is recorded (path, method, headers -- also as the raw list of
+(name, value) lines, repeats kept --, payload, time) for tests,
 and calls in flight are counted in total and per value of the
 ``X-Stub-Tenant`` request header (tests send it through head_msg/modelKey),
 with the maximum each count reached.
@@ -92,7 +93,8 @@ def _handler(state: ModelState):
         def _handle(self) -> None:
             payload = self._payload()
             call = {"path": urlsplit(self.path).path, "method": self.command,
-                    "headers": dict(self.headers.items()), "payload": payload, "t": time.time()}
+                    "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
+                    "payload": payload, "t": time.time()}
             group = self.headers.get("X-Stub-Tenant", "")
             with state.lock:
                 gen = state.generation

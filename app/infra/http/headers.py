@@ -10,10 +10,17 @@ A job's modelKey may set only the headers its model allows
 (``model_key_headers``: names, or ``*`` for any name but the protected ones;
 empty, the default, allows none).  Protected -- framing, routing and
 credentials a proxy or the model trusts (Host, Content-Length,
-Transfer-Encoding, TE, Connection, Keep-Alive, Trailer, Upgrade, Proxy-*,
-Cookie) and every header the model's head_msg sets -- pass only when the
-model names them explicitly.  ``override_problem`` judges at submit (a 422),
-``job_headers`` again at call time (the model may have changed since).
+Transfer-Encoding, TE, Connection, Keep-Alive, Trailer, Upgrade, Expect,
+Proxy-*, Cookie, Forwarded, X-Forwarded-*, X-Real-IP, Via) and every header
+the model's head_msg sets -- pass only when the model names them
+explicitly.  Reserved -- the headers the middleware itself sends with every
+call (X-Asynch-*: the job id and attempt a model deduplicates by) -- never
+pass.  ``override_problem`` judges at submit (a 422), ``job_headers`` again
+at call time (the model may have changed since).
+
+Header names compare case-insensitively everywhere, as HTTP does: in the
+allowlist, the protected and reserved names, and when the call's headers
+are merged (``merge_headers``), so a request never carries one name twice.
 """
 from __future__ import annotations
 
@@ -40,7 +47,11 @@ HEADER_NAMES_PATTERN = (r"^[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*)?(?:,[ \t]*(?:" 
                         + r"[ \t]*)?)*$")
 HEADER_NAMES_TEXT = "header names (HTTP tokens) separated by commas, or * for any unprotected name"
 PROTECTED = frozenset({"host", "content-length", "transfer-encoding", "te", "connection", "keep-alive",
-                       "trailer", "upgrade", "cookie"})
+                       "trailer", "upgrade", "expect", "cookie", "forwarded", "x-real-ip", "via"})
+PROTECTED_PREFIXES = ("proxy-", "x-forwarded-")
+# The middleware's own headers on every model call (model_client.py).
+RESERVED_PREFIX = "x-asynch-"
+JOB_HEADER, ATTEMPT_HEADER = "X-Asynch-Job-Id", "X-Asynch-Attempt"
 _SPEC = re.compile(HEADER_SPEC_PATTERN)
 
 
@@ -111,7 +122,7 @@ def allowed_names(spec: str | None) -> frozenset[str]:
 
 def _protected(name: str, head_msg_names: frozenset[str]) -> bool:
     n = name.lower()
-    return n in PROTECTED or n.startswith("proxy-") or n in head_msg_names
+    return n in PROTECTED or n.startswith(PROTECTED_PREFIXES) or n in head_msg_names
 
 
 def override_problem(override: dict[str, str], head_msg: str | None, allowed_spec: str | None) -> str | None:
@@ -123,6 +134,8 @@ def override_problem(override: dict[str, str], head_msg: str | None, allowed_spe
         base = frozenset()
     for name in override:
         n = name.lower()
+        if n.startswith(RESERVED_PREFIX):
+            return f"header {name} may not be set by a job (reserved: the middleware sends it)"
         if n in allowed:
             continue
         if _protected(name, base):

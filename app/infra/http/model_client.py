@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 
 from app.infra.http import deadline
-from app.infra.http.headers import HeaderSpecError, job_headers
+from app.infra.http.headers import ATTEMPT_HEADER, JOB_HEADER, HeaderSpecError, job_headers, merge_headers
 
 USER_AGENT = "model-asynch/1"
 
@@ -69,9 +69,9 @@ def query_params(payload: dict) -> dict[str, str]:
     return out
 
 
-# Sent with every call: the job and its attempt, so a model (or a proxy in
-# front of it) can deduplicate; an attempt calls the model at most once.
-JOB_HEADER, ATTEMPT_HEADER = "X-Asynch-Job-Id", "X-Asynch-Attempt"
+# Sent with every call (JOB_HEADER, ATTEMPT_HEADER): the job and its attempt,
+# so a model (or a proxy in front of it) can deduplicate; an attempt calls
+# the model at most once.  No job may set them (headers.py, reserved).
 
 
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
@@ -84,9 +84,11 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
     except HeaderSpecError as exc:
         raise ModelCallError(f"model call not sent: {exc}", permanent=True, called=False,
                              public="model call not sent: a header may not be sent") from exc
-    headers = {"User-Agent": USER_AGENT, "Accept": "*/*", **configured}
+    # Case-insensitive merges: head_msg's "user-agent" replaces our default
+    # instead of travelling beside it, and ours replace any X-Asynch-* there.
+    headers = merge_headers({"User-Agent": USER_AGENT, "Accept": "*/*"}, configured)
     if job is not None:
-        headers[JOB_HEADER], headers[ATTEMPT_HEADER] = job[0], str(job[1])
+        headers = merge_headers(headers, {JOB_HEADER: job[0], ATTEMPT_HEADER: str(job[1])})
     method = http_method.upper()
     kw: dict = {"params": query_params(payload)} if method == "GET" else {"json": payload}
     try:
