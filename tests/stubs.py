@@ -47,7 +47,8 @@ class CallbackReceiver(_Server):
             def do_GET(self):
                 parts = urlsplit(self.path)
                 with owner.lock:
-                    owner.requests.append({"path": parts.path, "raw_query": parts.query,
+                    # target: the request line's target, raw (what a callback signs).
+                    owner.requests.append({"path": parts.path, "raw_query": parts.query, "target": self.path,
                                            "query": parse_qsl(parts.query, keep_blank_values=True),
                                            "headers": dict(self.headers.items()), "t": time.time()})
                     status = owner.statuses.pop(0) if owner.statuses else 200

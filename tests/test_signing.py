@@ -50,14 +50,49 @@ def test_a_delivery_verifies_with_the_standardwebhooks_package(make_model, recei
     (req,) = receiver.requests
     h = req["headers"]
     assert h["webhook-id"] == job_id and h["webhook-signature"].startswith("v1,")
-    # The payload of the seed's GET callback is its query string, as sent.
-    Webhook(secret).verify(req["raw_query"], h, json_parse=False)
-    signing.verify(secret, h, req["raw_query"])
-    tampered = req["raw_query"].replace("state=2", "state=3")
+    # The payload of the seed's GET callback is its request target (path and query), as sent.
+    Webhook(secret).verify(req["target"], h, json_parse=False)
+    signing.verify(secret, h, req["target"])
+    tampered = req["target"].replace("state=2", "state=3")
     with pytest.raises(WebhookVerificationError):
         Webhook(secret).verify(tampered, h, json_parse=False)
     with pytest.raises(signing.SignatureInvalid):
         signing.verify(secret, h, tampered)
+
+
+def _documented_verify_callback():
+    """The verify_callback of docs/api.md "Callbacks", executed as written."""
+    from conftest import ROOT
+
+    doc = (ROOT / "docs" / "api.md").read_text()
+    after = doc.split("<!-- callback-verify-snippet", 1)[1]
+    code = after.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "docs/api.md#callbacks", "exec"), namespace)  # noqa: S102 (our own document)
+    return namespace["verify_callback"]
+
+
+def test_the_documented_receiver_snippet_verifies_a_real_callback_and_its_path(make_model, receiver, client,
+                                                                               user_key):
+    """Issue 21, item 9: the GET callback's signature covers the path as
+    well as the query; the snippet a receiver copies verifies it."""
+    verify_callback = _documented_verify_callback()
+    secret = _secret(client, user_key)
+    job_id, cid = done_with_callback(make_model, receiver.url + "/hook?src=a%2Fb")
+    assert callbacks.deliver(cid).status == "delivered"
+    (req,) = receiver.requests
+    assert req["target"].startswith("/hook/order-7?src=a%2Fb&task_id=" + job_id), req["target"]
+    verify_callback(secret, req["headers"], req["target"])
+    signing.verify(secret, req["headers"], req["target"])
+    path, _, query = req["target"].partition("?")
+    for tampered in ("/hook/order-8?" + query, "/other/order-7?" + query, "/hook/order-7/?" + query, query,
+                     path + "?" + query.replace("state=2", "state=3")):
+        with pytest.raises(WebhookVerificationError):
+            verify_callback(secret, req["headers"], tampered)
+        with pytest.raises(signing.SignatureInvalid):
+            signing.verify(secret, req["headers"], tampered)
+    with pytest.raises(WebhookVerificationError):  # another tenant's secret
+        verify_callback("whsec_" + base64.b64encode(b"o" * 24).decode(), req["headers"], req["target"])
 
 
 def test_rotation_signs_with_both_secrets_during_the_overlap_only(make_model, receiver, client, user_key, admin_key):
@@ -69,7 +104,7 @@ def test_rotation_signs_with_both_secrets_during_the_overlap_only(make_model, re
     h = receiver.requests[0]["headers"]
     assert len(h["webhook-signature"].split(" ")) == 2
     for s in (old, new):  # a receiver on either secret accepts it
-        Webhook(s).verify(receiver.requests[0]["raw_query"], h, json_parse=False)
+        Webhook(s).verify(receiver.requests[0]["target"], h, json_parse=False)
 
     # After the overlap window only the new secret signs.
     t = now() + timedelta(hours=2)
@@ -80,9 +115,9 @@ def test_rotation_signs_with_both_secrets_during_the_overlap_only(make_model, re
     h2 = req["headers"]
     assert len(h2["webhook-signature"].split(" ")) == 1
     ts = float(h2["webhook-timestamp"])
-    signing.verify(new, h2, req["raw_query"], now=ts)
+    signing.verify(new, h2, req["target"], now=ts)
     with pytest.raises(signing.SignatureInvalid):
-        signing.verify(old, h2, req["raw_query"], now=ts)
+        signing.verify(old, h2, req["target"], now=ts)
 
 
 def test_verify_enforces_the_timestamp_tolerance():

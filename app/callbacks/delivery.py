@@ -19,7 +19,7 @@ trickles bytes costs one callback process that long and no more.  Redirects
 are never followed (a 3xx is a failed attempt).  Failures back off
 exponentially with jitter.  Requests are signed with the tenant's secret
 the Standard Webhooks way (app/callbacks/signing.py; webhook-id is the
-task_id, the signed payload the query string) and with the legacy
+task_id, the signed payload the request target: path and query) and with the legacy
 X-Asynch-Signature (app/callbacks/secrets.py).
 
 ASYNCH_CALLBACK_MAX_ATTEMPTS bounds attempts everywhere: the claim never
@@ -213,13 +213,13 @@ def deliver(callback_id: int) -> Outcome:
 def _send(target: netguard.Target, cb: Row, secrets: list[str]) -> int:
     """The request, to the checked address, within the attempt's deadline.
     deadline.request sends the URL's Host and verifies TLS for its host name.
-    Signed the Standard Webhooks way over the query string (signing.py), and
-    the legacy way with the current secret."""
+    Signed the Standard Webhooks way over the request target as sent, path
+    and query (signing.py), and the legacy way with the current secret."""
     s = get_settings()
     ts = int(clock_now().timestamp())
     headers = {
         "User-Agent": USER_AGENT,
-        **signing.sign_headers(secrets, cb.job_id, ts, urlsplit(cb.url).query),
+        **signing.sign_headers(secrets, cb.job_id, ts, deadline.request_target(cb.url)),
         "X-Asynch-Task-Id": cb.job_id,
         "X-Asynch-Timestamp": str(ts),
         "X-Asynch-Signature": callback_secrets.sign(secrets[0], cb.job_id, ts, cb.url),

@@ -11,10 +11,15 @@ Headers of every delivery:
 
 ``key`` is the secret's bytes: a ``whsec_`` secret is base64 after the prefix.
 The callback is the seed's GET with the fields in the query, so the signed
-``payload`` is the request's query string exactly as sent (the part of the
-URL after ``?``, without the ``?``); a receiver passes
-``request.query_string`` where other webhooks pass the body.  The
-standardwebhooks package verifies these (tests/test_signing.py uses it).
+``payload`` is the request target exactly as sent on the request line: the
+path and the query (``/notify/order?task_id=...&state=2&...``;
+app/infra/http/deadline.py ``request_target``).  Signing the path too means
+a delivery for one receiver path (one bizName) cannot be replayed to
+another.  A receiver passes its raw request target where other webhooks
+pass the body; the standardwebhooks package verifies it with
+``json_parse=False`` (the payload is not JSON), as docs/api.md "Callbacks"
+shows, and tests/test_signing.py runs that snippet.  The tenants' POST
+webhooks (app/webhooks/delivery.py) sign their JSON body as before.
 
 Invariants: ``verify`` compares in constant time, accepts any one of the
 space-separated ``v1,`` signatures, and refuses a timestamp further than

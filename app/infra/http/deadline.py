@@ -142,6 +142,13 @@ def _target(url: str, params: Mapping[str, str] | None) -> _Target:
     return _Target(parts.scheme, host, port, target, shown if port == default else f"{shown}:{port}")
 
 
+def request_target(url: str) -> str:
+    """The request target ``request`` sends for ``url`` (path and query,
+    exactly as on the request line): what a callback's signature covers.
+    Raises InvalidRequest for a URL ``request`` would refuse."""
+    return _target(url, None).target
+
+
 _tls_lock = threading.Lock()
 _tls_default: ssl.SSLContext | None = None
 
