@@ -116,7 +116,8 @@ class SubmitHeaders(Params):
     oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
                                           description="sent as Authorization to the OSS file service")
     user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+                                  description="only with the gateway's proof: the creator, and passed to the OSS "
+                                              "file service; otherwise ignored")
     priority: str | None = Field(None, alias="X-Priority",
                                  description="0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
     webhook_url: str | None = Field(None, alias="X-Webhook-Url",
@@ -167,7 +168,8 @@ class BatchHeaders(Params):
     oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
                                           description="sent as Authorization to the OSS file service")
     user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+                                  description="only with the gateway's proof: the creator, and passed to the OSS "
+                                              "file service; otherwise ignored")
 
 
 # --- queries ---------------------------------------------------------------------------

@@ -33,7 +33,8 @@ class TaskHeaders(Params):
     oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
                                           description="sent as Authorization to the OSS file service")
     user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+                                  description="only with the gateway's proof: the creator, and passed to the OSS "
+                                              "file service; otherwise ignored")
 
 
 def _payload_object(v: Any) -> Any:
