@@ -261,6 +261,15 @@ class Settings:
     # Bucket capacity: how many requests a rested key may send at once.
     # 0 means twice the rate per second, at least 1.
     rate_limit_burst: int = 0
+    # Requests without a key (the OpenAPI document, console pages and
+    # assets, health probes, an anonymous /metrics, unknown paths, failed
+    # keys), per client address, shared by every API process through Redis
+    # (app/web/ratelimit.py): tokens per second and burst (0: twice the
+    # rate).  A console page load is ~3 of them; /healthz and /readyz take
+    # from their own bucket with 10x both (a kubelet probes every pod of its
+    # node from one address).  0 turns it off.
+    anon_rate_limit_per_second: float = 5.0
+    anon_rate_limit_burst: int = 60
 
     @property
     def inline_result_limit(self) -> int:

@@ -70,6 +70,7 @@ def test_a_parked_wait_answers_as_the_unparked_path_does(api, make_model):
     parked_headers = {k: v for k, v in _head(raw).items() if k not in VOLATILE}
     poll_headers = {k.lower(): v for k, v in poll.headers.items() if k.lower() not in VOLATILE}
     assert parked_headers == poll_headers
+    assert _head(raw)["x-content-type-options"] == "nosniff"  # the app's after-request headers (issue 21)
     assert _head(raw)["content-length"] == str(len(body)) and _head(raw)["connection"] == "close"
     wait_until(lambda: _parked(api.base) == 0, what="the place back")
 

@@ -168,9 +168,9 @@ def test_errors_after_the_take_carry_the_fields_too(client, settings):
     key = make_key("acme")
     resp = client.get("/v1/models/nope/jobs/00000000-0000-0000-0000-000000000000", headers=auth(key))
     assert resp.status_code == 404 and resp.headers["RateLimit"] == '"default";r=2;t=1'
-    # No key, no bucket: a 401 is not rate limited here.
+    # No key: the key's bucket is not touched; the client address's anonymous one is (issue 21).
     resp = client.get(ROUTE)
-    assert resp.status_code == 401 and "RateLimit" not in resp.headers
+    assert resp.status_code == 401 and resp.headers["RateLimit-Policy"].startswith('"anon";')
 
 
 def test_off_means_no_fields_and_no_redis_key(client, settings, r):

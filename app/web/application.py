@@ -12,6 +12,7 @@ from app.web import (
     health,
     input_guard,
     metrics,
+    ratelimit,
     request_log,
     seed,
     seed_maintenance,
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     errors.register(flask_app)
     request_log.register(flask_app)
     input_guard.register(flask_app)
+    ratelimit.register(flask_app)  # anonymous requests, per client address
     for module in (health, v1_jobs, v1_admin, v1_maintenance, seed_maintenance, v1_business, seed, docs, metrics,
                    v1_observe, v1_tenants, v1_webhooks):
         flask_app.register_blueprint(module.bp)
@@ -51,5 +53,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     @flask_app.before_request
     def _listener():
         hub.ensure_started(ready_timeout=0)
+
+    # Every answer: a browser never guesses a type we did not send (a
+    # model's result, an error body).  A parked wait keeps these headers
+    # (app/infra/parking.py sends the ones the app gave).
+    @flask_app.after_request
+    def _nosniff(resp):
+        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return resp
 
     return flask_app

@@ -48,11 +48,17 @@ def current_principal() -> Principal:
     p = getattr(g, "principal", None)
     if p is None:
         key = presented_key()
-        if get_settings().auth_mode == "gateway" and not looks_like_key(key):
-            p = _gateway_principal()
-            g.via_gateway = True
-        else:
-            p = authenticate(key)
+        try:
+            if get_settings().auth_mode == "gateway" and not looks_like_key(key):
+                p = _gateway_principal()
+                g.via_gateway = True
+            else:
+                p = authenticate(key)
+        except Unauthorized:
+            # No working key: the client address pays (a wrong key costs a
+            # lookup); past its anonymous bucket this is a 429 instead.
+            ratelimit.check_anonymous()
+            raise
         g.principal = p
         bind(tenant=p.tenant_id)
         # Once per request (g.principal answers every later call); may raise

@@ -8,11 +8,20 @@ those that follow from how it is reached (401/503 behind a key, 403 for
 admins only, 404 for a path with parameters, 400/413/422 for a body, 422
 for a query).  A route without a declaration is an error here, so an
 undocumented route cannot exist (tests/test_openapi.py).
+
+Building the document costs ~80 ms of CPU, which under the gevent worker
+stalls every request of the process, and /openapi.json needs no key: it is
+built once per (app, settings) and served from that (``served``), with a
+strong ETag.  The build holds a lock, so 30 requests arriving together build
+it once; ``BUILDS`` counts builds (tests).
 """
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
+import threading
 from typing import Any
 
 from flask import Flask, current_app
@@ -198,7 +207,9 @@ def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
 
 
 def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
-    codes = set(spec.errors)
+    # 429: every request is rate limited, by its key or, without one (or
+    # with a key that fails), by its client address (app/web/ratelimit.py).
+    codes = set(spec.errors) | {429}
     security: list = []
     if spec.auth in ("key", "admin"):
         security = [{"bearerAuth": []}]
@@ -264,7 +275,30 @@ def undocumented(app: Flask) -> list[str]:
                   and getattr(app.view_functions[r.endpoint], "endpoint", None) is None)
 
 
+BUILDS = 0  # documents built by this process (tests count them)
+_build_lock = threading.Lock()  # gevent patches it into a greenlet lock: the others wait, cooperatively
+
+
+def served(app: Flask) -> tuple[bytes, str]:
+    """The document as served (JSON bytes) and its strong ETag, built at the
+    first call for this app and settings, then reused."""
+    settings = get_settings()
+    cached = app.extensions.get("asynch.openapi")
+    if cached is not None and cached[0] is settings:
+        return cached[1], cached[2]
+    with _build_lock:
+        cached = app.extensions.get("asynch.openapi")
+        if cached is not None and cached[0] is settings:
+            return cached[1], cached[2]
+        body = json.dumps(document(app), separators=(",", ":")).encode()
+        etag = hashlib.sha256(body).hexdigest()[:32]
+        app.extensions["asynch.openapi"] = (settings, body, etag)
+        return body, etag
+
+
 def document(app: Flask | None = None, server_url: str | None = None) -> dict:
+    global BUILDS
+    BUILDS += 1
     app = app or current_app._get_current_object()
     missing = undocumented(app)
     if missing:

@@ -21,9 +21,20 @@ Invariants:
   ``WARN_EVERY_SECONDS`` per process.  A rate limit protects capacity; it is
   not worth refusing service over.
 - Every header string comes from ``header_fields`` (one place).
+- Anonymous requests (a route declared ``auth="none"``, static files, the
+  metrics routes while ASYNCH_METRICS_TOKEN is empty, a path no route
+  matches, and a presented key that fails to authenticate) are charged to
+  their client address's bucket ``anon:<address>`` (an IPv6 address by its
+  /64: one host holds the whole /64), under ASYNCH_ANON_RATE_LIMIT_PER_SECOND
+  / _BURST, by ``check_anonymous`` from a before-request hook.  The health
+  routes take from a separate bucket ``anon-health:<address>`` with
+  ``HEALTH_FACTOR`` times the rate and burst: one kubelet probes every pod
+  of its node from one address, and a flood of other anonymous routes from
+  that address never starves its probes.  Same Redis script, same fail open.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import re
@@ -33,7 +44,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import redis
-from flask import after_this_request
+from flask import Flask, after_this_request, current_app, request
 
 from app.config import get_settings
 from app.errors import RateLimited
@@ -209,23 +220,26 @@ def reset() -> None:
         _warned_at = None
 
 
-# --- the hook ----------------------------------------------------------------
+# --- the hooks ---------------------------------------------------------------
 
 def check(principal: Principal) -> None:
     """Take one token for this request from the principal's bucket.  Raises
     ``RateLimited`` when the bucket is empty; otherwise the RateLimit fields
     go on this request's response.  Must run inside a request."""
-    policy = policy_for(principal)
+    _charge(bucket_id(principal), policy_for(principal), "this key")
+
+
+def _charge(bucket: str, policy: RatePolicy | None, who: str) -> None:
     if policy is None or time.monotonic() < _bypass_until:
         return
     try:
-        took = take(bucket_id(principal), policy.rate, policy.burst)
+        took = take(bucket, policy.rate, policy.burst)
     except redis.RedisError as exc:
         _fail_open(exc)
         return
     fields = header_fields(policy, took)
     if not took.allowed:
-        raise RateLimited(f"rate limit exceeded for this key: {policy.rate:g} requests/s, bursts of {policy.burst}; "
+        raise RateLimited(f"rate limit exceeded for {who}: {policy.rate:g} requests/s, bursts of {policy.burst}; "
                           f"retry after {fields['Retry-After']} s", fields)
 
     @after_this_request
@@ -233,3 +247,66 @@ def check(principal: Principal) -> None:
         for k, v in fields.items():
             resp.headers[k] = v
         return resp
+
+
+# --- anonymous requests, per client address ------------------------------------
+
+HEALTH_FACTOR = 10
+
+
+def anonymous_policy(health: bool = False) -> RatePolicy | None:
+    """ASYNCH_ANON_RATE_LIMIT_PER_SECOND / _BURST (None: off); the health
+    routes' bucket gets HEALTH_FACTOR times both."""
+    s = get_settings()
+    rate = s.anon_rate_limit_per_second
+    if not rate > 0:
+        return None
+    burst = s.anon_rate_limit_burst if s.anon_rate_limit_burst > 0 else max(1, _ceil(2 * rate))
+    f = HEALTH_FACTOR if health else 1
+    try:
+        return RatePolicy(rate * f, burst * f, "anon-health" if health else "anon")
+    except ValueError as exc:
+        raise ValueError(f"ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST: {exc}") from None
+
+
+def client_address() -> str:
+    """The peer address this request came from (an IPv6 one as its /64)."""
+    raw = request.remote_addr or "unknown"
+    try:
+        addr = ipaddress.ip_address(raw)
+    except ValueError:
+        return raw[:64]
+    if addr.version == 6:
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{addr}/64", strict=False))
+    return str(addr)
+
+
+def check_anonymous(health: bool = False) -> None:
+    """Take one token from this client address's anonymous bucket (raises
+    ``RateLimited`` when it is empty).  Must run inside a request."""
+    name = "anon-health" if health else "anon"
+    _charge(f"{name}:{client_address()}", anonymous_policy(health), "anonymous requests from this address")
+
+
+def _anonymous_kind() -> str | None:
+    """"health", "other" or None (the route authenticates: a key's own
+    bucket, or a failed key through ``check_anonymous``, app/web/auth.py)."""
+    if request.url_rule is None or request.endpoint is None:
+        return "other"  # no route matched: 404 / 405
+    view = current_app.view_functions.get(request.endpoint)
+    spec = getattr(view, "endpoint", None)
+    if spec is None or spec.auth == "none":  # static files have no declaration
+        return "health" if spec is not None and spec.tag == "health" else "other"
+    if spec.auth == "metrics" and not get_settings().metrics_token:
+        return "other"
+    return None
+
+
+def register(app: Flask) -> None:
+    @app.before_request
+    def _anonymous_limit():
+        kind = _anonymous_kind()
+        if kind is not None:
+            check_anonymous(health=kind == "health")
