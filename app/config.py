@@ -201,6 +201,17 @@ class Settings:
     # The longest a URL check waits for DNS (callbackUrl at submit and before
     # each delivery); past it the target counts as not resolving.
     resolve_timeout_seconds: float = 5.0
+    # DNS servers for those checks: comma list of ip, ip:port or [ipv6]:port;
+    # empty: /etc/resolv.conf (names in /etc/hosts are answered from it first).
+    resolve_nameservers: str = ""
+    # How long a DNS answer (or a name that did not resolve) is kept; 0: not kept.
+    resolve_cache_seconds: float = 10.0
+    # DNS lookups one tenant may have in flight per API/worker process; more
+    # wait for a place within their own deadline.
+    resolve_tenant_inflight: int = 4
+    # Distinct callback/webhook host names (IP literals do not count) one
+    # batch submit may name; the items past it are refused (422).
+    batch_max_url_hosts: int = 8
     # Celery queue of callback deliveries, consumed by `asynch callback-worker`
     # only: a slow receiver ties up callback processes, never job workers.
     callback_queue_name: str = "asynch-callbacks"

@@ -200,3 +200,57 @@ def test_a_junk_last_event_id_replays_from_the_start_and_gives_its_place_back(ap
     assert r.status_code == 200
     r.close()
     wait_until(lambda: hub.waiter_count("tenant-a") == 0, timeout=10, what="every place back")
+
+
+def _same_instant_rows(model: str, tenant: str, n: int):
+    """``n`` finished jobs changed at one instant, as one getTaskBatch claim
+    leaves them (one statement, one timestamp); no worker ever sees them."""
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import insert
+
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
+    from app.jobs.service import new_job_id
+    from app.states import JobState
+
+    at = datetime.now(timezone.utc)
+    rows = [dict(id=new_job_id(), tenant_id=tenant, model_name=model, request_payload="{}", request_hash="0" * 64,
+                 state=int(JobState.DONE), attempt=1, created_at=at, enqueue_at=at, finished_at=at, updated_at=at)
+            for _ in range(n)]
+    with transaction() as conn:
+        conn.execute(insert(tasks), rows)
+    micros = (at - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    return micros, sorted(r["id"] for r in rows)
+
+
+def _until_keepalive(stream: SSE) -> list:
+    """Every event up to the first keep-alive: once the stream is quiet for a
+    keep-alive interval (several re-reads), it has sent all it will."""
+    got = []
+    while (ev := stream.next(comments=True)) is not None and ev[1] != "comment":
+        got.append(ev)
+    assert ev is not None, "the stream ended before it went quiet"
+    return got
+
+
+def test_the_tenant_stream_sends_every_row_of_one_instant_once_and_resumes_among_them(
+        api_url, make_model, user_key, settings):
+    """Issue 21 item 7: 2,000 rows at one timestamp.  The stream paged by
+    ``updated_at > at`` with 500 rows a page: it sent 500 and skipped the
+    other 1,500, and a Last-Event-ID from among them could not recover them."""
+    make_model("ev9")
+    set_settings(settings.with_overrides(events_keepalive_seconds=1.5, events_poll_seconds=0.2))
+    micros, ids = _same_instant_rows("ev9", "tenant-a", 2000)
+    # A cursor just before the instant, in the plain "<µs>" form (still accepted).
+    s = SSE(f"{api_url}/v1/events?model=ev9", user_key, last=str(micros - 1), timeout=60)
+    got = _until_keepalive(s)
+    s.close()
+    assert [d["job_id"] for _i, _e, d in got] == ids  # every row, once, in (updated_at, id) order
+    assert [i for i, _e, _d in got] == [f"{micros}.{j}" for j in ids]
+    assert {e for _i, e, _d in got} == {"done"}
+    # Reconnect from the middle of the instant: exactly the rows after that one.
+    s = SSE(f"{api_url}/v1/events?model=ev9", user_key, last=got[999][0], timeout=60)
+    rest = _until_keepalive(s)
+    s.close()
+    assert [d["job_id"] for _i, _e, d in rest] == ids[1000:]

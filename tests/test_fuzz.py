@@ -14,7 +14,8 @@ generated inputs is printed (docs/reliability.md quotes it).
 No request leaves the machine: schemathesis talks to 127.0.0.1, no worker
 runs during the fuzz (so no model call and no callback delivery happens), and
 the API process resolves no host name (a fuzzed callbackUrl's host is looked
-up by the SSRF guard; here only literal addresses and localhost resolve).
+up by the SSRF guard; here only literal addresses and hosts-file names such
+as localhost resolve, and DNS goes to a stub on 127.0.0.1 that knows no name).
 """
 from __future__ import annotations
 
@@ -68,7 +69,17 @@ def _local_only_getaddrinfo(real):
 
 @pytest.fixture
 def no_dns(monkeypatch):
+    """The system resolver takes literals only, and the URL checks' DNS
+    (app/infra/http/resolver.py) asks a stub on 127.0.0.1 that knows no name."""
+    from dns_stub import DnsStub
+
+    from app.config import get_settings, set_settings
+
     monkeypatch.setattr(socket, "getaddrinfo", _local_only_getaddrinfo(socket.getaddrinfo))
+    stub = DnsStub(nxdomain=True)
+    set_settings(get_settings().with_overrides(resolve_nameservers=stub.address))
+    yield
+    stub.stop()
 
 
 @pytest.fixture

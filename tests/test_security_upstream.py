@@ -53,12 +53,19 @@ def test_submit_refuses_and_never_echoes_the_resolved_address(client, make_model
 def test_resolution_is_bounded_by_the_resolve_timeout(settings, monkeypatch):
     """A resolver that hangs costs the caller ASYNCH_RESOLVE_TIMEOUT_SECONDS,
     not the resolver's own retry schedule."""
-    set_settings(settings.with_overrides(resolve_timeout_seconds=0.5))
-    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: time.sleep(3) or [])
-    t0 = time.monotonic()
-    with pytest.raises(netguard.UrlRefused) as exc:
-        netguard.check_url("http://slow.example.com/cb")
-    assert exc.value.transient and time.monotonic() - t0 < 1.5
+    from dns_stub import DnsStub
+
+    stub = DnsStub(hang=["example.com"])  # on 127.0.0.1: the check sends nothing off the box
+    try:
+        set_settings(settings.with_overrides(resolve_timeout_seconds=0.5, resolve_nameservers=stub.address))
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: time.sleep(3) or [])
+        t0 = time.monotonic()
+        with pytest.raises(netguard.UrlRefused) as exc:
+            netguard.check_url("http://slow.example.com/cb")
+        assert exc.value.transient and time.monotonic() - t0 < 1.5
+        assert stub.count("slow.example.com") >= 1  # it was asked, and never answered
+    finally:
+        stub.stop()
 
 
 # --- 3. X-User-Info and the OSS file service -----------------------------------------------

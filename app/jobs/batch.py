@@ -15,6 +15,9 @@ admission path"):
   batch; a key repeated inside the batch is admitted once, and its later
   items replay the first (or are its 422 / share its refusal); a key lost to
   a concurrent request replays the winner.
+- Callback/webhook hosts: each distinct host is looked up once per batch,
+  all under one deadline, at most ASYNCH_BATCH_MAX_URL_HOSTS names (IP
+  literals are free); an item past the cap is its own 422.
 """
 from __future__ import annotations
 
@@ -25,10 +28,12 @@ from sqlalchemy import select
 
 from app.catalog.forms import validate_payload
 from app.catalog.registry import enabled_model
+from app.config import get_settings
 from app.contract import parse
 from app.errors import DomainError, Unavailable, ValidationFailed
 from app.infra import metrics
 from app.infra.db import transaction
+from app.infra.http.netguard import Lookups
 from app.infra.tables import tasks
 from app.jobs import admission
 from app.jobs import service as jobs
@@ -83,11 +88,13 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], creat
     model = enabled_model(model_name)  # 404 for the whole batch
     out = [Outcome(i) for i in range(len(items))]
     valid: list[tuple[int, Any, SubmitOptions, str]] = []
+    # Each host looked up once for the whole batch, at most so many names.
+    lookups = Lookups(principal.tenant_id, max_names=get_settings().batch_max_url_hosts)
     for i, raw in enumerate(items):
         try:
             item = parse(BatchItem, raw, base=f"/jobs/{i}")
             opts = _options(item, i, creator, passthrough)
-            jobs.check_callback(opts)
+            jobs.check_callback(opts, lookups)
             validate_payload(model.form, item.payload, opts.pointer_base)
             valid.append((i, item.payload, opts, jobs.request_hash(model_name, item.payload, opts)))
         except DomainError as exc:

@@ -14,13 +14,15 @@ Invariants:
   misses nothing; the terminal event carries the full poll body and ends the
   stream.  Resuming after ``end`` answers the terminal event again.
 - A tenant's stream: an event per job change, id ``<updated_at µs>.<job_id>``,
-  in (updated_at, id) order, read from the rows changed since the cursor
-  (index ix_asynch_task_tenant_updated).  A re-read reaches back
-  ``LATE_SECONDS`` before its cursor (a transition's time is taken just
-  before its commit, so a commit can land a little behind a newer one) and
-  sends what it has not sent: at-least-once, a client dedupes by id.  Each
-  event is the job's state when read: two changes within one poll interval
-  show as the newer.
+  in (updated_at, id) order, read in pages keyed by that pair (index
+  ix_asynch_task_tenant_updated for the time range), so any number of rows
+  sharing one timestamp (one getTaskBatch claim) are all sent, and a
+  Last-Event-ID from among them resumes right after that row.  Each pass
+  re-reads from ``LATE_SECONDS`` before the previous pass began (a
+  transition's time is taken just before its commit, so a commit can land a
+  little behind a newer one), page after page, and sends what it has not
+  sent: at-least-once, a client dedupes by id.  Each event is the job's
+  state when read: two changes within one poll interval show as the newer.
 - Tenant-scoped: a caller sees only its own tenant's jobs (admins: any job,
   and ``tenant`` on the tenant stream).
 - Every open stream holds one place under the waiter caps
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select, tuple_
 
 from app.clock import as_utc
 from app.clock import now as clock_now
@@ -197,20 +199,25 @@ def _follow_job(w, row, read, last, watch) -> Iterator[Event]:
 # --- a tenant's stream -------------------------------------------------------------------
 
 def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
+    """A tenant stream's Last-Event-ID: ``<updated_at µs>.<job_id>`` (what
+    the stream sends), or ``<updated_at µs>`` alone (from that instant's
+    first row); None (junk: from now)."""
     if not last:
         return None
     micros, _, job_id = last.strip().partition(".")
     if not (micros.isascii() and micros.isdigit()) or len(micros) > 18:
         return None
-    try:
-        return datetime.fromtimestamp(int(micros) / 1e6, tz=timezone.utc), job_id
-    except (OverflowError, OSError, ValueError):
+    try:  # integer microseconds: a float would round a cursor onto its neighbour
+        return _EPOCH + timedelta(microseconds=int(micros)), job_id
+    except OverflowError:
         return None
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def _tenant_id(row) -> str:
-    t = as_utc(row.updated_at)
-    micros = (t - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    micros = (as_utc(row.updated_at) - _EPOCH) // timedelta(microseconds=1)
     return f"{micros}.{row.id}"
 
 
@@ -227,7 +234,9 @@ def tenant_events(principal: Principal, model_name: str | None, last_id: str | N
     return Stream(_follow_tenant(w, scope, model_name, cursor, watch), w)
 
 
-def _changed(scope: str | None, model_name: str | None, since: datetime) -> list:
+def _changed(scope: str | None, model_name: str | None, after: tuple[datetime, str]) -> list:
+    """The next page of rows after the pair ``after`` in (updated_at, id)
+    order: a page boundary inside one timestamp loses nothing."""
     q = select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.state, tasks.c.attempt,
                tasks.c.retry_count, tasks.c.error, tasks.c.result_size, tasks.c.result_content_type,
                tasks.c.created_at, tasks.c.started_at, tasks.c.finished_at, tasks.c.updated_at)
@@ -235,49 +244,60 @@ def _changed(scope: str | None, model_name: str | None, since: datetime) -> list
         q = q.where(tasks.c.tenant_id == scope)
     if model_name:
         q = q.where(tasks.c.model_name == model_name)
-    q = q.where(tasks.c.updated_at > since).order_by(tasks.c.updated_at, tasks.c.id).limit(TENANT_PAGE)
+    at, job_id = after
+    # The plain bound is the index range (tenant_id, updated_at); the row
+    # value orders within one timestamp.
+    q = q.where(tasks.c.updated_at >= at, tuple_(tasks.c.updated_at, tasks.c.id) > tuple_(at, job_id))
+    q = q.order_by(tasks.c.updated_at, tasks.c.id).limit(TENANT_PAGE)
     with single_statement() as conn:
         return conn.execute(q).all()
 
 
 def _follow_tenant(w, scope, model_name, cursor, watch) -> Iterator[Event]:
     s = get_settings()
+    late = timedelta(seconds=LATE_SECONDS)
     if watch is not None:
         watch.arm(w.event.set)
     sent: dict[str, datetime] = {}  # event id -> its time, within the late window
-    at = cursor[0]
-    strict = False  # a full page of nothing new: read on from ``at`` itself
+    # A pass reads page after page from ``start`` to the newest row.  A row
+    # a pass could not see yet commits within LATE_SECONDS of its time, so
+    # the next pass starts LATE_SECONDS before this one began: an idle
+    # stream re-reads the last moments, not a burst it sent long ago.
+    start = cursor[0] - late
     try:
         t0 = quiet_since = time.monotonic()
         while True:
-            rows = _changed(scope, model_name, at if strict else at - timedelta(seconds=LATE_SECONDS))
-            fresh = 0
-            for row in rows:
-                ev_id, upd = _tenant_id(row), as_utc(row.updated_at)
-                if ev_id in sent or (upd, row.id) <= cursor:
-                    continue  # sent already, or before the client's own cursor
-                sent[ev_id] = upd
-                fresh += 1
-                yield Event(ev_id, v1_name(row.state), _poll_body(row))
-                quiet_since = time.monotonic()
-                at = max(at, upd)
-            strict = len(rows) == TENANT_PAGE and not fresh
-            horizon = at - timedelta(seconds=2 * LATE_SECONDS)
-            for k in [k for k, t in sent.items() if t < horizon]:
-                del sent[k]
-            now = time.monotonic()
-            if now - t0 >= s.events_max_seconds or hub.draining:
+            began, pos = clock_now(), (start, "")
+            while True:
+                rows = _changed(scope, model_name, pos)
+                for row in rows:
+                    ev_id, key = _tenant_id(row), (as_utc(row.updated_at), row.id)
+                    if ev_id in sent or key <= cursor:
+                        continue  # sent already, or before the client's own cursor
+                    sent[ev_id] = key[0]
+                    yield Event(ev_id, v1_name(row.state), _poll_body(row))
+                    quiet_since = time.monotonic()
+                if len(rows) < TENANT_PAGE or _ending(t0, s):
+                    break
+                pos = (as_utc(rows[-1].updated_at), rows[-1].id)  # a full page: on from the pair
+            start = max(start, began - late)  # never back: a clock that moved back re-sends nothing
+            for k in [k for k, t in sent.items() if t < start]:
+                del sent[k]  # no later pass reads that far back
+            if _ending(t0, s):
                 return
-            if now - quiet_since >= s.events_keepalive_seconds:
+            if time.monotonic() - quiet_since >= s.events_keepalive_seconds:
                 yield KEEPALIVE
-                quiet_since = now
-            if len(rows) < TENANT_PAGE and not _pause(w, watch, min(s.events_poll_seconds,
-                                                                      s.events_keepalive_seconds)):
+                quiet_since = time.monotonic()
+            if not _pause(w, watch, min(s.events_poll_seconds, s.events_keepalive_seconds)):
                 return
     finally:
         if watch is not None:
             watch.close()
         hub.unregister(w)
+
+
+def _ending(t0: float, s) -> bool:
+    return time.monotonic() - t0 >= s.events_max_seconds or hub.draining
 
 
 def render(ev: Event) -> str:

@@ -44,7 +44,7 @@ from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
 from app.infra.db import single_statement, transaction
 from app.infra.publisher import publish_task
 from app.infra.http.headers import override_problem, parse_header_spec
-from app.infra.http.netguard import callback_url_problem
+from app.infra.http.netguard import Lookups, callback_url_problem
 from app.infra.redis import gate
 from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
@@ -104,18 +104,19 @@ def replay(existing: Row, model: str, digest: str) -> Submitted:
     return Submitted(existing, replayed=True)
 
 
-def check_callback(opts: SubmitOptions) -> None:
+def check_callback(opts: SubmitOptions, lookups: Lookups) -> None:
     """The callback target must be public (the SSRF guard); the rest of the
-    options were judged by their declaration (app/jobs/schemas.py)."""
+    options were judged by their declaration (app/jobs/schemas.py).
+    ``lookups``: the request's host lookups (its tenant, a batch's dedupe)."""
     if opts.callback_url is not None:
-        problem = callback_url_problem(opts.callback_url)
+        problem = callback_url_problem(opts.callback_url, lookups)
         if problem:
             raise ValidationFailed("invalid job options", [{"pointer": "/callbackUrl", "message": problem}])
     if opts.webhook_events is not None and opts.webhook_url is None:
         raise ValidationFailed("invalid job options", [{"pointer": "/webhookEvents",
                                                         "message": "needs a webhook URL (X-Webhook-Url)"}])
     if opts.webhook_url is not None:
-        problem = callback_url_problem(opts.webhook_url)
+        problem = callback_url_problem(opts.webhook_url, lookups)
         if problem:
             raise ValidationFailed("invalid job options", [{"pointer": "/webhookUrl", "message": problem}])
 
@@ -149,7 +150,7 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
 def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions) -> Submitted:
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
-    check_callback(opts)
+    check_callback(opts, Lookups(principal.tenant_id))
     model = enabled_model(model_name)
     _check_model_key(opts, model)
     validate_payload(model.form, payload, opts.pointer_base)

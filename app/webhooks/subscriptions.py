@@ -20,7 +20,7 @@ from app.clock import now as clock_now
 from app.errors import Forbidden, NotFound, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
-from app.infra.http.netguard import callback_url_problem
+from app.infra.http.netguard import Lookups, callback_url_problem
 from app.infra.tables import webhook_subscriptions
 from app.infra.webhook_rows import EVENTS, bits_of, events_of
 from app.tenancy.keys import Principal
@@ -42,7 +42,7 @@ def _view(row) -> dict:
 
 def create(principal: Principal, tenant_id: str, url: str, events: list[str] | None) -> dict:
     _check_access(principal, tenant_id)
-    problem = callback_url_problem(url)
+    problem = callback_url_problem(url, Lookups(tenant_id))
     if problem:
         raise ValidationFailed("invalid webhook", [{"pointer": "/url", "message": problem}])
     with transaction() as conn:

@@ -1,9 +1,13 @@
-"""Which client-supplied URLs the middleware may call (callbacks): SSRF guard.
+"""Which client-supplied URLs the middleware may call (callbacks, webhooks):
+SSRF guard.  Every face that takes such a URL (v1 submit headers, batch
+items, seed createTask, webhook subscriptions) and every delivery attempt
+checks it here, so they all refuse the same URLs.
 
 A URL is checked on the addresses its host resolves to, not on its text:
-``socket.getaddrinfo`` turns every spelling of an address (``0x7f000001``,
-``2130706433``, ``0177.0.0.1``, ``[::ffff:127.0.0.1]``, a DNS name) into the
-address the kernel would connect to, and ``ipaddress`` judges that.  Only
+app/infra/http/resolver.py turns every spelling of an address
+(``0x7f000001``, ``2130706433``, ``0177.0.0.1``, ``[::ffff:127.0.0.1]``, a
+DNS name) into the address the kernel would connect to, and ``ipaddress``
+judges that.  Only
 globally routable unicast addresses pass; loopback, private, link-local
 (169.254.169.254, the cloud metadata service), CGNAT, unspecified,
 multicast and reserved ranges are refused, also when wrapped in IPv6
@@ -19,24 +23,28 @@ cannot redirect the request.
 ``ASYNCH_CALLBACK_ALLOW_HOSTS`` (comma list of IPs, CIDRs or host names) lets
 an operator admit internal receivers.
 
+Ports: 80, 443 and 1024-65535; another port only for an allowlisted
+target (its host name listed, or each of its addresses in a listed
+network), and ``:0`` never (it used to mean "the default port").
+
 The refusal text never names the resolved address (a caller must not learn
-what an internal name resolves to); the log line does.  Resolution runs on
-a small shared pool and is waited for at most
-``ASYNCH_RESOLVE_TIMEOUT_SECONDS``: a slow DNS server costs the request
-thread that long, not the resolver's own (unbounded) retries.
+what an internal name resolves to); the log line does.  A lookup costs its
+caller at most ``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` and holds nothing past it
+(resolver.py); a request's lookups go through one ``Lookups`` (its tenant's
+cap on lookups in flight; a batch's hosts looked up once, under one
+deadline, at most ``ASYNCH_BATCH_MAX_URL_HOSTS`` names).
 """
 from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 from app.config import get_settings
+from app.infra.http import resolver
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -104,32 +112,45 @@ def address_refused(ip: IPAddress) -> bool:
     return any(not a.is_global or a.is_multicast for a in _embedded(ip))
 
 
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="asynch-resolve")
-
-
-def _getaddrinfo(host: str, port: int):
-    timeout = get_settings().resolve_timeout_seconds
-    future = _POOL.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+def resolve(host: str, port: int, tenant: str | None = None, deadline: float | None = None) -> list[IPAddress]:
+    """The host's addresses (app/infra/http/resolver.py: literals and the
+    hosts file without DNS, DNS bounded by ASYNCH_RESOLVE_TIMEOUT_SECONDS)."""
     try:
-        return future.result(timeout=timeout)
-    except FutureTimeout:
-        future.cancel()
-        raise UrlRefused(f"host {host!r} did not resolve within {timeout:g}s", transient=True) from None
+        return resolver.lookup(host, tenant, deadline)
+    except resolver.NotResolved as exc:
+        raise UrlRefused(str(exc), transient=True) from None
 
 
-def resolve(host: str, port: int) -> list[IPAddress]:
-    try:
-        infos = _getaddrinfo(host, port)
-    except (socket.gaierror, UnicodeError, OSError) as exc:
-        raise UrlRefused(f"host {host!r} does not resolve", transient=True) from exc
-    out: list[IPAddress] = []
-    for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if ip not in out:
-            out.append(ip)
-    if not out:
-        raise UrlRefused(f"host {host!r} does not resolve", transient=True)
-    return out
+class Lookups:
+    """The URL checks of one request: each host looked up once, a batch's
+    lookups under one deadline (``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` for them
+    all) and at most ``max_names`` distinct host names (IP literals are
+    free); the names past it are refused, not looked up."""
+
+    def __init__(self, tenant: str | None = None, max_names: int | None = None) -> None:
+        self.tenant = tenant
+        self.max_names = max_names
+        self.deadline = time.monotonic() + get_settings().resolve_timeout_seconds
+        self._seen: dict[str, list[IPAddress] | UrlRefused] = {}
+
+    def resolve(self, host: str, port: int) -> list[IPAddress]:
+        key = resolver.normal(host)
+        got = self._seen.get(key)
+        if got is None:
+            got = resolver.literal(host)
+            if got is not None:
+                return got
+            if self.max_names is not None and len(self._seen) >= self.max_names:
+                raise UrlRefused(f"a batch may name at most {self.max_names} distinct callback/webhook "
+                                 f"host names (IP addresses do not count)")
+            try:
+                got = resolve(host, port, self.tenant, self.deadline)
+            except UrlRefused as exc:
+                got = exc
+            self._seen[key] = got
+        if isinstance(got, UrlRefused):
+            raise UrlRefused(str(got), got.transient)
+        return list(got)
 
 
 def _parse(url: str) -> tuple[str, str, int, str]:
@@ -144,6 +165,8 @@ def _parse(url: str) -> tuple[str, str, int, str]:
         port = parts.port
     except ValueError as exc:
         raise UrlRefused(f"is not a valid URL: {exc}") from exc
+    if port == 0:
+        raise UrlRefused("port 0 is not a port: name the receiver's port (80, 443 or 1024-65535)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UrlRefused("must be an http(s) URL with a host")
     if "@" in parts.netloc:
@@ -162,24 +185,35 @@ def _allowed(ip: IPAddress, nets: tuple) -> bool:
     return any(c in n for c in candidates for n in nets if n.version == c.version)
 
 
-def check_url(url: str) -> Target:
-    """Parse, resolve and judge ``url``; raises UrlRefused."""
+def port_allowed(port: int) -> bool:
+    """The web's ports and the unprivileged range: a client's URL may not
+    aim a delivery at SSH, SMTP or another well-known service's port."""
+    return port in (80, 443) or 1024 <= port <= 65535
+
+
+def check_url(url: str, lookups: Lookups | None = None) -> Target:
+    """Parse, resolve and judge ``url``; raises UrlRefused.  ``lookups``:
+    the request's (its tenant's cap on lookups, a batch's dedupe)."""
     scheme, host, port, pq = _parse(url)
     nets, names = _allowlist(get_settings().callback_allow_hosts)
-    addresses = resolve(host, port)
-    if host.lower().rstrip(".") not in names:
+    addresses = lookups.resolve(host, port) if lookups is not None else resolve(host, port)
+    listed = host.lower().rstrip(".") in names
+    if not listed:
         for ip in addresses:
             if address_refused(ip) and not _allowed(ip, nets):
                 log.info("callback target refused: %s resolves to %s", host, ip)
                 raise UrlRefused("resolves to a refused address: loopback, private, link-local, metadata "
                                  "and other non-public targets are not allowed")
+    if not port_allowed(port) and not (listed or all(_allowed(ip, nets) for ip in addresses)):
+        raise UrlRefused(f"port {port} is not allowed: use 80, 443 or 1024-65535 "
+                         "(other ports only for hosts on the operator's ASYNCH_CALLBACK_ALLOW_HOSTS)")
     return Target(scheme, host, port, pq, tuple(addresses))
 
 
-def callback_url_problem(url: str) -> str | None:
-    """Why a callbackUrl is refused at submit, or None."""
+def callback_url_problem(url: str, lookups: Lookups | None = None) -> str | None:
+    """Why a callback or webhook URL is refused at submit, or None."""
     try:
-        check_url(url)
+        check_url(url, lookups)
     except UrlRefused as exc:
         return str(exc)
     return None
