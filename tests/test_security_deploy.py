@@ -150,6 +150,19 @@ def test_the_values_deploy_k8s_shipped_are_refused_each_on_its_line():
     assert out.exit_code != 0 and all(ln.strip() in out.output for ln in lines), out.output
 
 
+def test_an_upgrade_from_the_derived_key_lists_it_after_a_new_one(settings):
+    """A deployment that ran without ASYNCH_SECRETS_KEYS (now refused) keeps
+    its stored secrets readable: `asynch secrets derived-key` after a new key."""
+    from app.infra import secretbox
+
+    set_settings(settings.with_overrides(secrets_keys=""))
+    stored = secretbox.encrypt("API_KEY:model-s3cret")
+    out = CliRunner().invoke(cli_main, ["secrets", "derived-key"])
+    assert out.exit_code == 0, out.output
+    set_settings(settings.with_overrides(secrets_keys=f"{new_key()},{out.output.strip()}"))
+    assert secretbox.decrypt(stored) == "API_KEY:model-s3cret"
+
+
 def test_placeholders_are_words_not_chance():
     assert is_placeholder("Change_Me") and is_placeholder("my.PASSWORD") and is_placeholder("REPLACE-ME")
     assert not is_placeholder(STRONG["key_pepper"]) and not is_placeholder(new_key())
