@@ -74,7 +74,7 @@ class Settings:
     bootstrap_admin_key: str = ""
     key_pepper: str = ""
     # A local trial (`asynch dev` sets it): weak or missing secrets are
-    # accepted (see check_startup).  Never in a deployment.
+    # accepted (app/secrets_policy.py check_startup).  Never in a deployment.
     dev_mode: bool = False
     # Keys encrypting secrets at rest (head_msg values, tenant callback
     # secrets): comma-separated Fernet keys, the first encrypts, every one
@@ -259,6 +259,13 @@ class Settings:
     # A worker node's main process serves its /metrics on this port (pool
     # processes' counters included); 0 serves none.
     worker_metrics_port: int = 9808
+    # The address it binds: loopback, as the port is plain HTTP.  A deployment
+    # whose Prometheus scrapes it from another host/pod sets 0.0.0.0.
+    worker_metrics_bind: str = "127.0.0.1"
+    # A connection's whole request head must arrive within this (one
+    # deadline), and at most this many are served at once; more are closed.
+    worker_metrics_timeout_seconds: float = 5.0
+    worker_metrics_max_connections: int = 8
     # Workers refresh their liveness key this often; it expires after 3 intervals.
     worker_heartbeat_seconds: float = 5.0
     # Recovery fails a node's running attempts as soon as its liveness key
@@ -332,26 +339,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if s.auth_mode == "gateway" and not (s.gateway_secret or s.gateway_cidrs.strip()):
         raise ValueError("ASYNCH_AUTH_MODE=gateway needs ASYNCH_GATEWAY_SECRET and/or ASYNCH_GATEWAY_CIDRS")
     return s
-
-
-# The shortest ASYNCH_BOOTSTRAP_ADMIN_KEY a deployment accepts.
-MIN_BOOTSTRAP_KEY_LENGTH = 32
-
-
-def check_startup(s: Settings) -> None:
-    """Refuse to serve with insecure secrets outside dev mode (every server
-    command calls it): a bootstrap admin key shorter than 32 characters or an
-    empty pepper.  Raises ValueError with the fix."""
-    if s.dev_mode:
-        return
-    problems = []
-    if s.bootstrap_admin_key and len(s.bootstrap_admin_key) < MIN_BOOTSTRAP_KEY_LENGTH:
-        problems.append(f"ASYNCH_BOOTSTRAP_ADMIN_KEY is shorter than {MIN_BOOTSTRAP_KEY_LENGTH} characters")
-    if not s.key_pepper:
-        problems.append("ASYNCH_KEY_PEPPER is empty")
-    if problems:
-        raise ValueError("refusing to start outside dev mode (ASYNCH_DEV_MODE): " + "; ".join(problems)
-                         + " (generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')")
 
 
 def is_cluster_url(url: str) -> bool:

@@ -4,8 +4,9 @@ Under a gevent worker psycopg2 is made cooperative here too, before the
 first connection (it is idempotent with the gunicorn hook), so even a plain
 ``gunicorn -k gevent app.wsgi:app`` never blocks the hub on PostgreSQL."""
 from app import create_app
-from app.config import check_startup, get_settings
+from app.config import get_settings
 from app.infra.serving import make_green
+from app.secrets_policy import check_startup
 
 # A plain `gunicorn app.wsgi:app` refuses weak secrets too (outside dev mode).
 check_startup(get_settings())

@@ -41,7 +41,9 @@ def env(**extra) -> dict:
         "ASYNCH_STORAGE_URL": f"file://{ROOT}/bench/logs/results",
         "ASYNCH_QUEUE_NAME": "asynch-bench",
         "ASYNCH_LOG_LEVEL": "WARNING",
-        # The API refuses to start outside dev mode without a pepper (app/config.py check_startup).
+        # A bench on one machine runs in dev mode: outside it the API refuses a weak pepper,
+        # an empty secrets key and an empty metrics token (app/secrets_policy.py check_startup).
+        "ASYNCH_DEV_MODE": "1",
         "ASYNCH_KEY_PEPPER": os.environ.get("ASYNCH_KEY_PEPPER") or "bench-pepper",
         "BENCH_NAIVE_BROKER": f"redis://127.0.0.1:6379/{NAIVE_BROKER_DB}",
         "BENCH_NAIVE_COUNTER": f"redis://127.0.0.1:6379/{COUNTER_DB}",

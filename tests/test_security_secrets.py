@@ -16,13 +16,14 @@ from sqlalchemy import event, select
 
 from app.catalog import registry
 from app.cli import main as cli_main
-from app.config import check_startup, set_settings
+from app.config import set_settings
 from app.infra import secretbox
 from app.infra.db import get_engine, transaction
 from app.infra.tables import models, tasks, tenant_secrets
 from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance.secrets import rotate_secrets
+from app.secrets_policy import check_startup
 from app.states import JobState
 from app.tenancy.keys import Principal
 
@@ -93,15 +94,19 @@ def test_a_new_key_prints_a_valid_fernet_key():
     assert out.exit_code == 0 and secretbox._box(out.output.strip(), "")
 
 
+# What a deployment sets (the suite itself runs in dev mode, tests/conftest.py).
+DEPLOYED = {"dev_mode": False, "secrets_keys": K1, "metrics_token": "mZ4xC9vB2nM7aS1dF6gH3jK8lQ5wE0rT"}
+
+
 @pytest.mark.parametrize("change, refused", [
     ({"bootstrap_admin_key": "change-me"}, "ASYNCH_BOOTSTRAP_ADMIN_KEY"),
     ({"key_pepper": ""}, "ASYNCH_KEY_PEPPER"),
-    ({"bootstrap_admin_key": "x" * 32}, None),
+    ({"bootstrap_admin_key": "bV3nM8qW2eR7tY1uI6oP4aS9dF5gH0jK"}, None),
     ({"bootstrap_admin_key": "", "key_pepper": "p"}, None),  # no bootstrap key at all is fine
     ({"bootstrap_admin_key": "change-me", "key_pepper": "", "dev_mode": True}, None),
 ])
 def test_outside_dev_mode_weak_secrets_refuse_to_start(settings, change, refused):
-    s = settings.with_overrides(**change)
+    s = settings.with_overrides(**{**DEPLOYED, **change})
     if refused is None:
         check_startup(s)
         return

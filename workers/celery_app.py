@@ -14,7 +14,7 @@ from celery.signals import (
 )
 
 from app.config import get_settings
-from app.infra import metrics
+from app.infra import metrics, metrics_server
 from app.infra.celery_config import celery_settings
 from app.infra.logs import bind, configure_logging, reset
 from workers.heartbeat import install as install_heartbeat
@@ -39,7 +39,7 @@ def _fresh_connections(**_kw):
 
     reset_engine()
     reset_redis()
-    metrics.forget_inherited_server()
+    metrics_server.forget_inherited_server()
     logging.getLogger(__name__).debug("pool process initialised")
 
 
@@ -60,7 +60,7 @@ def _unbind_job(task_id=None, **_kw):
         reset(token)
 
 
-# --- the node's metrics (app/infra/metrics.py) --------------------------------------
+# --- the node's metrics (app/infra/metrics.py, served by app/infra/metrics_server.py) ---
 # worker_init and worker_shutdown fire in the main process only, before the
 # pool forks and after it is gone; worker_process_shutdown in each pool child.
 
@@ -74,7 +74,7 @@ def _node_metrics(**_kw):
             logging.getLogger(__name__).warning(
                 "worker metrics not served: no PROMETHEUS_MULTIPROC_DIR (start workers with `asynch worker`)")
         return
-    metrics.serve_node(port)
+    metrics_server.serve_node(port)
 
 
 @worker_process_shutdown.connect

@@ -11,6 +11,7 @@ import click
 
 from app.catalog import registry, transfer
 from app.cli.base import DomainGroup
+from app.config import get_settings
 from app.contract import dump, parse
 from app.jobs import service as job_service
 from app.jobs.schemas import JobDetail, JobListQuery, JobStatus
@@ -272,6 +273,12 @@ def secrets() -> None:
 @secrets.command("new-key", help="Print a new key for ASYNCH_SECRETS_KEYS (put it first to rotate).")
 def secrets_new_key() -> None:
     click.echo(secretbox.new_key())
+
+
+@secrets.command("derived-key", help="Print the key derived from ASYNCH_KEY_PEPPER, which encrypted the values "
+                 "of a deployment that ran without ASYNCH_SECRETS_KEYS: list it after a new key, then rotate.")
+def secrets_derived_key() -> None:
+    click.echo(secretbox.derived_key(get_settings().key_pepper))
 
 
 @secrets.command("rotate", help="Re-encrypt every stored secret with the first ASYNCH_SECRETS_KEYS key; "

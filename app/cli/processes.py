@@ -11,7 +11,8 @@ import time
 import click
 
 from app.cli.base import ROOT, upgrade_db
-from app.config import check_startup, env_names, get_settings, load_settings, set_settings
+from app.config import env_names, get_settings, load_settings, set_settings
+from app.secrets_policy import check_startup, masked
 
 # --- database ------------------------------------------------------------------
 
@@ -104,7 +105,7 @@ def worker_argv(concurrency: int = 2, queues: str | None = None, node: str | Non
 
 
 def _refuse_insecure() -> None:
-    """Outside dev mode a server does not start with weak secrets (config.check_startup)."""
+    """Outside dev mode a server does not start with weak secrets (app/secrets_policy.py check_startup)."""
     try:
         check_startup(get_settings())
     except ValueError as exc:
@@ -255,14 +256,12 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-@click.command("env", help="List every ASYNCH_ environment variable and its current value.")
+@click.command("env", help="List every ASYNCH_ environment variable and its current value (secrets, and the "
+               "passwords inside URLs, as ***).")
 def env_cmd() -> None:
+    # Secrets show as ***, URLs without their password: the output gets pasted into tickets.
     s = get_settings()
     for name, var in env_names().items():
-        v = getattr(s, name)
-        if name in ("bootstrap_admin_key", "key_pepper", "s3_secret_key", "oss_authorization", "metrics_token",
-                    "secrets_keys") and v:
-            v = "***"
-        click.echo(f"{var}={v}")
+        click.echo(f"{var}={masked(name, getattr(s, name))}")
 
 

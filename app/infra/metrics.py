@@ -33,9 +33,10 @@ Callers:
   callback_delivered(model, ok)    the callback sender, once per callback when settled (delivered or failed for good)
   waiters(+1/-1) / wait_refused    app.infra.wakeups (a wait registered / ended / refused at a cap)
   worker_heartbeat / worker_consumed / worker_stopped   workers/heartbeat.py
-  group_env / prepare_group_dir / process_dead / cleanup_group_dir / serve_node
+  group_env / prepare_group_dir / process_dead / cleanup_group_dir
                                    app/cli/processes.py, app/observe/gunicorn_conf.py,
                                    workers/celery_app.py
+  render / token_problem           app/web/auth.py, app/infra/metrics_server.py (a worker node's port)
 """
 from __future__ import annotations
 
@@ -48,8 +49,6 @@ import shutil
 import tempfile
 import threading
 import time
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
 from prometheus_client import (
@@ -342,54 +341,3 @@ def token_problem(authorization: str) -> str | None:
     if not hmac.compare_digest(given.encode(), token.encode()):
         return "invalid metrics token"
     return None
-
-
-def _node_app(environ, start_response):
-    if environ.get("PATH_INFO") != "/metrics":
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: try /metrics\n"]
-    problem = token_problem(environ.get("HTTP_AUTHORIZATION", ""))
-    if problem:
-        start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
-        return [problem.encode() + b"\n"]
-    body, ctype = render()
-    start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
-    return [body]
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - a scrape every 15 s is not news
-        pass
-
-
-_node_server: WSGIServer | None = None
-
-
-def serve_node(port: int, host: str = "0.0.0.0") -> WSGIServer | None:
-    """Serve GET /metrics (``render``) from a thread of this process: a worker
-    node's main process.  A port in use is logged, not fatal: the node still
-    works, its metrics are unreachable until it restarts."""
-    global _node_server
-    if port <= 0:
-        return None
-    try:
-        _node_server = make_server(host, port, _node_app, server_class=_Server, handler_class=_QuietHandler)
-    except OSError as exc:
-        log.warning("metrics: cannot serve on port %s: %s", port, exc)
-        return None
-    threading.Thread(target=_node_server.serve_forever, name="asynch-metrics-http", daemon=True).start()
-    return _node_server
-
-
-def forget_inherited_server() -> None:
-    """In a forked child: close the copy of the parent's listening socket
-    (the serving thread did not survive the fork), so only the main process
-    holds the port and it is free again as soon as the main process exits."""
-    global _node_server
-    if _node_server is not None:
-        _node_server.socket.close()
-        _node_server = None

@@ -36,6 +36,12 @@ def new_key() -> str:
     return Fernet.generate_key().decode()
 
 
+def derived_key(pepper: str) -> str:
+    """The key used without ASYNCH_SECRETS_KEYS (dev mode, deployments before
+    it was required): an upgrade lists it after a new key, then rotates."""
+    return _derived_key(pepper).decode()
+
+
 def _derived_key(pepper: str) -> bytes:
     raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"model-asynch secrets at rest",
                info=b"fernet key v1").derive(pepper.encode())
