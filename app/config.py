@@ -1,293 +1,298 @@
 """Configuration: the only module that reads the process environment.
 
-Every setting has an ``ASYNCH_`` variable and a default that runs on one
-machine with nothing configured (SQLite file, local result directory, the
-local Redis).  Everything else in the code receives a ``Settings`` object.
+Every setting is declared once, below, as a field of ``Settings`` (a
+pydantic-settings ``BaseSettings``): its ``ASYNCH_`` variable is the field's
+name in upper case, its default runs on one machine with nothing configured
+(SQLite file, local result directory, the local Redis), its description says
+what it does (docs/operations.md's table is checked against the declaration:
+tests/test_config.py).  Everything else in the code receives a ``Settings``
+object.
+
+Invariants:
+- ``load_settings(env)`` reads the variables of ``env`` (default:
+  os.environ) through pydantic-settings' environment source, exactly the
+  upper-case names; ``Settings(...)`` is the defaults plus what it is given
+  (it reads no environment: tests and the docs check build it).
+- Parsing is as it always was: an empty or blank value of a number or a
+  boolean means its default; an integer or a number that does not parse is
+  a ValueError naming the variable; a boolean is true for 1/true/yes/on (any
+  case) and false for anything else; a string is taken as it is (empty is
+  empty).
+- Settings are frozen; ``with_overrides(**kw)`` is a copy with some fields
+  replaced (not re-validated, like the dataclass it was), and refuses a name
+  that is not a setting.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
-from typing import Mapping
+from typing import Any, Mapping
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "ASYNCH_"
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
+    database_url: str = Field("sqlite:///asynch.db", description=(
+        "SQLAlchemy URL of the database, the source of truth."))
+    db_pool_size: int = Field(16, description=(
+        "Connections each of a process's two pools keeps open.  At least the API's threads per process: a "
+        "pool smaller than the concurrency closes each overflow connection on return and opens a new one on "
+        "the next checkout (a PostgreSQL backend fork per request; admission measured ~490 req/s with 5, ~700 "
+        "with 20, bench/bench_admission.py)."))
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description=(
+        "One Redis (redis://, rediss://) or a Redis Cluster (redis+cluster://host:port[,host:port...], "
+        "rediss+cluster://): gates, permits, runtime limits, rate limits, wake-ups, beat leadership."))
+    redis_timeout_seconds: float = Field(10.0, description=(
+        "Socket timeout of the Redis clients (seconds): how long a request waits on an unreachable Redis "
+        "before it answers 503."))
+    broker_url: str = Field("", description=(
+        "Celery broker; empty means \"the Redis above\".  amqp:// works too. Never a Redis Cluster: with a "
+        "cluster ASYNCH_REDIS_URL it must be set."))
+    storage_url: str = Field("file://data/results", description=(
+        "Where results go: file:///abs/dir, file://relative/dir, s3://bucket/prefix or "
+        "oss+http(s)://host:port/base (the seed's file service, see storage.py)"))
+    s3_endpoint_url: str = Field("", description=(
+        "S3 endpoint of MinIO or another S3-compatible server; empty: AWS S3."))
+    s3_region: str = Field("us-east-1", description="S3 region name.")
+    s3_access_key: str = Field("", description="S3 access key id; empty: boto3's default credential chain.")
+    s3_secret_key: str = Field("", description="S3 secret key, used with the access key.")
+    redis_prefix: str = Field("asynch", description=(
+        "Redis key namespace; the runtime override keys the seed documents (asynch:runtime:...) live under "
+        "it."))
+    queue_name: str = Field("asynch", description="Celery queue the API publishes run_job messages to.")
+    bootstrap_admin_key: str = Field("", description=(
+        "An optional bootstrap admin key accepted from the environment (never stored)."))
+    key_pepper: str = Field("", description=(
+        "Secret mixed into every stored API-key hash; changing it invalidates every key."))
+    dev_mode: bool = Field(False, description=(
+        "A local trial (`asynch dev` sets it): weak or missing secrets are accepted (app/secrets_policy.py check_startup). "
+        "Never in a deployment."))
+    secrets_keys: str = Field("", description=(
+        "Keys encrypting secrets at rest (head_msg values, tenant callback secrets): comma-separated Fernet "
+        "keys, the first encrypts, every one decrypts (app/infra/secretbox.py).  Empty: derived from the "
+        "pepper (dev mode only)."))
+    callback_secret_overlap_seconds: int = Field(86400, description=(
+        "The previous callback secret keeps signing (a second signature) this long after a rotation."))
+    auth_cache_seconds: float = Field(5.0, description=(
+        "How long an API process caches an API key on the admission path (seconds; 0 disables): a revoked "
+        "key reaches every API process within this."))
+    model_cache_seconds: float = Field(2.0, description=(
+        "How long an API process caches a model's configuration (seconds; 0 disables)."))
+    max_body_bytes: int = Field(10 * 1024 * 1024, description="Largest request body accepted.")
+    max_result_bytes: int = Field(64 * 1024 * 1024, description=(
+        "Largest model response a worker reads; a larger one fails the attempt."))
+    result_redirect_seconds: int = Field(0, description=(
+        "GET .../result with S3 storage: 0 streams the object through the API; N > 0 answers 307 to a "
+        "presigned S3 URL valid N seconds instead."))
+    inline_result_bytes: int = Field(-1, description=(
+        "Results of at most this many bytes stay in the job's row (location ``inline:``): no storage round "
+        "trip, nothing to delete at cleanup.  -1: 4096 for file:// storage, 0 (off) for S3 and OSS, whose "
+        "locations (oss_file) callers may fetch themselves.  0: always store."))
+    max_model_timeout_seconds: int = Field(3600, description=(
+        "A model's timeout_seconds may not exceed this; the broker's visibility timeout is derived from it so "
+        "a slow call is never re-delivered early."))
+    lease_grace_seconds: int = Field(120, description=(
+        "Extra seconds a running attempt's lease lasts beyond its model timeout (upload + bookkeeping).  A "
+        "lease past expiry means the worker died."))
+    job_queue_budget_seconds: int = Field(3600, description=(
+        "How long a job may wait in the queue in total, on top of its attempts' time, before it counts as "
+        "timed out (see services.jobs.job_deadline)."))
+    upload_attempts: int = Field(3, description=(
+        "Tries for one result upload; upload retries never re-call the model."))
+    retry_backoff_seconds: float = Field(2.0, description=(
+        "Backoff before a failed attempt is re-admitted: base * 2**(attempt-1), capped."))
+    retry_backoff_max_seconds: float = Field(300.0, description="Cap of the retry backoff (seconds).")
+    reconcile_grace_seconds: float = Field(30.0, description=(
+        "Reconcile leaves gate slots younger than this alone: their row may be about to commit."))
+    wait_default_ms: int = Field(30000, description=(
+        "Long-poll budget when the caller names none (milliseconds), seed 000's contract."))
+    wait_max_ms: int = Field(300000, description="Cap on a long-poll budget (milliseconds).")
+    sync_result_max_bytes: int = Field(65536, description=(
+        "Sync mode (``Prefer: wait=N`` on a submit): a done job's JSON result of at most this many bytes is "
+        "in the 200 body itself (0: never inline)."))
+    events_keepalive_seconds: float = Field(15.0, description=(
+        "Event streams (GET .../jobs/{id}/events, GET /v1/events; each counts as a waiter): a comment line "
+        "every keepalive seconds, the row re-read every poll seconds (a terminal state wakes the stream at "
+        "once), and a stream closed after max seconds (the client resumes with Last-Event-ID)."))
+    events_poll_seconds: float = Field(1.0, description="An event stream re-reads its rows this often (seconds).")
+    events_max_seconds: float = Field(3600.0, description="An event stream is closed after this long (seconds).")
+    waiters_per_tenant: int = Field(1000, description=(
+        "Concurrent long-polls (/wait) one API process holds, per tenant and in total.  A wait parks no "
+        "thread (the API serves on gevent), but each holds a socket and a little memory: the tenant cap keeps "
+        "one tenant from taking a process's whole budget, the process cap bounds its file descriptors "
+        "(`asynch api --worker-connections` defaults above it). Past either: 429 with Retry-After.  A "
+        "tenant's own cap is its max_waiters in its limits (PUT /v1/tenants/{tenant}/limits)."))
+    waiters_max: int = Field(10000, description="Concurrent long-polls one API process holds in total.")
+    wait_parking: bool = Field(True, description=(
+        "Park a sleeping /wait as a small record answered by the wake-up hub (app/infra/parking.py) instead "
+        "of keeping its request greenlet, under `asynch api`'s gevent worker.  Off: every wait keeps its "
+        "greenlet."))
+    list_max_limit: int = Field(500, description="Job listing page size cap.")
+    beat_retry_seconds: float = Field(5.0, description="Beat interval of retries (seconds).")
+    beat_recover_seconds: float = Field(30.0, description="Beat interval of recovery (seconds).")
+    beat_cleanup_seconds: float = Field(60.0, description="Beat interval of cleanup (seconds).")
+    beat_autotune_seconds: float = Field(3600.0, description="Beat interval of autotune (seconds).")
+    republish_after_seconds: float = Field(300.0, description=(
+        "Pending jobs older than this whose message may be lost get re-published."))
+    failed_retention_seconds: int = Field(7 * 86400, description=(
+        "Retention of terminal jobs that nobody claims: failed/timeout/canceled, and done jobs never batch- "
+        "claimed.  Claimed jobs use the model's auto_clean_seconds (expire_at)."))
+    done_retention_seconds: int = Field(7 * 86400, description=(
+        "Retention of done jobs never batch-claimed (seconds)."))
+    maintenance_batch: int = Field(500, description=(
+        "Rows one maintenance transaction locks (SKIP LOCKED) and works on."))
+    run_work_max_tasks: int = Field(0, description=(
+        "Pending jobs one runWork pass claims and runs itself (the worker-less deployment of seed 002, "
+        "app/maintenance/run_once.py); 0: it runs none (resident Celery workers run them)."))
+    beat_lock_ttl_seconds: float = Field(30.0, description=(
+        "Beat leader lock: a beat that stops renewing it for this long loses it and a standby beat takes "
+        "over.  Must exceed a beat tick."))
+    beat_history_size: int = Field(1000, description=(
+        "Recent periodic runs kept in Redis (operators, tests); 0 keeps none."))
+    autotune_window_seconds: int = Field(3600, description=(
+        "The window autotune looks back over (seconds)."))
+    autotune_ttl_seconds: int = Field(7200, description="Lifetime of the runtime limits autotune writes (seconds).")
+    autotune_min_samples: int = Field(5, description=(
+        "Fewest finished jobs in the window for autotune to act on a model."))
+    autotune_queued_seconds: float = Field(1.0, description=(
+        "How long a job must have waited for a worker to count as queued (seconds)."))
+    tenant_queue_share: float = Field(1.0, description=(
+        "Capacity isolation (docs/architecture.md, \"Fair share\" and \"Fair dispatch\"). A tenant may hold at "
+        "most this share of a model's queue_limit unless the model (tenant_queue_limit) or the tenant (its "
+        "limits) says otherwise; 1.0: no per-tenant cap."))
+    dispatch_window: int = Field(8, description=(
+        "Run_job messages per model that may wait in the broker unclaimed: the fair scheduler decides the "
+        "order up to here, the broker's FIFO after. At least the worker processes that serve the model keeps "
+        "them all busy; more only adds waiting where fairness no longer applies."))
+    dispatch_lease_seconds: float = Field(60.0, description=(
+        "A dispatched job no worker claimed within this many seconds lost its message: it goes back to the "
+        "head of its tenant's queue."))
+    batch_max_ids: int = Field(1000, description="getTaskBatch: most task ids one call may name.")
+    callback_timeout_seconds: float = Field(10.0, description=(
+        "Callbacks on done (seed 002): the wall-clock deadline of one delivery attempt (connect, send, "
+        "headers and body together); retries back off base * 2**(n-1), capped, with jitter."))
+    callback_max_attempts: int = Field(8, description="Delivery attempts of one callback before it is given up.")
+    callback_backoff_seconds: float = Field(5.0, description="Base of the callback retry backoff (seconds).")
+    callback_backoff_max_seconds: float = Field(3600.0, description="Cap of the callback retry backoff (seconds).")
+    beat_callbacks_seconds: float = Field(15.0, description=(
+        "Beat interval of the due callback and webhook deliveries (seconds)."))
+    callback_allow_hosts: str = Field("", description=(
+        "Operator allowlist for callback targets that would otherwise be refused (loopback, private, link- "
+        "local ...): comma list of IPs, CIDRs or host names."))
+    resolve_timeout_seconds: float = Field(5.0, description=(
+        "The longest a URL check waits for DNS (callbackUrl at submit and before each delivery); past it the "
+        "target counts as not resolving."))
+    resolve_nameservers: str = Field("", description=(
+        "DNS servers for those checks: comma list of ip, ip:port or [ipv6]:port; empty: /etc/resolv.conf "
+        "(names in /etc/hosts are answered from it first)."))
+    resolve_cache_seconds: float = Field(10.0, description=(
+        "How long a DNS answer (or a name that did not resolve) is kept; 0: not kept."))
+    resolve_tenant_inflight: int = Field(4, description=(
+        "DNS lookups one tenant may have in flight per API/worker process; more wait for a place within "
+        "their own deadline."))
+    batch_max_url_hosts: int = Field(8, description=(
+        "Distinct callback/webhook host names (IP literals do not count) one batch submit may name; the "
+        "items past it are refused (422)."))
+    callback_queue_name: str = Field("asynch-callbacks", description=(
+        "Celery queue of callback deliveries, consumed by `asynch callback-worker` only: a slow receiver ties "
+        "up callback processes, never job workers."))
+    trusted_gateway: bool = Field(False, description=(
+        "Trust X-User-Info from a gateway in front of the API for the job's creator.  Off: only the creator "
+        "field / X-Creator header count."))
+    model_key_headers_default: str = Field("", description=(
+        "The modelKey allowlist of a model created without model_key_headers (issue 12: empty, jobs set no "
+        "header).  A seed-002 deployment whose clients create models with the seed's createModel and send "
+        "modelKey (e.g. X-API-Key over head_msg) names those headers here (docs/migrating.md)."))
+    auth_mode: str = Field("key", description=(
+        "How requests authenticate: \"key\" (a Bearer API key, the default) or \"gateway\" (the seed-002 "
+        "deployment behind the business gateway: a request proven to come from the gateway -- "
+        "ASYNCH_GATEWAY_SECRET in ASYNCH_GATEWAY_SECRET_HEADER and/or a source in ASYNCH_GATEWAY_CIDRS -- "
+        "acts for the tenant and creator its X-User-Info names, and its Authorization goes to the OSS file "
+        "service unchanged; a request that carries one of our API keys is still authenticated by it: admin "
+        "routes)."))
+    seed_errors_http_200: bool = Field(False, description=(
+        "Seed-002 routes answer errors with HTTP 200 and the status only in the envelope's code (as some seed "
+        "clients expect); off: the real status."))
+    gateway_secret: str = Field("", description=(
+        "Gateway mode: the shared secret the gateway sends (compared in constant time)."))
+    gateway_secret_header: str = Field("X-Gateway-Secret", description=(
+        "Gateway mode: the header carrying the gateway secret."))
+    gateway_cidrs: str = Field("", description="Gateway mode: comma list of CIDRs the gateway connects from.")
+    gateway_default_tenant: str = Field("", description=(
+        "The tenant of a gateway request whose X-User-Info names none; empty: 401."))
+    oss_authorization: str = Field("", description=(
+        "OSS file service backend (storage_url oss+http://host:port/base): the Authorization sent when a job "
+        "carries none of its own, and the timeout."))
+    oss_timeout_seconds: float = Field(60.0, description="Timeout of one OSS upload or download (seconds).")
+    log_level: str = Field("INFO", description="Log level of every process (logs are JSON lines on stderr).")
+    metrics_token: str = Field("", description=(
+        "Every metrics endpoint (an API's /metrics and /metrics/cluster, a worker node's metrics port): empty "
+        "means no key needed; else \"Authorization: Bearer <token>\"."))
+    metrics_job_count_cap: int = Field(10000, description=(
+        "asynch_jobs{state=done|failed|claimed|timeout|canceled} counts at most this many rows per model and "
+        "state: a scrape never counts the whole history."))
+    metrics_dir: str = Field("", description=(
+        "Prometheus multiprocess directory of one process group (an API server: gunicorn master + workers; a "
+        "worker node: Celery main + pool).  Empty: `asynch api` / `asynch worker` make a fresh temporary one "
+        "each start. Never share one between two groups: each wipes it when it starts."))
+    worker_metrics_port: int = Field(9808, description=(
+        "A worker node's main process serves its /metrics on this port (pool processes' counters included); 0 "
+        "serves none."))
+    worker_metrics_bind: str = Field("127.0.0.1", description=(
+        "The address the worker metrics port binds: loopback, as the port is plain HTTP.  A deployment whose "
+        "Prometheus scrapes it from another host/pod sets 0.0.0.0."))
+    worker_metrics_timeout_seconds: float = Field(5.0, description=(
+        "A worker metrics connection's whole request head must arrive within this (one deadline)."))
+    worker_metrics_max_connections: int = Field(8, description=(
+        "At most this many worker metrics connections are served at once; more are closed."))
+    worker_heartbeat_seconds: float = Field(5.0, description=(
+        "Workers refresh their liveness key this often; it expires after 3 intervals."))
+    recover_by_heartbeat: bool = Field(True, description=(
+        "Recovery fails a node's running attempts as soon as its liveness key has expired (instead of when "
+        "their lease runs out).  Off: leases only."))
+    rate_limit_per_second: float = Field(0.0, description=(
+        "Request rate limit per API key (a token bucket in Redis, see app/web/ratelimit.py): tokens per "
+        "second.  0 turns limiting off and then a request costs no Redis round trip for it.  The defaults "
+        "every key gets until per-tenant overrides are plugged in (set_policy_resolver)."))
+    rate_limit_burst: int = Field(0, description=(
+        "Bucket capacity: how many requests a rested key may send at once. 0 means twice the rate per second, "
+        "at least 1."))
+    anon_rate_limit_per_second: float = Field(5.0, description=(
+        "Requests without a key (the OpenAPI document, console pages and assets, health probes, an anonymous "
+        "/metrics, unknown paths, failed keys), per client address, shared by every API process through "
+        "Redis (app/web/ratelimit.py): tokens per second.  A console page load is ~3 of them; /healthz and "
+        "/readyz take from their own bucket with 10x both (a kubelet probes every pod of its node from one "
+        "address).  0 turns it off."))
+    anon_rate_limit_burst: int = Field(60, description=(
+        "Burst of the anonymous per-address bucket (0: twice the rate)."))
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        # Only what the constructor is given: load_settings() is the one reader of the environment.
+        return (init_settings,)
 
-
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class Settings:
-    database_url: str = "sqlite:///asynch.db"
-    # Connections each of a process's two pools keeps open.  At least the
-    # API's threads per process: a pool smaller than the concurrency closes
-    # each overflow connection on return and opens a new one on the next
-    # checkout (a PostgreSQL backend fork per request; admission measured
-    # ~490 req/s with 5, ~700 with 20, bench/bench_admission.py).
-    db_pool_size: int = 16
-    # One Redis (redis://, rediss://) or a Redis Cluster
-    # (redis+cluster://host:port[,host:port...], rediss+cluster://): gates,
-    # permits, runtime limits, rate limits, wake-ups, beat leadership.
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    # Socket timeout of the Redis clients (seconds): how long a request
-    # waits on an unreachable Redis before it answers 503.
-    redis_timeout_seconds: float = 10.0
-    # Celery broker; empty means "the Redis above".  amqp:// works too.
-    # Never a Redis Cluster: with a cluster ASYNCH_REDIS_URL it must be set.
-    broker_url: str = ""
-    # Where results go: file:///abs/dir, file://relative/dir, s3://bucket/prefix
-    # or oss+http(s)://host:port/base (the seed's file service, see storage.py)
-    storage_url: str = "file://data/results"
-    s3_endpoint_url: str = ""
-    s3_region: str = "us-east-1"
-    s3_access_key: str = ""
-    s3_secret_key: str = ""
-    # Redis key namespace; the runtime override keys the seed documents
-    # (asynch:runtime:...) live under it.
-    redis_prefix: str = "asynch"
-    # Celery queue the API publishes run_job messages to.
-    queue_name: str = "asynch"
-    # API keys: an optional bootstrap admin key accepted from the environment
-    # (never stored), and a pepper mixed into every stored key hash.
-    bootstrap_admin_key: str = ""
-    key_pepper: str = ""
-    # A local trial (`asynch dev` sets it): weak or missing secrets are
-    # accepted (app/secrets_policy.py check_startup).  Never in a deployment.
-    dev_mode: bool = False
-    # Keys encrypting secrets at rest (head_msg values, tenant callback
-    # secrets): comma-separated Fernet keys, the first encrypts, every one
-    # decrypts (app/infra/secretbox.py).  Empty: derived from the pepper (dev mode only).
-    secrets_keys: str = ""
-    # The previous callback secret keeps signing (a second signature) this long after a rotation.
-    callback_secret_overlap_seconds: int = 86400
-    # Per-process caches on the admission path (seconds; 0 disables): a
-    # revoked key / changed model reaches every API process within this.
-    auth_cache_seconds: float = 5.0
-    model_cache_seconds: float = 2.0
-    # Request and response limits.
-    max_body_bytes: int = 10 * 1024 * 1024
-    max_result_bytes: int = 64 * 1024 * 1024
-    # GET .../result with S3 storage: 0 streams the object through the API;
-    # N > 0 answers 307 to a presigned S3 URL valid N seconds instead.
-    result_redirect_seconds: int = 0
-    # Results of at most this many bytes stay in the job's row (location
-    # ``inline:``): no storage round trip, nothing to delete at cleanup.  -1:
-    # 4096 for file:// storage, 0 (off) for S3 and OSS, whose locations
-    # (oss_file) callers may fetch themselves.  0: always store.
-    inline_result_bytes: int = -1
-    # A model's timeout_seconds may not exceed this; the broker's visibility
-    # timeout is derived from it so a slow call is never re-delivered early.
-    max_model_timeout_seconds: int = 3600
-    # Extra seconds a running attempt's lease lasts beyond its model timeout
-    # (upload + bookkeeping).  A lease past expiry means the worker died.
-    lease_grace_seconds: int = 120
-    # How long a job may wait in the queue in total, on top of its attempts'
-    # time, before it counts as timed out (see services.jobs.job_deadline).
-    job_queue_budget_seconds: int = 3600
-    # Tries for one result upload; upload retries never re-call the model.
-    upload_attempts: int = 3
-    # Backoff before a failed attempt is re-admitted: base * 2**(attempt-1), capped.
-    retry_backoff_seconds: float = 2.0
-    retry_backoff_max_seconds: float = 300.0
-    # Reconcile leaves gate slots younger than this alone: their row may be
-    # about to commit.
-    reconcile_grace_seconds: float = 30.0
-    # Long-poll limits (milliseconds), seed 000's contract.
-    wait_default_ms: int = 30000
-    wait_max_ms: int = 300000
-    # Sync mode (``Prefer: wait=N`` on a submit): a done job's JSON result of
-    # at most this many bytes is in the 200 body itself (0: never inline).
-    sync_result_max_bytes: int = 65536
-    # Event streams (GET .../jobs/{id}/events, GET /v1/events; each counts
-    # as a waiter): a comment line every keepalive seconds, the row re-read
-    # every poll seconds (a terminal state wakes the stream at once), and a
-    # stream closed after max seconds (the client resumes with Last-Event-ID).
-    events_keepalive_seconds: float = 15.0
-    events_poll_seconds: float = 1.0
-    events_max_seconds: float = 3600.0
-    # Concurrent long-polls (/wait) one API process holds, per tenant and in
-    # total.  A wait parks no thread (the API serves on gevent), but each
-    # holds a socket and a little memory: the tenant cap keeps one tenant
-    # from taking a process's whole budget, the process cap bounds its file
-    # descriptors (`asynch api --worker-connections` defaults above it).
-    # Past either: 429 with Retry-After.  A tenant's own cap is its max_waiters in
-    # its limits (PUT /v1/tenants/{tenant}/limits).
-    waiters_per_tenant: int = 1000
-    waiters_max: int = 10000
-    # Park a sleeping /wait as a small record answered by the wake-up hub
-    # (app/infra/parking.py) instead of keeping its request greenlet, under
-    # `asynch api`'s gevent worker.  Off: every wait keeps its greenlet.
-    wait_parking: bool = True
-    # Job listing page size cap.
-    list_max_limit: int = 500
-    # Beat intervals (seconds).
-    beat_retry_seconds: float = 5.0
-    beat_recover_seconds: float = 30.0
-    beat_cleanup_seconds: float = 60.0
-    beat_autotune_seconds: float = 3600.0
-    # Pending jobs older than this whose message may be lost get re-published.
-    republish_after_seconds: float = 300.0
-    # Retention of terminal jobs that nobody claims: failed/timeout/canceled,
-    # and done jobs never batch-claimed.  Claimed jobs use the model's
-    # auto_clean_seconds (expire_at).
-    failed_retention_seconds: int = 7 * 86400
-    done_retention_seconds: int = 7 * 86400
-    # Rows one maintenance transaction locks (SKIP LOCKED) and works on.
-    maintenance_batch: int = 500
-    # Pending jobs one runWork pass claims and runs itself (the worker-less
-    # deployment of seed 002, app/maintenance/run_once.py); 0: it runs none
-    # (resident Celery workers run them).
-    run_work_max_tasks: int = 0
-    # Beat leader lock: a beat that stops renewing it for this long loses
-    # it and a standby beat takes over.  Must exceed a beat tick.
-    beat_lock_ttl_seconds: float = 30.0
-    # Recent periodic runs kept in Redis (operators, tests); 0 keeps none.
-    beat_history_size: int = 1000
-    # Autotune: the window it looks back over, how long its runtime limits
-    # live without being refreshed, the fewest finished jobs it acts on, and
-    # how long a job must have waited for a worker to count as queued.
-    autotune_window_seconds: int = 3600
-    autotune_ttl_seconds: int = 7200
-    autotune_min_samples: int = 5
-    autotune_queued_seconds: float = 1.0
-    # Capacity isolation (docs/architecture.md, "Fair share" and "Fair dispatch").
-    # A tenant may hold at most this share of a model's queue_limit unless
-    # the model (tenant_queue_limit) or the tenant (its limits) says otherwise;
-    # 1.0: no per-tenant cap.
-    tenant_queue_share: float = 1.0
-    # Run_job messages per model that may wait in the broker unclaimed: the
-    # fair scheduler decides the order up to here, the broker's FIFO after.
-    # At least the worker processes that serve the model keeps them all busy;
-    # more only adds waiting where fairness no longer applies.
-    dispatch_window: int = 8
-    # A dispatched job no worker claimed within this many seconds lost its
-    # message: it goes back to the head of its tenant's queue.
-    dispatch_lease_seconds: float = 60.0
-    # getTaskBatch: most task ids one call may name.
-    batch_max_ids: int = 1000
-    # Callbacks on done (seed 002): the wall-clock deadline of one delivery
-    # attempt (connect, send, headers and body together), attempts, backoff
-    # base * 2**(n-1) capped, with jitter.
-    callback_timeout_seconds: float = 10.0
-    callback_max_attempts: int = 8
-    callback_backoff_seconds: float = 5.0
-    callback_backoff_max_seconds: float = 3600.0
-    beat_callbacks_seconds: float = 15.0
-    # Operator allowlist for callback targets that would otherwise be refused
-    # (loopback, private, link-local ...): comma list of IPs, CIDRs or host names.
-    callback_allow_hosts: str = ""
-    # The longest a URL check waits for DNS (callbackUrl at submit and before
-    # each delivery); past it the target counts as not resolving.
-    resolve_timeout_seconds: float = 5.0
-    # DNS servers for those checks: comma list of ip, ip:port or [ipv6]:port;
-    # empty: /etc/resolv.conf (names in /etc/hosts are answered from it first).
-    resolve_nameservers: str = ""
-    # How long a DNS answer (or a name that did not resolve) is kept; 0: not kept.
-    resolve_cache_seconds: float = 10.0
-    # DNS lookups one tenant may have in flight per API/worker process; more
-    # wait for a place within their own deadline.
-    resolve_tenant_inflight: int = 4
-    # Distinct callback/webhook host names (IP literals do not count) one
-    # batch submit may name; the items past it are refused (422).
-    batch_max_url_hosts: int = 8
-    # Celery queue of callback deliveries, consumed by `asynch callback-worker`
-    # only: a slow receiver ties up callback processes, never job workers.
-    callback_queue_name: str = "asynch-callbacks"
-    # Trust X-User-Info from a gateway in front of the API for the job's
-    # creator.  Off: only the creator field / X-Creator header count.
-    trusted_gateway: bool = False
-    # The modelKey allowlist of a model created without model_key_headers
-    # (issue 12: empty, jobs set no header).  A seed-002 deployment whose
-    # clients create models with the seed's createModel and send modelKey
-    # (e.g. X-API-Key over head_msg) names those headers here
-    # (docs/migrating.md).
-    model_key_headers_default: str = ""
-    # How requests authenticate: "key" (a Bearer API key, the default) or
-    # "gateway" (the seed-002 deployment behind the business gateway: a
-    # request proven to come from the gateway -- ASYNCH_GATEWAY_SECRET in
-    # ASYNCH_GATEWAY_SECRET_HEADER and/or a source in ASYNCH_GATEWAY_CIDRS --
-    # acts for the tenant and creator its X-User-Info names, and its
-    # Authorization goes to the OSS file service unchanged; a request that
-    # carries one of our API keys is still authenticated by it: admin routes).
-    auth_mode: str = "key"
-    # Seed-002 routes answer errors with HTTP 200 and the status only in the
-    # envelope's code (as some seed clients expect); off: the real status.
-    seed_errors_http_200: bool = False
-    gateway_secret: str = ""
-    gateway_secret_header: str = "X-Gateway-Secret"
-    gateway_cidrs: str = ""
-    # The tenant of a gateway request whose X-User-Info names none; empty: 401.
-    gateway_default_tenant: str = ""
-    # OSS file service backend (storage_url oss+http://host:port/base): the
-    # Authorization sent when a job carries none of its own, and the timeout.
-    oss_authorization: str = ""
-    oss_timeout_seconds: float = 60.0
-    log_level: str = "INFO"
-    # Every metrics endpoint (an API's /metrics and /metrics/cluster, a worker
-    # node's metrics port): empty means no key needed; else "Authorization: Bearer <token>".
-    metrics_token: str = ""
-    # asynch_jobs{state=done|failed|claimed|timeout|canceled} counts at most
-    # this many rows per model and state: a scrape never counts the whole history.
-    metrics_job_count_cap: int = 10000
-    # Prometheus multiprocess directory of one process group (an API server:
-    # gunicorn master + workers; a worker node: Celery main + pool).  Empty:
-    # `asynch api` / `asynch worker` make a fresh temporary one each start.
-    # Never share one between two groups: each wipes it when it starts.
-    metrics_dir: str = ""
-    # A worker node's main process serves its /metrics on this port (pool
-    # processes' counters included); 0 serves none.
-    worker_metrics_port: int = 9808
-    # The address it binds: loopback, as the port is plain HTTP.  A deployment
-    # whose Prometheus scrapes it from another host/pod sets 0.0.0.0.
-    worker_metrics_bind: str = "127.0.0.1"
-    # A connection's whole request head must arrive within this (one
-    # deadline), and at most this many are served at once; more are closed.
-    worker_metrics_timeout_seconds: float = 5.0
-    worker_metrics_max_connections: int = 8
-    # Workers refresh their liveness key this often; it expires after 3 intervals.
-    worker_heartbeat_seconds: float = 5.0
-    # Recovery fails a node's running attempts as soon as its liveness key
-    # has expired (instead of when their lease runs out).  Off: leases only.
-    recover_by_heartbeat: bool = True
-    # Request rate limit per API key (a token bucket in Redis, see
-    # app/web/ratelimit.py): tokens per second.  0 turns limiting off and then
-    # a request costs no Redis round trip for it.  The defaults every key gets
-    # until per-tenant overrides are plugged in (set_policy_resolver).
-    rate_limit_per_second: float = 0.0
-    # Bucket capacity: how many requests a rested key may send at once.
-    # 0 means twice the rate per second, at least 1.
-    rate_limit_burst: int = 0
-    # Requests without a key (the OpenAPI document, console pages and
-    # assets, health probes, an anonymous /metrics, unknown paths, failed
-    # keys), per client address, shared by every API process through Redis
-    # (app/web/ratelimit.py): tokens per second and burst (0: twice the
-    # rate).  A console page load is ~3 of them; /healthz and /readyz take
-    # from their own bucket with 10x both (a kubelet probes every pod of its
-    # node from one address).  0 turns it off.
-    anon_rate_limit_per_second: float = 5.0
-    anon_rate_limit_burst: int = 60
+    @field_validator("*", mode="before")
+    @classmethod
+    def _parse_env_text(cls, raw: Any, info) -> Any:
+        """A variable's text as its field's type, with today's rules (above)."""
+        field = cls.model_fields[info.field_name]
+        kind = field.annotation
+        if not isinstance(raw, str) or kind is str:
+            return raw
+        if raw.strip() == "":
+            return field.default
+        var = ENV_PREFIX + info.field_name.upper()
+        if kind is bool:
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        try:
+            return int(raw) if kind is int else float(raw)
+        except ValueError:
+            raise ValueError(f"{var} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
 
     @property
     def inline_result_limit(self) -> int:
@@ -306,29 +311,32 @@ class Settings:
         return self.max_model_timeout_seconds + self.lease_grace_seconds + 300
 
     def with_overrides(self, **kw) -> "Settings":
-        return replace(self, **kw)
+        unknown = set(kw) - set(type(self).model_fields)
+        if unknown:
+            raise TypeError(f"not settings: {sorted(unknown)}")
+        return self.model_copy(update=kw)
 
 
-_ENV_NAMES = {f.name: "ASYNCH_" + f.name.upper() for f in fields(Settings)}
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping, limited to
+    the upper-case names (ASYNCH_REDIS_URL, never asynch_redis_url)."""
+
+    def __init__(self, env: Mapping[str, str]):
+        self._env = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX) and k == k.upper()}
+        super().__init__(Settings)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {k.lower(): v for k, v in self._env.items()}
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Build Settings from ``env`` (default: os.environ)."""
+    """Build Settings from ``env`` (default: os.environ).  Raises ValueError
+    naming the variable when a value does not parse or settings conflict."""
     env = os.environ if env is None else env
-    kw = {}
-    defaults = Settings()
-    for f in fields(Settings):
-        name = _ENV_NAMES[f.name]
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            kw[f.name] = _bool(env, name, default)
-        elif isinstance(default, int):
-            kw[f.name] = _int(env, name, default)
-        elif isinstance(default, float):
-            kw[f.name] = _float(env, name, default)
-        else:
-            kw[f.name] = env.get(name, default)
-    s = Settings(**kw)
+    try:
+        s = Settings(**_EnvSource(env)())
+    except ValidationError as exc:
+        raise ValueError("; ".join(_message(e) for e in exc.errors())) from None
     if is_cluster_url(s.redis_url) and not s.broker_url:
         raise ValueError("ASYNCH_REDIS_URL is a Redis Cluster: set ASYNCH_BROKER_URL to a single Redis or "
                          "RabbitMQ (the Celery broker cannot use a cluster)")
@@ -339,6 +347,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if s.auth_mode == "gateway" and not (s.gateway_secret or s.gateway_cidrs.strip()):
         raise ValueError("ASYNCH_AUTH_MODE=gateway needs ASYNCH_GATEWAY_SECRET and/or ASYNCH_GATEWAY_CIDRS")
     return s
+
+
+def _message(err: dict) -> str:
+    """Our own ValueError's text as it was raised; pydantic's, after the variable's name."""
+    if err["type"] == "value_error":
+        return str(err["ctx"]["error"])
+    return f"{ENV_PREFIX}{str(err['loc'][0]).upper()}: {err['msg']}"
 
 
 def is_cluster_url(url: str) -> bool:
@@ -356,7 +371,7 @@ def prometheus_multiproc_dir(env: Mapping[str, str] | None = None) -> str:
 
 def env_names() -> dict[str, str]:
     """Setting name -> environment variable (used by docs and the compose test)."""
-    return dict(_ENV_NAMES)
+    return {name: ENV_PREFIX + name.upper() for name in Settings.model_fields}
 
 
 _current: Settings | None = None

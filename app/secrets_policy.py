@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import fields
 
 from app.config import Settings, env_names
 
@@ -74,8 +73,8 @@ def is_placeholder(value: str) -> bool:
 
 
 def _url_settings(s: Settings) -> list[tuple[str, str]]:
-    return [(f.name, getattr(s, f.name)) for f in fields(Settings)
-            if isinstance(getattr(s, f.name), str) and "://" in getattr(s, f.name)]
+    return [(name, getattr(s, name)) for name in Settings.model_fields
+            if isinstance(getattr(s, name), str) and "://" in getattr(s, name)]
 
 
 def _fernet_key_ok(key: str) -> bool:

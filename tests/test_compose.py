@@ -13,7 +13,6 @@ import json
 import re
 import shlex
 import tomllib
-from dataclasses import fields
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -22,7 +21,7 @@ import pytest
 import yaml
 
 from app.cli import main as cli_main
-from app.config import Settings, env_names, load_settings
+from app.config import env_names, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_PATH = ROOT / "docker-compose.yml"
@@ -649,23 +648,7 @@ def test_dockerfile_names_only_real_asynch_variables():
 
 # --- docs/operations.md -------------------------------------------------------------------
 
-def _doc_default(v) -> str:
-    return "(empty)" if v == "" else f"`{v}`"
-
-
-def test_operations_doc_lists_every_setting_with_its_default():
-    text = DOCS_PATH.read_text()
-    unknown = set(ASYNCH_VAR.findall(text)) - real_env_vars()
-    assert not unknown, f"docs/operations.md names ASYNCH_ variables that do not exist: {sorted(unknown)}"
-    defaults = Settings()
-    names = env_names()
-    for f in fields(Settings):
-        var = names[f.name]
-        rows = [ln for ln in text.splitlines() if ln.startswith(f"| `{var}` |")]
-        assert len(rows) == 1, f"docs/operations.md needs one table row for {var}"
-        cells = [c.strip() for c in rows[0].strip().strip("|").split("|")]
-        assert cells[1] == _doc_default(getattr(defaults, f.name)), \
-            f"{var}: documented default {cells[1]} != {_doc_default(getattr(defaults, f.name))}"
+# Every setting's row and default: tests/test_config.py.
 
 
 def test_operations_doc_commands_exist():

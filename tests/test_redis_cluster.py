@@ -59,8 +59,9 @@ def _nodes_of_models(rcluster) -> dict[str, set[int]]:
 
 def test_every_script_runs_on_one_slot_and_each_models_keys_share_a_node(on_cluster, rcluster):
     assert is_cluster()
-    # Gate (GATE_ADMIT), reconcile (GATE_RECONCILE), the dispatcher (ENQUEUE,
-    # CLAIMED, FINISH, KICK) with weights, runtime overrides (RUNTIME_LIMITS_CAS).
+    # Gate (gate_admit.lua), reconcile (gate_reconcile.lua), the dispatcher
+    # (dispatch_enqueue/claimed/finish/kick.lua) with weights, runtime
+    # overrides (runtime_limits_cas.lua).
     rd.set_weight("a", 3, MODELS)
     for m in MODELS:
         rd.set_cap(m, 2)

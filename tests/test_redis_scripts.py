@@ -1,9 +1,17 @@
-"""The Lua scripts on real Redis: admission, release, reconcile."""
+"""The Lua scripts on real Redis: admission, release, reconcile; and the
+registry: every script is one .lua file that states its KEYS/ARGV, none is
+left in Python."""
 from __future__ import annotations
 
+import fnmatch
+import re
 import time
+import tomllib
 
-from app.infra.redis import gate
+import redis as redis_lib
+from conftest import ROOT
+
+from app.infra.redis import gate, scripts
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.tenancy.keys import Principal
@@ -58,3 +66,73 @@ def test_reconcile_gates_matches_the_database_after_a_wipe(make_model, r):
     assert set(r.zrange("asynch:gate:{m}", 0, -1)) == ids
     assert set(r.zrange("asynch:tgate:{m}:t", 0, -1)) == ids  # the tenant's share too
     assert r.zcard("asynch:gate:{deleted-model}") == 0
+
+
+LUA_DIR = ROOT / "app" / "infra" / "redis"
+
+
+def _opening_comment(text: str) -> str:
+    """The comment lines a file opens with, up to its first line of code."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("--") or line.startswith("--@include"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def test_every_lua_file_is_registered_and_states_its_keys_and_argv():
+    on_disk = {p.stem for p in ROOT.joinpath("app").rglob("*.lua")}
+    assert on_disk == set(scripts.NAMES) | set(scripts.LIBRARIES)
+    assert {p.parent for p in ROOT.joinpath("app").rglob("*.lua")} == {LUA_DIR}  # beside their modules
+    for name in on_disk:
+        head = _opening_comment((LUA_DIR / f"{name}.lua").read_text())
+        module = name.split("_", 1)[0]
+        assert (LUA_DIR / f"{module}.py").exists(), f"{name}.lua: no module {module}.py owns its keys"
+        assert "KEYS" in head and "ARGV" in head, f"{name}.lua does not open with its KEYS/ARGV"
+    # Every script is run by its module, every library is included by a script.
+    py = {p.stem: p.read_text() for p in LUA_DIR.glob("*.py")}
+    for name in scripts.NAMES:
+        assert f'scripts.get("{name}"' in py[name.split("_", 1)[0]], f"{name}.lua is never run"
+        assert "--@include" not in scripts.SOURCES[name] and "redis.call" in scripts.SOURCES[name]
+    for lib in scripts.LIBRARIES:
+        assert any(f"--@include {lib}.lua" in (LUA_DIR / f"{n}.lua").read_text() for n in scripts.NAMES)
+
+
+def test_no_python_module_in_app_holds_a_lua_script():
+    holders = [str(p.relative_to(ROOT)) for p in ROOT.joinpath("app").rglob("*.py")
+               if re.search(r"redis\.p?call\(", p.read_text())]
+    assert holders == []
+
+
+def test_a_non_editable_install_ships_every_lua_file():
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = conf["tool"]["setuptools"]["package-data"]["app.infra.redis"]
+    for p in LUA_DIR.glob("*.lua"):
+        assert any(fnmatch.fnmatch(p.name, g) for g in globs), p.name
+
+
+def test_a_script_is_registered_once_per_client(settings, r):
+    assert scripts.get("leader_release") is scripts.get("leader_release")
+    other = redis_lib.Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        mine = scripts.get("leader_release", other)
+        assert mine is not scripts.get("leader_release") and mine.registered_client is other
+        assert mine(keys=["asynch:{beat}:leader"], args=["nobody"]) == 0
+    finally:
+        other.close()
+
+
+def test_one_job_and_a_batch_item_are_decided_by_the_same_rule(settings, r):
+    """A lone admission is a batch of one: the same answers (429 reasons,
+    limits, depths) and the same slots as the same items in one batch."""
+    items = [("a", "a0", 5), ("a", "a1", 5), ("a", "a2", 5), ("b", "b0", 5), ("a", "a0", 5), ("c", "c0", 5)]
+    for m in ("one", "many"):
+        r.set(f"asynch:runtime:tenant_queue_limit:{{{m}}}", 2)  # caps every share at 2
+    one = [gate.gate_admit("one", t, j, 3, cap) for t, j, cap in items]
+    many = gate.gate_admit_many([("many", t, j, 3, cap) for t, j, cap in items])
+    assert one == many
+    assert [(d.admitted, d.refused_by) for d in one] == [
+        (True, ""), (True, ""), (False, "tenant"), (True, ""), (True, ""), (False, "model")]
+    assert gate.gate_members("one") == gate.gate_members("many") == {"a0", "a1", "b0"}
+    assert gate.tenant_depth("one", "a") == gate.tenant_depth("many", "a") == 2

@@ -18,8 +18,8 @@ Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission
 path"):
 - Gate before row: a job's row is inserted only after its gate step
   admitted it, and the gate steps of a batch run in arrival order, each in
-  one Lua step (``GATE_ADMIT_MANY``: the same checks as ``GATE_ADMIT``, the
-  depth updated between items).
+  one Lua step (gate_admit.lua: the one admission rule, the depth updated
+  between items).
 - Row before message: a job is handed to the outbox only after the INSERT
   that holds it returned (autocommit: one statement, its own transaction).
 - A 202 only for a committed row: a request's event is set after its row's

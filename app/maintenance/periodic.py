@@ -3,7 +3,7 @@
 Several beat processes may run (one per host, for availability); exactly one
 sends the schedule.  Each beat ticks ``Leadership.refresh()``: one Lua step
 takes the Redis lock if it is free or renews it if it is ours
-(``LEADER_ACQUIRE``), so a standby beat takes over at most
+(leader_acquire.lua), so a standby beat takes over at most
 ASYNCH_BEAT_LOCK_TTL_SECONDS after the leader stops renewing.  Every new
 leadership gets a larger fencing token, and the leader stamps each message
 it sends with (owner, token).  A worker runs a stamped task only while that

@@ -1,5 +1,5 @@
-"""The process's Redis clients (fork-safe: app/infra/process.py) and the
-registration of Lua scripts, once per client.
+"""The process's Redis clients (fork-safe: app/infra/process.py); the Lua
+scripts they run are registered by app/infra/redis/scripts.py.
 
 ``ASYNCH_REDIS_URL`` is one Redis (``redis://``, ``rediss://``, ``unix://``)
 or a Redis Cluster (``redis+cluster://host:port[,host:port...]``,
@@ -61,10 +61,10 @@ def _broker_client() -> redis.Redis | bool:
 
 
 # redis-py re-creates pooled connections after fork itself; a fresh client
-# per process keeps the registered scripts and the pool obviously ours.
+# per process keeps the registered scripts (they live on the client) and the
+# pool obviously ours.
 _client: PerProcess[redis.Redis] = PerProcess(_gate_client)
 _broker: PerProcess[redis.Redis | bool] = PerProcess(_broker_client)
-_scripts: PerProcess[dict] = PerProcess(dict)
 _next_node = itertools.count()
 
 
@@ -102,15 +102,6 @@ def broker_redis() -> redis.Redis | None:
 
 def reset_redis() -> None:
     """New clients on next use (tests change settings between runs)."""
-    for item in (_client, _broker, _scripts):
+    for item in (_client, _broker):
         item.reset()
 
-
-def script(source: str, client: redis.Redis | None = None):
-    """``source`` registered on ``client`` (default: the gate's), once."""
-    r = client if client is not None else get_redis()
-    cache = _scripts.get()
-    s = cache.get((source, id(r)))
-    if s is None:
-        s = cache[(source, id(r))] = r.register_script(source)
-    return s

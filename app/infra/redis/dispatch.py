@@ -13,8 +13,9 @@ ring (``blocked``) until one of its jobs finishes.  At most ``window``
 messages per model wait in the broker unclaimed: fairness is decided here,
 where it can be, and not in the broker's FIFO.
 
-Every decision is one Lua step over the model's keys.  The scripts share the
-functions of ``_LIB``; per-tenant keys are built inside the script from the
+Every decision is one Lua step over the model's keys (dispatch_*.lua, their
+KEYS/ARGV written there).  The scripts share the functions of
+dispatch_lib.lua; per-tenant keys are built inside the script from the
 prefixes in ARGV, which start with the model's hash tag like every key in
 KEYS, so a step touches one hash slot (Redis Cluster; app/infra/redis/keys.py).
 That is why a step reads the model's own copy of the tenant weights, not
@@ -32,177 +33,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from app.config import get_settings
-from app.infra.redis import keys
-from app.infra.redis.client import get_redis, script
-
-# KEYS (every script; all of one model, one hash slot): 1 ring (zset tenant -> pass)  2 blocked (set)
-#   3 pass (hash tenant -> saved pass; field "" the virtual time)
-#   4 inflight (zset job -> dispatch time)  5 inflight info (hash job -> "tenant score")
-#   6 conf (hash: mc = the model's max_concurrency)  7 runtime max_concurrency override
-#   8 the model's copy of the weights (hash tenant -> weight)  9 attempts (hash job -> the attempt it is pending at)
-# ARGV (every script): 1 ready key prefix ("...:dq:ready:{model}:")  2 permit key prefix ("...:sem:{model}:")
-#   3 cap (max_concurrency; '' = the stored conf)  4 window  5 dispatch lease (s)  6 most jobs to dispatch
-# Each script returns {tenant1, job1, attempt1, tenant2, ...}: the jobs dispatched
-# (their permits taken): publish one run_job(job, attempt) message for each.
-_LIB = """
-local READY, SEM = ARGV[1], ARGV[2]
-local K_RING, K_BLOCKED, K_PASS, K_INF, K_INFO, K_CONF, K_RTMC, K_W, K_ATT = KEYS[1], KEYS[2], KEYS[3],
-  KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local t0 = redis.call('TIME')
-local NOW = tonumber(t0[1]) + tonumber(t0[2]) / 1000000
-
-local function limit()
-  local cap = tonumber(ARGV[3])
-  if cap then redis.call('HSET', K_CONF, 'mc', cap) else cap = tonumber(redis.call('HGET', K_CONF, 'mc')) or 1 end
-  local rt = tonumber(redis.call('GET', K_RTMC) or '')
-  if rt and rt < cap then cap = rt end
-  return cap
-end
-
-local function activate(t)
-  if redis.call('ZSCORE', K_RING, t) or redis.call('SISMEMBER', K_BLOCKED, t) == 1 then return end
-  if redis.call('ZCARD', READY .. t) == 0 then return end
-  local saved = tonumber(redis.call('HGET', K_PASS, t) or '0')
-  local vt = tonumber(redis.call('HGET', K_PASS, '') or '0')
-  redis.call('ZADD', K_RING, math.max(saved, vt), t)
-end
-
-local function unblock(t)
-  redis.call('SREM', K_BLOCKED, t)
-  activate(t)
-end
-
--- Dispatched jobs nobody claimed before 'older_than': back to the head of
--- their tenant's queue, permit returned (the message was lost).
-local function requeue_unclaimed(older_than)
-  for _, job in ipairs(redis.call('ZRANGEBYSCORE', K_INF, '-inf', older_than)) do
-    local info = redis.call('HGET', K_INFO, job)
-    redis.call('ZREM', K_INF, job)
-    redis.call('HDEL', K_INFO, job)
-    if info then
-      local t, score = string.match(info, '^(%S+) (%S+)$')
-      redis.call('ZREM', SEM .. t, job)
-      redis.call('ZADD', READY .. t, 'NX', score, job)
-      unblock(t)
-    end
-  end
-end
-
-local function dispatch()
-  local window, lease, most = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-  requeue_unclaimed(NOW - lease)
-  local cap = limit()
-  local out = {}
-  while #out < 3 * most and redis.call('ZCARD', K_INF) < window do
-    local picked, pass = nil, 0
-    local ring = redis.call('ZRANGE', K_RING, 0, -1, 'WITHSCORES')
-    for i = 1, #ring, 2 do
-      local t, p = ring[i], tonumber(ring[i + 1])
-      if redis.call('ZCARD', READY .. t) == 0 then
-        redis.call('ZREM', K_RING, t)
-        redis.call('HSET', K_PASS, t, p)
-      else
-        redis.call('ZREMRANGEBYSCORE', SEM .. t, '-inf', NOW)  -- a dead worker's permits
-        if redis.call('ZCARD', SEM .. t) < cap then
-          picked, pass = t, p
-          break
-        end
-        redis.call('ZREM', K_RING, t)
-        redis.call('HSET', K_PASS, t, p)
-        redis.call('SADD', K_BLOCKED, t)
-      end
-    end
-    if not picked then break end
-    local popped = redis.call('ZPOPMIN', READY .. picked)
-    local job, score = popped[1], popped[2]
-    redis.call('ZADD', SEM .. picked, NOW + lease, job)
-    redis.call('ZADD', K_INF, NOW, job)
-    redis.call('HSET', K_INFO, job, picked .. ' ' .. score)
-    local w = tonumber(redis.call('HGET', K_W, picked) or '1') or 1
-    if w < 1 then w = 1 end
-    redis.call('HSET', K_PASS, '', pass)
-    if redis.call('ZCARD', READY .. picked) > 0 then
-      redis.call('ZADD', K_RING, pass + 1.0 / w, picked)
-    else
-      redis.call('ZREM', K_RING, picked)
-      redis.call('HSET', K_PASS, picked, pass + 1.0 / w)
-    end
-    out[#out + 1] = picked
-    out[#out + 1] = job
-    out[#out + 1] = redis.call('HGET', K_ATT, job) or '-1'
-  end
-  return out
-end
-"""
-
-# Queue jobs (admitted, re-admitted, recovered) and dispatch.
-# ARGV 7: mode: '' (add or move), 'NX' (only if not queued: recovery), 'XXLT'
-#   (only move an already queued job ahead: promotion);  ARGV 8..: tenant, job, score, attempt quads.
-# A job that holds a live permit (dispatched or running) is never queued again.
-ENQUEUE = _LIB + """
-local mode = ARGV[7]
-for i = 8, #ARGV, 4 do
-  local t, job, score = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if mode ~= 'XXLT' or redis.call('ZSCORE', READY .. t, job) then redis.call('HSET', K_ATT, job, ARGV[i + 3]) end
-  local held = tonumber(redis.call('ZSCORE', SEM .. t, job) or '-1')
-  if held <= NOW then
-    if held >= 0 then redis.call('ZREM', SEM .. t, job) end  -- a permit that expired with its worker
-    if mode == 'NX' then redis.call('ZADD', READY .. t, 'NX', score, job)
-    elseif mode == 'XXLT' then redis.call('ZADD', READY .. t, 'XX', 'LT', score, job)
-    else redis.call('ZADD', READY .. t, score, job) end
-    activate(t)
-  end
-end
-return dispatch()
-"""
-
-# A worker claimed a dispatched job (its row is running now), or the worker-less
-# runWork pass claimed a job straight from its row (it may still sit in its
-# tenant's ready queue: it leaves it, so it is not dispatched while it runs).
-# ARGV 7 tenant  8 job  9 run lease (s): the permit lasts as long as the row's lease.
-CLAIMED = _LIB + """
-redis.call('ZREM', READY .. ARGV[7], ARGV[8])
-redis.call('ZREM', K_INF, ARGV[8])
-redis.call('HDEL', K_INFO, ARGV[8])
-redis.call('ZADD', SEM .. ARGV[7], NOW + tonumber(ARGV[9]), ARGV[8])
-return dispatch()
-"""
-
-# A job left pending/running (terminal, or retry_wait): its gate slots, its
-# place in the queue and its permit all go back, in one step, and the next
-# job is dispatched.
-# KEYS 10 the model's gate (zset)
-# ARGV 7 tenant  8 job  9 tenant-gate key prefix ("...:tgate:{model}:")  10 terminal channel ('' = no wake-up)
-#   11 the wake-up message ('' = the job id alone).  A channel is not a key: under Redis Cluster the
-#   PUBLISH reaches the subscribers on every node.
-# Returns {1 if the model's gate slot was still held (0: released before), dispatched pairs...}.
-FINISH = _LIB + """
-local t, job = ARGV[7], ARGV[8]
-local released = redis.call('ZREM', KEYS[10], job)
-redis.call('ZREM', ARGV[9] .. t, job)
-redis.call('ZREM', READY .. t, job)
-redis.call('ZREM', SEM .. t, job)
-redis.call('ZREM', K_INF, job)
-redis.call('HDEL', K_INFO, job)
-redis.call('HDEL', K_ATT, job)
-unblock(t)
-if ARGV[10] ~= '' then redis.call('PUBLISH', ARGV[10], ARGV[11] ~= '' and ARGV[11] or job) end
-local out = dispatch()
-table.insert(out, 1, released)
-return out
-"""
-
-# Unblock every tenant (limits changed, permits expired) and dispatch.
-# ARGV 7: '1' = also re-queue every unclaimed dispatched job (the broker lost its messages).
-KICK = _LIB + """
-if ARGV[7] == '1' then requeue_unclaimed('+inf') end
-for _, t in ipairs(redis.call('SMEMBERS', K_BLOCKED)) do
-  redis.call('SREM', K_BLOCKED, t)
-  activate(t)
-end
-return dispatch()
-"""
-
+from app.infra.redis import keys, scripts
+from app.infra.redis.client import get_redis
 
 def _keys(model: str) -> list[str]:
     return [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
@@ -227,12 +59,12 @@ def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int]], *,
     (attempt: n, or "<n>h" for a retry at the head); returns the (tenant,
     job_id, attempt) of each job dispatched."""
     flat = [x for t, job, score, attempt in entries for x in (t, job, repr(float(score)), str(attempt))]
-    return _triples(script(ENQUEUE)(keys=_keys(model), args=[*_args(model, cap, most), mode, *flat]))
+    return _triples(scripts.get("dispatch_enqueue")(keys=_keys(model), args=[*_args(model, cap, most), mode, *flat]))
 
 
 def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
             cap: int | None = None) -> list[tuple[str, str, str]]:
-    return _triples(script(CLAIMED)(keys=_keys(model), args=[*_args(model, cap, None), tenant, job_id,
+    return _triples(scripts.get("dispatch_claimed")(keys=_keys(model), args=[*_args(model, cap, None), tenant, job_id,
                                                             f"{run_lease_seconds:.3f}"]))
 
 
@@ -241,14 +73,15 @@ def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "
     """(whether the gate slot was still held, the jobs dispatched).
     ``message``: what the wake-up carries (app/infra/wakeups.py
     snapshot_message); empty, the job id."""
-    released, *rest = script(FINISH)(keys=[*_keys(model), keys.gate(model)], args=[
+    released, *rest = scripts.get("dispatch_finish")(keys=[*_keys(model), keys.gate(model)], args=[
         *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
         keys.terminal_channel() if wake else "", message if wake else ""])
     return bool(released), _triples(rest)
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> list[tuple[str, str, str]]:
-    return _triples(script(KICK)(keys=_keys(model), args=[*_args(model, cap, None), "1" if requeue_inflight else ""]))
+    return _triples(scripts.get("dispatch_kick")(keys=_keys(model),
+                                                 args=[*_args(model, cap, None), "1" if requeue_inflight else ""]))
 
 
 def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:

@@ -15,16 +15,8 @@ from typing import Iterable
 
 import redis
 
-from app.infra.redis import keys
-from app.infra.redis.client import broker_redis, get_redis, is_cluster, script
-
-# Delete a key only if it still holds our value (epoch rollback).
-# KEYS[1] key  ARGV[1] expected value.  Returns 1 if deleted.
-COMPARE_DELETE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
+from app.infra.redis import keys, scripts
+from app.infra.redis.client import broker_redis, get_redis, is_cluster
 
 def _stores() -> list[tuple[str, redis.Redis, str]]:
     """(name, client, epoch key) of every mark we keep."""
@@ -61,4 +53,4 @@ def drop_epochs(token: str, names: Iterable[str]) -> None:
     """Undo claim_epochs (the repair failed): the next pass sees the wipe again."""
     for name, client, key in _stores():
         if name in names:
-            script(COMPARE_DELETE, client)(keys=[key], args=[token])
+            scripts.get("epoch_compare_delete", client)(keys=[key], args=[token])

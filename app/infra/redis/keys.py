@@ -84,7 +84,7 @@ def beat_lock() -> str:
 
 def beat_token() -> str:
     """Monotonic fencing counter: every new leadership gets a larger token
-    (the lock's slot: LEADER_ACQUIRE touches both)."""
+    (the lock's slot: leader_acquire.lua touches both)."""
     return f"{_p()}:{{beat}}:token"
 
 

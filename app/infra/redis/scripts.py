@@ -1,0 +1,73 @@
+"""The registry of our Lua scripts: every script is a ``<name>.lua`` file in
+this package, next to the module that owns its keys (``gate_*`` for gate.py,
+``dispatch_*`` for dispatch.py, ...), and is run through ``get(name)``.
+
+Invariants:
+- Each script is written once, in its file, which opens with a comment
+  stating its KEYS and ARGV (tests/test_redis_scripts.py checks both, and
+  that no Python module in app/ holds Lua).
+- ``NAMES`` lists every script; all are read at import, so a missing file
+  (a broken install: pyproject.toml ships them as package data) fails at
+  start, not on the first request that needs it.
+- A line ``--@include <file>.lua`` is replaced by that file's text (the
+  dispatch steps share dispatch_lib.lua's functions).  One level: an
+  included file includes nothing.
+- Scripts run by EVALSHA, loaded on NOSCRIPT (redis-py's ``Script``, from
+  ``register_script``).  Under Redis Cluster, redis-py routes a script by
+  its keys' hash slot; every script here touches the keys of one slot (the
+  model's hash tag, or a single key: app/infra/redis/keys.py), and a key a
+  script builds inside (dispatch's per-tenant keys) starts with a prefix
+  from ARGV that carries the same tag.
+- A script is registered once per client: the ``Script`` objects live on
+  the client itself, so they die with it (reset_redis, fork: the clients
+  are per process) and never outlive or confuse a replaced one.
+"""
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import redis
+
+from app.infra.redis.client import get_redis
+
+NAMES = (
+    "gate_admit", "gate_reconcile",
+    "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick",
+    "epoch_compare_delete", "leader_acquire", "leader_release",
+    "ratelimit_token_bucket", "runtime_limits_cas",
+)
+# Files only ever included by others, never run alone.
+LIBRARIES = ("dispatch_lib",)
+
+_INCLUDE = re.compile(r"^--@include ([a-z_]+)\.lua$", re.M)
+_ATTR = "_asynch_scripts"
+
+
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _load(name: str) -> str:
+    text = _read(name)
+
+    def include(m: re.Match) -> str:
+        lib = _read(m.group(1))
+        if _INCLUDE.search(lib):
+            raise ValueError(f"{m.group(1)}.lua: an included file includes nothing")
+        return lib.rstrip("\n")
+    return _INCLUDE.sub(include, text)
+
+
+SOURCES: dict[str, str] = {name: _load(name) for name in NAMES}
+
+
+def get(name: str, client: redis.Redis | None = None):
+    """Script ``name`` registered on ``client`` (default: the gate's), once;
+    call it as ``get(name)(keys=[...], args=[...], client=pipeline?)``."""
+    r = client if client is not None else get_redis()
+    cache = r.__dict__.setdefault(_ATTR, {})
+    s = cache.get(name)
+    if s is None:
+        s = cache[name] = r.register_script(SOURCES[name])
+    return s
