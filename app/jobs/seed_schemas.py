@@ -10,16 +10,9 @@ from pydantic_core import PydanticCustomError
 
 from app.config import get_settings
 from app.contract import NO_NUL, Params, Shape, Timestamp, parse_json, rule
-from app.jobs.schemas import (
-    HEADER_SPEC_HELP,
-    BizName,
-    CallbackUrl,
-    Creator,
-    IdempotencyKey,
-    JobId,
-    ModelKey,
-)
 from app.infra.storage import public_location
+from app.jobs.schemas import JobId
+from app.jobs.submission import HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, IdempotencyKey, ModelKey, carried
 from app.states import JobState, seed_code
 
 
@@ -51,6 +44,8 @@ def _payload_object(v: Any) -> Any:
 class CreateTask(Shape):
     """The seed's createTask body: the v1 submission's options as fields."""
 
+    # The options are judged by the submission rule (app/jobs/submission.py).
+
     invalid: ClassVar[str] = "invalid task"
 
     model_name: Annotated[str, Field(min_length=1)] = rule("a non-empty string")
@@ -59,10 +54,10 @@ class CreateTask(Shape):
             "anyOf": [{"type": "object"}, {"type": "string", "contentMediaType": "application/json"}]},
         description="forwarded to the model; checked against the model's form (absent: {}); "
                     "a string holding a JSON object is taken too")
-    biz_name: BizName | None = None
-    callback_url: CallbackUrl | None = None
-    model_key: ModelKey = Field(None, description=HEADER_SPEC_HELP)
-    creator: Creator | None = None
+    biz_name: carried(BizName | None, str | None) = None
+    callback_url: carried(CallbackUrl | None, str | None) = None
+    model_key: carried(ModelKey, str | None) = Field(None, description=HEADER_SPEC_HELP)
+    creator: carried(Creator | None, str | None) = None
 
     @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
     @classmethod
