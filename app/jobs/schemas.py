@@ -72,7 +72,20 @@ def _event_list(v: str | None) -> list[str] | None:
     return [e.strip() for e in v.split(",")] if v else None
 
 
-class SubmitHeaders(Params):
+class CallerHeaders(Params):
+    """What every submitting face reads from headers for the values a
+    request derives (app/web/v1_jobs.py ``caller``): the creator and the OSS
+    pass-through.  (A batch's apply to each of its jobs.)"""
+
+    creator: Creator | None = Field(None, alias="X-Creator",
+                                    description="who submitted it (stats)")
+    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
+                                          description="sent as Authorization to the OSS file service")
+    user_info: str | None = Field(None, alias="X-User-Info",
+                                  description="passed to the OSS file service; the creator behind a trusted gateway")
+
+
+class SubmitHeaders(CallerHeaders):
     """What a v1 submission carries in headers besides its body (the payload)."""
 
     idempotency_key: IdempotencyKey | None = Field(
@@ -80,13 +93,8 @@ class SubmitHeaders(Params):
     model_key: str | None = Field(None, alias="X-Model-Key", description=HEADER_SPEC_HELP,
                                   json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     biz_name: BizName | None = Field(None, alias="X-Biz-Name", description="business name (callbacks)")
-    creator: Creator | None = Field(None, alias="X-Creator", description="who submitted it (stats)")
     callback_url: str | None = Field(None, alias="X-Callback-Url",
                                      description="GET on done (see docs/api.md, Callbacks)")
-    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
-                                          description="sent as Authorization to the OSS file service")
-    user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="passed to the OSS file service; the creator behind a trusted gateway")
     priority: str | None = Field(None, alias="X-Priority",
                                  description="0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
     webhook_url: str | None = Field(None, alias="X-Webhook-Url",
@@ -131,14 +139,8 @@ class BatchSubmit(Shape):
         description=f"1 to {BATCH_MAX_JOBS} jobs; each is admitted or refused on its own")
 
 
-class BatchHeaders(Params):
+class BatchHeaders(CallerHeaders):
     """Headers that apply to every job of a batch."""
-
-    creator: Creator | None = Field(None, alias="X-Creator", description="who submitted them (stats)")
-    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
-                                          description="sent as Authorization to the OSS file service")
-    user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="passed to the OSS file service; the creator behind a trusted gateway")
 
 
 # --- queries ---------------------------------------------------------------------------

@@ -9,24 +9,19 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.config import get_settings
-from app.contract import NO_NUL, Params, Shape, Timestamp, parse_json, rule
+from app.contract import NO_NUL, Shape, Timestamp, parse_json, rule
 from app.infra.storage import public_location
-from app.jobs.schemas import JobId
+from app.jobs.schemas import CallerHeaders, JobId
 from app.jobs.submission import HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, IdempotencyKey, ModelKey, carried
 from app.states import JobState, seed_code
 
 
-class TaskHeaders(Params):
-    """The headers a seed createTask reads (its other options are body fields)."""
+class TaskHeaders(CallerHeaders):
+    """The headers a seed createTask reads (its other options are body fields;
+    a body's creator wins over X-Creator)."""
 
     idempotency_key: IdempotencyKey | None = Field(
         None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first task")
-    creator: Creator | None = Field(None, alias="X-Creator",
-                                    description="who submitted it (stats), when the body has no creator")
-    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
-                                          description="sent as Authorization to the OSS file service")
-    user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="passed to the OSS file service; the creator behind a trusted gateway")
 
 
 def _payload_object(v: Any) -> Any:

@@ -87,7 +87,8 @@ def _find_idempotent(conn: Connection, tenant_id: str, key: str) -> Row | None:
 def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
     if existing.model_name != model or existing.request_hash != digest:
         raise ValidationFailed("Idempotency-Key was already used with a different request",
-                               [{"pointer": face.pointer("idempotency_key"), "message": "reused with a different body"}])
+                               [{"pointer": face.pointer("idempotency_key"),
+                                 "message": "reused with a different body"}])
     return Submitted(existing, replayed=True)
 
 
@@ -276,7 +277,7 @@ class SyncOutcome:
     has_result: bool = False
 
 
-def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions, wait_s: int,
+def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict, wait_s: int,
                     watch=None) -> SyncOutcome:
     """Sync mode (``Prefer: wait=N``): submit, then wait up to ``wait_s``
     seconds (capped by ASYNCH_WAIT_MAX_MS) for the job's terminal state on the
