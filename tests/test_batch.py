@@ -118,3 +118,17 @@ def test_nul_is_data_in_a_payload_and_a_422_anywhere_else(api_url, make_model, u
     assert r.status_code == 207, r.text
     assert [x["status"] for x in r.json()["results"]] == [202, 422, 422, 422, 422], r.text
     assert _rows("bmn") == 1
+
+
+def test_an_item_whose_model_key_the_model_refuses_is_that_items_422(api_url, make_model, user_key, r):
+    """The batch runs the single submit's rule (app/jobs/submission.py): a
+    model_key setting a header the model does not allow (Host) is refused at
+    submit -- before, the item got 202, took a slot and then failed
+    permanently with "model call not sent"."""
+    make_model("bmk", model_key_headers="X-Custom")
+    res = _batch(api_url, user_key, "bmk", [{"payload": {"i": 0}, "model_key": "Host:admin.internal"},
+                                             {"payload": {"i": 1}, "model_key": "X-Custom:1"}]).json()["results"]
+    assert [x["status"] for x in res] == [422, 202], res
+    assert [e["pointer"] for e in res[0]["errors"]] == ["/jobs/0/model_key"]
+    assert "may not be set" in res[0]["errors"][0]["message"]
+    assert _rows("bmk") == 1 and gate.gate_depth("bmk") == 1

@@ -3,8 +3,10 @@ jobs of one model, each admitted or refused on its own.
 
 Invariants (the submit's, item by item; docs/architecture.md "The
 admission path"):
-- Validation before the gate: an item that fails its shape, its options or
-  the model's form is that item's 422 and takes no slot; the others go on.
+- Validation before the gate, by the submission rule of a single submit
+  (app/jobs/submission.py ``check``): an item that fails its shape, its
+  options (modelKey included) or the model's form is that item's 422 and
+  takes no slot; the others go on.
   Only what concerns the whole request (key, body, unknown model) refuses
   the batch.
 - One gate step, one INSERT, one outbox group for every valid item
@@ -26,18 +28,17 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.catalog.forms import validate_payload
 from app.catalog.registry import enabled_model
 from app.config import get_settings
 from app.contract import parse
-from app.errors import DomainError, Unavailable, ValidationFailed
+from app.errors import DomainError, Unavailable
 from app.infra import metrics
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups
 from app.infra.tables import tasks
-from app.jobs import admission
+from app.jobs import admission, submission
 from app.jobs import service as jobs
-from app.jobs.schemas import BatchItem, SubmitOptions
+from app.jobs.schemas import BatchItem
 from app.tenancy.keys import Principal
 
 
@@ -50,14 +51,6 @@ class Outcome:
     error: BaseException | None = None
 
 
-def _options(item: BatchItem, index: int, creator: str, passthrough: dict | None) -> SubmitOptions:
-    return parse(SubmitOptions, {
-        "Idempotency-Key": item.idempotency_key, "modelKey": item.model_key, "bizName": item.biz_name,
-        "creator": creator, "callbackUrl": item.callback_url or None, "passthrough": passthrough,
-        "priority": 5 if item.priority is None else item.priority,
-        "webhookUrl": item.webhook_url or None, "webhookEvents": item.webhook_events, "pointerBase": f"/jobs/{index}/payload"}, face="seed", message="invalid job options")
-
-
 def _existing(principal: Principal, keys: set[str]) -> dict[str, Any]:
     if not keys:
         return {}
@@ -67,57 +60,40 @@ def _existing(principal: Principal, keys: set[str]) -> dict[str, Any]:
     return {r.idempotency_key: r for r in rows}
 
 
-# SubmitOptions' and the submit's pointers (seed names, headers) as the batch item's field names.
-_FIELD = {"/Idempotency-Key": "/idempotency_key", "/modelKey": "/model_key", "/bizName": "/biz_name",
-          "/callbackUrl": "/callback_url", "/creator": "/creator", "/webhookUrl": "/webhook_url",
-          "/webhookEvents": "/webhook_events"}
-
-
-def _prefix(exc: DomainError, index: int) -> DomainError:
-    """A 422's pointers into the batch body (/jobs/{index}/...)."""
-    if isinstance(exc, ValidationFailed):
-        base = f"/jobs/{index}"
-        exc.errors = [e if e["pointer"].startswith(base + "/") or e["pointer"] == base
-                      else {**e, "pointer": base + _FIELD.get(e["pointer"], e["pointer"])} for e in exc.errors]
-    return exc
-
-
-def submit_batch(principal: Principal, model_name: str, items: list[dict], creator: str = "",
-                 passthrough: dict | None = None) -> list[Outcome]:
-    """Judge, admit and answer every item (see the module's invariants)."""
+def submit_batch(principal: Principal, model_name: str, items: list[dict], **shared: Any) -> list[Outcome]:
+    """Judge, admit and answer every item (see the module's invariants).
+    ``shared``: option values every item carries (creator, passthrough)."""
     model = enabled_model(model_name)  # 404 for the whole batch
     out = [Outcome(i) for i in range(len(items))]
-    valid: list[tuple[int, Any, SubmitOptions, str]] = []
+    valid: list[tuple[int, submission.Checked]] = []
     # Each host looked up once for the whole batch, at most so many names.
     lookups = Lookups(principal.tenant_id, max_names=get_settings().batch_max_url_hosts)
     for i, raw in enumerate(items):
         try:
             item = parse(BatchItem, raw, base=f"/jobs/{i}")
-            opts = _options(item, i, creator, passthrough)
-            jobs.check_callback(opts, lookups)
-            validate_payload(model.form, item.payload, opts.pointer_base)
-            valid.append((i, item.payload, opts, jobs.request_hash(model_name, item.payload, opts)))
+            valid.append((i, submission.check(submission.batch_item(i), model_name, item.payload,
+                                              submission.given(item, **shared), lookups, model=model)))
         except DomainError as exc:
-            out[i].error = _prefix(exc, i)
-    existing = _existing(principal, {o.idempotency_key for _i, _p, o, _d in valid if o.idempotency_key})
+            out[i].error = exc
+    existing = _existing(principal, {c.options.idempotency_key for _i, c in valid if c.options.idempotency_key})
     first_of: dict[str, int] = {}  # a key's first item in this batch
     later: list[tuple[int, str, str]] = []  # (index, key, digest) of repeats
     subs: list[tuple[int, admission.Submission, str]] = []
-    for i, payload, opts, digest in valid:
-        key = opts.idempotency_key
+    for i, checked in valid:
+        key, digest = checked.options.idempotency_key, checked.digest
         try:
             if key and key in existing:
-                out[i].submitted = jobs.replay(existing[key], model_name, digest)
+                out[i].submitted = jobs.replay(existing[key], model_name, digest, submission.batch_item(i))
                 continue
         except DomainError as exc:
-            out[i].error = _prefix(exc, i)
+            out[i].error = exc
             continue
         if key and key in first_of:
             later.append((i, key, digest))
             continue
         if key:
             first_of[key] = i
-        subs.append((i, jobs.new_submission(principal, model, payload, opts, digest), digest))
+        subs.append((i, jobs.new_submission(principal, checked), digest))
     admission.admit_many([s for _i, s, _d in subs])
     lost = {s.values["idempotency_key"] for _i, s, _d in subs if isinstance(s.error, admission.IdempotencyConflict)}
     winners = _existing(principal, lost)
@@ -127,9 +103,9 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], creat
             try:
                 if won is None:
                     raise Unavailable("database unavailable")
-                out[i].submitted = jobs.replay(won, model_name, digest)
+                out[i].submitted = jobs.replay(won, model_name, digest, submission.batch_item(i))
             except DomainError as exc:
-                out[i].error = _prefix(exc, i)
+                out[i].error = exc
         elif s.error is not None:
             out[i].error = s.error
         else:
@@ -140,9 +116,9 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], creat
             out[i].error = first.error
             continue
         try:  # the first item's row, or the 422 for a different request
-            out[i].submitted = jobs.replay(first.submitted.row, model_name, digest)
+            out[i].submitted = jobs.replay(first.submitted.row, model_name, digest, submission.batch_item(i))
         except DomainError as exc:
-            out[i].error = _prefix(exc, i)
+            out[i].error = exc
     for o in out:
         if o.submitted is not None and not o.submitted.replayed:
             metrics.job_admitted(model_name)

@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
-    ConfigDict,
     Field,
     WithJsonSchema,
     field_validator,
@@ -38,18 +38,23 @@ from app.contract import (
     pattern,
     rule,
 )
-from app.infra.http.headers import HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT
+from app.infra.http.headers import HEADER_SPEC_PATTERN
+from app.jobs.submission import (  # noqa: F401 - SubmitOptions: the option set, where callers find it
+    HEADER_SPEC_HELP,
+    WEBHOOK_EVENTS_HELP,
+    WEBHOOK_EVENTS_PATTERN,
+    BizName,
+    Creator,
+    IdempotencyKey,
+    SubmitOptions,
+    WebhookEvents,
+    carried,
+)
 from app.states import JobState, v1_name
 
 V1_STATES = ("canceled", "done", "failed", "pending", "running", "timeout")
 V1State = Literal["canceled", "done", "failed", "pending", "running", "timeout"]
 JobId = Annotated[str, Field(pattern="^job_")]
-
-_PRINTABLE_KEY = "^[\\x20-\\x7e]{1,255}$"
-_NO_CONTROL = "^[^\\x00-\\x1f\\x7f]*$"
-HEADER_SPEC_HELP = ("K:V,K2:V2 headers for this job only (secret): names are HTTP tokens, values have no "
-                    "control characters")
-
 
 def _elapsed_ms(row) -> int:
     end = as_utc(row.finished_at) or clock_now()
@@ -57,74 +62,48 @@ def _elapsed_ms(row) -> int:
 
 
 # --- submission ------------------------------------------------------------------------
+# The options and their rule are app/jobs/submission.py's; these shapes only
+# say how each face's wire spells them, under the options' own field names.
+# What the rule judges (modelKey, callback and webhook URLs and events,
+# priority) a face takes as its wire type: the document states the option's
+# own schema (``carried``), the 422 comes from the rule with the face's pointer.
 
-IdempotencyKey = Annotated[str, pattern(_PRINTABLE_KEY, "1-255 printable ASCII characters")]
-BizName = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
-Creator = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
-CallbackUrl = Annotated[str, Field(max_length=2048, description="http(s) to a public address (docs/api.md, Callbacks)")]
-# Values passed on to the OSS file service as headers.
-HeaderValue = Annotated[str, Field(max_length=8192), pattern("^[^\\r\\n\\x00]*$", "text without CR, LF or NUL")]
-
-
-WebhookEvent = Literal["done", "failed", "timeout", "canceled"]
-_EVENT = "(done|failed|timeout|canceled)"
-WEBHOOK_EVENTS_PATTERN = f"^( *{_EVENT} *(, *{_EVENT} *)*)?$"
-WEBHOOK_EVENTS_HELP = "comma-separated terminal states to POST the webhook on: done, failed, timeout, canceled (default all)"
-
-ModelKey = Annotated[str, pattern(HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT)] | None
+def _event_list(v: str | None) -> list[str] | None:
+    return [e.strip() for e in v.split(",")] if v else None
 
 
-class SubmitOptions(Shape):
-    """What a job carries besides its payload, on either face.  The service
-    validates it (``parse(SubmitOptions, ..., face="seed")``): 422 pointers
-    use the seed's names (/bizName, /modelKey, /callbackUrl) on both faces."""
+class CallerHeaders(Params):
+    """What every submitting face reads from headers for the values a
+    request derives (app/web/v1_jobs.py ``caller``): the creator and the OSS
+    pass-through.  (A batch's apply to each of its jobs.)"""
 
-    invalid: ClassVar[str] = "invalid job options"
-
-    model_config = ConfigDict(frozen=True)
-
-    idempotency_key: IdempotencyKey | None = Field(None, alias="Idempotency-Key")
-    creator: Creator = ""
-    biz_name: BizName = ""
-    callback_url: CallbackUrl | None = None
-    model_key: ModelKey = Field(None, description=HEADER_SPEC_HELP)
-    # Headers for the OSS file service ({"Authorization": ..., "X-User-Info": ...});
-    # secrets, kept only until the job is terminal.
-    passthrough: dict[str, HeaderValue] | None = None
-    priority: Annotated[int, Field(ge=0, le=9)] = rule("from 0 to 9 (9 first; default 5)", 5)
-    # The job's own webhook (docs/api.md, Webhooks): a signed JSON POST on
-    # each terminal state of ``webhook_events`` (default: all four).
-    webhook_url: CallbackUrl | None = None
-    webhook_events: Annotated[list[WebhookEvent], Field(min_length=1)] | None = None
-    # Where the payload sits in the caller's request, for 422 pointers (not a wire field).
-    pointer_base: str = Field("", exclude=True)
-
-
-class SubmitHeaders(Params):
-    """What a v1 submission carries in headers besides its body (the payload)."""
-
-    idempotency_key: IdempotencyKey | None = Field(
-        None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first job")
-    # Declared (pattern) here, enforced by SubmitOptions so the 422 keeps its
-    # /modelKey pointer on both faces.
-    model_key: str | None = Field(None, alias="X-Model-Key", description=HEADER_SPEC_HELP,
-                                  json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
-    biz_name: BizName | None = Field(None, alias="X-Biz-Name", description="business name (callbacks)")
-    creator: Creator | None = Field(None, alias="X-Creator", description="who submitted it (stats)")
-    callback_url: str | None = Field(None, alias="X-Callback-Url",
-                                     description="GET on done (see docs/api.md, Callbacks)")
+    creator: Creator | None = Field(None, alias="X-Creator",
+                                    description="who submitted it (stats)")
     oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
                                           description="sent as Authorization to the OSS file service")
     user_info: str | None = Field(None, alias="X-User-Info",
                                   description="only with the gateway's proof: the creator, and passed to the OSS "
                                               "file service; otherwise ignored")
+
+
+class SubmitHeaders(CallerHeaders):
+    """What a v1 submission carries in headers besides its body (the payload)."""
+
+    idempotency_key: IdempotencyKey | None = Field(
+        None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first job")
+    model_key: str | None = Field(None, alias="X-Model-Key", description=HEADER_SPEC_HELP,
+                                  json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
+    biz_name: BizName | None = Field(None, alias="X-Biz-Name", description="business name (callbacks)")
+    callback_url: str | None = Field(None, alias="X-Callback-Url",
+                                     description="GET on done (see docs/api.md, Callbacks)")
     priority: str | None = Field(None, alias="X-Priority",
                                  description="0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
     webhook_url: str | None = Field(None, alias="X-Webhook-Url",
                                     description="a signed JSON POST (Standard Webhooks) on the job's terminal "
                                                 "state (see docs/api.md, Webhooks)")
-    webhook_events: str | None = Field(None, alias="X-Webhook-Events", max_length=64,
-                                       pattern=WEBHOOK_EVENTS_PATTERN, description=WEBHOOK_EVENTS_HELP)
+    # The header's own syntax (a comma list), read as the option's list.
+    webhook_events: Annotated[str | None, AfterValidator(_event_list)] = Field(
+        None, alias="X-Webhook-Events", max_length=64, pattern=WEBHOOK_EVENTS_PATTERN, description=WEBHOOK_EVENTS_HELP)
     prefer: str | None = Field(None, alias="Prefer", max_length=1024,
                                description="RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                            "with the terminal job if it ends within N s (sync mode)")
@@ -148,7 +127,7 @@ class BatchItem(Shape):
     model_key: str | None = Field(None, description=HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     priority: int | None = Field(None, description="0-9, default 5 (9 first), as X-Priority")
     webhook_url: str | None = Field(None, description="as X-Webhook-Url (see docs/api.md, Webhooks)")
-    webhook_events: list[WebhookEvent] | None = Field(None, min_length=1, description="as X-Webhook-Events")
+    webhook_events: carried(WebhookEvents | None, list | None) = Field(None, description="as X-Webhook-Events")
 
 
 class BatchSubmit(Shape):
@@ -161,15 +140,8 @@ class BatchSubmit(Shape):
         description=f"1 to {BATCH_MAX_JOBS} jobs; each is admitted or refused on its own")
 
 
-class BatchHeaders(Params):
+class BatchHeaders(CallerHeaders):
     """Headers that apply to every job of a batch."""
-
-    creator: Creator | None = Field(None, alias="X-Creator", description="who submitted them (stats)")
-    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
-                                          description="sent as Authorization to the OSS file service")
-    user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="only with the gateway's proof: the creator, and passed to the OSS "
-                                              "file service; otherwise ignored")
 
 
 # --- queries ---------------------------------------------------------------------------

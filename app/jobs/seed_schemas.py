@@ -9,32 +9,19 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.config import get_settings
-from app.contract import NO_NUL, Params, Shape, Timestamp, parse_json, rule
-from app.jobs.schemas import (
-    HEADER_SPEC_HELP,
-    BizName,
-    CallbackUrl,
-    Creator,
-    IdempotencyKey,
-    JobId,
-    ModelKey,
-)
+from app.contract import NO_NUL, Shape, Timestamp, parse_json, rule
 from app.infra.storage import public_location
+from app.jobs.schemas import CallerHeaders, JobId
+from app.jobs.submission import HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, IdempotencyKey, ModelKey, carried
 from app.states import JobState, seed_code
 
 
-class TaskHeaders(Params):
-    """The headers a seed createTask reads (its other options are body fields)."""
+class TaskHeaders(CallerHeaders):
+    """The headers a seed createTask reads (its other options are body fields;
+    a body's creator wins over X-Creator)."""
 
     idempotency_key: IdempotencyKey | None = Field(
         None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first task")
-    creator: Creator | None = Field(None, alias="X-Creator",
-                                    description="who submitted it (stats), when the body has no creator")
-    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
-                                          description="sent as Authorization to the OSS file service")
-    user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="only with the gateway's proof: the creator, and passed to the OSS "
-                                              "file service; otherwise ignored")
 
 
 def _payload_object(v: Any) -> Any:
@@ -52,6 +39,8 @@ def _payload_object(v: Any) -> Any:
 class CreateTask(Shape):
     """The seed's createTask body: the v1 submission's options as fields."""
 
+    # The options are judged by the submission rule (app/jobs/submission.py).
+
     invalid: ClassVar[str] = "invalid task"
 
     model_name: Annotated[str, Field(min_length=1)] = rule("a non-empty string")
@@ -60,10 +49,10 @@ class CreateTask(Shape):
             "anyOf": [{"type": "object"}, {"type": "string", "contentMediaType": "application/json"}]},
         description="forwarded to the model; checked against the model's form (absent: {}); "
                     "a string holding a JSON object is taken too")
-    biz_name: BizName | None = None
-    callback_url: CallbackUrl | None = None
-    model_key: ModelKey = Field(None, description=HEADER_SPEC_HELP)
-    creator: Creator | None = None
+    biz_name: carried(BizName | None, str | None) = None
+    callback_url: carried(CallbackUrl | None, str | None) = None
+    model_key: carried(ModelKey, str | None) = Field(None, description=HEADER_SPEC_HELP)
+    creator: carried(Creator | None, str | None) = None
 
     @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
     @classmethod

@@ -1,14 +1,14 @@
 """Jobs as callers see them: submit, status, wait, result, cancel, list.
 
-Submit order matters (invariants 1, 3, 4): validate everything first (bad
-input never touches the gate), then app/jobs/admission.py takes the gate
+Submit order matters (invariants 1, 3, 4): the submission rule judges
+everything first (app/jobs/submission.py: bad input never touches the
+gate), then app/jobs/admission.py takes the gate
 slot, inserts the row (committed) and only then hands the job to dispatch,
 for every submission of its batch.  Any failure between the gate and the
 commit gives the slot back.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -22,12 +22,9 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection, Row
 
 from app import transitions
-from app.catalog.forms import validate_payload
-from app.catalog.registry import enabled_model
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.errors import (
-    BadRequest,
     Conflict,
     DomainError,
     Gone,
@@ -37,19 +34,19 @@ from app.errors import (
     Unavailable,
     ValidationFailed,
 )
-from app.infra import metrics, secretbox, webhook_rows
+from app.infra import metrics, webhook_rows
 from app.infra import wakeups as waiters
 from app.infra.wakeup_snapshot import snapshot_message
 from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
 from app.infra.db import single_statement, transaction
 from app.infra.publisher import publish_task
-from app.infra.http.headers import override_problem, parse_header_spec
-from app.infra.http.netguard import Lookups, callback_url_problem
 from app.infra.redis import gate
 from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
-from app.jobs import admission, dispatch
-from app.jobs.schemas import JobListQuery, SubmitOptions
+from app.infra.http.netguard import Lookups
+from app.jobs import admission, dispatch, submission
+from app.jobs.schemas import JobListQuery
+from app.jobs.submission import SubmitOptions
 from app.jobs.waitcaps import waiter_cap
 from app.states import JobState, is_terminal, parse_v1_filter, v1_name
 from app.tenancy import limits
@@ -66,15 +63,6 @@ def new_job_id() -> str:
 class Submitted:
     row: Row
     replayed: bool
-
-
-def request_hash(model: str, payload: Any, opts: SubmitOptions) -> str:
-    parts = [model, payload, opts.biz_name, opts.callback_url, opts.model_key]
-    if opts.webhook_url is not None:  # jobs without one hash as before
-        parts += [opts.webhook_url, sorted(opts.webhook_events or [])]
-    canon = json.dumps(parts,
-                       sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canon.encode()).hexdigest()
 
 
 def retry_after_seconds(model_row) -> int:
@@ -97,45 +85,21 @@ def _find_idempotent(conn: Connection, tenant_id: str, key: str) -> Row | None:
                                             tasks.c.idempotency_key == key)).first()
 
 
-def replay(existing: Row, model: str, digest: str) -> Submitted:
+def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
     if existing.model_name != model or existing.request_hash != digest:
         raise ValidationFailed("Idempotency-Key was already used with a different request",
-                               [{"pointer": "/Idempotency-Key", "message": "reused with a different body"}])
+                               [{"pointer": face.pointer("idempotency_key"),
+                                 "message": "reused with a different body"}])
     return Submitted(existing, replayed=True)
 
 
-def check_callback(opts: SubmitOptions, lookups: Lookups) -> None:
-    """The callback target must be public (the SSRF guard); the rest of the
-    options were judged by their declaration (app/jobs/schemas.py).
-    ``lookups``: the request's host lookups (its tenant, a batch's dedupe)."""
-    if opts.callback_url is not None:
-        problem = callback_url_problem(opts.callback_url, lookups)
-        if problem:
-            raise ValidationFailed("invalid job options", [{"pointer": "/callbackUrl", "message": problem}])
-    if opts.webhook_events is not None and opts.webhook_url is None:
-        raise ValidationFailed("invalid job options", [{"pointer": "/webhookEvents",
-                                                        "message": "needs a webhook URL (X-Webhook-Url)"}])
-    if opts.webhook_url is not None:
-        problem = callback_url_problem(opts.webhook_url, lookups)
-        if problem:
-            raise ValidationFailed("invalid job options", [{"pointer": "/webhookUrl", "message": problem}])
-
-
-def _check_model_key(opts: SubmitOptions, model) -> None:
-    """A job's modelKey may set only the headers its model allows
-    (app/infra/http/headers.py); its syntax and Latin-1 values were judged
-    by its declaration."""
-    if opts.model_key:
-        problem = override_problem(parse_header_spec(opts.model_key), secretbox.decrypt(model.head_msg),
-                                   getattr(model, "model_key_headers", ""))
-        if problem:
-            raise ValidationFailed("invalid job options", [{"pointer": "/modelKey", "message": problem}])
-
-
-def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | None = None) -> Submitted:
-    opts = opts if opts is not None else SubmitOptions()
+def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict | None = None,
+           face: submission.Face = submission.V1) -> Submitted:
+    """Judge (app/jobs/submission.py: ``opts`` are the option values a face
+    gave, or the options themselves) and admit one job."""
     try:
-        out = _submit(principal, model_name, payload, opts)
+        out = _submit(principal, submission.check(face, model_name, payload, opts if opts is not None else {},
+                                                         Lookups(principal.tenant_id)), face)
     except DomainError as exc:
         metrics.job_rejected(model_name, exc)
         log.info("submission refused: %s", exc.message,
@@ -147,39 +111,31 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
     return out
 
 
-def _submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions) -> Submitted:
-    if not isinstance(payload, dict):
-        raise BadRequest("request body must be a JSON object")
-    check_callback(opts, Lookups(principal.tenant_id))
-    model = enabled_model(model_name)
-    _check_model_key(opts, model)
-    validate_payload(model.form, payload, opts.pointer_base)
-    digest = request_hash(model_name, payload, opts)
+def _submit(principal: Principal, sub: submission.Checked, face: submission.Face) -> Submitted:
+    model_name, opts = sub.model.model_name, sub.options
     if opts.idempotency_key:
         with transaction() as conn:
             existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
         if existing is not None:
-            return replay(existing, model_name, digest)
-
-    sub = new_submission(principal, model, payload, opts, digest)
+            return replay(existing, model_name, sub.digest, face)
     try:
         # Gate, row and doorbell, shared with whatever else arrives meanwhile
         # (app/jobs/admission.py: gate before row before message, 202 only
         # for a committed row).
-        row = admission.admit(sub)
+        row = admission.admit(new_submission(principal, sub))
     except admission.IdempotencyConflict:
         # Lost a race with the same key: answer with the winner's job.
         with transaction() as conn:
             existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
         if existing is None:
             raise Unavailable("database unavailable") from None
-        return replay(existing, model_name, digest)
+        return replay(existing, model_name, sub.digest, face)
     return Submitted(row, replayed=False)
 
 
-def new_submission(principal: Principal, model, payload: Any, opts: SubmitOptions,
-                   digest: str) -> admission.Submission:
-    """The row and gate step of a validated submission (app/jobs/admission.py)."""
+def new_submission(principal: Principal, sub: submission.Checked) -> admission.Submission:
+    """The row and gate step of a judged submission (app/jobs/admission.py)."""
+    model, payload, opts, digest = sub.model, sub.payload, sub.options, sub.digest
     now = clock_now()
     return admission.Submission(
         values=dict(id=new_job_id(), tenant_id=principal.tenant_id, creator=opts.creator, model_name=model.model_name,
@@ -323,7 +279,7 @@ class SyncOutcome:
     has_result: bool = False
 
 
-def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions, wait_s: int,
+def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict, wait_s: int,
                     watch=None) -> SyncOutcome:
     """Sync mode (``Prefer: wait=N``): submit, then wait up to ``wait_s``
     seconds (capped by ASYNCH_WAIT_MAX_MS) for the job's terminal state on the

@@ -23,10 +23,9 @@ from app.catalog.schemas import (
     TypeIdBody,
     model_view,
 )
-from app.contract import NO_NUL, Params, parse, rule
-from app.jobs import claims, stats
+from app.contract import NO_NUL, Params, rule
+from app.jobs import claims, stats, submission
 from app.jobs import service as jobs
-from app.jobs.schemas import SubmitOptions
 from app.jobs.seed_schemas import (
     CreatedTask,
     CreateTask,
@@ -35,10 +34,9 @@ from app.jobs.seed_schemas import (
     TaskIds,
 )
 from app.jobs.usage_schemas import Usage, UsageQuery
-from app.tenancy.identity import creator_for
-from app.web.auth import current_principal, trusted_user_info
+from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint
-from app.web.v1_jobs import passthrough
+from app.web.v1_jobs import caller
 
 bp = Blueprint("seed", __name__)
 SEED = {"face": "seed", "tag": "seed"}
@@ -130,13 +128,8 @@ def delete_type(body: TypeIdBody):
           description="404: unknown or disabled model; 422: bad fields or the model's form (pointers under "
                       "/requestPayload), a reused Idempotency-Key with another body; 429: the queue is full.")
 def create_task(body: CreateTask, headers: TaskHeaders):
-    opts = parse(SubmitOptions, {
-        "Idempotency-Key": headers.idempotency_key, "creator": creator_for(body.creator or headers.creator,
-                                                                           trusted_user_info()),
-        "bizName": body.biz_name or "", "callbackUrl": body.callback_url, "modelKey": body.model_key,
-        "passthrough": passthrough(headers.oss_authorization),
-        "pointerBase": "/requestPayload"}, face="seed", message="invalid task")
-    out = jobs.submit(current_principal(), body.model_name, body.request_payload, opts)
+    opts = submission.given(body, headers, **caller(headers, body.creator))
+    out = jobs.submit(current_principal(), body.model_name, body.request_payload, opts, submission.SEED)
     return CreatedTask.model_construct(task_id=out.row.id)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
 
-from app.contract import dump, parse
+from app.contract import dump
 from app.config import get_settings
 from app.infra import parking
 from app.infra.serving import client_watch
@@ -12,6 +12,7 @@ from app.infra.wakeup_snapshot import Snapshot
 from app.jobs import batch as batches
 from app.jobs import events as job_events
 from app.jobs import service as jobs
+from app.jobs import submission
 from app.jobs.schemas import (
     BATCH_MAX_JOBS,
     BatchAccepted,
@@ -27,7 +28,6 @@ from app.jobs.schemas import (
     JobStatus,
     JobSync,
     SubmitHeaders,
-    SubmitOptions,
     TenantEventsQuery,
     WaitQuery,
 )
@@ -47,14 +47,19 @@ def job_urls(row) -> dict:
             "result_url": url_for("v1_jobs.job_result", model=row.model_name, job_id=row.id)}
 
 
-def passthrough(oss_authorization: str | None) -> dict[str, str] | None:
-    """Headers for the OSS file service.  Our own Authorization header is the
-    middleware's API key and never leaves the middleware: the caller's
-    credential for the file service comes as X-Oss-Authorization -- or, for
-    a request through the gateway (ASYNCH_AUTH_MODE=gateway), it is that
-    request's own Authorization, unchanged; X-User-Info only when a proven
-    gateway vouches for it (app/web/auth.py trusted_user_info)."""
-    return oss_passthrough(oss_authorization or gateway_oss_authorization(), trusted_user_info())
+def caller(headers, creator: str | None = None) -> dict:
+    """The option values a request derives rather than carries: its creator
+    (``creator`` or X-Creator; X-User-Info wins only when a proven gateway
+    vouches for it) and the headers for the OSS file service.  Our own
+    Authorization header is the middleware's API key and never leaves the
+    middleware: the caller's credential for the file service comes as
+    X-Oss-Authorization -- or, for a request through the gateway
+    (ASYNCH_AUTH_MODE=gateway), it is that request's own Authorization,
+    unchanged; X-User-Info only when a proven gateway vouches for it
+    (app/web/auth.py trusted_user_info)."""
+    trusted = trusted_user_info()
+    return {"creator": creator_for(creator or headers.creator, trusted),
+            "passthrough": oss_passthrough(headers.oss_authorization or gateway_oss_authorization(), trusted)}
 
 
 def prefer_wait(prefer: str | None) -> int | None:
@@ -84,7 +89,7 @@ def prefer_wait(prefer: str | None) -> int | None:
                       "waiter caps: 200 with the terminal job (and a small JSON result inline) if it ends "
                       "within N s, else 202 as without it. Caps full: 202 at once, no Preference-Applied.")
 def submit_job(model: str, body: dict, headers: SubmitHeaders):
-    opts = _options(headers)
+    opts = submission.given(headers, **caller(headers))
     wait_s = prefer_wait(headers.prefer)
     if wait_s is None:
         return _accepted(jobs.submit(current_principal(), model, body, opts), None)
@@ -98,18 +103,6 @@ def submit_job(model: str, body: dict, headers: SubmitHeaders):
     if out.has_result:
         values["result"] = out.result
     return JobSync.model_construct(**values), 200, extra
-
-
-def _options(headers: SubmitHeaders) -> SubmitOptions:
-    return parse(SubmitOptions, {
-        "Idempotency-Key": headers.idempotency_key, "modelKey": headers.model_key, "bizName": headers.biz_name or "",
-        "creator": creator_for(headers.creator, trusted_user_info()), "callbackUrl": headers.callback_url or None,
-        "passthrough": passthrough(headers.oss_authorization),
-        "priority": headers.priority if headers.priority not in (None, "") else 5,
-        "webhookUrl": headers.webhook_url or None,
-        "webhookEvents": [e.strip() for e in headers.webhook_events.split(",")] if headers.webhook_events else None},
-        face="seed",
-        message="invalid job options")
 
 
 def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
@@ -138,9 +131,7 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
                       "key, body or model refuses the whole batch as for a submit.")
 def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
     results, admitted = [], 0
-    outcomes = batches.submit_batch(current_principal(), model, body.jobs,
-                                    creator_for(headers.creator, trusted_user_info()),
-                                    passthrough(headers.oss_authorization))
+    outcomes = batches.submit_batch(current_principal(), model, body.jobs, **caller(headers))
     for o in outcomes:
         if o.submitted is not None:
             row = o.submitted.row
