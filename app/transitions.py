@@ -3,8 +3,14 @@
 The row is the truth (docs/architecture.md, invariant 2): a transition names the states
 it may start from and, where a worker's attempt is involved, the attempt it
 expects.  The database applies it or not; whoever gets the row back owns the
-transition and its side effects (slot release, wake-up, callback), everyone
-else gets ``None`` and backs off.  Nothing here reads a row and writes it back.
+transition and its side effects, everyone else gets ``None`` and backs off.
+Nothing here reads a row and writes it back.
+
+A move out of pending/running (into retry_wait or a terminal state) returns
+a ``Moved``: the winning row and the after-commit effects it implies (slots
+and permit back, waiters woken, deliveries rung).  Callers never choose
+those effects: they hand the ``Moved`` to app/jobs/effects.py, the one
+module that runs them, after the commit.
 
 A move into a terminal state (done, failed, timeout, canceled) writes its
 webhook deliveries in the same statement on PostgreSQL (data-modifying
@@ -22,6 +28,7 @@ exactly the attempts whose transition applied, each once.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Iterable, Sequence
 
@@ -55,6 +62,33 @@ ALLOWED: frozenset[tuple[S, S]] = frozenset({
     (S.PENDING, S.FAILED),       # an admin's fail (seed 000: any non-terminal state can be ended)
     (S.RETRY_WAIT, S.FAILED),
 })
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A transition this caller won: ``row`` as it now is (committed once the
+    caller's transaction is), and which after-commit effects are due
+    (app/jobs/effects.py runs them)."""
+
+    row: Row
+    release: bool      # the job left pending/running: its gate slots and permit go back
+    terminal: bool     # it ended: waiters wake with its snapshot, the finish is counted
+    deliveries: int    # webhook deliveries the same statement wrote (their doorbell rings)
+    callback: bool     # done with a callbackUrl: its callback is scheduled
+
+    @property
+    def state(self) -> S:
+        return S(self.row.state)
+
+
+def _moved(row: Row | None) -> Moved | None:
+    """What a won move out of pending/running implies; None stays None."""
+    if row is None:
+        return None
+    terminal = S(row.state) in TERMINAL_STATES
+    return Moved(row=row, release=True, terminal=terminal,
+                 deliveries=int(getattr(row, "webhooks_queued", 0) or 0),
+                 callback=S(row.state) == S.DONE and bool(row.callback_url))
 
 
 def check_allowed(from_states: Iterable[S], to_state: S) -> None:
@@ -226,10 +260,10 @@ def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, wo
 def complete(
     conn: Connection, job_id: str, attempt: int, *,
     location: str, content_type: str, size: int, inline: bytes | None = None, alongside: tuple | None = None,
-) -> Row | None:
+) -> Moved | None:
     """running -> done, by the attempt that holds the row.  ``inline``: the
     result itself, kept in the row (``location`` is then ``inline:``)."""
-    return _cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True, values={
+    return _moved(_cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True, values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "error": None,
@@ -238,14 +272,14 @@ def complete(
         "result_content_type": content_type,
         "result_size": size,
         "result_inline": inline,
-    })
+    }))
 
 
 def fail_attempt(
     conn: Connection, job_id: str, attempt: int, error: str,
     *, retry_at: datetime | None, lease_expired_before: datetime | None = None, worker_gone: str | None = None,
     alongside: tuple | None = None, detail: str | None = None,
-) -> Row | None:
+) -> Moved | None:
     """running -> retry_wait (retry_at given) or failed (no retries left).
     ``error``: what the tenant sees (app/states.py job_error); ``detail``:
     the internals behind it, for admin views.
@@ -262,11 +296,11 @@ def fail_attempt(
     values = {"error": error[:4000], "error_detail": detail[:4000] if detail else None, "lease_expires_at": None}
     if retry_at is not None:
         values["next_retry_at"] = retry_at
-        return _cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values,
-                    alongside=alongside, log_attempt=True)
+        return _moved(_cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values,
+                           alongside=alongside, log_attempt=True))
     values["finished_at"] = clock_now()
-    return _cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values,
-                alongside=alongside, log_attempt=True)
+    return _moved(_cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values,
+                       alongside=alongside, log_attempt=True))
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
@@ -332,36 +366,36 @@ def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], ol
     return list(conn.execute(stmt.returning(tasks.c.id, tasks.c.state, tasks.c.result_location)).all())
 
 
-def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Row | None:
+def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Moved | None:
     """pending/running/retry_wait -> canceled."""
     where = [] if tenant_id is None else [tasks.c.tenant_id == tenant_id]
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open", values={
+    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open", values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "error": job_error("canceled", "canceled by client"),
-    })
+    }))
 
 
-def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Row | None:
+def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Moved | None:
     """pending/running/retry_wait -> failed, by an admin (beside cancel:
     the job ends as a failure, e.g. a poisoned payload); a running attempt's
     late writes are refused by the attempt guard."""
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, log_attempt="open", values={
+    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, log_attempt="open", values={
         "finished_at": clock_now(),
         "lease_expires_at": None,
         "next_retry_at": None,
         "error": (f"failed by admin: {reason}" if reason else "failed by admin")[:4000],
-    })
+    }))
 
 
-def time_out(conn: Connection, job_id: str, *, now: datetime) -> Row | None:
+def time_out(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
     """pending/running/retry_wait past the job's budget -> timeout."""
-    return _cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT, log_attempt="open",
-                where=[tasks.c.deadline_at < now], values={
-                    "finished_at": now,
-                    "lease_expires_at": None,
-                    "error": job_error("job_timeout", "job budget exceeded"),
-                })
+    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT, log_attempt="open",
+                       where=[tasks.c.deadline_at < now], values={
+                           "finished_at": now,
+                           "lease_expires_at": None,
+                           "error": job_error("job_timeout", "job budget exceeded"),
+                       }))
 
 
 def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | None,

@@ -86,9 +86,9 @@ def finish_by_hand(job_id: str) -> None:
     publish), as a worker's completion does."""
     from app import transitions
     from app.infra.db import transaction
-    from app.jobs import service as jobs
+    from app.jobs import effects
 
     with transaction() as conn:
         won = transitions.complete(conn, job_id, 1, location="x", content_type="application/json", size=0)
     assert won is not None
-    jobs.after_terminal(won)
+    effects.run(won)

@@ -147,6 +147,7 @@ def test_jobs_show_list_cancel_requeue(test_env, make_model, user_key, r):
 
     from app import transitions
     from app.clock import now
+    from app.jobs import admission
     from app.jobs import service as svc
     from app.tenancy.keys import Principal
 
@@ -183,7 +184,7 @@ def test_jobs_show_list_cancel_requeue(test_env, make_model, user_key, r):
         transitions.claim(conn, waiting, 0, now() + timedelta(minutes=5))
         transitions.fail_attempt(conn, waiting, 1, "boom", retry_at=now() + timedelta(hours=1))
         transitions.claim(conn, running, 0, now() + timedelta(minutes=5))
-    svc.release_slot("echo", "acme", waiting)
+    admission.release_slot("echo", "acme", waiting)
     out = asynch("jobs", "requeue", waiting, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["action"] == "readmitted"

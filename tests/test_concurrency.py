@@ -19,6 +19,7 @@ from app.errors import Conflict
 from app.infra.db import transaction
 from app.infra.redis import dispatch as rd
 from app.infra.tables import tasks
+from app.jobs import effects
 from app.jobs import service as jobs
 from app.states import JobState
 from app.tenancy.keys import Principal
@@ -110,7 +111,7 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
             else:
                 won = transitions.fail_attempt(conn, job_id, 1, f"err-{i}", retry_at=None)
         if won is not None:
-            jobs.after_terminal(won)
+            effects.run(won)
             return kind
         return None
 

@@ -98,19 +98,17 @@ def _done(job_id: str, model: str) -> None:
     from datetime import timedelta
 
     from app import transitions
-    from app.callbacks import delivery as callbacks
     from app.clock import now
     from app.infra.db import transaction
     from app.infra.storage import get_storage
-    from app.jobs.service import release_slot
+    from app.jobs import effects
 
     body = b'{"echo": "fuzz"}'
     with transaction() as conn:
         assert transitions.claim(conn, job_id, 0, now() + timedelta(hours=1)) is not None
         loc = get_storage().put(job_id, body, "application/json")
         row = transitions.complete(conn, job_id, 1, location=loc, content_type="application/json", size=len(body))
-    release_slot(model, "tenant-a", job_id)
-    callbacks.schedule_for(row)  # a callback row to read back (no worker runs to deliver it)
+    effects.run(row)  # the slot back, and a callback row to read back (no worker runs to deliver it)
 
 
 @pytest.fixture

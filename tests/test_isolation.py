@@ -208,7 +208,6 @@ def world(make_model, client):
     from datetime import timedelta
 
     from app import transitions
-    from app.callbacks import delivery as callbacks
     from app.catalog import model_types
     from app.catalog.schemas import ModelTypeInput
     from app.clock import now
@@ -219,7 +218,8 @@ def world(make_model, client):
     from app.webhooks import subscriptions
     from app.jobs import service as jobs
     from app.jobs import stats
-    from app.jobs.service import SubmitOptions, release_slot
+    from app.jobs import effects
+    from app.jobs.service import SubmitOptions
     from app.tenancy.keys import Principal
 
     admin, key_a, key_b = make_key("ops", admin=True), make_key(A), make_key(B)
@@ -246,8 +246,7 @@ def world(make_model, client):
         # The done transition wrote A's webhook delivery; it failed (a replay's target).
         a_delivery = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.job_id == done)
                                   .values(status="failed", attempts=3).returning(webhook_deliveries.c.id)).scalar_one()
-    release_slot(MODEL, A, done)
-    callbacks.schedule_for(row)
+    effects.run(row)  # the slot back, the callback row scheduled
     assert client.get(f"/v1/tenants/{A}/callback-secret", headers=auth(key_a)).status_code == 200
     return {"admin": admin, "a": key_a, "b": key_b, "pending": pending, "done": done, "model": MODEL,
             "a_key_id": a_key_id, "a_webhook": a_webhook, "a_delivery": a_delivery}

@@ -16,6 +16,7 @@ from app.clock import now
 from app.errors import Conflict
 from app.infra import wakeups as waiters
 from app.infra.db import transaction
+from app.jobs import effects
 from app.jobs import service as jobs
 from app.jobs.schemas import WaitQuery
 from app.states import is_terminal
@@ -97,7 +98,7 @@ def test_finish_between_read_and_wait_is_not_lost(make_model):
             # Finish the job inside the window, as a worker would.
             with transaction() as conn:
                 won = transitions.complete(conn, job_id, 1, location="x", content_type="t", size=0)
-            jobs.after_terminal(won)
+            effects.run(won)
             time.sleep(0.2)  # let the listener deliver before the waiter blocks
         return row
 

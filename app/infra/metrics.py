@@ -28,7 +28,7 @@ Invariants:
 Callers:
   job_admitted / job_rejected      app.jobs.service.submit
   wait_parked                      app.infra.parking
-  job_finished                     app.jobs.service.after_terminal (every terminal winner)
+  job_finished                     app.jobs.effects.run (every terminal winner)
   model_call                       app.jobs.execution (each call that reached the model)
   callback_delivered(model, ok)    the callback sender, once per callback when settled (delivered or failed for good)
   waiters(+1/-1) / wait_refused    app.infra.wakeups (a wait registered / ended / refused at a cap)

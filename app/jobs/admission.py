@@ -221,10 +221,17 @@ def _as_domain(exc: BaseException) -> BaseException:
 
 
 def _release(sub: Submission) -> None:
+    release_slot(sub.model, sub.tenant, sub.job_id)
+
+
+def release_slot(model: str, tenant: str, job_id: str) -> None:
+    """Give back the gate slots of a job whose row was never committed (or
+    never moved: a retry readmit that lost its CAS).  Best effort: reconcile
+    repairs a miss."""
     try:
-        gate.gate_release(sub.model, sub.tenant, sub.job_id)
+        gate.gate_release(model, tenant, job_id)
     except redis.RedisError:
-        log.warning("slot release failed; reconcile will repair it", extra={"job_id": sub.job_id})
+        log.warning("slot release failed; reconcile will repair it", extra={"job_id": job_id})
 
 
 _COLUMNS = ("id", "tenant_id", "creator", "model_name", "biz_name", "callback_url", "model_key", "request_payload",

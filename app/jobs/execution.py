@@ -17,7 +17,6 @@ from datetime import timedelta
 from sqlalchemy import bindparam, select
 
 from app import transitions
-from app.callbacks import delivery as callbacks
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra import metrics, secretbox
@@ -25,9 +24,8 @@ from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
-from app.jobs import dispatch, stats
+from app.jobs import dispatch, effects, stats
 from app.jobs.dispatch import CURRENT
-from app.jobs.service import after_retry_wait, after_terminal, passthrough_of
 from app.states import JobState, is_terminal, job_error
 
 log = logging.getLogger(__name__)
@@ -59,12 +57,9 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
         job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
     if job is None or job.state != JobState.PENDING or attempt not in (CURRENT, job.attempt):
         if job is not None and is_terminal(job.state):
-            # A dispatch of a job that has already ended (its queue entry
-            # came back after a slow or lost message: requeue_unclaimed):
-            # nobody will claim it, so its permit and in-flight entry go back
-            # now instead of cycling through the queue (the terminal job's
-            # slot is long released; the step's removals are idempotent).
-            dispatch.finished(job.task_model, job.tenant_id, job_id, wake=False)
+            # Its queue entry came back after a slow or lost message
+            # (requeue_unclaimed): nobody will claim it.
+            effects.release_stale_dispatch(job.task_model, job.tenant_id, job_id)
         return "stale"
     attempt = job.attempt
     model = job if job.model_id is not None else None
@@ -131,19 +126,18 @@ def _run_claimed(row, model, mine: int) -> str:
                              retry_times=model.retry_times, ctx=ctx, counted=True,
                              detail=f"result upload failed: {exc}")
 
-        with atomic_statement() as conn:
+        with effects.collecting() as due, atomic_statement() as conn:
             # The call is counted whether or not the job is still ours (the
             # model did the work), in the same statement as the transition.
-            won = transitions.complete(conn, job_id, mine, location=location, content_type=resp.content_type,
-                                       size=len(resp.body), inline=inline, alongside=_call_counted(conn, row))
+            won = due.add(transitions.complete(conn, job_id, mine, location=location, content_type=resp.content_type,
+                                               size=len(resp.body), inline=inline, alongside=_call_counted(conn, row)),
+                          cap=model.max_concurrency)
         if won is None:
             # Canceled, timed out or recovered while we worked: not ours any more.
             if inline is None:
                 _delete_quietly(location)
             log.info("attempt lost its job before completing", extra=ctx)
             return "lost"
-        after_terminal(won, cap=model.max_concurrency)
-        callbacks.schedule_for(won)
         log.info("job done", extra=ctx)
         return "done"
     except Exception as exc:
@@ -156,6 +150,12 @@ def _run_claimed(row, model, mine: int) -> str:
         except Exception:
             log.exception("could not record the crashed attempt; recovery will", extra=ctx)
             return "lost"
+
+
+def passthrough_of(row) -> dict[str, str] | None:
+    """The job's OSS pass-through headers (never log or return them)."""
+    raw = getattr(row, "passthrough_headers", None)
+    return json.loads(raw) if raw else None
 
 
 def _call_counted(conn, row) -> tuple:
@@ -199,17 +199,15 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
     admin views."""
     retry = not permanent and attempt <= retry_times
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(attempt)) if retry else None
-    with atomic_statement() as conn:
-        won = transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at, detail=detail,
-                                       alongside=_call_counted(conn, row) if counted else None)
+    with effects.collecting() as due, atomic_statement() as conn:
+        won = due.add(transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at, detail=detail,
+                                               alongside=_call_counted(conn, row) if counted else None))
     if won is None:
         log.info("attempt lost its job before failing", extra=ctx)
         return "lost"
     if won.state == JobState.RETRY_WAIT:
         # Not terminal: the slot goes back, waiters keep waiting.
-        after_retry_wait(won)
         log.info("attempt failed, will retry: %s", detail or error, extra=ctx)
         return "retry_wait"
-    after_terminal(won)
     log.info("job failed: %s", detail or error, extra=ctx)
     return "failed"

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator
 
-import redis
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection, Row
 
@@ -36,15 +35,11 @@ from app.errors import (
 )
 from app.infra import metrics, webhook_rows
 from app.infra import wakeups as waiters
-from app.infra.wakeup_snapshot import snapshot_message
-from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
 from app.infra.db import single_statement, transaction
-from app.infra.publisher import publish_task
-from app.infra.redis import gate
+from app.infra.http.netguard import Lookups
 from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
-from app.infra.http.netguard import Lookups
-from app.jobs import admission, dispatch, submission
+from app.jobs import admission, effects, submission
 from app.jobs.schemas import JobListQuery
 from app.jobs.submission import SubmitOptions
 from app.jobs.waitcaps import waiter_cap
@@ -149,20 +144,6 @@ def new_submission(principal: Principal, sub: submission.Checked) -> admission.S
                                     if opts.webhook_url else None)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
         retry_after=retry_after_seconds(model))
-
-
-def passthrough_of(row: Row) -> dict[str, str] | None:
-    """The job's OSS pass-through headers (never log or return them)."""
-    raw = getattr(row, "passthrough_headers", None)
-    return json.loads(raw) if raw else None
-
-
-def release_slot(model: str, tenant: str, job_id: str) -> None:
-    """Give back the gate slots of a job that was never committed."""
-    try:
-        gate.gate_release(model, tenant, job_id)
-    except redis.RedisError:
-        log.warning("slot release failed; reconcile will repair it", extra={"job_id": job_id})
 
 
 def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:
@@ -311,47 +292,24 @@ def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: S
 
 
 def cancel_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
-    with transaction() as conn:
+    with effects.collecting() as due, transaction() as conn:
         row = load_job(conn, principal, job_id, model_name)
-        won = transitions.cancel(conn, job_id, None if principal.is_admin else principal.tenant_id)
+        won = due.add(transitions.cancel(conn, job_id, None if principal.is_admin else principal.tenant_id))
     if won is None:
         raise Conflict(f"job already finished (state: {v1_name(row.state)})")
-    after_terminal(won)
-    return won
+    return won.row
 
 
 def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: str | None = None) -> Row:
     """An admin ends a pending, running or waiting-to-retry job as failed
     (seed 000: any non-terminal state can be ended); 409 if it already
     ended.  One guarded UPDATE (transitions.fail_by_admin)."""
-    with transaction() as conn:
+    with effects.collecting() as due, transaction() as conn:
         row = load_job(conn, principal, job_id, model_name)
-        won = transitions.fail_by_admin(conn, job_id, reason)
+        won = due.add(transitions.fail_by_admin(conn, job_id, reason))
     if won is None:
         raise Conflict(f"job already finished (state: {v1_name(row.state)})")
-    after_terminal(won)
-    return won
-
-
-def after_terminal(row: Row, cap: int | None = None) -> None:
-    """Effects that follow a winning move out of pending/running into a
-    terminal state: its slots and permit go back (the next job is
-    dispatched), waiters wake.  Best effort: if Redis is down, reconcile
-    returns the slot and waiters end at their budget.  ``cap``: the model's
-    max_concurrency, when the caller has it."""
-    metrics.job_finished(row)
-    dispatch.finished(row.model_name, row.tenant_id, row.id, wake=True, message=snapshot_message(row),
-                      cap=cap)
-    if getattr(row, "webhooks_queued", 0):
-        # The deliveries committed with the transition; this rings their
-        # bell (a miss is the webhook sweep's, app/webhooks/delivery.py).
-        publish_task(DELIVER_JOB_WEBHOOKS_TASK, [row.id])
-
-
-def after_retry_wait(row: Row, cap: int | None = None) -> None:
-    """A failed attempt that will be retried: not terminal, so waiters keep
-    waiting, but the job leaves pending/running: its slots and permit go back."""
-    dispatch.finished(row.model_name, row.tenant_id, row.id, wake=False, cap=cap)
+    return won.row
 
 
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:

@@ -27,9 +27,8 @@ from app.infra.redis import dispatch as redis_dispatch
 from app.infra.redis import epoch, keys, liveness
 from app.infra.redis.client import get_redis
 from app.infra.tables import models, tasks
-from app.jobs import dispatch
+from app.jobs import dispatch, effects
 from app.jobs.execution import backoff_seconds
-from app.jobs.service import after_retry_wait, after_terminal
 from app.maintenance.gates import kick_dispatch, model_caps, reconcile_gates
 from app.maintenance.report import Report, batch_size, locked
 from app.states import SLOT_STATES, JobState, job_error
@@ -149,30 +148,15 @@ def repair_after_wipe() -> Report:
 def recover_expired_leases(limit: int | None = None) -> Report:
     """A running job whose lease ran out lost its worker: that attempt failed."""
     now = clock_now()
-    rep = Report(details={"retry_wait": 0, "failed": 0})
-    with transaction() as conn:
+    with effects.collecting() as due, transaction() as conn:
         rows = conn.execute(locked(conn, select(
             tasks.c.id, tasks.c.attempt, models.c.retry_times,
         ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
             tasks.c.state == int(JobState.RUNNING), tasks.c.lease_expires_at < now,
         ).limit(batch_size(limit)))).all()
-        results = []
-        for r in rows:
-            retry = r.attempt <= (r.retry_times or 0)
-            retry_at = now + timedelta(seconds=backoff_seconds(r.attempt)) if retry else None
-            won = transitions.fail_attempt(conn, r.id, r.attempt,
-                                           job_error("worker_lost", "worker lost (lease expired)"),
-                                           retry_at=retry_at, lease_expired_before=now)
-            if won is not None:
-                results.append(won)
-    for won in results:
-        if won.state == JobState.RETRY_WAIT:
-            after_retry_wait(won)
-            rep.details["retry_wait"] += 1
-        else:
-            after_terminal(won)
-            rep.details["failed"] += 1
-    rep.processed = len(results)
+        rep, _won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (lease expired)"),
+                                   lambda r: now + timedelta(seconds=backoff_seconds(r.attempt)),
+                                   lease_expired_before=lambda r: now)
     return rep
 
 
@@ -193,8 +177,7 @@ def recover_dead_workers(limit: int | None = None) -> Report:
     except redis.RedisError as exc:
         return Report(details={"skipped": f"redis: {exc}"})
     now = clock_now()
-    rep = Report(details={"retry_wait": 0, "failed": 0, "nodes": []})
-    with transaction() as conn:
+    with effects.collecting() as due, transaction() as conn:
         q = select(tasks.c.id, tasks.c.attempt, tasks.c.worker, models.c.retry_times).join(
             models, models.c.model_name == tasks.c.model_name, isouter=True).where(
             tasks.c.state == int(JobState.RUNNING), tasks.c.worker.is_not(None),
@@ -203,32 +186,37 @@ def recover_dead_workers(limit: int | None = None) -> Report:
         if live:
             q = q.where(tasks.c.worker.not_in(sorted(live)))
         rows = conn.execute(locked(conn, q.limit(batch_size(limit)))).all()
-        results = []
-        for r in rows:
-            retry = r.attempt <= (r.retry_times or 0)
-            # Due at once, no backoff: a node that died is not the model
-            # failing, so run_work's retry step (next in the same sweep)
-            # puts it back in its queue.  The attempt still counts.
-            retry_at = now if retry else None
-            won = transitions.fail_attempt(conn, r.id, r.attempt,
-                                           job_error("worker_lost", "worker lost (stopped heartbeating)"),
-                                           retry_at=retry_at, worker_gone=r.worker)
-            if won is not None:
-                results.append(won)
-                if r.worker not in rep.details["nodes"]:
-                    rep.details["nodes"].append(r.worker)
-    for won in results:
-        if won.state == JobState.RETRY_WAIT:
-            after_retry_wait(won)
-            rep.details["retry_wait"] += 1
-        else:
-            after_terminal(won)
-            rep.details["failed"] += 1
-    rep.processed = len(results)
-    if results:
-        log.warning("recovered %d attempt(s) of worker node(s) without a heartbeat: %s", len(results),
+        # Due at once, no backoff: a node that died is not the model
+        # failing, so run_work's retry step (next in the same sweep) puts it
+        # back in its queue.  The attempt still counts.
+        rep, won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (stopped heartbeating)"),
+                                  lambda r: now, worker_gone=lambda r: r.worker)
+    rep.details["nodes"] = sorted({r.worker for r, _moved in won})
+    if won:
+        log.warning("recovered %d attempt(s) of worker node(s) without a heartbeat: %s", len(won),
                     ", ".join(rep.details["nodes"]))
     return rep
+
+
+def _fail_attempts(conn, due: effects.Due, rows, error: str, retry_at_of, **guard_of) -> tuple[Report, list]:
+    """Fail the running attempts of ``rows`` (each with id, attempt and
+    retry_times) in ``conn``'s transaction: retry_wait at ``retry_at_of(row)``
+    if the model allows another attempt, else failed.  ``guard_of``: the
+    transition's guard arguments, each a function of the row.  The won
+    moves go to ``due`` (their effects run after the commit).  Returns the
+    report and the (row, move) pairs won."""
+    rep = Report(details={"retry_wait": 0, "failed": 0})
+    won = []
+    for r in rows:
+        retry = r.attempt <= (r.retry_times or 0)
+        moved = due.add(transitions.fail_attempt(conn, r.id, r.attempt, error,
+                                                 retry_at=retry_at_of(r) if retry else None,
+                                                 **{k: f(r) for k, f in guard_of.items()}))
+        if moved is not None:
+            won.append((r, moved))
+            rep.details["retry_wait" if moved.state == JobState.RETRY_WAIT else "failed"] += 1
+    rep.processed = len(won)
+    return rep, won
 
 
 def time_out_overdue(limit: int | None = None) -> Report:
@@ -236,11 +224,10 @@ def time_out_overdue(limit: int | None = None) -> Report:
     (slots and permit released; a retry_wait job holds none, the release is
     a no-op)."""
     now = clock_now()
-    with transaction() as conn:
+    with effects.collecting() as due, transaction() as conn:
         rows = conn.execute(locked(conn, select(tasks.c.id).where(
             tasks.c.state.in_([int(x) for x in (*SLOT_STATES, JobState.RETRY_WAIT)]), tasks.c.deadline_at < now,
         ).limit(batch_size(limit)))).all()
-        won = [w for w in (transitions.time_out(conn, r.id, now=now) for r in rows) if w is not None]
-    for w in won:
-        after_terminal(w)
-    return Report(processed=len(won))
+        for r in rows:
+            due.add(transitions.time_out(conn, r.id, now=now))
+    return Report(processed=len(due))

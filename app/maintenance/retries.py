@@ -15,7 +15,7 @@ from app.infra.db import transaction
 from app.infra.redis import gate
 from app.infra.tables import models, tasks
 from app.jobs import dispatch
-from app.jobs.service import release_slot
+from app.jobs.admission import release_slot
 from app.maintenance.report import Report, batch_size, locked
 from app.states import JobState
 from app.tenancy import limits

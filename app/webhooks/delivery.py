@@ -6,7 +6,7 @@ the job's own webhook (subscription_id 0, signed with the tenant's callback
 secret) and each tenant subscription whose filter has the event (signed
 with the subscription's secret) -- committed in the same statement as the
 state change, so a webhook is never lost and never written twice.  The
-winner's after_terminal rings a doorbell per job (``fan_out``); the sweep
+winner's effects (app/jobs/effects.py) ring a doorbell per job (``fan_out``); the sweep
 (``deliver_due``, on beat) re-publishes due and abandoned deliveries.
 
 Delivery is at least once, exactly as callbacks (app/callbacks/delivery.py):

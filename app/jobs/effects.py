@@ -1,0 +1,99 @@
+"""The after-commit effects of a job's transitions: the one module that runs
+them (docs/architecture.md, "Effects follow from the transitions").
+
+A transition that moves a job out of pending/running returns a
+``transitions.Moved``: the winning row and which effects its commit implies.
+The caller collects what it won and this module runs the effects once the
+transaction committed -- the message-bus shape (collect what the change
+implies, handle it after the commit), kept explicit:
+
+    with effects.collecting() as due, transaction() as conn:
+        won = due.add(transitions.cancel(conn, job_id, tenant))
+
+Invariants:
+- Effects run only after the commit of the transaction that won the row
+  (``collecting`` is entered before the transaction, so its exit runs after
+  the transaction's; an exception drops them): a worker or waiter never
+  acts on a state that could still roll back.
+- They run at most once per won transition, and only for the winner (a
+  lost CAS returns None, which ``add`` ignores).
+- Best effort: Redis or the broker being away never undoes the transition.
+  Reconcile returns a slot, the wake-up listener's refetch and the waiters'
+  budgets cover a missed wake-up, the delivery sweep rings a missed bell.
+- Nothing else calls dispatch.finished, metrics.job_finished, the delivery
+  doorbells or callbacks.schedule_for (tests/test_effects.py checks it).
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterator
+
+from app.callbacks import delivery as callbacks
+from app.infra import metrics
+from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
+from app.infra.publisher import publish_task
+from app.infra.wakeup_snapshot import snapshot_message
+from app.jobs import dispatch
+from app.transitions import Moved
+
+log = logging.getLogger(__name__)
+
+
+class Due:
+    """The transitions a transaction won, whose effects are due after its commit."""
+
+    def __init__(self) -> None:
+        self._won: list[tuple[Moved, int | None]] = []
+
+    def add(self, moved: Moved | None, cap: int | None = None) -> Moved | None:
+        """Note a transition's result (None: lost, nothing due); returns it.
+        ``cap``: the model's max_concurrency, when the caller has it."""
+        if moved is not None:
+            self._won.append((moved, cap))
+        return moved
+
+    def __iter__(self):
+        return (m for m, _cap in self._won)
+
+    def __len__(self) -> int:
+        return len(self._won)
+
+
+@contextmanager
+def collecting() -> Iterator[Due]:
+    """Collect won transitions; run their effects on a clean exit (enter
+    it BEFORE the transaction, so the commit comes first)."""
+    due = Due()
+    yield due
+    for moved, cap in due._won:
+        run(moved, cap=cap)
+
+
+def run(moved: Moved | None, cap: int | None = None) -> None:
+    """The effects of one committed transition: its slots and permit back
+    (the next job is dispatched) with, for a terminal state, its waiters
+    woken with the row's snapshot; its finish counted; its deliveries' bell
+    rung and its callback scheduled."""
+    if moved is None:
+        return
+    row = moved.row
+    if moved.terminal:
+        metrics.job_finished(row)
+    if moved.release:
+        dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
+                          message=snapshot_message(row) if moved.terminal else "", cap=cap)
+    if moved.deliveries:
+        # The deliveries committed with the transition; this rings their
+        # bell (a miss is the webhook sweep's, app/webhooks/delivery.py).
+        publish_task(DELIVER_JOB_WEBHOOKS_TASK, [row.id])
+    if moved.callback:
+        callbacks.schedule_for(row)
+
+
+def release_stale_dispatch(model: str, tenant: str, job_id: str) -> None:
+    """A dispatch of a job that already ended (its queue entry came back
+    after a slow or lost message): nobody will claim it, so its permit and
+    in-flight entry go back now instead of cycling through the queue (the
+    terminal job's slot is long released; the removals are idempotent)."""
+    dispatch.finished(model, tenant, job_id, wake=False)
