@@ -1,8 +1,12 @@
 """Configuration: the only module that reads the process environment.
 
-Every setting has an ``ASYNCH_`` variable and a default that runs on one
-machine with nothing configured (SQLite file, local result directory, the
-local Redis).  Everything else in the code receives a ``Settings`` object.
+Every setting has an ``ASYNCH_`` variable and a default.  The database has
+none: an empty ASYNCH_DATABASE_URL means "not configured" (one clear error
+when something needs it, app/infra/db.py); `asynch dev` brings its own
+PostgreSQL and Redis and writes their URLs to its checkout's
+.asynch/dev.json, which the ``asynch`` command loads into the environment
+before settings are read (app/cli/devstate.py).  Everything else in the code
+receives a ``Settings`` object.
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str = "sqlite:///asynch.db"
+    # PostgreSQL (postgresql+psycopg2://...), the one SQL dialect; empty: not configured.
+    database_url: str = ""
     # Connections each of a process's two pools keeps open.  At least the
     # API's threads per process: a pool smaller than the concurrency closes
     # each overflow connection on return and opens a new one on the next

@@ -104,8 +104,7 @@ def _p90(values: list[float]) -> float | None:
 def throughput_series(minutes: int = 60, bucket_minutes: int = 5, tenant_id: str | None = None) -> dict:
     """Per model: finished-done jobs and P90 of created -> finished seconds,
     per bucket over the last ``minutes``.  ix_asynch_task_state_finished
-    answers the range; the window is small, so percentiles are computed here
-    (the same on PostgreSQL and SQLite)."""
+    answers the range; the window is small, so percentiles are computed here."""
     now = clock_now()
     start = now - timedelta(minutes=minutes)
     q = select(tasks.c.model_name, tasks.c.created_at, tasks.c.finished_at).where(
