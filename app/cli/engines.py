@@ -75,7 +75,8 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _die_with_parent(sig: int):
+def die_with_parent(sig: int):
+    """A preexec_fn: the child gets ``sig`` when the thread that started it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     def preexec() -> None:  # runs in the child after its uid/gid are set (else the setting is dropped)
@@ -110,7 +111,7 @@ class _Server:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=self.data_dir, start_new_session=True,
-                                         preexec_fn=_die_with_parent(self.stop_signal), **self._popen_kw())
+                                         preexec_fn=die_with_parent(self.stop_signal), **self._popen_kw())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
