@@ -18,7 +18,7 @@ def set_clock(fn: Callable[[], datetime] | None) -> None:
 
 
 def as_utc(dt: datetime | None) -> datetime | None:
-    """SQLite hands datetimes back naive; every stored time is UTC."""
+    """A naive datetime (one built without tzinfo) is UTC: every stored time is."""
     if dt is None:
         return None
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt

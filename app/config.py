@@ -2,11 +2,14 @@
 
 Every setting is declared once, below, as a field of ``Settings`` (a
 pydantic-settings ``BaseSettings``): its ``ASYNCH_`` variable is the field's
-name in upper case, its default runs on one machine with nothing configured
-(SQLite file, local result directory, the local Redis), its description says
-what it does (docs/operations.md's table is checked against the declaration:
-tests/test_config.py).  Everything else in the code receives a ``Settings``
-object.
+name in upper case, its description says what it does (docs/operations.md's
+table is checked against the declaration: tests/test_config.py).  The
+database has no default: an empty ASYNCH_DATABASE_URL means "not
+configured" (one clear error when something needs it, app/infra/db.py);
+`asynch dev` brings its own PostgreSQL and Redis and writes their URLs to its
+checkout's .asynch/dev.json, which the ``asynch`` command loads into the
+environment before settings are read (app/cli/devstate.py).  Everything else
+in the code receives a ``Settings`` object.
 
 Invariants:
 - ``load_settings(env)`` reads the variables of ``env`` (default:
@@ -36,8 +39,9 @@ ENV_PREFIX = "ASYNCH_"
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
-    database_url: str = Field("sqlite:///asynch.db", description=(
-        "SQLAlchemy URL of the database, the source of truth."))
+    database_url: str = Field("", description=(
+        "SQLAlchemy URL of the PostgreSQL database (postgresql+psycopg2://...), the source of truth and the "
+        "one SQL dialect; empty: not configured."))
     db_pool_size: int = Field(16, description=(
         "Connections each of a process's two pools keeps open.  At least the API's threads per process: a "
         "pool smaller than the concurrency closes each overflow connection on return and opens a new one on "

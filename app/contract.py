@@ -198,8 +198,8 @@ Text = Annotated[str, AfterValidator(_no_nul), pattern(NO_NUL, "text without NUL
 
 
 def iso_z(dt: datetime | None) -> str | None:
-    """The wire format of every time: UTC, ISO 8601, ``Z``.  SQLite hands
-    times back naive; every stored time is UTC."""
+    """The wire format of every time: UTC, ISO 8601, ``Z``.  A naive time
+    is UTC (every stored time is)."""
     if dt is None:
         return None
     if dt.tzinfo is None:

@@ -99,6 +99,15 @@ class Unavailable(DomainError):
     status = 503
 
 
+class NotConfigured(Unavailable):
+    """No usable ASYNCH_DATABASE_URL: a 503 to a request, one line from the CLI."""
+
+
+# What NotConfigured says when ASYNCH_DATABASE_URL is empty (the default).
+NO_DATABASE = ("no database configured: set ASYNCH_DATABASE_URL (postgresql+psycopg2://...), "
+               "or run `asynch dev` and use asynch inside its checkout")
+
+
 class IllegalTransition(DomainError):
     """A state change the state machine does not allow (a bug, not a race)."""
 

@@ -13,9 +13,9 @@ those effects: they hand the ``Moved`` to app/jobs/effects.py, the one
 module that runs them, after the commit.
 
 A move into a terminal state (done, failed, timeout, canceled) writes its
-webhook deliveries in the same statement on PostgreSQL (data-modifying
-CTEs over the moved row) and in the same transaction elsewhere
-(app/infra/webhook_rows.py): only the winner writes them, exactly once.
+webhook deliveries in the same statement (data-modifying CTEs over the
+moved row, app/infra/webhook_rows.py): only the winner writes them,
+exactly once.
 
 A transition the state machine does not allow at all raises
 IllegalTransition before touching the database: that is a bug, not a race.
@@ -29,7 +29,7 @@ exactly the attempts whose transition applied, each once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Iterable, Sequence
 
 from sqlalchemy import DateTime, bindparam, delete, func, insert, literal, literal_column, select, update
@@ -114,9 +114,8 @@ def _cas(
     (``"open"``: only if the job had a running attempt not logged yet -- a
     cancel or timeout may also find the job pending or waiting to retry).  ``alongside``: (statement, params) of
     another write that must commit with this one (the usage count of a
-    model call); on PostgreSQL both go as ONE statement (a data-modifying
-    CTE: one round trip, its own transaction on an autocommit connection),
-    elsewhere as two in the caller's transaction.  The side statement runs
+    model call); both go as ONE statement (a data-modifying CTE: one round
+    trip, its own transaction on an autocommit connection).  The side statement runs
     whether or not the guard matches: it records what happened, not who
     owns the row."""
     check_allowed(from_states, to_state)
@@ -147,44 +146,16 @@ def _cas(
     # A terminal state writes its webhook deliveries with the transition
     # itself (app/infra/webhook_rows.py): never lost, never twice.
     hooks = S(to_state) if S(to_state) in webhook_rows.EVENT_OF_STATE else None
-    pg = conn.dialect.name == "postgresql"
+    side = None
     if alongside is not None:
         side, side_params = alongside
         params.update(side_params)
-        if not pg:
-            conn.execute(side, side_params)
-            side = None
-    else:
-        side = None
-    if pg:
-        if side is not None or log_attempt or hooks is not None:
-            stmt = _combined(key, stmt, side, log_attempt, hooks)
-        return conn.execute(stmt, params).first()
-    won = conn.execute(stmt, params).first()
-    if won is None:
-        return None
-    if log_attempt and (log_attempt is True or _open_attempt(conn, won)):
-        conn.execute(insert(task_attempts).values(**_attempt_values(won)))
-    if hooks is not None:
-        one = select(tasks).where(tasks.c.id == won.id).subquery("moved")
-        made = sum(conn.execute(ins).rowcount for ins in webhook_rows.inserts(one, hooks, conn.dialect.name))
-        # The same row as PostgreSQL's, with its webhooks_queued (the doorbell's cue).
-        won = conn.execute(select(*tasks.c, literal(made).label("webhooks_queued"))
-                           .where(tasks.c.id == won.id)).first()
-    return won
-
-
-def _open_attempt(conn: Connection, row) -> bool:
-    return row.attempt > 0 and conn.execute(select(task_attempts.c.id).where(
-        task_attempts.c.job_id == row.id, task_attempts.c.attempt == row.attempt)).first() is None
+    if side is not None or log_attempt or hooks is not None:
+        stmt = _combined(key, stmt, side, log_attempt, hooks)
+    return conn.execute(stmt, params).first()
 
 
 _ATTEMPT_COLS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "error_detail")
-
-
-def _attempt_values(row) -> dict:
-    return {"job_id": row.id, "attempt": row.attempt, "worker": row.worker, "started_at": row.started_at,
-            "ended_at": row.updated_at, "outcome": row.state, "error": row.error, "error_detail": row.error_detail}
 
 
 _COMBINED: dict[tuple, object] = {}
@@ -217,7 +188,7 @@ def _combined(key: tuple | None, stmt, side, log_attempt: bool | str, hooks: S |
             ctes.append(log.returning(literal_column("1")).cte("logged"))
         if hooks is not None:
             made = [ins.returning(webhook_deliveries.c.id).cte(f"hook{i}")
-                    for i, ins in enumerate(webhook_rows.inserts(moved, hooks, "postgresql"))]
+                    for i, ins in enumerate(webhook_rows.inserts(moved, hooks))]
             ctes.extend(made)
             counted = [select(func.count()).select_from(h).scalar_subquery() for h in made]
             cols.append((counted[0] + counted[1]).label("webhooks_queued"))
@@ -345,10 +316,8 @@ def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> Non
     if not job_ids:
         return
     where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(S.DONE), int(S.CLAIMED)])]
-    if conn.dialect.name == "postgresql":
-        free = select(tasks.c.id).where(*where).with_for_update(skip_locked=True).scalar_subquery()
-        where = [tasks.c.id.in_(free)]
-    conn.execute(update(tasks).where(*where).values(last_read_at=now))
+    free = select(tasks.c.id).where(*where).with_for_update(skip_locked=True).scalar_subquery()
+    conn.execute(update(tasks).where(tasks.c.id.in_(free)).values(last_read_at=now))
 
 
 def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], older_than,
@@ -419,8 +388,6 @@ def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | Non
     if tenant_id is not None:
         where.append(tasks.c.tenant_id == tenant_id)
     now = clock_now()
-    if conn.dialect.name != "postgresql":
-        return _claim_results_per_model(conn, where, now, default_keep_seconds, returning)
     locked = select(tasks.c.id).where(*where).order_by(tasks.c.id).with_for_update()
     # Correlated to the row being updated: one primary-key probe of asynch_models per row.
     keep = select(models.c.auto_clean_seconds).where(models.c.model_name == tasks.c.model_name).scalar_subquery()
@@ -431,22 +398,3 @@ def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | Non
             .returning(*returning))
     return list(conn.execute(stmt).all())
 
-
-def _claim_results_per_model(conn: Connection, where: list, now: datetime, default_keep_seconds: int,
-                             returning: Sequence) -> list[Row]:
-    """The same claim where the database has no interval arithmetic (SQLite,
-    dev mode): one guarded UPDATE per model, expire_at computed here.  SQLite
-    holds one writer at a time, so the batch is as exclusive as PostgreSQL's
-    row locks make it."""
-    keep = dict(conn.execute(
-        select(tasks.c.model_name, models.c.auto_clean_seconds)
-        .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
-        .where(*where).distinct()).all())
-    out: list[Row] = []
-    for model_name, seconds in keep.items():
-        expire = now + timedelta(seconds=seconds if seconds is not None else default_keep_seconds)
-        stmt = (update(tasks).where(*where, tasks.c.model_name == model_name)
-                .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now, last_read_at=now, expire_at=expire)
-                .returning(*returning))
-        out.extend(conn.execute(stmt).all())
-    return out

@@ -60,7 +60,7 @@ def _seed() -> float:
     from app.infra.redis.client import get_redis
 
     t0 = time.monotonic()
-    conn = psycopg2.connect(f"postgresql://postgres@127.0.0.1:5432/{stack.DB_NAME}")
+    conn = psycopg2.connect(stack.db_dsn())
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute(SEED_SQL, {"rows": ROWS, "pending": PENDING})

@@ -100,7 +100,7 @@ def end_to_end() -> dict:
     mport = stack.free_port()
     model = stack.stub_model(mport)
     stack.create_model("bench-model", f"http://127.0.0.1:{mport}", route="/bench")
-    counter = redis.Redis(db=stack.COUNTER_DB)
+    counter = stack.redis_db(stack.COUNTER_DB)
     out = {}
     try:
         for name in ("naive", "ours"):

@@ -68,7 +68,7 @@ def main() -> dict:
     model = stack.stub_model(model_port)
     model_url = f"http://127.0.0.1:{model_port}"
     stack.create_model("bench-echo", model_url)
-    counter = redis.Redis(db=stack.COUNTER_DB)
+    counter = stack.redis_db(stack.COUNTER_DB)
     res = {"ours": [], "naive": []}
     try:
         for i in range(RUNS):

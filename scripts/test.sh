@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Run the whole test suite on this machine: starts PostgreSQL, Redis and
-# RabbitMQ if needed (and what the cluster tests run themselves), installs chromium (browser test), builds .venv, then
-# pytest (extra arguments go to pytest).
+# Run the whole test suite on this machine.  The suite starts its own
+# PostgreSQL and Valkey (tests/conftest.py) and never restarts, flushes or
+# writes the machine's own PostgreSQL or Redis.  This script starts RabbitMQ
+# if needed (tests/test_rabbitmq.py), installs what the cluster tests run
+# themselves and chromium (browser test), builds .venv, then pytest (extra
+# arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh --rabbitmq --cluster

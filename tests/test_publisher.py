@@ -6,6 +6,7 @@ import json
 import pytest
 import redis as redis_lib
 from celery import Celery
+from conftest import REDIS_BASE, redis_db
 
 from app.infra.celery_config import RUN_JOB_TASK, celery_settings
 from app.infra.publisher import redis_message
@@ -15,8 +16,8 @@ SCRATCH_DB = 7
 
 @pytest.mark.parametrize("priority", [None, 0, 3, 9])
 def test_fast_message_matches_celery_send_task(settings, priority):
-    s = settings.with_overrides(broker_url=f"redis://127.0.0.1:6379/{SCRATCH_DB}", queue_name="probe-q")
-    r = redis_lib.Redis(db=SCRATCH_DB)
+    s = settings.with_overrides(broker_url=f"{REDIS_BASE}/{SCRATCH_DB}", queue_name="probe-q")
+    r = redis_db(SCRATCH_DB)
     r.delete(*[k for k in r.keys("probe-q*")] or ["probe-q"])
     app = Celery("probe", set_as_current=False)
     app.conf.update(celery_settings(s))

@@ -75,12 +75,3 @@ def test_partial_index_revision_goes_down_and_up_on_postgresql():
             cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.close()
 
-
-def test_migrations_run_on_sqlite_for_dev_mode(tmp_path):
-    import sqlite3
-
-    db = tmp_path / "dev.db"
-    _round_trip(f"sqlite:///{db}")
-    sql = dict(sqlite3.connect(db).execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'").fetchall())
-    assert "WHERE state = 4" in sql["ix_asynch_task_claimed_expire"]
-    assert "ix_asynch_task_state_expire" not in sql

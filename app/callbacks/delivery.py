@@ -46,7 +46,6 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import and_, exists, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Row
 
 from app.callbacks import secrets as callback_secrets
@@ -92,10 +91,9 @@ def callback_url_for(row: Row) -> str:
 
 def _insert_for(conn: Connection, row: Row) -> int | None:
     """The callback row for a done job; None if it already exists."""
-    ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
     now = clock_now()
-    stmt = ins(callbacks).values(job_id=row.id, tenant_id=row.tenant_id, url=callback_url_for(row), status=PENDING,
-                                 attempts=0, next_attempt_at=now, created_at=now, updated_at=now)
+    stmt = pg_insert(callbacks).values(job_id=row.id, tenant_id=row.tenant_id, url=callback_url_for(row),
+                                       status=PENDING, attempts=0, next_attempt_at=now, created_at=now, updated_at=now)
     return conn.execute(stmt.on_conflict_do_nothing(index_elements=["job_id"]).returning(callbacks.c.id)).scalar()
 
 

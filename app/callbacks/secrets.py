@@ -29,7 +29,6 @@ from datetime import timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from app.callbacks.signing import PREFIX as WHSEC
@@ -86,8 +85,7 @@ def rotate(tenant_id: str) -> dict:
 def tenant_secret(conn: Connection, tenant_id: str) -> dict:
     """The tenant's secret, created on first use (racing creators agree)."""
     _check_tenant(tenant_id)
-    ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    conn.execute(ins(tenant_secrets).values(tenant_id=tenant_id, secret=_new_secret(), created_at=clock_now())
+    conn.execute(pg_insert(tenant_secrets).values(tenant_id=tenant_id, secret=_new_secret(), created_at=clock_now())
                  .on_conflict_do_nothing(index_elements=["tenant_id"]))
     row = conn.execute(select(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)).one()
     return _view(row)
@@ -100,8 +98,7 @@ def rotate_secret(conn: Connection, tenant_id: str) -> dict:
     now = clock_now()
     old = conn.execute(select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id)
                        .with_for_update()).scalar_one()
-    ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    prev = ins(tenant_secrets).values(tenant_id=previous_id(tenant_id), secret=old, created_at=now)
+    prev = pg_insert(tenant_secrets).values(tenant_id=previous_id(tenant_id), secret=old, created_at=now)
     conn.execute(prev.on_conflict_do_update(index_elements=["tenant_id"],
                                             set_={"secret": old, "created_at": now}))
     row = conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)

@@ -1,17 +1,14 @@
-"""Commands that run the system's processes: the API, workers, beat, the
-all-in-one dev stack, and the database migration."""
+"""Commands that run the system's processes: the API, workers, beat and the
+database migration (the all-in-one dev stack: app/cli/devstack.py)."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 
 import click
 
-from app.cli.base import ROOT, upgrade_db
-from app.config import env_names, get_settings, load_settings, set_settings
+from app.cli.base import upgrade_db
+from app.config import env_names, get_settings
 from app.secrets_policy import check_startup, masked
 
 # --- database ------------------------------------------------------------------
@@ -135,125 +132,6 @@ def beat_argv(schedule_file: str = "celerybeat-schedule") -> list[str]:
 def beat() -> None:
     _refuse_insecure()
     os.execvp(sys.executable, beat_argv())
-
-
-@click.command(help="All in one: migrate, a demo echo model, an admin key, the API (gunicorn gevent, as "
-               "`asynch api` serves it), a job worker, a callback worker and beat.")
-@click.option("--port", default=8000, type=int)
-@click.option("--model-port", default=8765, type=int)
-def dev(port: int, model_port: int) -> None:
-    from app.catalog import registry
-    from app.catalog.schemas import ModelInput, ModelPatch
-    from app.cli.demo_model import DemoModelServer
-    from app.errors import Conflict
-    from app.tenancy import keys as key_svc
-
-    os.chdir(ROOT)
-    # A local trial: every child runs in dev mode (weak secrets accepted, a derived secrets key).
-    os.environ["ASYNCH_DEV_MODE"] = "1"
-    set_settings(load_settings())
-    upgrade_db()
-    demo = DemoModelServer(port=model_port).start()
-    try:
-        registry.create_model(ModelInput(
-            model_name="demo-echo", base_url=demo.url, route="/echo", http_method="POST", queue_limit=100,
-            max_concurrency=4, timeout_seconds=30, expected_seconds=1, retry_times=2,
-            form=[{"field": "prompt", "label": "Prompt", "type": "string", "required": True}],
-            remark="echoes its payload back (asynch dev)"))
-    except Conflict:
-        registry.update_model("demo-echo", ModelPatch(base_url=demo.url, enabled=True))
-    key, _ = key_svc.create_key("demo", "admin", "asynch dev")
-
-    (ROOT / "data").mkdir(exist_ok=True)
-    # Each worker node is its own metrics group; the callback node serves on the next port.
-    callback_port = str(get_settings().worker_metrics_port + 1 if get_settings().worker_metrics_port else 0)
-    base = f"http://127.0.0.1:{port}"
-    # The API is the production serving path (gunicorn, gevent worker), one
-    # process: every route behaves here as it does behind `asynch api`.
-    # Each child leads its own process group, so a stop can reach its
-    # workers/pool processes too; the terminal's Ctrl-C reaches only us, and
-    # we stop them in order.
-    api_proc = subprocess.Popen(api_argv(f"127.0.0.1:{port}", workers=1), env={**os.environ, **metrics_group_env()},
-                                process_group=0)
-    children = [api_proc,
-                subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}, process_group=0),
-                subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
-                                                               "ASYNCH_WORKER_METRICS_PORT": callback_port},
-                                 process_group=0),
-                subprocess.Popen(beat_argv(str(ROOT / "data" / "celerybeat-schedule")), process_group=0)]
-
-    def _stop(*_a):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    code = 0
-    try:
-        if not _wait_healthy(base, api_proc, timeout=60):
-            click.echo("the API did not come up; stopping", err=True)
-            code = 1
-            return
-        click.echo(f"""
-model-asynch dev is up: API {base}, demo model {demo.url}, {len(children) - 1} helper processes.
-Admin key (tenant "demo"): {key}
-Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
-OpenAPI: {base}/openapi.json
-
-Submit a job, then wait for it and read its result:
-  curl -s -X POST {base}/v1/models/demo-echo/jobs -H 'Authorization: Bearer {key}' \\
-       -H 'Content-Type: application/json' -d '{{"prompt": "hello"}}'
-  curl -s '{base}/v1/models/demo-echo/jobs/<job_id>/wait?timeout=5000' -H 'Authorization: Bearer {key}'
-  curl -s {base}/v1/models/demo-echo/jobs/<job_id>/result -H 'Authorization: Bearer {key}'
-Ctrl-C stops everything.
-""", err=True)
-        while True:
-            dead = [c for c in children if c.poll() is not None]
-            if dead:
-                click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
-                           "stopping", err=True)
-                code = 1
-                return
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
-        for c in children:
-            if c.poll() is None:
-                c.terminate()
-        deadline = time.time() + 15
-        for c in children:
-            try:
-                c.wait(max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                pass  # a worker still finishing a model call: killed below
-        for c in children:
-            # Whatever is left of its group (a pool process mid-call, a
-            # process that ignored SIGTERM) goes now.
-            try:
-                os.killpg(c.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            c.wait()
-        demo.stop()
-        if code:
-            sys.exit(code)
-
-
-def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
-    import urllib.request
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
 
 
 @click.command("env", help="List every ASYNCH_ environment variable and its current value (secrets, and the "

@@ -1,6 +1,7 @@
 """Engine and connection handling.
 
-One engine per process (created lazily; app/infra/process.py drops it in a
+PostgreSQL is the one SQL dialect.  No ASYNCH_DATABASE_URL (the default)
+is NotConfigured, one line, never a file created somewhere.  One engine per process (created lazily; app/infra/process.py drops it in a
 forked child, so pooled connections are never shared between a parent and
 its children).  Service functions open their own unit of work:
  ``transaction()`` gives one inside BEGIN/COMMIT.
@@ -10,29 +11,22 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.config import get_settings
-from app.errors import Unavailable
+from app.errors import NO_DATABASE, NotConfigured, Unavailable
 from app.infra.process import PerProcess
 
 
 def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engine:
     iso = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
-    if url.startswith("sqlite"):
-        eng = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True,
-                            **iso)
-
-        @event.listens_for(eng, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - dev mode only
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        return eng
+    if not url:
+        raise NotConfigured(NO_DATABASE)
+    if not url.startswith("postgresql"):
+        raise NotConfigured(f"ASYNCH_DATABASE_URL must be a PostgreSQL URL (postgresql+psycopg2://...), got "
+                            f"{url.split(':', 1)[0]}://...")
     return create_engine(
         url,
         pool_size=max(1, pool_size),
@@ -71,10 +65,6 @@ def reset_engine() -> None:
         item.reset()
 
 
-def is_postgres(conn: Connection) -> bool:
-    return conn.dialect.name == "postgresql"
-
-
 @contextmanager
 def _lost_database_is_unavailable() -> Iterator[None]:
     try:
@@ -105,15 +95,8 @@ def single_statement() -> Iterator[Connection]:
 
 @contextmanager
 def atomic_statement() -> Iterator[Connection]:
-    """For a write that is ONE statement on PostgreSQL (a transition with
-    its side write in one CTE, app/transitions.py ``alongside``): an
-    autocommit connection there, one round trip; elsewhere (SQLite) a
-    transaction, because the same write is two statements there."""
-    with _lost_database_is_unavailable():
-        engine = get_engine(autocommit=True)
-        if engine.dialect.name == "postgresql":
-            with engine.connect() as conn:
-                yield conn
-            return
-        with get_engine().begin() as conn:
-            yield conn
+    """For a write that is ONE statement (a transition with its side write
+    in one CTE, app/transitions.py ``alongside``): an autocommit
+    connection, one round trip."""
+    with _lost_database_is_unavailable(), get_engine(autocommit=True).connect() as conn:
+        yield conn

@@ -8,9 +8,7 @@ Invariants:
   before anything else is imported: app/web/gunicorn_gevent.py), and
   psycopg2, whose C code talks to libpq's socket directly, waits through
   psycogreen's callback (``make_green``), installed before the first
-  connection of the process.  SQLite (``asynch dev``) stays blocking: a
-  local file, microseconds per statement, but a writer waiting on the lock
-  holds the whole process (dev mode only).
+  connection of the process.
 - ``ClientWatch`` never reads a byte of the request stream: it only peeks,
   and a pipelined next request disarms it (the wait goes on unwatched).
 - Outside gevent (gthread, werkzeug's threaded server in tests) the same

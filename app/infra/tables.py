@@ -3,7 +3,6 @@ only describes them so queries can be written against names, not strings."""
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
     Column,
@@ -28,7 +27,7 @@ from app.states import JobState as S
 
 metadata = MetaData()
 
-JsonType = JSON().with_variant(JSONB(), "postgresql")
+JsonType = JSONB()
 TS = DateTime(timezone=True)
 
 
@@ -40,7 +39,7 @@ def _partial(name: str, cols: list[str], where: str) -> Index:
     """An index over the rows ``where`` holds.  The queries must spell the predicate with literal states for the planner
     to use it; psycopg2 sends bound values inline, so ``state IN (...)``
     built from parameters qualifies."""
-    return Index(name, *cols, postgresql_where=text(where), sqlite_where=text(where))
+    return Index(name, *cols, postgresql_where=text(where))
 
 
 models = Table(
@@ -140,7 +139,7 @@ tasks = Table(
     Column("webhook_events", SmallInteger, nullable=True),
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it (revision 0005).
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
-          postgresql_where=text("idempotency_key IS NOT NULL"), sqlite_where=text("idempotency_key IS NOT NULL")),
+          postgresql_where=text("idempotency_key IS NOT NULL")),
     # Listing: a tenant's jobs newest first, optionally by model; every
     # tenant's (an admin's listing) in its own sort order (revision 0014).
     Index("ix_asynch_task_created", "created_at", "id"),
@@ -169,7 +168,7 @@ tasks = Table(
 # failed, appended by the transition's own statement (app/transitions.py).
 task_attempts = Table(
     "asynch_task_attempt", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("id", BigInteger(), primary_key=True, autoincrement=True),
     Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("worker", String(255), nullable=True),
@@ -185,7 +184,7 @@ task_attempts = Table(
 
 model_stats = Table(
     "asynch_model_stat", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("id", BigInteger(), primary_key=True, autoincrement=True),
     Column("day", Date, nullable=False),
     Column("tenant_id", String(64), nullable=False),
     Column("creator", String(128), nullable=False, server_default=""),
@@ -196,7 +195,7 @@ model_stats = Table(
     Index("ix_asynch_model_stat_tenant_day", "tenant_id", "day"),
 )
 
-BigId = BigInteger().with_variant(Integer, "sqlite")
+BigId = BigInteger()
 
 # One callback per done job with a callbackUrl (seed 002), delivered at least
 # once: pending -> sending (a lease) -> delivered | pending (backoff) | failed.
@@ -329,7 +328,7 @@ tenant_limits = Table(
 # Every runtime-limit change autotune applied (revision 0003).
 autotune_log = Table(
     "asynch_autotune_log", metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("id", BigInteger(), primary_key=True, autoincrement=True),
     Column("model_name", String(128), nullable=False),
     Column("old_max_concurrency", Integer, nullable=False),
     Column("new_max_concurrency", Integer, nullable=False),

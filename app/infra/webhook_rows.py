@@ -3,8 +3,7 @@
 Event names and their bits (asynch_task.webhook_events and
 asynch_webhook_subscription.events hold an OR of them), and the INSERT ...
 SELECT statements app/transitions.py runs in the SAME statement as the
-terminal UPDATE on PostgreSQL (data-modifying CTEs over the moved row),
-or in the same transaction elsewhere (SQLite, dev mode).
+terminal UPDATE (data-modifying CTEs over the moved row).
 
 Invariants: a delivery row exists for a terminal state iff the transition
 that reached it committed (same statement); there is at most one per
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 from sqlalchemy import and_, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from app.infra.tables import webhook_deliveries, webhook_subscriptions
 from app.states import JobState as S
@@ -42,14 +40,13 @@ def events_of(bits: int | None) -> list[str]:
     return [e for e in EVENTS if (bits or 0) & EVENT_BITS[e]]
 
 
-def inserts(source, to_state: S, dialect: str) -> list:
+def inserts(source, to_state: S) -> list:
     """The INSERT ... SELECT statements for the row(s) of ``source`` (the
-    moved CTE, or asynch_task narrowed to the job): the job's own webhook,
+    moved CTE): the job's own webhook,
     and each of its tenant's subscriptions, whose filter has the event."""
     event = EVENT_OF_STATE[S(to_state)]
     bit = EVENT_BITS[event]
     c = source.c
-    ins = pg_insert if dialect == "postgresql" else sqlite_insert
     sub = webhook_subscriptions.c
     own = select(c.id, c.tenant_id, literal(JOB_OWN), literal(event), c.webhook_url, literal("pending"),
                  literal(0), c.updated_at, c.updated_at, c.updated_at).where(
@@ -57,5 +54,5 @@ def inserts(source, to_state: S, dialect: str) -> list:
     subs = select(c.id, c.tenant_id, sub.id, literal(event), sub.url, literal("pending"), literal(0),
                   c.updated_at, c.updated_at, c.updated_at).select_from(
         source.join(webhook_subscriptions, sub.tenant_id == c.tenant_id)).where(and_(sub.events.op("&")(bit) != 0))
-    return [ins(webhook_deliveries).from_select(_COLS, q).on_conflict_do_nothing(
+    return [pg_insert(webhook_deliveries).from_select(_COLS, q).on_conflict_do_nothing(
         index_elements=["job_id", "subscription_id"]) for q in (own, subs)]

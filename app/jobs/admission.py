@@ -245,13 +245,10 @@ _CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS 
 
 def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:
     """One multi-row INSERT ... RETURNING (its own transaction); the rows
-    inserted, by id.  On PostgreSQL the VALUES list is rendered by the driver
+    inserted, by id.  The VALUES list is rendered by the driver
     (``mogrify``) and sent as one plain statement: building and compiling a
-    Core insert of that many rows cost more than the round trip it saves.
-    Elsewhere (SQLite, dev mode): Core."""
+    Core insert of that many rows cost more than the round trip it saves."""
     with single_statement() as conn:
-        if conn.dialect.name != "postgresql":
-            return {r.id: r for r in conn.execute(_sqlite_insert(values))}
         cur = conn.connection.dbapi_connection.cursor()
         try:
             rendered = b",".join(cur.mogrify(_ROW_TEMPLATE, tuple(v.get(c, _DEFAULTS.get(c)) for c in _COLUMNS))
@@ -269,11 +266,3 @@ _ROW_TEMPLATE = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
 _INSERT_HEAD = f"INSERT INTO asynch_task ({', '.join(_COLUMNS)}) VALUES "
 _INSERT_TAIL = _CONFLICT + " RETURNING " + ", ".join(c.name for c in tasks.c)
 
-
-def _sqlite_insert(values: list[dict[str, Any]]):
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-    return (sqlite_insert(tasks).values([{**_DEFAULTS, **v} for v in values])
-            .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"],
-                                    index_where=tasks.c.idempotency_key.is_not(None))
-            .returning(*tasks.c))

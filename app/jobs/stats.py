@@ -10,7 +10,6 @@ from datetime import date
 
 from sqlalchemy import bindparam, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from app.errors import Forbidden, ValidationFailed
@@ -28,31 +27,27 @@ def call_counted(conn: Connection, day: date, tenant_id: str, creator: str, mode
                  n: int = 1) -> tuple[object, dict]:
     """The count as (statement, params), for a transition to carry along
     (app/transitions.py ``alongside``: one statement with the done write)."""
-    return _upsert(conn.dialect.name), {"stat_day": day, "stat_tenant": tenant_id, "stat_creator": creator or "",
+    return _UPSERT, {"stat_day": day, "stat_tenant": tenant_id, "stat_creator": creator or "",
                                         "stat_model": model_name, "stat_n": n}
 
 
-_UPSERTS: dict[str, object] = {}
-
-
-def _upsert(dialect: str):
-    """The count upsert, built once per dialect (it runs once per completed
-    job; building it per call cost more CPU than the rest of the worker's
+def _build_upsert():
+    """The count upsert, built once (it runs once per completed job;
+    building it per call cost more CPU than the rest of the worker's
     bookkeeping)."""
-    stmt = _UPSERTS.get(dialect)
-    if stmt is None:
-        ins = pg_insert if dialect == "postgresql" else sqlite_insert
-        # Parameter names no table has as a column: carried along an UPDATE of
-        # asynch_task (app/transitions.py), a "tenant_id" parameter would be
-        # taken by SQLAlchemy as a value to SET there.
-        base = ins(model_stats).values(day=bindparam("stat_day"), tenant_id=bindparam("stat_tenant"),
-                                       creator=bindparam("stat_creator"), model_name=bindparam("stat_model"),
-                                       request_count=bindparam("stat_n"))
-        stmt = _UPSERTS[dialect] = base.on_conflict_do_update(
-            index_elements=["day", "tenant_id", "creator", "model_name"],
-            set_={"request_count": model_stats.c.request_count + base.excluded.request_count},
-        )
-    return stmt
+    # Parameter names no table has as a column: carried along an UPDATE of
+    # asynch_task (app/transitions.py), a "tenant_id" parameter would be
+    # taken by SQLAlchemy as a value to SET there.
+    base = pg_insert(model_stats).values(day=bindparam("stat_day"), tenant_id=bindparam("stat_tenant"),
+                                         creator=bindparam("stat_creator"), model_name=bindparam("stat_model"),
+                                         request_count=bindparam("stat_n"))
+    return base.on_conflict_do_update(
+        index_elements=["day", "tenant_id", "creator", "model_name"],
+        set_={"request_count": model_stats.c.request_count + base.excluded.request_count},
+    )
+
+
+_UPSERT = _build_upsert()
 
 
 _ORDER = (model_stats.c.day, model_stats.c.model_name, model_stats.c.tenant_id, model_stats.c.creator)

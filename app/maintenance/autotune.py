@@ -21,7 +21,7 @@ from sqlalchemy import func, insert, select
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.infra.db import is_postgres, transaction
+from app.infra.db import transaction
 from app.infra.redis import runtime
 from app.infra.tables import autotune_log, models, tasks
 from app.maintenance.report import Report
@@ -121,7 +121,7 @@ def _effective(raw: str | None, cap: int) -> int:
 
 def _locked_model(conn, name: str):
     q = select(models).where(models.c.model_name == name, models.c.enabled.is_(True))
-    return conn.execute(q.with_for_update(skip_locked=True) if is_postgres(conn) else q).first()
+    return conn.execute(q.with_for_update(skip_locked=True)).first()
 
 
 def tune_model(name: str, window: int, dry_run: bool) -> dict | None:

@@ -9,7 +9,6 @@ from typing import Callable, Sequence
 import redis
 
 from app.config import get_settings
-from app.infra.db import is_postgres
 from app.infra.tables import tasks
 
 log = logging.getLogger(__name__)
@@ -20,9 +19,9 @@ def batch_size(limit: int | None) -> int:
 
 
 def locked(conn, q):
-    """SELECT ... FOR UPDATE OF asynch_task SKIP LOCKED where the database has it
-    (on SQLite the single writer lock serialises the same work)."""
-    return q.with_for_update(skip_locked=True, of=tasks) if is_postgres(conn) else q
+    """SELECT ... FOR UPDATE OF asynch_task SKIP LOCKED: concurrent passes
+    take disjoint rows."""
+    return q.with_for_update(skip_locked=True, of=tasks)
 
 
 @dataclass

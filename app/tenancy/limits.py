@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from cachetools import TTLCache
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from app.clock import now as clock_now
 from app.config import get_settings
@@ -108,10 +107,10 @@ def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
     given = change.model_dump(exclude_unset=True)
     now = clock_now()
     with transaction() as conn:
-        ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
         tenant_wide = {k: given[k] for k in _TENANT_FIELDS if k in given}
         if tenant_wide:
-            stmt = ins(tenant_limits).values(tenant_id=tenant, model_name="", updated_at=now, **tenant_wide)
+            stmt = pg_insert(tenant_limits).values(tenant_id=tenant, model_name="", updated_at=now,
+                                                   **tenant_wide)
             conn.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "model_name"],
                                                     set_={**tenant_wide, "updated_at": now}))
         for model, cap in (given.get("queue_limits") or {}).items():
@@ -119,7 +118,8 @@ def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
                 conn.execute(delete(tenant_limits).where(tenant_limits.c.tenant_id == tenant,
                                                          tenant_limits.c.model_name == model))
                 continue
-            stmt = ins(tenant_limits).values(tenant_id=tenant, model_name=model, queue_limit=cap, updated_at=now)
+            stmt = pg_insert(tenant_limits).values(tenant_id=tenant, model_name=model, queue_limit=cap,
+                                                   updated_at=now)
             conn.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "model_name"],
                                                     set_={"queue_limit": cap, "updated_at": now}))
     _cache.pop(tenant)

