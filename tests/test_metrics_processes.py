@@ -274,3 +274,60 @@ def _calls() -> int:
     with transaction() as conn:
         return int(conn.execute(select(func.coalesce(func.sum(model_stats.c.request_count), 0)).where(
             model_stats.c.model_name == "echo")).scalar_one())
+
+
+def documented_families(target: str) -> set[str]:
+    """The metric names of a row of docs/operations.md's Metrics table
+    ("API server" or "worker node"), without the _total suffix."""
+    text = (Path(ROOT) / "docs" / "operations.md").read_text()
+    (row,) = [ln for ln in text.splitlines() if ln.startswith(f"| {target} (")]
+    what = row.split("|")[3]
+    return {re.sub(r"_total$", "", n) for n in re.findall(r"`(asynch_[a-z_]+)", what)}
+
+
+def check_text_format(text: str) -> list:
+    """promtool's lint when it is installed (Debian's prometheus package),
+    and prometheus_client's parser always."""
+    fams = list(text_string_to_metric_families(text))
+    if os.access("/usr/bin/promtool", os.X_OK):
+        out = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+    return fams
+
+
+@pytest.mark.e2e
+def test_the_first_scrape_lists_every_documented_family_with_zeros(test_env, make_model, tmp_path):
+    make_model("echo")
+    make_model("pic")
+    from app.infra.metrics_zeros import FAMILIES
+    assert documented_families("API server") == set(FAMILIES["api"])
+    assert documented_families("worker node") == set(FAMILIES["node"])
+    api = ApiServer(test_env, tmp_path, "fresh")
+    node = None
+    try:
+        wait_until(api.up, timeout=30, what="gunicorn up")
+        node = _worker_node(test_env, tmp_path, "fresh-node")
+        for url, target, token in [(api.base + "/metrics", "API server", ""), (node.metrics_url, "worker node", TOKEN)]:
+            resp = requests.get(url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=10)
+            assert resp.status_code == 200 and resp.text, f"{target}: an empty first scrape"
+            fams = check_text_format(resp.text)
+            assert documented_families(target) <= {f.name for f in fams}, target
+            sm = samples(resp.text)
+            for model in ("echo", "pic"):
+                for state in ("done", "failed", "timeout", "canceled"):
+                    assert (("asynch_job_duration_seconds_count", frozenset({"model": model, "state": state}.items()))
+                            in sm), (target, model, state)
+            # (run_job messages: a node may take stale ones a previous test left on the broker)
+            assert all(v == 0 for (n, _), v in sm.items() if "run_job" not in n), f"{target}: nothing happened"
+            if target == "API server":
+                assert ("asynch_admissions_total", frozenset({"model": "echo"}.items())) in sm
+                assert ("asynch_rejections_total", frozenset({"model": "pic", "reason": "queue_full"}.items())) in sm
+                assert ("asynch_waiters", frozenset()) in sm
+            else:
+                assert ("asynch_model_call_duration_seconds_count",
+                        frozenset({"model": "pic", "outcome": "error"}.items())) in sm
+                assert ("asynch_run_job_messages_total", frozenset({"outcome": "stale"}.items())) in sm
+    finally:
+        if node is not None:
+            node.stop()
+        api.stop()

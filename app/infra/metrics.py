@@ -201,13 +201,17 @@ def wait_parked() -> None:
     # Created on first use, as _WAITERS: a metric without labels opens its
     # multiprocess file when it is made, and an import in the master would
     # open one before on_starting empties the directory.
+    _lazy_parked().inc()
+
+
+def _lazy_parked() -> Counter:
     global _WAITS_PARKED
     if _WAITS_PARKED is None:
         with _lazy_lock:
             if _WAITS_PARKED is None:
                 _WAITS_PARKED = Counter("asynch_waits_parked", "long-polls parked as a small record, no greenlet "
                                         "held (app/infra/parking.py)", registry=_REGISTRY)
-    _WAITS_PARKED.inc()
+    return _WAITS_PARKED
 
 
 @_never_raise
@@ -319,12 +323,16 @@ def cleanup_group_dir() -> None:
 
 # --- exposition ---------------------------------------------------------------------------
 
-def render() -> tuple[bytes, str]:
-    """This scrape target's counters and histograms: the sum over the
-    group's processes' files, or this process's memory."""
+def render(target: str = "api") -> tuple[bytes, str]:
+    """This scrape target's counters and histograms (target "api" or "node"):
+    the sum over the group's processes' files, or this process's memory."""
+    from app.infra import metrics_zeros  # it builds on this module's metrics
+    metrics_zeros.seed(target)
     if MULTIPROCESS:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=prometheus_multiproc_dir())
+        files = CollectorRegistry(auto_describe=False)
+        multiprocess.MultiProcessCollector(files, path=prometheus_multiproc_dir())
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(metrics_zeros.Listed(files, target))
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(_REGISTRY), CONTENT_TYPE_LATEST
 

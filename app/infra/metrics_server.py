@@ -48,7 +48,7 @@ def _node_app(environ, start_response):
     if problem:
         start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
         return [problem.encode() + b"\n"]
-    body, ctype = render()
+    body, ctype = render("node")
     start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
     return [body]
 
