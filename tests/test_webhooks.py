@@ -125,7 +125,7 @@ def submit(client, key: str, payload: dict, **headers) -> str:
 
 
 def deliveries(job_id: str | None = None) -> list:
-    q = select(webhook_deliveries).order_by(webhook_deliveries.c.id)
+    q = select(webhook_deliveries).order_by(webhook_deliveries.c.created_at, webhook_deliveries.c.id)
     if job_id is not None:
         q = q.where(webhook_deliveries.c.job_id == job_id)
     with transaction() as conn:
@@ -199,7 +199,7 @@ def test_one_signed_delivery_per_terminal_state_that_passes_the_filter(make_mode
 
 def test_racing_terminal_transitions_write_exactly_one_delivery(make_model, client, user_key, admin_key, receiver):
     make_model("m")
-    subscribe(client, user_key, receiver.url + "/tenant")
+    sub_id = subscribe(client, user_key, receiver.url + "/tenant")["id"]
     job_ids = [submit(client, user_key, {"q": i}, **{"X-Webhook-Url": receiver.url + "/job"}) for i in range(6)]
 
     def end(job_id: str, how: int) -> None:
@@ -221,7 +221,7 @@ def test_racing_terminal_transitions_write_exactly_one_delivery(make_model, clie
         rows = deliveries(job_id)
         state = client.get(f"/v1/models/m/jobs/{job_id}", headers=auth(user_key)).get_json()["state"]
         # One per receiver (the job's own, the tenant's), for the one state it reached.
-        assert sorted(r.subscription_id for r in rows) == [0, rows[-1].subscription_id] and len(rows) == 2
+        assert sorted(r.subscription_id for r in rows) == [0, sub_id] and len(rows) == 2
         assert {r.event for r in rows} == {state}
 
 
@@ -404,3 +404,34 @@ def test_a_webhook_secret_is_encrypted_at_rest_and_moves_with_secrets_rotate(set
     set_settings(base.with_overrides(secrets_keys=k2))  # the old key can go
     (listed,) = client.get("/v1/tenants/tenant-a/webhooks", headers=auth(user_key)).get_json()["webhooks"]
     assert listed["secret"] == sub["secret"]
+
+
+def test_delivery_and_subscription_ids_are_random_not_a_sequence(make_model, client, user_key, receiver):
+    """Issue 21 item 9: ``wh_1``, ``wh_2`` ... showed every tenant the
+    platform's delivery volume.  Ids tenants see are random (revision 0017),
+    exact as JSON numbers, and each delivery's webhook-id stays its own."""
+    make_model("m")
+    subs = [subscribe(client, user_key, receiver.url + f"/s{i}") for i in range(3)]
+    receiver.secrets.update({f"/s{i}": sub["secret"] for i, sub in enumerate(subs)})
+    job_ids = [submit(client, user_key, {"q": i}, **{"X-Webhook-Url": receiver.url + "/job"}) for i in range(4)]
+    receiver.secrets["/job"] = tenant_secret()
+    for job_id in job_ids:
+        execution.run_attempt(job_id, 0)  # 'stale' if the module's resident worker took it first
+    assert wait_until(lambda: all(client.get(f"/v1/models/m/jobs/{j}", headers=auth(user_key)).get_json()["state"]
+                                  == "done" for j in job_ids), 30)
+    rows = deliveries()
+    assert len(rows) == 16  # 4 jobs x (3 subscriptions + their own webhook)
+    for ids in ([r.id for r in rows], [s["id"] for s in subs]):
+        assert len(set(ids)) == len(ids)
+        assert all(0 < i < 2**53 for i in ids)
+        # A sequence gives neighbours; 16 (or 3) draws from 2**53 are never all within 1,000 of each other.
+        assert max(ids) - min(ids) > 1000, ids
+    deliver_all()  # (or the module's resident callback worker: each delivery is sent once either way)
+    assert wait_until(lambda: len(receiver.requests) >= 16, 30)
+    headers = [r["headers"] for r in receiver.requests]
+    assert len(headers) == 16 and all(r["verified"] for r in receiver.requests)
+    assert {h["webhook-id"] for h in headers} == {f"wh_{r.id}" for r in rows}
+    assert {h["x-asynch-delivery"] for h in headers} == {f"{r.id}.1" for r in rows}
+    # The job's view lists its deliveries in the order they were written, with their random ids.
+    view = client.get(f"/v1/jobs/{job_ids[0]}/webhooks", headers=auth(user_key)).get_json()["deliveries"]
+    assert sorted(d["id"] for d in view) == sorted(r.id for r in rows if r.job_id == job_ids[0])

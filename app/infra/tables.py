@@ -196,12 +196,16 @@ model_stats = Table(
 )
 
 BigId = BigInteger()
+# Ids tenants see (callback and webhook deliveries, subscriptions): random in
+# [1, 2**53), not a sequence that shows every tenant the platform's volume
+# (revision 0017; exact as a JSON number).
+RANDOM_ID = text("(floor(random() * 9007199254740990) + 1)::bigint")
 
 # One callback per done job with a callbackUrl (seed 002), delivered at least
 # once: pending -> sending (a lease) -> delivered | pending (backoff) | failed.
 callbacks = Table(
     "asynch_callback", metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
     Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False, unique=True),
     Column("tenant_id", String(64), nullable=False),
     # The exact URL requested (and signed): callbackUrl/bizName?task_id&state&oss_file&file_type.
@@ -237,7 +241,7 @@ callback_attempts = Table(
 # own whsec_ secret encrypted with app/infra/secretbox.py) ...
 webhook_subscriptions = Table(
     "asynch_webhook_subscription", metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
     Column("tenant_id", String(64), nullable=False),
     Column("url", Text, nullable=False),
     Column("events", SmallInteger, nullable=False),
@@ -252,7 +256,7 @@ webhook_subscriptions = Table(
 # pending -> sending (a lease) -> delivered | pending (backoff) | failed.
 webhook_deliveries = Table(
     "asynch_webhook_delivery", metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
     Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False),
     Column("tenant_id", String(64), nullable=False),
     Column("subscription_id", BigInteger, nullable=False, server_default="0"),

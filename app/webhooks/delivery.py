@@ -266,6 +266,6 @@ def job_deliveries(principal: Principal, job_id: str) -> list[dict] | None:
     with transaction() as conn:
         if conn.execute(q).first() is None:
             return None
-        rows = conn.execute(select(webhook_deliveries).where(D.job_id == job_id).order_by(D.id)).all()
+        rows = conn.execute(select(webhook_deliveries).where(D.job_id == job_id).order_by(D.created_at, D.id)).all()
         logs = _logs(conn, [r.id for r in rows])
     return [_view(r, logs[r.id]) for r in rows]

@@ -63,7 +63,7 @@ def create(principal: Principal, tenant_id: str, url: str, events: list[str] | N
 def list_for(principal: Principal, tenant_id: str) -> list[dict]:
     _check_access(principal, tenant_id)
     with transaction() as conn:
-        rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id).order_by(W.id)).all()
+        rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id).order_by(W.created_at, W.id)).all()
     return [_view(r) for r in rows]
 
 
