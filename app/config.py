@@ -167,7 +167,14 @@ class Settings(BaseSettings):
     tenant_queue_share: float = Field(1.0, description=(
         "Capacity isolation (docs/architecture.md, \"Fair share\" and \"Fair dispatch\"). A tenant may hold at "
         "most this share of a model's queue_limit unless the model (tenant_queue_limit) or the tenant (its "
-        "limits) says otherwise; 1.0: no per-tenant cap."))
+        "limits) says otherwise; 1.0: no static per-tenant cap (the fair share still applies)."))
+    queue_fair_share: bool = Field(True, description=(
+        "Fair share at admission (docs/architecture.md \"Fair share at admission\"): once several tenants hold "
+        "slots of a model, a tenant may hold at most its weighted share of the queue, and a tenant holding none "
+        "is admitted into the reserve. false: the static caps only (a tenant alone may take every slot)."))
+    queue_newcomer_reserve: float = Field(0.05, description=(
+        "With ASYNCH_QUEUE_FAIR_SHARE: the share of a model's queue_limit kept for tenants that hold no slot "
+        "(rounded up, at most queue_limit - 1): the others fill queue_limit minus it."))
     dispatch_window: int = Field(8, description=(
         "Run_job messages per model that may wait in the broker unclaimed: the fair scheduler decides the "
         "order up to here, the broker's FIFO after. At least the worker processes that serve the model keeps "

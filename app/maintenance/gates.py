@@ -39,6 +39,7 @@ def reconcile_gates() -> Report:
             t_added, _ = gate.gate_reconcile(name, by_tenant.get(tenant, []), s.reconcile_grace_seconds,
                                              key=tenant_keys.get(tenant) or keys.tenant_gate(name, tenant))
             added += t_added
+        gate.note_holders(name, by_tenant)
         if added:
             with transaction() as conn:
                 still = {r.id for r in conn.execute(select(tasks.c.id).where(

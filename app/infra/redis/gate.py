@@ -1,13 +1,18 @@
 """The admission gate: a model's pending + running jobs, one slot per job id
-(docs/architecture.md, invariants 3 and 4).  Admission is one Lua step
-(gate_admit.lua: one rule, for one job or a list); release is idempotent
-(members are job ids); reconcile makes the set equal the database's rows."""
+(docs/architecture.md, invariants 3 and 4, "Fair share at admission").
+Admission is one Lua step (gate_admit.lua: one rule, for one job or a list:
+the model's limit, the tenant's static cap, its weighted fair share among
+the tenants holding slots, a reserve for newcomers); release is idempotent
+(members are job ids); reconcile makes the sets equal the database's rows.
+The set of tenants holding slots (``keys.gate_tenants``) is an index the
+admission step prunes itself and reconcile re-fills after a wipe."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from typing import Iterable
 
+from app.config import get_settings
 from app.infra.redis import keys, scripts
 from app.infra.redis.client import get_redis
 
@@ -33,6 +38,8 @@ def gate_admit_many(items: list[tuple[str, str, str, int, int]]) -> list[GateDec
     for i, (model, *_rest) in enumerate(items):
         by_model.setdefault(model, []).append(i)
     now = f"{time.time():.6f}"
+    s = get_settings()
+    reserve = s.queue_newcomer_reserve if s.queue_fair_share else -1
     run = scripts.get("gate_admit")
     # One model (the usual batch): one EVALSHA.  Several: a pipeline (redis-py
     # checks SCRIPT EXISTS first, so two round trips for the whole batch).
@@ -40,12 +47,13 @@ def gate_admit_many(items: list[tuple[str, str, str, int, int]]) -> list[GateDec
     results = []
     for model, idx in by_model.items():
         tenant_keys: dict[str, int] = {}
-        args: list = [int(items[idx[0]][3]), now]
+        args: list = [int(items[idx[0]][3]), now, reserve, keys.tenant_gate(model, "")]
         for i in idx:
             _m, tenant, job_id, _cap, tenant_cap = items[i]
-            pos = tenant_keys.setdefault(tenant, 4 + len(tenant_keys))
+            pos = tenant_keys.setdefault(tenant, 6 + len(tenant_keys))
             args += [job_id, pos, int(tenant_cap)]
         keys_ = [keys.gate(model), keys.runtime_queue_limit(model), keys.runtime_tenant_queue_limit(model),
+                 keys.gate_tenants(model), keys.dispatch_weights(model),
                  *[keys.tenant_gate(model, t) for t in tenant_keys]]
         if pipe is None:
             results.append(run(keys=keys_, args=args))
@@ -98,6 +106,13 @@ def gate_reconcile(model: str, active_ids: Iterable[str], grace_seconds: float,
         args=[f"{now:.6f}", f"{now - grace_seconds:.6f}", *active_ids],
     )
     return list(added), list(removed)
+
+
+def note_holders(model: str, tenants: Iterable[str]) -> None:
+    """Put tenants that hold slots of ``model`` into its index (reconcile, after a wipe)."""
+    found = list(tenants)
+    if found:
+        get_redis().sadd(keys.gate_tenants(model), *found)
 
 
 def gate_models() -> list[str]:

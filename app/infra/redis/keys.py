@@ -97,6 +97,11 @@ def tenant_gate(model: str, tenant: str) -> str:
     return f"{_m('tgate', model)}:{tenant}"
 
 
+def gate_tenants(model: str) -> str:
+    """Set: the tenants holding slots of ``model`` (gate_admit.lua's index for the fair share)."""
+    return _m("gtenants", model)
+
+
 def runtime_tenant_queue_limit(model: str) -> str:
     """Runtime override of the per-tenant queue cap, like queue_limit's."""
     return _m("runtime:tenant_queue_limit", model)
