@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import requests
 from conftest import auth, job_row, submit, wait_until
+from test_retention import completed_jobs
 from sqlalchemy import update
 
 from app import transitions
@@ -79,16 +80,8 @@ def test_an_admin_fails_pending_running_and_retry_wait_jobs_users_cannot(api_url
 
 def test_max_completed_evicts_the_least_recently_read_beside_time_retention(client, make_model, model_server,
                                                                             user_key):
-    make_model("capped", max_completed=3, queue_limit=20)
-    ids = []
-    for i in range(5):
-        jid = jobs.submit(USER, "capped", {"i": i}).row.id
-        assert execution.run_attempt(jid, 0) == "done"
-        ids.append(jid)
-    base = now() - timedelta(minutes=10)
-    with transaction() as conn:  # finished in order, a minute apart
-        for i, jid in enumerate(ids):
-            conn.execute(update(tasks).where(tasks.c.id == jid).values(finished_at=base + timedelta(minutes=i)))
+    # Submitted before any finished (a submit evicts too: the test after), finished in order a minute apart.
+    ids = completed_jobs(make_model, "capped", 5, 3)
     # The oldest two are read now (one through each read route): they become the most recently read.
     assert client.get(f"/task/getTaskResult?taskId={ids[0]}", headers=auth(user_key)).status_code == 200
     assert client.get(f"/v1/models/capped/jobs/{ids[1]}/result", headers=auth(user_key)).status_code == 200
@@ -134,3 +127,4 @@ def test_a_later_batch_read_counts_as_a_read_for_eviction(client, make_model, mo
     assert again[0]["claimed"] is False and again[0]["state"] == 4
     assert cleanup.cleanup().details["evicted"] == 1
     assert job_row(a) is not None and job_row(b) is None
+

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -163,6 +164,10 @@ tasks = Table(
     _partial("ix_asynch_task_retry_promote", ["model_name", "enqueue_at"],
              f"{_in(S.PENDING)} AND retry_count > 0 AND promoted_at IS NULL"),
 )
+# A model's done/claimed jobs, least recently read first: the max_completed
+# eviction every submit to a capped model runs (app/jobs/retention.py, revision 0018).
+Index("ix_asynch_task_completed_read", tasks.c.model_name, func.coalesce(tasks.c.last_read_at, tasks.c.finished_at),
+      postgresql_where=text(_in(S.DONE, S.CLAIMED)))
 
 # One row per ended attempt (revision 0015): running -> done / retry_wait /
 # failed, appended by the transition's own statement (app/transitions.py).

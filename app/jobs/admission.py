@@ -27,6 +27,9 @@ path"):
 - No leaked slot: every item the gate admitted whose row was not inserted
   (the INSERT failed, an Idempotency-Key conflict) has its slots released
   before its request is answered.
+- Retention before the gate: a batch with a capped model (max_completed)
+  evicts that model's expired and least recently read completed jobs first
+  (seed 000: eviction at admission), never failing a submission for it.
 - Fork: the committer thread and its queue are per process
   (app/infra/process.py).
 """
@@ -44,7 +47,7 @@ from app.infra.db import single_statement
 from app.infra.process import PerProcess
 from app.infra.redis import gate
 from app.infra.tables import tasks
-from app.jobs import dispatch, outbox
+from app.jobs import dispatch, outbox, retention
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class Submission:
     queue_limit: int                      # the model's configured cap
     tenant_cap: int                       # the tenant's share of it
     retry_after: int                      # for a 429
+    max_completed: int = 0                # the model's cap on kept done/claimed jobs (0: none)
     event: threading.Event = field(default_factory=threading.Event)
     row: Any = None
     error: BaseException | None = None
@@ -157,7 +161,10 @@ def _answer(sub: Submission, *, row: Any = None, error: BaseException | None = N
 
 def commit_batch(batch: list[Submission]) -> None:
     """Gate, INSERT and hand-off for ``batch`` (in arrival order); every
-    submission is answered before this returns."""
+    submission is answered before this returns.  First, each capped
+    model's retention (app/jobs/retention.py: expired jobs, then the least
+    recently read beyond max_completed), bounded and best effort."""
+    retention.at_admission({s.model: s.max_completed for s in batch if s.max_completed > 0}.items())
     try:
         decisions = gate.gate_admit_many([(s.model, s.tenant, s.job_id, s.queue_limit, s.tenant_cap) for s in batch])
     except redis.RedisError as exc:

@@ -143,7 +143,7 @@ def new_submission(principal: Principal, sub: submission.Checked) -> admission.S
                     webhook_events=(webhook_rows.bits_of(opts.webhook_events or webhook_rows.EVENTS)
                                     if opts.webhook_url else None)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
-        retry_after=retry_after_seconds(model))
+        retry_after=retry_after_seconds(model), max_completed=getattr(model, "max_completed", 0) or 0)
 
 
 def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:

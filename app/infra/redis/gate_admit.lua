@@ -17,7 +17,8 @@
 -- admitted)} per item: on a tenant refusal the limit and depth are the tenant's.
 -- The rule (docs/architecture.md "Fair share at admission"), L the limit, R = min(L - 1, ceil(L x reserve)):
 -- never more than L slots; a tenant holding none is admitted while depth < L; one holding h > 0 while
--- depth < L - R and h < ceil((L - R) x w / W), W the weights of the tenants holding slots and its own.
+-- depth < L - R and, when another tenant holds slots too, h < ceil((L - R) x w / W), W the weights of
+-- the tenants holding slots and its own (refused by 'tenant', its share, only then).
 local limit = tonumber(ARGV[1])
 local rt = tonumber(redis.call('GET', KEYS[2]) or '')
 if rt and rt < limit then limit = rt end
@@ -55,7 +56,7 @@ for i = 5, #ARGV, 3 do
     local fs = math.ceil(room * w / (wsum + (weight[t] and 0 or w)))
     if share <= 0 or h >= share then
       out[#out + 1] = {0, share, h, 'tenant'}
-    elseif fair and h > 0 and h >= fs then
+    elseif fair and h > 0 and wsum > (weight[t] or 0) and h >= fs then
       out[#out + 1] = {0, fs, h, 'tenant'}
     elseif fair and h > 0 and depth >= room then
       out[#out + 1] = {0, room, depth, 'model'}
