@@ -1,13 +1,7 @@
-"""Cleanup: the end of a job's life.  Claimed jobs past expire_at (the
-model's auto_clean_seconds after the batch claim), failed/timeout/canceled
-jobs after ASYNCH_FAILED_RETENTION_SECONDS and done jobs nobody claimed
-after ASYNCH_DONE_RETENTION_SECONDS are hard-deleted with their stored
-results; a model with max_completed > 0 keeps at most that many done and
-claimed jobs, the least recently read (last_read_at, else finished_at)
-deleted first (seed 000's async_max_completed; every submit to the model
-evicts first, this pass is the backstop); then jobs past their budget
-(pending, running, retry_wait) time out.  The deleting is
-app/jobs/retention.py's (its invariants)."""
+"""Cleanup, the periodic pass at the end of a job's life: what retention
+(app/jobs/retention.py, its invariants) deletes, for every model -- submits
+to a capped model evict first, this is the backstop -- then jobs past their
+budget (pending, running, retry_wait) time out."""
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -21,13 +15,10 @@ from app.maintenance.report import Report, batch_size
 
 
 def cleanup(limit: int | None = None) -> Report:
-    """Hard-delete what has served its time, with its stored result
-    (app/jobs/retention.py): claimed jobs past expire_at (the model's
-    auto_clean_seconds after the claim), failed/timeout/canceled jobs after
-    ASYNCH_FAILED_RETENTION_SECONDS, done jobs nobody claimed after
-    ASYNCH_DONE_RETENTION_SECONDS, then each capped model's least recently
-    read beyond max_completed (submits evict these first; this is the
-    backstop).  Then pending/running jobs past their budget become timeout."""
+    """Hard-delete what has served its time, with its stored result (claimed
+    past expire_at, failed/timeout/canceled and unclaimed done past their
+    retention), then each capped model's least recently read beyond
+    max_completed; then pending/running jobs past their budget time out."""
     n = batch_size(limit)
     rep = Report(details={"claimed": 0, "failed": 0, "done": 0, "objects": 0, "object_errors": 0, "evicted": 0})
 
