@@ -90,3 +90,17 @@ def test_64_threads_through_the_api_admit_no_more_rows_than_the_limit(api_url, m
     assert codes.count(202) == rows == gate.gate_depth("q") <= 40
     assert set(codes) == {202, 429}
     assert min(gate.tenant_depth("q", t) for t in ("tenant-a", "tenant-b")) >= 19  # both near half of 38
+
+
+def test_reconcile_refills_the_index_of_tenants_holding_slots(client, make_model, r):
+    """After a wipe the index is rebuilt from the rows with the gates, so the
+    shares count every tenant with work again."""
+    from app.maintenance.gates import reconcile_gates
+
+    make_model("q", queue_limit=20)
+    for t in ("tenant-a", "tenant-b"):
+        assert _post(client, make_key(t), n=2) == [202, 202]
+    r.flushdb()
+    reconcile_gates()
+    assert r.smembers("asynch:gtenants:{q}") == {"tenant-a", "tenant-b"}
+    assert gate.gate_depth("q") == 4
