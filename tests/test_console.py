@@ -4,10 +4,13 @@ form the model's definition renders, watch the job reach done on a real
 worker process, open the result; then every operator page (a job that
 failed once and its attempts and deliveries, the tenants, the workers,
 maintenance), followed live over the event streams, by keyboard, and at
-200% zoom.  Assertions are on the page; a screenshot of every page is saved
-under build/console-screenshots/ (CONSOLE_SCREENSHOTS_DIR elsewhere), for
-a person to look at.  Without a browser the test skips locally and fails
-under CI (CI=true), where scripts/browser.sh installs it."""
+200% zoom; then every page with a Latin and a Chinese data set.  Every page
+fails the test on a JavaScript error, a failed resource load or two
+contradictory states on one page ("Finished" and "Not finished yet");
+a screenshot of every page is saved under test-artifacts/console/
+(CONSOLE_SCREENSHOTS_DIR elsewhere), for a person to look at.  Without a
+browser the test skips locally and fails under CI (CI=true), where
+scripts/browser.sh installs it."""
 from __future__ import annotations
 
 import os
@@ -37,12 +40,24 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 
 SHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS_DIR")
-             or Path(__file__).resolve().parent.parent / "build" / "console-screenshots")
+             or Path(__file__).resolve().parent.parent / "test-artifacts" / "console")
+
+# Two states one page must never show at once (visible text, case as written).
+CONTRADICTIONS = [("Finished", "Not finished yet"), ("No result", "Download ("), ("No attempt has ended yet", "Attempt 1 ")]
+
+
+def consistent(page) -> None:
+    text = page.evaluate("document.body.innerText")
+    for a, b in CONTRADICTIONS:
+        assert not (a in text and b in text), f"{page.url} says both {a!r} and {b!r}:\n{text}"
 
 
 def shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    """Check the page says nothing contradictory, then save its screenshot."""
+    consistent(page)
+    path = SHOTS / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), full_page=True)
 
 
 def _unavailable(reason: str):
@@ -63,39 +78,45 @@ def browser():
         b.close()
 
 
+_API = ("fetch", "xhr", "eventsource")
+
+
 def _watch(pg, errors: list[str]) -> None:
+    """Every JavaScript error, CSP violation and failed resource load (a page, script, style, image,
+    font) is an error; an API answer is the page's to handle unless it is a 5xx.  A stream the page
+    aborts when it navigates away is not a failure."""
     pg.set_default_timeout(30000)
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text
           and errors.append(m.text))
+    pg.on("requestfailed", lambda r: r.resource_type not in _API and errors.append(f"{r.url}: {r.failure}"))
+    pg.on("response", lambda r: (r.status >= 500 or r.status >= 400 and r.request.resource_type not in _API)
+          and errors.append(f"{r.url}: HTTP {r.status}"))
+
+
+def _context_page(browser, **ctx):
+    ctx = browser.new_context(**ctx)
+    pg = ctx.new_page()
+    errors: list[str] = []
+    _watch(pg, errors)
+    return ctx, pg, errors
 
 
 @pytest.fixture
 def zoomed(browser):
     """A 1280x800 window at 200% zoom: 640x400 CSS pixels, two device pixels each."""
-    ctx = browser.new_context(viewport={"width": 640, "height": 400}, device_scale_factor=2)
-    pg = ctx.new_page()
-    errors: list[str] = []
-    _watch(pg, errors)
+    ctx, pg, errors = _context_page(browser, viewport={"width": 640, "height": 400}, device_scale_factor=2)
     yield pg
     ctx.close()
-    assert errors == [], f"JavaScript errors: {errors}"
+    assert errors == [], f"JavaScript errors or failed loads: {errors}"
 
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context()
-    pg = ctx.new_page()
-    pg.set_default_timeout(30000)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    # CSP violations and other script errors land on the console; HTTP error
-    # statuses the pages handle (401 at login, the missing favicon) do too.
-    pg.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text
-          and errors.append(m.text))
+    ctx, pg, errors = _context_page(browser)
     yield pg
     ctx.close()
-    assert errors == [], f"JavaScript errors: {errors}"
+    assert errors == [], f"JavaScript errors or failed loads: {errors}"
 
 
 FORM = [
@@ -210,6 +231,12 @@ def test_admin_edits_a_model_and_sees_the_api_validation_messages(page, api_url,
     page.click("#login-form button")
     page.wait_for_url("**/console/models/edit?name=echo")
     expect(page.locator("#m-queue_limit")).to_have_value("16")
+    # The form is the declared shape (ModelInput in the document): every field a caller sends, none left out.
+    shape = client.get("/openapi.json").get_json()["components"]["schemas"]["ModelInput"]["properties"]
+    fields = page.locator("#model-fields .field").evaluate_all("els => els.map(e => e.dataset.pointer.slice(1))")
+    assert fields == [k for k, v in shape.items() if not v.get("readOnly")]
+    assert {"tenant_queue_limit", "max_completed", "head_msg"} <= set(fields)
+    assert page.get_attribute("#m-head_msg", "type") == "password"  # writeOnly: a secret
     page.fill("#m-queue_limit", "-3")
     page.fill("#m-base_url", "ftp://nowhere")
     page.click("#model-form button[type=submit]")
@@ -220,10 +247,19 @@ def test_admin_edits_a_model_and_sees_the_api_validation_messages(page, api_url,
 
     page.fill("#m-queue_limit", "7")
     page.fill("#m-base_url", "http://127.0.0.1:9")
+    page.fill("#m-tenant_queue_limit", "3")
+    page.fill("#m-max_completed", "50")
     page.click("#model-form button[type=submit]")
     page.wait_for_selector("#flash.ok")
     shot(page, "model-edit")
-    assert client.get("/v1/models/echo", headers={"Authorization": f"Bearer {key}"}).get_json()["queue_limit"] == 7
+    got = client.get("/v1/models/echo", headers={"Authorization": f"Bearer {key}"}).get_json()
+    assert (got["queue_limit"], got["tenant_queue_limit"], got["max_completed"]) == (7, 3, 50)
+    page.reload()  # a cleared nullable field goes back to null (the share rule)
+    expect(page.locator("#m-tenant_queue_limit")).to_have_value("3")
+    page.fill("#m-tenant_queue_limit", "")
+    page.click("#model-form button[type=submit]")
+    page.wait_for_selector("#flash.ok")
+    assert client.get("/v1/models/echo", headers={"Authorization": f"Bearer {key}"}).get_json()["tenant_queue_limit"] is None
 
 
 def _login(page, api_url: str, key: str, next_path: str) -> None:
@@ -283,14 +319,14 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     wait_until(lambda: passes.run_work() and client.get(f"/v1/jobs/{job_id}", headers=auth(key)).get_json()[
         "internal_state"] != "retry_wait", timeout=30, interval=0.5, what="the retry to be re-admitted")
     expect(page.locator('[data-field="state"]')).to_have_text("done", timeout=30000)
-    expect(page.locator("#live-status")).to_have_text("Finished.")
+    expect(page.locator("#live-status")).to_have_text("Finished: done.")
     assert any(u.endswith(f"/v1/models/flaky/jobs/{job_id}/events") for u in requests)
     second = page.locator('#attempts li[data-attempt="2"]')
     assert second.get_attribute("data-outcome") == "done"
     assert "503" in page.text_content('#attempts li[data-attempt="1"] .attempt-error')  # still there after success
     assert page.locator('#attempts li[data-attempt="1"] details summary').count() == 1  # admins: the detail
     page.wait_for_selector("#result-tree")
-    assert page.locator("#no-deliveries").count() == 1
+    page.wait_for_selector("#no-deliveries")  # read once the job has ended
 
     # The deliveries log: each try of the job's callback with its status and error.
     _delivery_log(job_id, "ops")
@@ -388,3 +424,117 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
         zoomed.wait_for_selector(ready)
         _no_sideways_scroll(zoomed)
         shot(zoomed, "zoom200-" + (path.strip("/").split("?")[0].replace("/", "-") or "index").replace(job_id, "job"))
+
+
+# --- every page in a Latin and a Chinese data set ------------------------------------------------
+
+DATASETS = {
+    "latin": {"remark": "Text generation service", "label": "Prompt", "text": "hello world"},
+    "chinese": {"remark": "模型服务：中文文本生成", "label": "提示词", "text": "你好，世界：模型服务"},
+}
+
+
+def _fonts(page, selector: str) -> set[str]:
+    """The platform fonts Chromium drew the element's text with (DevTools' CSS.getPlatformFontsForNode)."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument")["root"]["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    return {f["familyName"] for f in cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]}
+
+
+def _glyphs_drawn(page, selector: str, chinese: bool) -> None:
+    fonts = _fonts(page, selector)
+    if chinese:  # no box: a face with CJK coverage drew it (scripts/browser.sh installs fonts-noto-cjk)
+        assert any("CJK" in f or f.endswith(" SC") for f in fonts), f"{selector}: drawn with {fonts}"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("lang", list(DATASETS))
+def test_every_page_reads_right_in_latin_and_chinese(page, api_url, workers, make_model, client, model_server, lang):
+    data, zh = DATASETS[lang], lang == "chinese"
+    make_model("echo", timeout_seconds=60, remark=data["remark"], form=[{"field": "prompt", "label": data["label"], "required": True}])
+    make_model("bad", retry_times=0, remark=data["remark"])
+    key = make_key("ops", admin=True)
+    make_key("acme")  # a tenant that sorts before the caller's own
+    done = client.post("/v1/models/echo/jobs", json={"prompt": data["text"]}, headers=auth(key)).get_json()["job_id"]
+    failed = client.post("/v1/models/bad/jobs", json={"status": 500, "note": data["text"]},
+                         headers=auth(key)).get_json()["job_id"]
+    for j in (done, failed):
+        wait_until(lambda j=j: client.get(f"/v1/jobs/{j}", headers=auth(key)).get_json()["state"] in ("done", "failed"),
+                   what="the job to end")
+    model_server.state.hold(f"console-{lang}")
+    held = client.post("/v1/models/echo/jobs", json={"prompt": data["text"], "hold": f"console-{lang}"},
+                       headers=auth(key)).get_json()["job_id"]
+    try:
+        page.goto(f"{api_url}/console/login")
+        assert page.evaluate("getComputedStyle(document.querySelector('form.login')).borderTopStyle") == "solid"
+        shot(page, f"{lang}/login")
+        _login(page, api_url, key, "/console/models")
+        expect(page.locator("#whoami")).to_have_text("admin · ops")
+
+        # Models: the chart has values on both axes and shows a bucket's values under the pointer.
+        chart = page.locator('#charts svg[aria-label="echo throughput and P90"]')
+        chart.wait_for()
+        assert len(chart.locator("text.axis").all_text_contents()) >= 9 and "1" in chart.locator("text.axis").all_text_contents()
+        chart.locator("g.bucket").last.hover()
+        expect(chart.locator("text.readout")).to_contain_text("1 done, P90 ")
+        shot(page, f"{lang}/models")
+
+        page.goto(f"{api_url}/console/models/edit?name=echo")
+        expect(page.locator("#m-remark")).to_have_value(data["remark"])
+        shot(page, f"{lang}/model-edit")
+
+        page.goto(f"{api_url}/console/submit?model=echo")
+        expect(page.locator("#model-remark")).to_have_text(data["remark"])
+        assert page.text_content("#job-fields label") == data["label"] + " *"
+        _glyphs_drawn(page, "#model-remark", zh)
+        shot(page, f"{lang}/submit")
+
+        # Jobs: each row's tenant; a running job's elapsed time runs on.
+        page.goto(f"{api_url}/console/jobs")
+        row = page.locator(f'#jobs-table tr[data-job="{held}"]')
+        expect(row.locator("td.state")).to_have_text("running")
+        assert page.locator("#jobs-table td.tenant").all_text_contents() == ["ops"] * 3
+        first = float(row.locator("td.elapsed").text_content().split()[0])
+        wait_until(lambda: float(row.locator("td.elapsed").text_content().split()[0]) >= first + 1, timeout=10,
+                   interval=0.2, what="the running row's elapsed time to move on")
+        shot(page, f"{lang}/jobs")
+
+        page.goto(f"{api_url}/console/jobs/{held}")
+        expect(page.locator("#not-yet")).to_have_text("Not finished yet.")
+        expect(page.locator('#attempts li[data-outcome="running"]')).to_have_count(1)
+        shot(page, f"{lang}/job-running")
+
+        page.goto(f"{api_url}/console/jobs/{done}")
+        page.wait_for_selector("#result-tree")
+        expect(page.locator("#live-status")).to_have_text("Finished: done.")
+        assert data["text"] in page.text_content("#result-tree") and data["text"] in page.text_content('[data-field="payload"]')
+        _glyphs_drawn(page, '[data-field="payload"]', zh)
+        shot(page, f"{lang}/job-done")
+
+        # A failed job: finished, and the result box says there is none and why; its attempt in the timeline.
+        page.goto(f"{api_url}/console/jobs/{failed}")
+        expect(page.locator("#live-status")).to_have_text("Finished: failed.")
+        shot(page, f"{lang}/job-failed")  # (never also "Not finished yet")
+        expect(page.locator("#no-result")).to_contain_text("No result: the job ended failed (model_http_error")
+        events = page.locator("#timeline li").evaluate_all("els => els.map(e => e.dataset.event)")
+        assert events == ["created", "started", "finished"]
+
+        # Tenants: opens on the caller's own tenant, not the first one; the chart reads out a day.
+        page.goto(f"{api_url}/console/tenants")
+        page.wait_for_selector("#usage-chart svg")
+        assert page.input_value("#tenant-select") == "ops"
+        page.locator(f'#usage-chart g[data-day="{clock_now().date().isoformat()}"]').hover()
+        expect(page.locator("#usage-chart text.readout")).to_contain_text(" call(s) — ")
+        shot(page, f"{lang}/tenants")
+
+        page.goto(f"{api_url}/console/workers")
+        page.wait_for_selector(f'#workers-table td.running a[href="/console/jobs/{held}"]')
+        shot(page, f"{lang}/workers")
+        page.goto(f"{api_url}/console/maintenance")
+        page.wait_for_selector('#gates-table tr[data-gate="echo"]')
+        shot(page, f"{lang}/maintenance")
+    finally:
+        model_server.state.release(f"console-{lang}")

@@ -320,7 +320,7 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
     elif expect == "empty":
         assert resp.status_code == 200 and body["jobs"] == []
     elif expect == "own tenant only":
-        assert resp.status_code == 200 and body == {"tenants": [B]}, body
+        assert resp.status_code == 200 and body == {"tenants": [B], "caller": B}, body
     elif expect == "new job":
         assert resp.status_code in (200, 202), resp.get_data(as_text=True)
         new = body.get("job_id") or body["data"]["task_id"]
@@ -350,7 +350,7 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
         got = own.get_json().get("job_id") or own.get_json()["data"]["task_id"]
         assert own.status_code in (200, 202) and got == world["pending"]
     elif owner == "own tenant only":
-        assert own.status_code == 200 and own.get_json() == {"tenants": ["tenant-a"]}
+        assert own.status_code == 200 and own.get_json() == {"tenants": ["tenant-a"], "caller": "tenant-a"}
     elif owner == "events of mine":
         text = own.get_data(as_text=True)
         assert own.status_code == 200 and all(j in text for j in a_jobs), text

@@ -62,6 +62,29 @@ def test_every_ended_attempt_is_logged_with_its_error(client, make_model, user_k
     assert client.get(f"/v1/jobs/{job_id}", headers=auth(other_key)).status_code == 404
 
 
+@pytest.mark.parametrize("queue_max", [0, 5], ids=["head", "tail"])
+def test_the_timeline_shows_each_attempt_and_when_the_retry_was_requeued(client, make_model, user_key, queue_max):
+    """Each ended attempt's start and failure (from asynch_task_attempt) and the requeue's own time: a head
+    retry backdates enqueue_at to the creation, so that is not when it was requeued."""
+    make_model("flaky", retry_times=1, retry_queue_max_seconds=queue_max)
+    job_id = _submit("flaky", {"tag": f"tl-{queue_max}", "fail_first": 1})
+    assert execution.run_attempt(job_id, 0) == "retry_wait"
+    with transaction() as conn:
+        due = conn.execute(select(task_attempts.c.ended_at)).scalar_one()
+    requeue_at = due + timedelta(seconds=60)
+    set_clock(lambda: requeue_at)
+    assert maintenance.run_work().processed >= 1
+    set_clock(None)
+    assert execution.run_attempt(job_id, 1) == "done"
+    body = client.get(f"/v1/jobs/{job_id}", headers=auth(user_key)).get_json()
+    tl, (first, second) = body["timeline"], body["attempts"]
+    assert [e["event"] for e in tl] == ["created", "started", "attempt_failed", "requeued", "started", "finished"]
+    assert [e["detail"] for e in tl if e["event"] == "started"] == ["attempt 1", "attempt 2"]
+    assert tl[1]["at"] == first["started_at"] and tl[4]["at"] == second["started_at"]
+    assert tl[2]["at"] == first["ended_at"] and "503" in tl[2]["detail"]
+    assert tl[3]["at"] == requeue_at.isoformat().replace("+00:00", "Z") != body["created_at"]
+
+
 def test_a_failed_job_logs_its_last_attempt(client, make_model, user_key):
     make_model("bad", retry_times=0)
     job_id = _submit("bad", {"status": 500})
@@ -95,8 +118,9 @@ def test_maintenance_state_shows_leader_latest_runs_and_gate_drift(client, make_
 def test_tenant_state_shows_queue_share_and_rate_buckets(client, make_model, user_key, admin_key):
     make_model("echo", queue_limit=16, tenant_queue_limit=4)
     make_key("tenant-b")
-    assert client.get("/v1/tenants", headers=auth(user_key)).get_json() == {"tenants": ["tenant-a"]}
-    assert client.get("/v1/tenants", headers=auth(admin_key)).get_json()["tenants"] == ["ops", "tenant-a", "tenant-b"]
+    assert client.get("/v1/tenants", headers=auth(user_key)).get_json() == {"tenants": ["tenant-a"], "caller": "tenant-a"}
+    assert client.get("/v1/tenants", headers=auth(admin_key)).get_json() == {"tenants": ["ops", "tenant-a", "tenant-b"],
+                                                                            "caller": "ops"}
     assert client.get("/v1/tenants/tenant-b/state", headers=auth(user_key)).status_code == 403
     assert client.get("/v1/tenants/bad%20id/state", headers=auth(admin_key)).status_code == 422
     _submit("echo", {"a": 1})

@@ -205,7 +205,8 @@ class ModelInput(Shape):
     http_method: HttpMethod = rule("GET or POST", "POST")
     head_msg: HeaderSpec | None = Field(
         "", description="K:V,K2:V2 headers sent to the model: names are HTTP tokens, values have no control "
-                        "characters (CR, LF, NUL refused); secret, shown back as K:***")
+                        "characters (CR, LF, NUL refused); secret, shown back as K:***",
+        json_schema_extra={"writeOnly": True})
     model_key_headers: HeaderNames | None = Field(
         default_factory=lambda: get_settings().model_key_headers_default,
         description="header names a job's modelKey / X-Model-Key may set, comma-separated; * for any name "
@@ -234,8 +235,8 @@ class ModelInput(Shape):
                            "read evicted beyond it (0: no cap)")
     remark: Remark | None = rule("a string of at most 4000 characters", "")
     # Read-only fields of a view: accepted and ignored, so a view can be sent back.
-    created_at: Any = Field(None, exclude=True, description="read-only: ignored")
-    updated_at: Any = Field(None, exclude=True, description="read-only: ignored")
+    created_at: Any = Field(None, exclude=True, description="read-only: ignored", json_schema_extra={"readOnly": True})
+    updated_at: Any = Field(None, exclude=True, description="read-only: ignored", json_schema_extra={"readOnly": True})
 
     def values(self, only_given: bool = False) -> dict:
         out = super().values(only_given)

@@ -13,7 +13,8 @@ Invariants:
   away is still sent (from the row, with the attempt it had), so a client
   misses nothing; the terminal event carries the full poll body and ends the
   stream.  Resuming after ``end`` answers the terminal event again.
-- A tenant's stream: an event per job change, id ``<updated_at µs>.<job_id>``,
+- A tenant's stream: an event per job change (the poll body and its
+  ``tenant``), id ``<updated_at µs>.<job_id>``,
   in (updated_at, id) order, read in pages keyed by that pair (index
   ix_asynch_task_tenant_updated for the time range), so any number of rows
   sharing one timestamp (one getTaskBatch claim) are all sent, and a
@@ -275,7 +276,7 @@ def _follow_tenant(w, scope, model_name, cursor, watch) -> Iterator[Event]:
                     if ev_id in sent or key <= cursor:
                         continue  # sent already, or before the client's own cursor
                     sent[ev_id] = key[0]
-                    yield Event(ev_id, v1_name(row.state), _poll_body(row))
+                    yield Event(ev_id, v1_name(row.state), {**_poll_body(row), "tenant": row.tenant_id})
                     quiet_since = time.monotonic()
                 if len(rows) < TENANT_PAGE or _ending(t0, s):
                     break

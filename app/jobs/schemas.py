@@ -52,7 +52,6 @@ from app.jobs.submission import (  # noqa: F401 - SubmitOptions: the option set,
 )
 from app.states import JobState, v1_name
 
-V1_STATES = ("canceled", "done", "failed", "pending", "running", "timeout")
 V1State = Literal["canceled", "done", "failed", "pending", "running", "timeout"]
 JobId = Annotated[str, Field(pattern="^job_")]
 
@@ -297,8 +296,14 @@ class BatchAccepted(Shape):
     results: list[BatchItemResult]
 
 
+class JobListEntry(JobListItem):
+    """A job in a listing: the poll body, its urls and its tenant."""
+
+    tenant: str
+
+
 class JobList(Shape):
-    jobs: list[JobListItem]
+    jobs: list[JobListEntry]
     next_cursor: str | None
 
 
@@ -308,25 +313,34 @@ class TimelineEvent(Shape):
     detail: str
 
 
-def timeline(row) -> list[TimelineEvent]:
-    """A job's history as far as its row keeps it: the row holds the latest
-    attempt's start and error only (earlier attempts: ``attempts``, from
-    asynch_task_attempt)."""
+def timeline(row, attempts=()) -> list[TimelineEvent]:
+    """A job's history: the row (created, the running attempt's start, retry due, finished, claimed)
+    and each ended attempt (its start; a retried one's failure and requeue).  The row keeps the
+    latest requeue's time only (``enqueue_at``; ``promoted_at`` when a head retry backdated
+    ``enqueue_at`` to the creation): an earlier requeue's ``at`` is null."""
+    state, ended = JobState(row.state), {a.attempt: a for a in attempts}
+    requeued_at = row.enqueue_at if as_utc(row.enqueue_at) > as_utc(row.created_at) else row.promoted_at
     ev = [("created", row.created_at, "admitted through the gate")]
-    if row.retry_count:
-        ev.append(("requeued", row.enqueue_at, f"re-admitted for retry {row.retry_count}"))
-    if row.started_at:
-        ev.append(("started", row.started_at, f"attempt {row.attempt}"))
-    state = JobState(row.state)
-    if state == JobState.RETRY_WAIT:
-        ev.append(("attempt_failed", row.updated_at, f"attempt {row.attempt}: {row.error or ''}".strip()))
-        if row.next_retry_at:
-            ev.append(("retry_due", row.next_retry_at, "next attempt after"))
+    for n in range(1, row.attempt + 1):
+        a, last = ended.get(n), n == row.attempt
+        if a is not None:
+            ev.append(("started", a.started_at, f"attempt {n}"))
+            if JobState(a.outcome) == JobState.RETRY_WAIT:
+                ev.append(("attempt_failed", a.ended_at, f"attempt {n}: {a.error or ''}".strip()))
+        elif last:  # running, or a row whose attempts were not read (the CLI)
+            ev.append(("started", row.started_at, f"attempt {n}"))
+            if state == JobState.RETRY_WAIT:
+                ev.append(("attempt_failed", row.updated_at, f"attempt {n}: {row.error or ''}".strip()))
+        if n <= row.retry_count:
+            ev.append(("requeued", requeued_at if n == row.retry_count else None, f"re-admitted for retry {n}"))
+    if state == JobState.RETRY_WAIT and row.next_retry_at:
+        ev.append(("retry_due", row.next_retry_at, "next attempt after"))
     if row.finished_at:
         ev.append(("finished", row.finished_at, state.label if not row.error else f"{state.label}: {row.error}"))
     if row.claimed_at:
         ev.append(("claimed", row.claimed_at, f"expires {iso_z(as_utc(row.expire_at))}" if row.expire_at else ""))
-    return [TimelineEvent.model_construct(at=at, event=name, detail=detail) for name, at, detail in ev]
+    return [TimelineEvent.model_construct(at=at, event=name, detail=detail)
+            for name, at, detail in ev if at or name == "requeued"]
 
 
 class AttemptView(Shape):
@@ -352,12 +366,11 @@ class AttemptView(Shape):
         return cls.model_construct(**out)
 
 
-class JobDetail(JobListItem):
+class JobDetail(JobListEntry):
     """The poll body plus what an operator or the console's job page needs.
     Never the secrets: modelKey and the callback URL stay out."""
 
     internal_state: Literal["pending", "running", "done", "failed", "claimed", "timeout", "canceled", "retry_wait"]
-    tenant: str
     creator: str
     biz_name: str
     enqueue_at: Timestamp | None
@@ -388,4 +401,4 @@ class JobDetail(JobListItem):
             **values, **urls, internal_state=JobState(row.state).label, tenant=row.tenant_id, creator=row.creator,
             biz_name=row.biz_name, enqueue_at=row.enqueue_at, next_retry_at=row.next_retry_at,
             deadline_at=row.deadline_at, claimed_at=row.claimed_at, expire_at=row.expire_at, payload=payload,
-            timeline=timeline(row), attempts=[AttemptView.from_row(a, admin) for a in attempts or []])
+            timeline=timeline(row, attempts or ()), attempts=[AttemptView.from_row(a, admin) for a in attempts or []])

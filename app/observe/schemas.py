@@ -106,6 +106,7 @@ class MaintenanceState(Shape):
 
 class TenantList(Shape):
     tenants: list[str]
+    caller: str = Field(description="the caller's own tenant (the console opens on it)")
 
 
 class TenantModelShare(Shape):

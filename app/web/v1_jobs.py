@@ -23,7 +23,7 @@ from app.jobs.schemas import (
     FailRequest,
     JobAccepted,
     JobList,
-    JobListItem,
+    JobListEntry,
     JobListQuery,
     JobStatus,
     JobSync,
@@ -151,8 +151,9 @@ def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
 
 def _list(model: str | None, query: JobListQuery) -> JobList:
     rows, nxt = jobs.list_jobs(current_principal(), query, model_name=model)
-    return JobList.model_construct(jobs=[JobListItem.model_construct(**JobStatus.values_of(r), **job_urls(r))
-                                         for r in rows], next_cursor=nxt)
+    return JobList.model_construct(jobs=[JobListEntry.model_construct(**JobStatus.values_of(r), **job_urls(r),
+                                                                      tenant=r.tenant_id) for r in rows],
+                                   next_cursor=nxt)
 
 
 @bp.get("/models/<model>/jobs")

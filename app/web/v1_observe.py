@@ -64,7 +64,8 @@ def maintenance_state():
 @endpoint("The tenants the caller may look at (admins: every tenant with a key or limits; users: their own)",
           tag="tenants", ok=Ok(TenantList, "tenant ids"))
 def tenant_list():
-    return {"tenants": ops.tenants(current_principal())}
+    p = current_principal()
+    return {"tenants": ops.tenants(p), "caller": p.tenant_id}
 
 
 @bp.get("/tenants/<tenant>/state")

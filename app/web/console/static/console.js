@@ -3,8 +3,10 @@
 // with data), so nothing a model or a caller stored can run as script.
 "use strict";
 
-const KEY = "asynch.key", ROLE = "asynch.role";
+const KEY = "asynch.key", ROLE = "asynch.role", TENANT = "asynch.tenant";
+// A job has ended once it has a finish time (a state this file does not know, e.g. a new terminal one, too).
 const TERMINAL = new Set(["done", "failed", "timeout", "canceled"]);
+const ended = (j) => !!j.finished_at || TERMINAL.has(j.state);
 const $ = (sel) => document.querySelector(sel);
 
 function el(tag, attrs, ...children) {
@@ -19,6 +21,14 @@ function el(tag, attrs, ...children) {
     if (c === undefined || c === null) continue;
     n.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
+  return n;
+}
+
+const NS = "http://www.w3.org/2000/svg";
+function svgEl(tag, attrs, text) {
+  const n = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, v);
+  if (text !== undefined) n.textContent = text;
   return n;
 }
 
@@ -89,8 +99,10 @@ pages.login = () => {
     const r = await api("GET", "/v1/models", undefined, key);
     if (r.status !== 200) { flash(r.data && r.data.error ? r.data.error : "login failed"); return; }
     const admin = (await api("GET", "/v1/keys", undefined, key)).status === 200;
+    const who = await api("GET", "/v1/tenants", undefined, key);
     sessionStorage.setItem(KEY, key);
     sessionStorage.setItem(ROLE, admin ? "admin" : "user");
+    sessionStorage.setItem(TENANT, who.status === 200 ? who.data.caller : "");
     const next = new URLSearchParams(location.search).get("next");
     location.href = next && next.startsWith("/console/") ? next : "/console/models";
   });
@@ -119,38 +131,57 @@ async function loadModels() {
        " ", isAdmin() ? el("a", { href: "/console/models/edit?name=" + encodeURIComponent(m.model_name) }, "Edit") : ""))));
 }
 
-function chart(name, buckets, bucketMinutes) {
-  const W = 300, H = 110, pad = 18, n = buckets.length, bw = (W - 2 * pad) / n;
+// Every chart: values on its axes, and the values under the pointer in its readout line (and a tooltip).
+function hover(target, readout, text) {
+  target.append(svgEl("title", {}, text));
+  target.addEventListener("mouseenter", () => { readout.textContent = text; });
+}
+
+const num = (v) => (Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 2 : 1));
+const clock = (t) => new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+
+function chart(name, buckets, since, bucketMinutes) {
+  const W = 360, H = 150, left = 30, right = 40, top = 20, bottom = 34, n = buckets.length;
+  const bw = (W - left - right) / n, ph = H - top - bottom, y0 = H - bottom;
   const maxDone = Math.max(1, ...buckets.map((b) => b.done));
-  const p90s = buckets.map((b) => b.p90_seconds).filter((v) => v !== null);
-  const maxP = Math.max(0.001, ...p90s);
-  const NS = "http://www.w3.org/2000/svg";
-  const s = (tag, attrs, text) => {
-    const n2 = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs)) n2.setAttribute(k, v);
-    if (text !== undefined) n2.textContent = text;
-    return n2;
-  };
-  const svg = s("svg", { width: W, height: H + 30, class: "chart", role: "img", "aria-label": `${name} throughput and P90` });
-  svg.append(s("text", { x: pad, y: 12 }, `${name}: ${buckets.reduce((a, b) => a + b.done, 0)} done, P90 max ${maxP.toFixed(2)}s`));
-  const g = s("g", { class: "bars" });
-  const pts = [];
+  const maxP = Math.max(0.001, ...buckets.map((b) => b.p90_seconds ?? 0));
+  const total = buckets.reduce((a, b) => a + b.done, 0);
+  const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "chart", role: "img",
+                             "aria-label": `${name} throughput and P90` });
+  const readout = svgEl("text", { x: left, y: H - 4, class: "readout" }, "Point at a bar for its values.");
+  svg.append(svgEl("text", { x: left, y: 12, class: "caption" }, `${name}: ${total} done, P90 up to ${num(maxP)} s`));
+  for (const f of [0, 0.5, 1]) {
+    const y = y0 - ph * f;
+    svg.append(svgEl("line", { x1: left, x2: W - right, y1: y, y2: y, class: "grid" }),
+      svgEl("text", { x: left - 4, y: y + 3, class: "axis", "text-anchor": "end" }, Number.isInteger(maxDone * f) ? maxDone * f : ""),
+      svgEl("text", { x: W - right + 4, y: y + 3, class: "axis p90-axis" }, num(maxP * f) + " s"));
+  }
+  const pts = [], t0 = new Date(since).getTime(), step = bucketMinutes * 60000;
   buckets.forEach((b, i) => {
-    const h = ((H - 30) * b.done) / maxDone;
-    g.append(s("rect", { x: pad + i * bw + 1, y: H - h, width: Math.max(1, bw - 2), height: h },));
-    g.lastChild.append(s("title", {}, `${b.done} done; P90 ${b.p90_seconds === null ? "-" : b.p90_seconds.toFixed(2) + "s"}`));
-    if (b.p90_seconds !== null) pts.push(`${pad + i * bw + bw / 2},${H - ((H - 30) * b.p90_seconds) / maxP}`);
+    const x = left + i * bw, h = (ph * b.done) / maxDone;
+    const g = svgEl("g", { class: "bucket", "data-bucket": i });
+    g.append(svgEl("rect", { x, y: top, width: bw, height: ph, class: "hit" }),
+             svgEl("rect", { x: x + 1, y: y0 - h, width: Math.max(1, bw - 2), height: h, class: "done-bar" }));
+    hover(g, readout, `${clock(t0 + i * step)}–${clock(t0 + (i + 1) * step)}: ${b.done} done, P90 `
+      + (b.p90_seconds === null ? "none" : num(b.p90_seconds) + " s"));
+    svg.append(g);
+    if (b.p90_seconds === null) return;
+    pts.push(`${x + bw / 2},${y0 - (ph * b.p90_seconds) / maxP}`);
+    g.append(svgEl("circle", { cx: x + bw / 2, cy: y0 - (ph * b.p90_seconds) / maxP, r: 2.5, class: "p90-point" }));
   });
-  svg.append(g);
-  if (pts.length) svg.append(s("polyline", { class: "p90", points: pts.join(" ") }));
-  svg.append(s("text", { x: pad, y: H + 14 }, `-${n * bucketMinutes} min`), s("text", { x: W - pad - 20, y: H + 14 }, "now"));
+  if (pts.length) svg.append(svgEl("polyline", { class: "p90", points: pts.join(" ") }));
+  for (const i of [0, n / 2, n]) {
+    svg.append(svgEl("text", { x: left + i * bw, y: y0 + 12, class: "axis", "text-anchor": i ? (i === n ? "end" : "middle") : "start" },
+                     clock(t0 + i * step)));
+  }
+  svg.append(readout);
   return svg;
 }
 
 async function loadCharts() {
   const r = await api("GET", "/v1/overview/series?minutes=60");
   const names = Object.keys(r.data.models);
-  $("#charts").replaceChildren(...(names.length ? names.map((m) => chart(m, r.data.models[m], r.data.bucket_minutes))
+  $("#charts").replaceChildren(...(names.length ? names.map((m) => chart(m, r.data.models[m], r.data.since, r.data.bucket_minutes))
     : [el("p", { class: "hint" }, "No job finished in the last hour.")]));
 }
 
@@ -160,10 +191,35 @@ pages.models = async () => {
   setInterval(tick, 5000);
 };
 
+// The model form is the declared shape (ModelInput in the OpenAPI document): one field per property, so
+// none is ever left out.  anyOf with null: the field may be cleared; writeOnly: a secret; readOnly: not sent.
+async function declaredShape(path, method) {
+  const doc = await (await fetch("/openapi.json", { credentials: "omit" })).json();
+  const deref = (x) => (x && x.$ref ? doc.components.schemas[x.$ref.split("/").pop()] : x);
+  return deref(doc.paths[path][method].requestBody.content["application/json"].schema);
+}
+
+function shapeField(name, prop, required) {
+  const alts = prop.anyOf || [prop], t = alts.find((x) => x.type && x.type !== "null") || {};
+  const kind = t.type === "boolean" ? "checkbox" : t.type === "integer" || t.type === "number" ? "number"
+    : t.type === "array" || t.type === "object" ? "json" : prop.writeOnly ? "password" : (t.maxLength || 0) >= 4000 ? "textarea" : "text";
+  const id = "m-" + name, dflt = prop.default === null || typeof prop.default === "object" ? undefined : prop.default;
+  const attrs = { id, name, "data-kind": kind, "data-nullable": alts.some((x) => x.type === "null") ? "1" : undefined };
+  const input = kind === "json" || kind === "textarea" ? el("textarea", { ...attrs, rows: kind === "json" ? 8 : 2 })
+    : el("input", { ...attrs, type: kind, min: t.minimum, max: t.maximum, placeholder: kind === "checkbox" ? undefined : dflt });
+  if (kind === "checkbox") input.checked = dflt === true;
+  const label = name.charAt(0).toUpperCase() + name.slice(1).replace(/_/g, " ") + (required ? " *" : "");
+  return el("div", { class: "field", "data-pointer": "/" + esc(name) }, el("label", { for: id }, label), input,
+    prop.description ? el("div", { class: "hint" }, prop.description) : null, el("div", { class: "error" }));
+}
+
 pages.model_edit = async () => {
   const name = new URLSearchParams(location.search).get("name");
   const form = $("#model-form");
   const input = (f) => form.elements[f];
+  const shape = await declaredShape("/v1/models", "post");
+  $("#model-fields").replaceChildren(...Object.entries(shape.properties).filter(([, p]) => !p.readOnly)
+    .map(([k, p]) => shapeField(k, p, (shape.required || []).includes(k))));
   let original = {};
   if (name) {
     const r = await api("GET", "/v1/models/" + encodeURIComponent(name));
@@ -172,9 +228,9 @@ pages.model_edit = async () => {
     for (const [k, v] of Object.entries(r.data)) {
       const i = input(k);
       if (!i) continue;
-      if (k === "head_msg") { i.placeholder = v ? `${v} (unchanged unless you type new headers)` : ""; continue; }
+      if (i.dataset.kind === "password") { i.placeholder = v ? `${v} (unchanged unless you type new ones)` : ""; continue; }
       if (i.type === "checkbox") i.checked = !!v;
-      else if (k === "form") i.value = v ? JSON.stringify(v, null, 2) : "";
+      else if (i.dataset.kind === "json") i.value = v ? JSON.stringify(v, null, 2) : "";
       else i.value = v === null ? "" : v;
     }
     input("model_name").readOnly = true;
@@ -188,13 +244,17 @@ pages.model_edit = async () => {
       if (!i.name) continue;
       let v;
       if (i.type === "checkbox") v = i.checked;
-      else if (i.dataset.kind === "number") { if (i.value === "") continue; v = Number(i.value); }
+      else if (i.dataset.kind === "number") {
+        if (i.value !== "") v = Number(i.value);
+        else if (name && i.dataset.nullable && original[i.name] !== null) v = null;  // cleared: back to the default rule
+        else continue;
+      }
       else if (i.dataset.kind === "json") {
         if (i.value.trim() === "") { v = null; } else {
           try { v = JSON.parse(i.value); } catch (e) { errs.push({ pointer: "/" + i.name, message: "is not valid JSON: " + e.message }); continue; }
         }
       } else v = i.value;
-      if (i.name === "head_msg" && v === "") continue;  // keep the stored secret
+      if (i.dataset.kind === "password" && v === "") continue;  // keep the stored secret
       if (name && JSON.stringify(original[i.name]) === JSON.stringify(v)) continue;
       body[i.name] = v;
     }
@@ -353,12 +413,21 @@ function liveStatus(text) { const s = $("#live-status"); if (s) s.textContent = 
 
 // --- jobs -------------------------------------------------------------------------------
 
+const secs = (ms) => (ms / 1000).toFixed(1) + " s";
+
+// A row of a job that has not ended keeps counting from the server's elapsed_ms (no clock skew).
 function jobRow(j) {
-  return el("tr", { "data-job": j.job_id },
+  const tr = el("tr", { "data-job": j.job_id, "data-tenant": j.tenant, "data-live": ended(j) ? undefined : "1" },
     el("td", {}, el("a", { href: "/console/jobs/" + encodeURIComponent(j.job_id) }, j.job_id)),
-    el("td", {}, j.model), el("td", { class: "state state-" + j.state }, j.state), el("td", {}, fmtTime(j.created_at)),
-    el("td", {}, (j.elapsed_ms / 1000).toFixed(1) + " s"), el("td", {}, j.attempt));
+    el("td", {}, j.model), el("td", { class: "tenant" }, j.tenant ?? ""), el("td", { class: "state state-" + j.state }, j.state),
+    el("td", {}, fmtTime(j.created_at)), el("td", { class: "elapsed" }, secs(j.elapsed_ms)), el("td", {}, j.attempt));
+  tr.since = performance.now() - j.elapsed_ms;
+  return tr;
 }
+
+setInterval(() => document.querySelectorAll("tr[data-live]").forEach((tr) => {
+  tr.querySelector(".elapsed").textContent = secs(performance.now() - tr.since);
+}), 500);
 
 pages.jobs = async () => {
   const form = $("#job-filters");
@@ -399,6 +468,7 @@ pages.jobs = async () => {
       const j = ev.data;
       if (!j || !j.job_id) return false;
       const old = document.querySelector(`tr[data-job="${CSS.escape(j.job_id)}"]`);
+      if (!j.tenant && old) j.tenant = old.dataset.tenant;
       const f = form.elements;
       const fits = (!f.model.value || f.model.value === j.model) && (!f.state.value || f.state.value === j.state) && !f.until.value
         && (!f.since.value || new Date(j.created_at) >= new Date(f.since.value));
@@ -539,15 +609,22 @@ pages.job = async () => {
       ["Elapsed", (j.elapsed_ms / 1000).toFixed(2) + " s"], ["Error", j.error || ""], ["Payload", JSON.stringify(j.payload)]];
     $("#job-fields").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k.toLowerCase() }, v)]));
     $("#timeline").replaceChildren(...j.timeline.map((e) => el("li", { "data-event": e.event },
-      el("strong", {}, e.event), ` ${fmtTime(e.at)} `, e.detail)));
+      el("strong", {}, e.event), ` ${e.at ? fmtTime(e.at) : "(time not kept)"} `, e.detail)));
     renderAttempts(j);
     const cancel = $("#cancel-job");
-    cancel.hidden = TERMINAL.has(j.state);
+    const over = ended(j);
+    cancel.hidden = over;
     cancel.onclick = async () => { const c = await api("POST", j.poll_url + "/cancel"); flash(c.data.error || "Canceled.", !c.data.error); tick(); };
-    if (j.state === "done" && !shown) { shown = true; await showResult(j); }
-    const ended = TERMINAL.has(j.state);
-    if (ended && !delivered) { delivered = true; followDeliveries(j); }
-    return ended;
+    // The result box says what the state says: a result, loading, none (how it ended), or not yet.
+    if (j.state === "done") {
+      if (!shown) { shown = true; $("#result").replaceChildren(el("p", { class: "hint" }, "Loading the result…")); await showResult(j); }
+    } else {
+      $("#result").replaceChildren(el("p", { class: "hint", id: over ? "no-result" : "not-yet" }, over
+        ? `No result: the job ended ${j.state}${j.error ? ` (${j.error})` : ""}.` : "Not finished yet."));
+    }
+    if (over) liveStatus(`Finished: ${j.state}.`);
+    if (over && !delivered) { delivered = true; followDeliveries(j); }
+    return over;
   };
   // A delivery is retried on its own schedule after the job ended: its log is re-read while one is in flight.
   const followDeliveries = async (j) => {
@@ -557,27 +634,19 @@ pages.job = async () => {
       await new Promise((r) => setTimeout(r, 1500));
     }
   };
-  if (await tick()) { liveStatus("Finished."); return; }
+  if (await tick()) return;
   // Live: the job's own event stream; each event re-reads the detail (attempts, timeline).
   let polling = null;
   const poll = () => { if (!polling) polling = setInterval(async () => { if (await tick()) clearInterval(polling); }, 1000); };
   openStream(`/v1/models/${encodeURIComponent(job.model)}/jobs/${encodeURIComponent(id)}/events`, (ev) => {
     const last = ev.id === "end";
-    tick().then((ended) => { if (ended || last) liveStatus("Finished."); });
+    tick();
     return last;
   }, { onOpen: () => liveStatus("Live: following this job's events."),
        onFail: (status) => { liveStatus(`Live updates unavailable (HTTP ${status}); polling.`); poll(); return true; } });
 };
 
 // --- tenants: usage per day, queue share, rate limit -----------------------------------------
-
-const NS = "http://www.w3.org/2000/svg";
-function svgEl(tag, attrs, text) {
-  const n = document.createElementNS(NS, tag);
-  for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, v);
-  if (text !== undefined) n.textContent = text;
-  return n;
-}
 
 const isoDay = (d) => d.toISOString().slice(0, 10);
 
@@ -593,11 +662,12 @@ function usageChart(tenant, days, rows) {
   }
   const totals = dayList.map((d) => [...per.get(d).values()].reduce((a, b) => a + b, 0));
   const total = totals.reduce((a, b) => a + b, 0), max = Math.max(1, ...totals);
-  const W = 640, H = 200, left = 36, bottom = 24, top = 20, bw = (W - left - 8) / days;
+  const W = 640, H = 216, left = 36, bottom = 38, top = 20, bw = (W - left - 8) / days;
   const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, class: "usage", role: "img",
                              "aria-label": `Model calls per day for ${tenant}: ${total} in ${days} days` });
   svg.append(svgEl("title", {}, `Model calls per day for ${tenant}`));
   svg.append(svgEl("text", { x: left, y: 12, class: "caption" }, `${total} calls in ${days} days, at most ${Math.max(...totals)} a day`));
+  const readout = svgEl("text", { x: left, y: H - 4, class: "readout" }, "Point at a day for its calls.");
   for (const frac of [0, 0.5, 1]) {
     const y = H - bottom - (H - bottom - top) * frac;
     svg.append(svgEl("line", { x1: left, x2: W - 8, y1: y, y2: y, class: "grid" }),
@@ -607,6 +677,8 @@ function usageChart(tenant, days, rows) {
   dayList.forEach((d, i) => {
     let y = H - bottom;
     const g = svgEl("g", { class: "day", "data-day": d });
+    g.append(svgEl("rect", { x: left + i * bw, y: top, width: bw, height: H - bottom - top, class: "hit" }));
+    hover(g, readout, `${d}: ${totals[i]} call(s)` + (totals[i] ? " — " + [...per.get(d)].map(([m, n]) => `${m} ${n}`).join(", ") : ""));
     modelsSeen.forEach((m, k) => {
       const n = per.get(d).get(m) || 0;
       if (!n) return;
@@ -619,9 +691,10 @@ function usageChart(tenant, days, rows) {
     });
     svg.append(g);
     if (i === 0 || i === days - 1 || (days > 10 && i % 7 === 0 && days - 1 - i >= 4)) {
-      svg.append(svgEl("text", { x: left + i * bw + bw / 2, y: H - 8, class: "axis", "text-anchor": "middle" }, d.slice(5)));
+      svg.append(svgEl("text", { x: left + i * bw + bw / 2, y: H - bottom + 14, class: "axis", "text-anchor": "middle" }, d.slice(5)));
     }
   });
+  svg.append(readout);
   const legend = el("ul", { class: "legend" }, modelsSeen.map((m, k) => el("li", {}, el("span", { class: "swatch series-" + (k % 6) }), m)));
   // The same numbers as a table, for keyboards and screen readers (a bar's <title> needs a mouse).
   const filled = dayList.filter((d) => per.get(d).size).reverse();
@@ -651,10 +724,10 @@ async function statsRows(tenant, from) {
 
 pages.tenants = async () => {
   const form = $("#tenant-form"), sel = $("#tenant-select");
-  const list = (await api("GET", "/v1/tenants")).data.tenants;
+  const { tenants: list, caller } = (await api("GET", "/v1/tenants")).data;
   sel.replaceChildren(...list.map((t) => el("option", { value: t }, t)));
-  const params = new URLSearchParams(location.search);
-  if (params.get("tenant") && list.includes(params.get("tenant"))) sel.value = params.get("tenant");
+  const params = new URLSearchParams(location.search), wanted = params.get("tenant") || caller;
+  if (list.includes(wanted)) sel.value = wanted;
   if (params.get("days")) form.elements.days.value = params.get("days");
   const load = async () => {
     const tenant = sel.value, days = Number(form.elements.days.value);
@@ -754,7 +827,7 @@ document.addEventListener("DOMContentLoaded", () => {
   const page = document.body.dataset.page;
   if (page !== "login") {
     if (!sessionStorage.getItem(KEY)) { toLogin(); return; }
-    $("#whoami").textContent = isAdmin() ? "admin" : "user";
+    $("#whoami").textContent = [isAdmin() ? "admin" : "user", sessionStorage.getItem(TENANT)].filter(Boolean).join(" · ");
     $("#logout").addEventListener("click", () => { sessionStorage.clear(); location.href = "/console/login"; });
     if (isAdmin()) document.querySelectorAll(".admin-only").forEach((n) => { n.hidden = false; });
   }
