@@ -54,7 +54,7 @@ def _purge_batch(states: Sequence[JobState], older_than, before, limit: int,
 def cleanup(limit: int | None = None) -> Report:
     """Hard-delete what has served its time, with its stored result:
     claimed jobs past expire_at (the model's auto_clean_seconds after the
-    claim), failed/timeout/canceled jobs after ASYNCH_FAILED_RETENTION_SECONDS,
+    claim), failed/timeout/canceled/expired jobs after ASYNCH_FAILED_RETENTION_SECONDS,
     done jobs nobody claimed after ASYNCH_DONE_RETENTION_SECONDS.  Then
     pending/running jobs past their budget become timeout."""
     s = get_settings()
@@ -63,7 +63,7 @@ def cleanup(limit: int | None = None) -> Report:
     rep = Report(details={"claimed": 0, "failed": 0, "done": 0, "objects": 0, "object_errors": 0})
     kinds = (
         ("claimed", [JobState.CLAIMED], tasks.c.expire_at, now),
-        ("failed", [JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED], tasks.c.finished_at,
+        ("failed", [JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.EXPIRED], tasks.c.finished_at,
          now - timedelta(seconds=s.failed_retention_seconds)),
         ("done", [JobState.DONE], tasks.c.finished_at, now - timedelta(seconds=s.done_retention_seconds)),
     )

@@ -84,6 +84,21 @@ def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) 
                                                  args=[*_args(model, cap, None), "1" if requeue_inflight else ""]))
 
 
+def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None) -> list:
+    """Where jobs of ``tenant`` at ``scores`` stand (dispatch_position.lua,
+    read only): [cap, running, the tenant's permits, tenants, EWMA seconds
+    or '', samples, then (own ahead, all ahead) per score; -1 -1 for a
+    queued ``job_id`` already dispatched]."""
+    return scripts.get("dispatch_position")(
+        keys=[*_keys(model), keys.gate(model), keys.dispatch_run_time(model)],
+        args=[*_args(model, cap, None), tenant, job_id, *[repr(float(x)) for x in scores]])
+
+
+def observe_run(model: str, seconds: float, alpha: float) -> None:
+    """One finished attempt's run time into the model's EWMA (dispatch_observe.lua)."""
+    scripts.get("dispatch_observe")(keys=[keys.dispatch_run_time(model)], args=[f"{seconds:.6f}", f"{alpha:.6f}"])
+
+
 def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
     """(tenant, job_id, lease expiry as unix time) of running jobs: their
     permits, rebuilt from the rows after a wipe."""

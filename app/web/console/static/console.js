@@ -4,7 +4,7 @@
 "use strict";
 
 const KEY = "asynch.key", ROLE = "asynch.role";
-const TERMINAL = new Set(["done", "failed", "timeout", "canceled"]);
+const TERMINAL = new Set(["done", "failed", "timeout", "canceled", "expired"]);
 const $ = (sel) => document.querySelector(sel);
 
 function el(tag, attrs, ...children) {
