@@ -177,3 +177,23 @@ def test_a_batch_refuses_only_its_late_items(api_url, workers, make_model, user_
     assert res[2]["retry_after"] >= 1 and "deadline_unmeetable" in res[2]["error"]
     assert _rows() == 4
     model_server.state.release("bd")
+
+
+def test_the_position_follows_the_dispatchers_weights_and_priorities(r):
+    """dispatch_position.lua alone (no workers): two tenants' queues held
+    (max_concurrency 0 at runtime, nothing dispatched), B of weight 2."""
+    from app.infra.redis import dispatch as rd
+    from app.jobs.dispatch import order_score
+
+    r.set(keys.runtime_max_concurrency("w"), 0)
+    rd.set_weight("tb", 2, ["w"])
+    now = datetime.now().astimezone()
+    for t in ("ta", "tb"):
+        rd.enqueue("w", [(t, f"{t}-{i}", order_score(now) + i / 1000, 0) for i in range(6)], cap=1)
+    last = order_score(now.replace(year=now.year + 1))
+    a = rd.position("w", "ta", "", [last, order_score(now, 9)], cap=1)
+    b = rd.position("w", "tb", "", [last], cap=1)
+    # A's job behind its 6: B's 6 go in the time A takes 6 turns; B's behind its 6: A gets 3 of its turns.
+    assert (int(a[6]), int(a[7]), int(b[6]), int(b[7])) == (6, 12, 6, 9), (a, b)
+    assert (int(a[8]), int(a[9])) == (0, 0)  # priority 9: before A's own line, and A's turn is next
+    assert rd.position("w", "ta", "ta-3", [last], cap=1)[6:8] == [3, 9]  # a queued job's own place wins
