@@ -81,11 +81,10 @@ def run(moved: Moved | None, cap: int | None = None) -> None:
     row = moved.row
     if moved.terminal:
         metrics.job_finished(row)
-    if moved.state == JobState.DONE:
-        estimates.observe(row)  # its run time joins the model's average
     if moved.release:
         dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
-                          message=snapshot_message(row) if moved.terminal else "", cap=cap)
+                          message=snapshot_message(row) if moved.terminal else "", cap=cap,
+                          ran=estimates.ran_seconds(row) if moved.state == JobState.DONE else None)
     if moved.deliveries:
         # The deliveries committed with the transition; this rings their
         # bell (a miss is the webhook sweep's, app/webhooks/delivery.py).

@@ -3,7 +3,7 @@ and queue estimates"): where a pending job stands in the dispatcher's order
 and when it should start and end.
 
 The formula.  T is the model's run time: an EWMA of its finished attempts'
-seconds (``observe``: x_n = a * sample + (1 - a) * x_(n-1), a =
+seconds (``ran_seconds``, in the finish step: x_n = a * sample + (1 - a) * x_(n-1), a =
 ASYNCH_ESTIMATE_ALPHA, x_1 = the first sample; until a sample exists,
 the model's expected_seconds).  c is the model's max_concurrency (its runtime
 override if lower): the permits each tenant may hold.  From the dispatcher's
@@ -47,7 +47,6 @@ import redis
 from app.catalog.registry import enabled_model
 from app.clock import as_utc
 from app.clock import now as clock_now
-from app.config import get_settings
 from app.contract import iso_z
 from app.errors import DeadlineUnmeetable, DomainError
 from app.infra.redis import dispatch as rd
@@ -132,13 +131,9 @@ def refuse_late(est: Estimate | None, deadline_at: datetime | None) -> None:
     raise DeadlineUnmeetable(shown, iso_z(deadline_at), retry_after=int(min(300, max(1, math.ceil(late)))))
 
 
-def observe(row) -> None:
-    """A done attempt's run time (claim to done) joins its model's EWMA.
-    Best effort: a lost sample only makes the average a little older."""
+def ran_seconds(row) -> float | None:
+    """A done attempt's run time (claim to done), which the finish step adds
+    to its model's EWMA (dispatch_finish.lua, with the slot's release)."""
     if row.started_at is None or row.finished_at is None:
-        return
-    seconds = (as_utc(row.finished_at) - as_utc(row.started_at)).total_seconds()
-    try:
-        rd.observe_run(row.model_name, max(0.0, seconds), get_settings().estimate_alpha)
-    except redis.RedisError as exc:
-        log.debug("run time not recorded: %s", exc)
+        return None
+    return max(0.0, (as_utc(row.finished_at) - as_utc(row.started_at)).total_seconds())

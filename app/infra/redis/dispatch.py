@@ -69,13 +69,16 @@ def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
 
 
 def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
-           cap: int | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
+           cap: int | None = None, ran: float | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
     """(whether the gate slot was still held, the jobs dispatched).
     ``message``: what the wake-up carries (app/infra/wakeups.py
-    snapshot_message); empty, the job id."""
-    released, *rest = scripts.get("dispatch_finish")(keys=[*_keys(model), keys.gate(model)], args=[
-        *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
-        keys.terminal_channel() if wake else "", message if wake else ""])
+    snapshot_message); empty, the job id.  ``ran``: a done attempt's run
+    time (seconds), into the model's EWMA in the same step."""
+    released, *rest = scripts.get("dispatch_finish")(
+        keys=[*_keys(model), keys.gate(model), keys.dispatch_run_time(model)], args=[
+            *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
+            keys.terminal_channel() if wake else "", message if wake else "",
+            "" if ran is None else f"{ran:.6f}", f"{get_settings().estimate_alpha:.6f}"])
     return bool(released), _triples(rest)
 
 
@@ -93,10 +96,6 @@ def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int
         keys=[*_keys(model), keys.gate(model), keys.dispatch_run_time(model)],
         args=[*_args(model, cap, None), tenant, job_id, *[repr(float(x)) for x in scores]])
 
-
-def observe_run(model: str, seconds: float, alpha: float) -> None:
-    """One finished attempt's run time into the model's EWMA (dispatch_observe.lua)."""
-    scripts.get("dispatch_observe")(keys=[keys.dispatch_run_time(model)], args=[f"{seconds:.6f}", f"{alpha:.6f}"])
 
 
 def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
