@@ -339,11 +339,9 @@ def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], ol
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Moved | None:
     """pending/running/retry_wait -> canceled."""
     where = [] if tenant_id is None else [tasks.c.tenant_id == tenant_id]
-    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open", values={
-        "finished_at": clock_now(),
-        "lease_expires_at": None,
-        "error": job_error("canceled", "canceled by client"),
-    }))
+    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open",
+                       values={"finished_at": clock_now(), "lease_expires_at": None,
+                               "error": job_error("canceled", "canceled by client")}))
 
 
 def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Moved | None:

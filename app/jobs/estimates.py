@@ -2,10 +2,10 @@
 and queue estimates"): where a pending job stands in the dispatcher's order
 and when it should start and end.
 
-The formula.  T is the model's run time: an EWMA of its finished attempts'
-seconds (``ran_seconds``, in the finish step: x_n = a * sample + (1 - a) * x_(n-1), a =
-ASYNCH_ESTIMATE_ALPHA, x_1 = the first sample; until a sample exists,
-the model's expected_seconds).  c is the model's max_concurrency (its runtime
+The formula.  T is the model's run time: an EWMA of its done attempts'
+seconds (``ran_seconds``, added by the finish step, dispatch_finish.lua:
+x_n = a * sample + (1 - a) * x_(n-1), a = ASYNCH_ESTIMATE_ALPHA, x_1 = the
+first sample; until a sample exists, the model's expected_seconds).  c is the model's max_concurrency (its runtime
 override if lower): the permits each tenant may hold.  From the dispatcher's
 state (dispatch_position.lua, one read-only step) come, for a job of tenant
 U: k, U's own jobs ahead of it (priority band, then queue time), and p, every
@@ -22,12 +22,13 @@ free after floor(n / slots) whole rounds), a job starts at
     start = now + max(wave(k, r_U, c), wave(p, r, c * A)),   done = start + T
 
 -- its own tenant's lane (its permits) or the model's whole line, whichever
-binds.  ``queue_position`` is p (0: next to start).  The estimate does not
+binds.  ``queue_position`` is p (0: next to start).  A batch's item also
+counts the batch's earlier items at or before its score, in its own lane.  The estimate does not
 know the worker count: with fewer worker processes than c * A it is early.
 
 Invariants:
-- Read only: estimating never changes the dispatcher's state (apart from
-  dropping expired permits, as every dispatch step does).
+- Read only: estimating never changes the dispatcher's order (it drops
+  expired permits and records max_concurrency, as every dispatch step does).
 - Deadline admission happens before the gate (``refuse_late``): a refused
   job takes no slot and writes no row.  An estimate that cannot be made
   (Redis away) refuses nothing: the gate's own answer stands.
