@@ -182,6 +182,9 @@ class Settings(BaseSettings):
     dispatch_lease_seconds: float = Field(60.0, description=(
         "A dispatched job no worker claimed within this many seconds lost its message: it goes back to the "
         "head of its tenant's queue."))
+    estimate_alpha: float = Field(0.3, description=(
+        "Queue estimates (docs/architecture.md, \"Deadlines and queue estimates\"): the weight of each finished "
+        "attempt's run time in the model's moving average (0-1; higher follows changes faster)."))
     batch_max_ids: int = Field(1000, description="getTaskBatch: most task ids one call may name.")
     callback_timeout_seconds: float = Field(10.0, description=(
         "Callbacks on done (seed 002): the wall-clock deadline of one delivery attempt (connect, send, "

@@ -55,6 +55,17 @@ class QueueFull(DomainError):
         self.retry_after = retry_after
 
 
+class DeadlineUnmeetable(QueueFull):
+    """429 deadline_unmeetable: the queue's estimate ends after the job's
+    deadline (app/jobs/estimates.py); nothing was written, no slot taken.
+    ``body``: the estimate, added to the error body."""
+
+    def __init__(self, estimate: dict, deadline_at, retry_after: int):
+        DomainError.__init__(self, "deadline_unmeetable: the queue cannot finish this job by its deadline")
+        self.limit, self.retry_after = 0, retry_after
+        self.body = {"code": "deadline_unmeetable", **estimate, "deadline_at": deadline_at}
+
+
 class RateLimited(DomainError):
     """429: the key's request rate limit refused this request (nothing was
     done).  ``headers`` carries Retry-After and the RateLimit fields, added by

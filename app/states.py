@@ -1,4 +1,4 @@
-"""Job states: the eight state codes (docs/architecture.md, "Job states") and how each face shows them."""
+"""Job states: the nine state codes (docs/architecture.md, "Job states") and how each face shows them."""
 from __future__ import annotations
 
 from enum import IntEnum
@@ -13,6 +13,7 @@ class JobState(IntEnum):
     TIMEOUT = 5      # job budget exceeded (terminal)
     CANCELED = 6     # canceled by the client (terminal)
     RETRY_WAIT = 7   # an attempt failed, retries remain; slot released
+    EXPIRED = 8      # still pending when its caller's deadline passed; never run (terminal)
 
     @property
     def label(self) -> str:
@@ -23,7 +24,7 @@ class JobState(IntEnum):
 SLOT_STATES = frozenset({JobState.PENDING, JobState.RUNNING})
 # Absorbing states (CLAIMED is DONE seen by the business side).
 TERMINAL_STATES = frozenset(
-    {JobState.DONE, JobState.FAILED, JobState.CLAIMED, JobState.TIMEOUT, JobState.CANCELED}
+    {JobState.DONE, JobState.FAILED, JobState.CLAIMED, JobState.TIMEOUT, JobState.CANCELED, JobState.EXPIRED}
 )
 # States that still have work ahead of them.
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RETRY_WAIT})
@@ -36,7 +37,7 @@ ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RETRY_WA
 JOB_ERROR_CODES = frozenset({
     "model_timeout", "model_unreachable", "model_http_error", "model_response_too_large",
     "model_response_broken", "model_request_invalid", "model_not_configured", "storage_error",
-    "internal_error", "worker_lost", "job_timeout", "canceled",
+    "internal_error", "worker_lost", "job_timeout", "canceled", "deadline_expired",
 })
 
 
@@ -55,9 +56,10 @@ _V1_NAMES = {
     JobState.TIMEOUT: "timeout",
     JobState.CANCELED: "canceled",
     JobState.RETRY_WAIT: "pending",
+    JobState.EXPIRED: "expired",
 }
 
-# The seed-002 face: 0 queued, 1 running, 2 done, 3 failed, 4 claimed.
+# The seed-002 face: 0 queued, 1 running, 2 done, 3 failed (and every other end), 4 claimed.
 _SEED_CODES = {
     JobState.PENDING: 0,
     JobState.RUNNING: 1,
@@ -67,6 +69,7 @@ _SEED_CODES = {
     JobState.TIMEOUT: 3,
     JobState.CANCELED: 3,
     JobState.RETRY_WAIT: 3,
+    JobState.EXPIRED: 3,
 }
 
 

@@ -12,7 +12,7 @@ and permit back, waiters woken, deliveries rung).  Callers never choose
 those effects: they hand the ``Moved`` to app/jobs/effects.py, the one
 module that runs them, after the commit.
 
-A move into a terminal state (done, failed, timeout, canceled) writes its
+A move into a terminal state (done, failed, timeout, canceled, expired) writes its
 webhook deliveries in the same statement (data-modifying CTEs over the
 moved row, app/infra/webhook_rows.py): only the winner writes them,
 exactly once.
@@ -61,6 +61,7 @@ ALLOWED: frozenset[tuple[S, S]] = frozenset({
     (S.RETRY_WAIT, S.TIMEOUT),   # seed 000: a job waiting to retry still has a budget
     (S.PENDING, S.FAILED),       # an admin's fail (seed 000: any non-terminal state can be ended)
     (S.RETRY_WAIT, S.FAILED),
+    (S.PENDING, S.EXPIRED),      # its caller's deadline passed before it started
 })
 
 
@@ -338,11 +339,9 @@ def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], ol
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Moved | None:
     """pending/running/retry_wait -> canceled."""
     where = [] if tenant_id is None else [tasks.c.tenant_id == tenant_id]
-    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open", values={
-        "finished_at": clock_now(),
-        "lease_expires_at": None,
-        "error": job_error("canceled", "canceled by client"),
-    }))
+    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open",
+                       values={"finished_at": clock_now(), "lease_expires_at": None,
+                               "error": job_error("canceled", "canceled by client")}))
 
 
 def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Moved | None:
@@ -361,10 +360,14 @@ def time_out(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
     """pending/running/retry_wait past the job's budget -> timeout."""
     return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT, log_attempt="open",
                        where=[tasks.c.deadline_at < now], values={
-                           "finished_at": now,
-                           "lease_expires_at": None,
-                           "error": job_error("job_timeout", "job budget exceeded"),
-                       }))
+                           "finished_at": now, "lease_expires_at": None,
+                           "error": job_error("job_timeout", "job budget exceeded")}))
+
+
+def expire(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
+    """pending past its caller's deadline (X-Deadline) -> expired, never run."""
+    return _moved(_cas(conn, job_id, [S.PENDING], S.EXPIRED, where=[tasks.c.caller_deadline_at < now], values={
+        "finished_at": now, "error": job_error("deadline_expired", "not started before its deadline")}))
 
 
 def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | None,

@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import requests
 
-TERMINAL = frozenset({"done", "failed", "timeout", "canceled"})
+TERMINAL = frozenset({"done", "failed", "timeout", "canceled", "expired"})
 RETRY_STATUSES = frozenset({429, 503})
 
 

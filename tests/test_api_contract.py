@@ -37,7 +37,10 @@ def test_202_with_location(client, echo, user_key, r):
     resp = post(client, user_key, "echo", json={"prompt": "hi"})
     assert resp.status_code == 202
     body = resp.get_json()
-    assert set(body) == {"job_id", "state", "poll_url", "result_url"}
+    # Where it stands in line (issue 24 item 1): first, so position 0, starting now.
+    assert set(body) == {"job_id", "state", "poll_url", "result_url", "queue_position", "estimated_start_at",
+                         "estimated_done_at"}
+    assert body["queue_position"] == 0 and body["estimated_start_at"] < body["estimated_done_at"]
     assert body["job_id"].startswith("job_") and body["state"] == "pending"
     assert resp.headers["Location"] == body["poll_url"] == f"/v1/models/echo/jobs/{body['job_id']}"
     assert body["result_url"] == body["poll_url"] + "/result"

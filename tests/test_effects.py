@@ -17,7 +17,7 @@ EFFECT_CALLS = {("dispatch", "finished"), ("metrics", "job_finished"), ("callbac
 # The doorbell of a terminal job's deliveries, published by name.
 EFFECT_TASKS = {"DELIVER_JOB_WEBHOOKS_TASK"}
 # The transitions that return a transitions.Moved (their effects are due after the commit).
-MOVES = {"complete", "fail_attempt", "cancel", "fail_by_admin", "time_out"}
+MOVES = {"complete", "fail_attempt", "cancel", "fail_by_admin", "time_out", "expire"}
 
 
 def _sources():
@@ -65,7 +65,7 @@ def test_every_won_move_is_handed_to_the_effects():
             else:
                 bare.append(f"{rel}:{node.lineno} transitions.{called[1]}()")
     assert bare == [], "transitions whose effects are not collected:\n" + "\n".join(bare)
-    assert handed >= 6  # service (2), execution (2), recovery (2: the attempt loop, time-outs)
+    assert handed >= 6  # service (2), execution (3: with the claim-time expiry), recovery (the attempt loop)
 
 
 def test_the_scan_sees_a_hand_run_effect(tmp_path):

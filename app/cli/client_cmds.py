@@ -4,7 +4,7 @@ a shell, against a running API (``--url``/ASYNCH_URL, ``--key``/ASYNCH_API_KEY).
 Invariants: the commands only parse and render; every HTTP call, retry and
 error is the client library's.  Output is the job's JSON on stdout; an
 error answer is ``Error: <the API's error text>`` and exit status 1.  ``wait``
-exits 0 for done, 1 for failed/timeout/canceled, 2 when still running at
+exits 0 for done, 1 for failed/timeout/canceled/expired, 2 when still running at
 its timeout.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def submit(model: str, payload: str, wait_s: int | None, priority: int | None, i
             _fail(exc)
 
 
-@click.command("wait", help="Wait for a job's end; exit 0 done, 1 failed/timeout/canceled, 2 still running.")
+@click.command("wait", help="Wait for a job's end; exit 0 done, 1 failed/timeout/canceled/expired, 2 still running.")
 @click.argument("model")
 @click.argument("job_id")
 @click.option("--timeout", type=click.FloatRange(0), default=None, help="give up after this many seconds")

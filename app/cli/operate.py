@@ -121,7 +121,7 @@ def jobs_show(job_id: str) -> None:
 
 @jobs.command("list", help="Jobs newest first, one JSON object a line.")
 @click.option("--model", default=None)
-@click.option("--state", default=None, help="pending, running, done, failed, timeout or canceled.")
+@click.option("--state", default=None, help="pending, running, done, failed, timeout, canceled or expired.")
 @click.option("--tenant", default=None)
 @click.option("--since", type=click.DateTime(), default=None, help="Created at or after (UTC).")
 @click.option("--until", type=click.DateTime(), default=None, help="Created before (UTC).")

@@ -67,6 +67,7 @@ from app.clock import as_utc
 from app.config import get_settings, prometheus_multiproc_dir
 from app.errors import (
     BadRequest,
+    DeadlineUnmeetable,
     NotFound,
     QueueFull,
     TenantQueueFull,
@@ -140,6 +141,8 @@ def job_admitted(model: str) -> None:
 def rejection_reason(exc: Exception) -> str:
     if isinstance(exc, TenantQueueFull):
         return "tenant_share"
+    if isinstance(exc, DeadlineUnmeetable):
+        return "deadline"
     if isinstance(exc, QueueFull):
         return "queue_full"
     if isinstance(exc, NotFound):

@@ -37,9 +37,9 @@ FAMILIES = {
     "node": ("asynch_model_call_duration_seconds", "asynch_job_duration_seconds", "asynch_dispatched",
              "asynch_run_job_messages", "asynch_callback_deliveries"),
 }
-REASONS = ("queue_full", "tenant_share", "invalid", "unavailable", "error")  # m.rejection_reason's, by model
-FINAL_STATES = tuple(JobState[s].label for s in ("DONE", "FAILED", "TIMEOUT", "CANCELED"))
-RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale")
+REASONS = ("queue_full", "tenant_share", "deadline", "invalid", "unavailable", "error")  # m.rejection_reason's, by model
+FINAL_STATES = tuple(JobState[s].label for s in ("DONE", "FAILED", "TIMEOUT", "CANCELED", "EXPIRED"))
+RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale", "expired")
 _seeded: set[tuple[str, str]] = set()  # (target, model or "") this process wrote zeros for
 
 

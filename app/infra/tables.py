@@ -127,6 +127,8 @@ tasks = Table(
     Column("next_retry_at", TS, nullable=True),
     # Job budget: pending/running past it becomes timeout.
     Column("deadline_at", TS, nullable=True),
+    # The caller's deadline (X-Deadline, revision 0018): still pending past it becomes expired.
+    Column("caller_deadline_at", TS, nullable=True),
     Column("claimed_at", TS, nullable=True),
     # When the result was last read (0012_seed_dropin): max_completed evicts the least recently read.
     Column("last_read_at", TS, nullable=True),
@@ -157,7 +159,11 @@ tasks = Table(
     _partial("ix_asynch_task_pending_enqueue", ["enqueue_at", "id"], _in(S.PENDING)),
     _partial("ix_asynch_task_slot_deadline", ["deadline_at"], _in(S.PENDING, S.RUNNING)),
     _partial("ix_asynch_task_claimed_expire", ["expire_at"], _in(S.CLAIMED)),
-    _partial("ix_asynch_task_ended_finished", ["finished_at"], _in(S.DONE, S.FAILED, S.TIMEOUT, S.CANCELED)),
+    _partial("ix_asynch_task_ended_finished", ["finished_at"],
+             _in(S.DONE, S.FAILED, S.TIMEOUT, S.CANCELED, S.EXPIRED)),
+    # The expiry pass: pending jobs with a caller's deadline (revision 0019).
+    _partial("ix_asynch_task_pending_caller_deadline", ["caller_deadline_at"],
+             f"{_in(S.PENDING)} AND caller_deadline_at IS NOT NULL"),
     # Autotune reads a model's recently finished jobs.
     _partial("ix_asynch_task_finished_by_model", ["model_name", "finished_at"], "finished_at IS NOT NULL"),
     # Retries waiting at the tail of a model's queue (promotion scan, revision 0003).

@@ -22,7 +22,8 @@ from app.states import JobState as S
 EVENTS = ("done", "failed", "timeout", "canceled")
 EVENT_BITS = {"done": 1, "failed": 2, "timeout": 4, "canceled": 8}
 ALL_EVENTS = 15
-EVENT_OF_STATE = {S.DONE: "done", S.FAILED: "failed", S.TIMEOUT: "timeout", S.CANCELED: "canceled"}
+EVENT_OF_STATE = {S.DONE: "done", S.FAILED: "failed", S.TIMEOUT: "timeout", S.CANCELED: "canceled",
+                  S.EXPIRED: "failed"}  # expired: never run, an end like failed
 JOB_OWN = 0  # subscription_id of the job's own webhook
 
 _COLS = ["job_id", "tenant_id", "subscription_id", "event", "url", "status", "attempts", "next_attempt_at",

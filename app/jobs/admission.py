@@ -83,6 +83,11 @@ class Submission:
     def tenant(self) -> str:
         return self.values["tenant_id"]
 
+    @property
+    def score(self) -> float:
+        """Its place in its tenant's ready queue (app/jobs/dispatch.py order_score)."""
+        return dispatch.order_score(self.values["enqueue_at"], self.values.get("priority"))
+
 
 class _Committer:
     """This process's admission queue and the one thread that commits it."""
@@ -212,9 +217,7 @@ def commit_batch(batch: list[Submission]) -> None:
     # After the commit: the batch's jobs join their tenants' queues as one
     # group (the outbox batches the dispatch step and the LPUSH across
     # requests too, and never splits a group).
-    outbox.send_many([(s.model, s.tenant, s.job_id, dispatch.order_score(s.values["enqueue_at"],
-                                                                                s.values.get("priority")))
-                      for s, _row in committed])
+    outbox.send_many([(s.model, s.tenant, s.job_id, s.score) for s, _row in committed])
     for s, row in committed:
         _answer(s, row=row)
 
@@ -243,9 +246,10 @@ def release_slot(model: str, tenant: str, job_id: str) -> None:
 
 _COLUMNS = ("id", "tenant_id", "creator", "model_name", "biz_name", "callback_url", "model_key", "request_payload",
             "request_hash", "passthrough_headers", "idempotency_key", "state", "attempt", "retry_count", "created_at",
-            "enqueue_at", "updated_at", "deadline_at", "priority", "webhook_url", "webhook_events")
+            "enqueue_at", "updated_at", "deadline_at", "priority", "webhook_url", "webhook_events",
+            "caller_deadline_at")
 # Columns a submission may leave out (the table's server defaults).
-_DEFAULTS = {"priority": 5, "webhook_url": None, "webhook_events": None}
+_DEFAULTS = {"priority": 5, "webhook_url": None, "webhook_events": None, "caller_deadline_at": None}
 # The partial unique index's target (revision 0005): a row whose key is taken is skipped, not an error.
 _CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 

@@ -12,6 +12,9 @@ admission path"):
 - One gate step, one INSERT, one outbox group for every valid item
   (app/jobs/admission.py ``admit_many``): each item gets the gate's own
   decision (202, or its 429 with Retry-After), in the items' order.
+- Deadlines: the items that carry one are judged against one estimate
+  step for the whole batch (each item behind the batch's earlier ones)
+  before the gate; a late item is its own 429 deadline_unmeetable.
 - Idempotency keys per item: a key already used by the tenant replays that
   job (or is a 422 for a different request), found with one SELECT for the
   batch; a key repeated inside the batch is admitted once, and its later
@@ -36,7 +39,7 @@ from app.infra import metrics
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups
 from app.infra.tables import tasks
-from app.jobs import admission, submission
+from app.jobs import admission, estimates, submission
 from app.jobs import service as jobs
 from app.jobs.schemas import BatchItem
 from app.tenancy.keys import Principal
@@ -94,6 +97,16 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], **sha
         if key:
             first_of[key] = i
         subs.append((i, jobs.new_submission(principal, checked), digest))
+    if any(s.values["caller_deadline_at"] for _i, s, _d in subs):  # deadlines: one estimate step for the batch
+        ests = estimates.for_new(model, principal.tenant_id, [s.score for _i, s, _d in subs]) or [None] * len(subs)
+        kept = []
+        for (i, s, digest), est in zip(subs, ests):
+            try:
+                estimates.refuse_late(est, s.values["caller_deadline_at"])
+                kept.append((i, s, digest))
+            except DomainError as exc:
+                out[i].error = exc
+        subs = kept
     admission.admit_many([s for _i, s, _d in subs])
     lost = {s.values["idempotency_key"] for _i, s, _d in subs if isinstance(s.error, admission.IdempotencyConflict)}
     winners = _existing(principal, lost)

@@ -115,16 +115,17 @@ def claimed(model: str, tenant: str, job_id: str, lease_seconds: float, cap: int
 
 
 def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
-             cap: int | None = None) -> bool:
+             cap: int | None = None, ran: float | None = None) -> bool:
     """The job left pending/running: its slots and permit go back and, if
     ``wake`` (a terminal state), its long-poll waiters are woken with
     ``message`` (the terminal row's snapshot; empty: the job id, and each
-    API process reads the row).  True if its gate slot was still held
-    (False: released before, or Redis failed)."""
+    API process reads the row); ``ran``: a done attempt's seconds, for the
+    model's run-time average (app/jobs/estimates.py).  True if its gate
+    slot was still held (False: released before, or Redis failed)."""
     held = []
 
     def call():
-        released, pairs = rd.finish(model, tenant, job_id, wake=wake, message=message, cap=cap)
+        released, pairs = rd.finish(model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran)
         held.append(released)
         return pairs
 

@@ -34,7 +34,8 @@ from app.infra import metrics
 from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
 from app.infra.publisher import publish_task
 from app.infra.wakeup_snapshot import snapshot_message
-from app.jobs import dispatch
+from app.jobs import dispatch, estimates
+from app.states import JobState
 from app.transitions import Moved
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def run(moved: Moved | None, cap: int | None = None) -> None:
     """The effects of one committed transition: its slots and permit back
     (the next job is dispatched) with, for a terminal state, its waiters
     woken with the row's snapshot; its finish counted; its deliveries' bell
-    rung and its callback scheduled."""
+    rung and its callback scheduled; a done attempt's run time measured."""
     if moved is None:
         return
     row = moved.row
@@ -82,7 +83,8 @@ def run(moved: Moved | None, cap: int | None = None) -> None:
         metrics.job_finished(row)
     if moved.release:
         dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
-                          message=snapshot_message(row) if moved.terminal else "", cap=cap)
+                          message=snapshot_message(row) if moved.terminal else "", cap=cap,
+                          ran=estimates.ran_seconds(row) if moved.state == JobState.DONE else None)
     if moved.deliveries:
         # The deliveries committed with the transition; this rings their
         # bell (a miss is the webhook sweep's, app/webhooks/delivery.py).

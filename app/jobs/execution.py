@@ -43,7 +43,7 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
     """Run the attempt a run_job(job_id, attempt) message stands for
     (``CURRENT``: whatever attempt the row is pending at).
 
-    Returns what happened ("stale", "done", "retry_wait", "failed", "lost")
+    Returns what happened ("stale", "expired", "done", "retry_wait", "failed", "lost")
     for logs and tests.  A duplicate or outdated message is "stale": the
     claim CAS refuses it before anything else happens.  The tenant's permit
     (maxConcurrency) was taken when the job was dispatched; the claim makes
@@ -62,6 +62,11 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
             effects.release_stale_dispatch(job.task_model, job.tenant_id, job_id)
         return "stale"
     attempt = job.attempt
+    if job.caller_deadline_at is not None and job.caller_deadline_at < clock_now():
+        # Its caller's deadline passed while it waited: it ends expired, the model is never called.
+        with effects.collecting() as due, single_statement() as conn:
+            won = due.add(transitions.expire(conn, job_id, now=clock_now()))
+        return "expired" if won is not None else "stale"
     model = job if job.model_id is not None else None
     lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
     with single_statement() as conn:
@@ -77,6 +82,7 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
 # (an outer join: a deleted model leaves model_id NULL).
 _JOB_WITH_MODEL = (
     select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, tasks.c.model_name.label("task_model"),
+           tasks.c.caller_deadline_at,
            models.c.id.label("model_id"),
            *[c for c in models.c if c.name != "id"])
     .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))

@@ -53,7 +53,7 @@ def expiry_kinds(now) -> tuple:
     s = get_settings()
     return (
         ("claimed", [JobState.CLAIMED], tasks.c.expire_at, now),
-        ("failed", [JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED], tasks.c.finished_at,
+        ("failed", [JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.EXPIRED], tasks.c.finished_at,
          now - timedelta(seconds=s.failed_retention_seconds)),
         ("done", [JobState.DONE], tasks.c.finished_at, now - timedelta(seconds=s.done_retention_seconds)),
     )

@@ -40,11 +40,13 @@ from app.contract import (
 )
 from app.infra.http.headers import HEADER_SPEC_PATTERN
 from app.jobs.submission import (  # noqa: F401 - SubmitOptions: the option set, where callers find it
+    DEADLINE_HELP,
     HEADER_SPEC_HELP,
     WEBHOOK_EVENTS_HELP,
     WEBHOOK_EVENTS_PATTERN,
     BizName,
     Creator,
+    DeadlineSeconds,
     IdempotencyKey,
     SubmitOptions,
     WebhookEvents,
@@ -52,7 +54,7 @@ from app.jobs.submission import (  # noqa: F401 - SubmitOptions: the option set,
 )
 from app.states import JobState, v1_name
 
-V1State = Literal["canceled", "done", "failed", "pending", "running", "timeout"]
+V1State = Literal["canceled", "done", "expired", "failed", "pending", "running", "timeout"]
 JobId = Annotated[str, Field(pattern="^job_")]
 
 def _elapsed_ms(row) -> int:
@@ -103,6 +105,8 @@ class SubmitHeaders(CallerHeaders):
     # The header's own syntax (a comma list), read as the option's list.
     webhook_events: Annotated[str | None, AfterValidator(_event_list)] = Field(
         None, alias="X-Webhook-Events", max_length=64, pattern=WEBHOOK_EVENTS_PATTERN, description=WEBHOOK_EVENTS_HELP)
+    deadline_seconds: carried(DeadlineSeconds | None, str | None) = Field(
+        None, alias="X-Deadline", max_length=32, description=DEADLINE_HELP)
     prefer: str | None = Field(None, alias="Prefer", max_length=1024,
                                description="RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                            "with the terminal job if it ends within N s (sync mode)")
@@ -127,6 +131,7 @@ class BatchItem(Shape):
     priority: int | None = Field(None, description="0-9, default 5 (9 first), as X-Priority")
     webhook_url: str | None = Field(None, description="as X-Webhook-Url (see docs/api.md, Webhooks)")
     webhook_events: carried(WebhookEvents | None, list | None) = Field(None, description="as X-Webhook-Events")
+    deadline_seconds: carried(DeadlineSeconds | None, float | None) = Field(None, description="as X-Deadline")
 
 
 class BatchSubmit(Shape):
@@ -214,14 +219,24 @@ class FailRequest(Loose):
     reason: Annotated[str, Field(max_length=1000, pattern=NO_NUL)] = rule("a string of at most 1000 characters", "")
 
 
-class JobAccepted(Shape):
+class QueueEstimate(Shape):
+    """Where a pending job stands (app/jobs/estimates.py): absent in any
+    other state, or when the dispatcher cannot say."""
+
+    queue_position: int | None = Field(None, ge=0, description="pending: jobs that start before it on its model, "
+                                       "in the dispatcher's order (fair share, weights, priority); 0: next")
+    estimated_start_at: Timestamp | None = Field(None, description="pending: when it should start")
+    estimated_done_at: Timestamp | None = Field(None, description="pending: when it should be done")
+
+
+class JobAccepted(QueueEstimate):
     job_id: JobId
     state: V1State
     poll_url: str
     result_url: str
 
 
-class JobStatus(Shape):
+class JobStatus(QueueEstimate):
     """The v1 poll body."""
 
     job_id: JobId
@@ -233,7 +248,7 @@ class JobStatus(Shape):
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None
-    error: str | None = Field(None, description="failed, timeout, canceled, or waiting to retry: "
+    error: str | None = Field(None, description="failed, timeout, canceled, expired, or waiting to retry: "
                                                 "'<code>: <short message>' (docs/api.md, Job error codes)")
     result_size: int | None = Field(None, description="done")
     content_type: str | None = Field(None, description="done")
@@ -245,7 +260,8 @@ class JobStatus(Shape):
         out = {"job_id": row.id, "model": row.model_name, "state": v1_name(row.state), "elapsed_ms": _elapsed_ms(row),
                "attempt": row.attempt, "retry_count": row.retry_count, "created_at": row.created_at,
                "started_at": row.started_at, "finished_at": row.finished_at}
-        if row.error and state in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT):
+        if row.error and state in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT,
+                                   JobState.EXPIRED):
             out["error"] = row.error
         if getattr(row, "priority", None) is not None:
             out["priority"] = row.priority
@@ -370,7 +386,8 @@ class JobDetail(JobListEntry):
     """The poll body plus what an operator or the console's job page needs.
     Never the secrets: modelKey and the callback URL stay out."""
 
-    internal_state: Literal["pending", "running", "done", "failed", "claimed", "timeout", "canceled", "retry_wait"]
+    internal_state: Literal["pending", "running", "done", "failed", "claimed", "timeout", "canceled", "retry_wait",
+                            "expired"]
     creator: str
     biz_name: str
     enqueue_at: Timestamp | None

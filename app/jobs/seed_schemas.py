@@ -12,7 +12,8 @@ from app.config import get_settings
 from app.contract import NO_NUL, Shape, Timestamp, parse_json, rule
 from app.infra.storage import public_location
 from app.jobs.schemas import CallerHeaders, JobId
-from app.jobs.submission import HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, IdempotencyKey, ModelKey, carried
+from app.jobs.submission import (HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, DeadlineSeconds, IdempotencyKey,
+                                 ModelKey, carried)
 from app.states import JobState, seed_code
 
 
@@ -53,6 +54,8 @@ class CreateTask(Shape):
     callback_url: carried(CallbackUrl | None, str | None) = None
     model_key: carried(ModelKey, str | None) = Field(None, description=HEADER_SPEC_HELP)
     creator: carried(Creator | None, str | None) = None
+    deadline_seconds: carried(DeadlineSeconds | None, float | None) = Field(
+        None, alias="deadline", description="seconds from now, as v1's X-Deadline (docs/api.md, Deadlines)")
 
     @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
     @classmethod
@@ -79,12 +82,12 @@ def _cap_ids(ids: list[str]) -> list[str]:
 # --- the seed face ---------------------------------------------------------------------
 
 _RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
-_ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT)
+_ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT, JobState.EXPIRED)
 
 
 class SeedTask(Shape):
     """A task as the seed-002 routes show it.  state is the seed's code: 0
-    queued, 1 running, 2 done, 3 failed/timeout/canceled/waiting to retry, 4
+    queued, 1 running, 2 done, 3 failed/timeout/canceled/expired/waiting to retry, 4
     claimed; null for an unknown id (or another tenant's), which also has
     error 'task not found'.  Field names are the seed's own (snake_case)."""
 

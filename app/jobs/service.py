@@ -39,7 +39,7 @@ from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import Lookups
 from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
-from app.jobs import admission, effects, submission
+from app.jobs import admission, effects, estimates, submission
 from app.jobs.schemas import JobListQuery
 from app.jobs.submission import SubmitOptions
 from app.jobs.waitcaps import waiter_cap
@@ -58,6 +58,7 @@ def new_job_id() -> str:
 class Submitted:
     row: Row
     replayed: bool
+    estimate: estimates.Estimate | None = None  # where the job stood in line when admitted
 
 
 def retry_after_seconds(model_row) -> int:
@@ -85,7 +86,7 @@ def replay(existing: Row, model: str, digest: str, face: submission.Face = submi
         raise ValidationFailed("Idempotency-Key was already used with a different request",
                                [{"pointer": face.pointer("idempotency_key"),
                                  "message": "reused with a different body"}])
-    return Submitted(existing, replayed=True)
+    return Submitted(existing, replayed=True, estimate=estimates.of_job(existing))
 
 
 def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict | None = None,
@@ -113,11 +114,14 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
             existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
         if existing is not None:
             return replay(existing, model_name, sub.digest, face)
+    pending = new_submission(principal, sub)
+    est = (estimates.for_new(sub.model, principal.tenant_id, [pending.score]) or [None])[0]
+    estimates.refuse_late(est, pending.values["caller_deadline_at"])  # before the gate: no slot, no row
     try:
         # Gate, row and doorbell, shared with whatever else arrives meanwhile
         # (app/jobs/admission.py: gate before row before message, 202 only
         # for a committed row).
-        row = admission.admit(new_submission(principal, sub))
+        row = admission.admit(pending)
     except admission.IdempotencyConflict:
         # Lost a race with the same key: answer with the winner's job.
         with transaction() as conn:
@@ -125,7 +129,7 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
         if existing is None:
             raise Unavailable("database unavailable") from None
         return replay(existing, model_name, sub.digest, face)
-    return Submitted(row, replayed=False)
+    return Submitted(row, replayed=False, estimate=est)
 
 
 def new_submission(principal: Principal, sub: submission.Checked) -> admission.Submission:
@@ -140,6 +144,8 @@ def new_submission(principal: Principal, sub: submission.Checked) -> admission.S
                     idempotency_key=opts.idempotency_key, state=int(JobState.PENDING), attempt=0, retry_count=0,
                     created_at=now, enqueue_at=now, updated_at=now, deadline_at=job_deadline(model, now),
                     priority=opts.priority, webhook_url=opts.webhook_url,
+                    caller_deadline_at=(now + timedelta(seconds=opts.deadline_seconds)
+                                        if opts.deadline_seconds is not None else None),
                     webhook_events=(webhook_rows.bits_of(opts.webhook_events or webhook_rows.EVENTS)
                                     if opts.webhook_url else None)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),

@@ -56,6 +56,10 @@ WEBHOOK_EVENTS_PATTERN = f"^( *{_EVENT} *(, *{_EVENT} *)*)?$"
 WEBHOOK_EVENTS_HELP = "comma-separated terminal states to POST the webhook on: done, failed, timeout, canceled (default all)"
 WebhookEvents = Annotated[list[WebhookEvent], Field(min_length=1)]
 Priority = Annotated[int, Field(ge=0, le=9)]
+DEADLINE_MAX_SECONDS = 30 * 86400
+DEADLINE_HELP = ("seconds from now (0 < s <= 2592000) by which the job must be done: refused at submit (429 "
+                 "deadline_unmeetable) when the queue estimate ends later; still pending past it, it ends expired")
+DeadlineSeconds = Annotated[float, Field(gt=0, le=DEADLINE_MAX_SECONDS, allow_inf_nan=False)]
 
 
 def carried(option_type: Any, wire_type: Any) -> Any:
@@ -101,6 +105,10 @@ class SubmitOptions(Shape):
                           "(see docs/api.md, Webhooks)")
     webhook_events: WebhookEvents | None = Field(
         None, description=WEBHOOK_EVENTS_HELP)
+    # The caller's deadline (docs/api.md, Deadlines): judged against the
+    # queue's estimate at admission (app/jobs/estimates.py), kept as
+    # caller_deadline_at.
+    deadline_seconds: DeadlineSeconds | None = Field(None, description=DEADLINE_HELP)
 
 
 def given(*shapes: BaseModel, **values: Any) -> dict:
@@ -126,12 +134,13 @@ class Face:
     payload: str = ""
 
 
-def _seed_name(option: str) -> str:
-    return "/Idempotency-Key" if option == "idempotency_key" else "/" + to_camel(option)
+def _named(**own: str) -> Callable[[str], str]:
+    """A face's pointer: its own names for some options, else the camelCase name."""
+    return lambda option: own.get(option) or "/" + to_camel(option)
 
 
-V1 = Face(_seed_name)
-SEED = Face(_seed_name, "/requestPayload")
+V1 = Face(_named(idempotency_key="/Idempotency-Key", deadline_seconds="/X-Deadline"))
+SEED = Face(_named(idempotency_key="/Idempotency-Key", deadline_seconds="/deadline"), "/requestPayload")
 
 
 def batch_item(index: int) -> Face:

@@ -8,7 +8,7 @@ Jobs moved to pending are queued for dispatch after the commit, or a worker
 could read the row before it is pending and drop the message.
 
 The passes, as beat, the CLI and the HTTP triggers call them:
-  run_work()   wipe repair, dead workers' attempts, due retries, promotion of retries that waited
+  run_work()   wipe repair, dead workers' attempts, jobs past their caller's deadline, due retries, promotion of retries that waited
                too long, lost queue entries, dispatch, then up to N pending jobs claimed and run
                here (run_once.py; N = ASYNCH_RUN_WORK_MAX_TASKS, 0 by default)   (seed: /task/runWork)
   recover()    wipe repair, dead workers, dead leases, overdue jobs, lost queue entries,
@@ -27,6 +27,7 @@ from app.maintenance.recovery import (
     recover_dead_workers,
     recover_expired_leases,
     repair_after_wipe,
+    expire_past_deadline,
     republish_stale_pending,
     requeue_all_pending,
     time_out_overdue,
@@ -35,7 +36,7 @@ from app.maintenance.report import Report, compose
 from app.maintenance.retries import promote_waiting_retries, retry_due
 from app.maintenance.run_once import run_once
 
-__all__ = ["Report", "clean_work", "cleanup", "kick_dispatch", "promote_waiting_retries", "recover",
+__all__ = ["Report", "clean_work", "cleanup", "expire_past_deadline", "kick_dispatch", "promote_waiting_retries", "recover",
            "recover_dead_workers", "recover_expired_leases", "reconcile_gates", "repair_after_wipe", "republish_stale_pending",
            "requeue_all_pending", "retry_due", "run_once", "run_work", "time_out_overdue"]
 
@@ -45,7 +46,8 @@ def run_work(max_tasks: int | None = None) -> Report:
     should be queued is and that the dispatcher is moving, then claims and
     runs up to ``max_tasks`` pending jobs itself (None:
     ASYNCH_RUN_WORK_MAX_TASKS; 0: none, resident Celery workers run them)."""
-    return compose([("wipe", repair_after_wipe), ("dead_workers", recover_dead_workers), ("retry", retry_due),
+    return compose([("wipe", repair_after_wipe), ("dead_workers", recover_dead_workers),
+                    ("expired", expire_past_deadline), ("retry", retry_due),
                     ("promoted", promote_waiting_retries), ("republished", republish_stale_pending),
                     ("dispatched", kick_dispatch), ("ran", lambda: run_once(max_tasks))])
 

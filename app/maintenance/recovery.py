@@ -223,11 +223,22 @@ def time_out_overdue(limit: int | None = None) -> Report:
     """pending/running/retry_wait past the job's budget become timeout
     (slots and permit released; a retry_wait job holds none, the release is
     a no-op)."""
+    return _end_overdue([*SLOT_STATES, JobState.RETRY_WAIT], tasks.c.deadline_at, transitions.time_out, limit)
+
+
+def expire_past_deadline(limit: int | None = None) -> Report:
+    """Pending jobs past their caller's deadline (X-Deadline) become expired
+    without a model call, also those no worker will ever reach (the worker
+    refuses them at claim time too: app/jobs/execution.py)."""
+    return _end_overdue([JobState.PENDING], tasks.c.caller_deadline_at, transitions.expire, limit)
+
+
+def _end_overdue(states, column, transition, limit: int | None) -> Report:
     now = clock_now()
     with effects.collecting() as due, transaction() as conn:
         rows = conn.execute(locked(conn, select(tasks.c.id).where(
-            tasks.c.state.in_([int(x) for x in (*SLOT_STATES, JobState.RETRY_WAIT)]), tasks.c.deadline_at < now,
+            tasks.c.state.in_([int(x) for x in states]), column.is_not(None), column < now,
         ).limit(batch_size(limit)))).all()
         for r in rows:
-            due.add(transitions.time_out(conn, r.id, now=now))
+            due.add(transition(conn, r.id, now=now))
     return Report(processed=len(due))

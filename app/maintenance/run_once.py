@@ -24,7 +24,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from app import transitions
 from app.clock import now as clock_now
@@ -50,7 +50,8 @@ def run_once(max_tasks: int | None = None) -> Report:
     with transaction() as conn:
         # A few more candidates than wanted: some may be at their tenant's cap.
         q = locked(conn, select(tasks.c.id, tasks.c.attempt, tasks.c.model_name, tasks.c.tenant_id)
-                   .where(tasks.c.state == int(JobState.PENDING))
+                   .where(tasks.c.state == int(JobState.PENDING),  # past their deadline: the expiry pass's
+                          or_(tasks.c.caller_deadline_at.is_(None), tasks.c.caller_deadline_at >= clock_now()))
                    .order_by(tasks.c.enqueue_at, tasks.c.id).limit(n * 4))
         candidates = conn.execute(q).all()
         if not candidates:

@@ -55,7 +55,8 @@ def _seed_face() -> bool:
 
 
 def _envelope(status: int, body: dict) -> dict:
-    out = {"code": status, "message": body["error"], "data": None}
+    extra = {k: v for k, v in body.items() if k not in ("error", "errors")}  # deadline_unmeetable's estimate
+    out = {"code": status, "message": body["error"], "data": extra or None}
     if "errors" in body:
         out["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
     return out
@@ -79,6 +80,7 @@ def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
         body["errors"] = exc.errors
     if isinstance(exc, (QueueFull, TooManyWaiters)):
         headers["Retry-After"] = str(exc.retry_after)
+        body.update(getattr(exc, "body", {}))  # deadline_unmeetable's estimate
     if isinstance(exc, RateLimited):
         headers.update(exc.headers)
     if isinstance(exc, Unauthorized):

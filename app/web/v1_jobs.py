@@ -10,6 +10,7 @@ from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, hub
 from app.infra.wakeup_snapshot import Snapshot
 from app.jobs import batch as batches
+from app.jobs import estimates
 from app.jobs import events as job_events
 from app.jobs import service as jobs
 from app.jobs import submission
@@ -118,7 +119,8 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
         extra["Idempotent-Replayed"] = "true"
     if waited_s is not None:
         extra["Preference-Applied"] = f"wait={waited_s}"
-    return JobAccepted.model_construct(job_id=out.row.id, state=state, **urls), 202, extra
+    est = out.estimate.fields() if out.estimate is not None and state == "pending" else {}
+    return JobAccepted.model_construct(job_id=out.row.id, state=state, **urls, **est), 202, extra
 
 
 @bp.post("/models/<model>/jobs:batch")
@@ -172,7 +174,9 @@ def list_all_jobs(query: JobListQuery):
 @bp.get("/models/<model>/jobs/<job_id>")
 @endpoint("Poll a job", tag="jobs", path=_JOB_PATH, ok=Ok(JobStatus, "the poll body"))
 def job_status(model: str, job_id: str):
-    return JobStatus.from_row(jobs.get_job(current_principal(), job_id, model))
+    row = jobs.get_job(current_principal(), job_id, model)
+    est = estimates.of_job(row)  # pending: where it stands in line
+    return JobStatus.model_construct(**JobStatus.values_of(row), **(est.fields() if est else {}))
 
 
 @bp.get("/models/<model>/jobs/<job_id>/wait")

@@ -69,19 +69,33 @@ def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
 
 
 def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
-           cap: int | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
+           cap: int | None = None, ran: float | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
     """(whether the gate slot was still held, the jobs dispatched).
     ``message``: what the wake-up carries (app/infra/wakeups.py
-    snapshot_message); empty, the job id."""
-    released, *rest = scripts.get("dispatch_finish")(keys=[*_keys(model), keys.gate(model)], args=[
-        *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
-        keys.terminal_channel() if wake else "", message if wake else ""])
+    snapshot_message); empty, the job id.  ``ran``: a done attempt's run
+    time (seconds), into the model's EWMA in the same step."""
+    released, *rest = scripts.get("dispatch_finish")(
+        keys=[*_keys(model), keys.gate(model), keys.dispatch_run_time(model)], args=[
+            *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
+            keys.terminal_channel() if wake else "", message if wake else "",
+            "" if ran is None else f"{ran:.6f}", f"{get_settings().estimate_alpha:.6f}"])
     return bool(released), _triples(rest)
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> list[tuple[str, str, str]]:
     return _triples(scripts.get("dispatch_kick")(keys=_keys(model),
                                                  args=[*_args(model, cap, None), "1" if requeue_inflight else ""]))
+
+
+def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None) -> list:
+    """Where jobs of ``tenant`` at ``scores`` stand (dispatch_position.lua,
+    read only): [cap, running, the tenant's permits, tenants, EWMA seconds
+    or '', samples, then (own ahead, all ahead) per score; -1 -1 for a
+    queued ``job_id`` already dispatched]."""
+    return scripts.get("dispatch_position")(
+        keys=[*_keys(model), keys.gate(model), keys.dispatch_run_time(model)],
+        args=[*_args(model, cap, None), tenant, job_id, *[repr(float(x)) for x in scores]])
+
 
 
 def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:

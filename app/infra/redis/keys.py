@@ -155,6 +155,11 @@ def dispatch_weights(model: str) -> str:
     return _m("dq:weights", model)
 
 
+def dispatch_run_time(model: str) -> str:
+    """Hash: the model's measured run time (s: EWMA seconds, n: samples; app/jobs/estimates.py)."""
+    return _m("dq:runtime", model)
+
+
 def tenant_weights() -> str:
     """Hash: tenant -> dispatch weight (from asynch_tenant_limits): the
     source of every model's ``dispatch_weights`` copy."""

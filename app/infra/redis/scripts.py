@@ -34,6 +34,7 @@ from app.infra.redis.client import get_redis
 NAMES = (
     "gate_admit", "gate_reconcile",
     "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick",
+    "dispatch_position",
     "epoch_compare_delete", "leader_acquire", "leader_release",
     "ratelimit_token_bucket", "runtime_limits_cas",
 )

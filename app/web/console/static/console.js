@@ -5,7 +5,7 @@
 
 const KEY = "asynch.key", ROLE = "asynch.role", TENANT = "asynch.tenant";
 // A job has ended once it has a finish time (a state this file does not know, e.g. a new terminal one, too).
-const TERMINAL = new Set(["done", "failed", "timeout", "canceled"]);
+const TERMINAL = new Set(["done", "failed", "timeout", "canceled", "expired"]);
 const ended = (j) => !!j.finished_at || TERMINAL.has(j.state);
 const $ = (sel) => document.querySelector(sel);
 

@@ -1,0 +1,140 @@
+"""Queue estimates and deadline admission (docs/architecture.md, "Deadlines
+and queue estimates"): where a pending job stands in the dispatcher's order
+and when it should start and end.
+
+The formula.  T is the model's run time: an EWMA of its done attempts'
+seconds (``ran_seconds``, added by the finish step, dispatch_finish.lua:
+x_n = a * sample + (1 - a) * x_(n-1), a = ASYNCH_ESTIMATE_ALPHA, x_1 = the
+first sample; until a sample exists, the model's expected_seconds).  c is the model's max_concurrency (its runtime
+override if lower): the permits each tenant may hold.  From the dispatcher's
+state (dispatch_position.lua, one read-only step) come, for a job of tenant
+U: k, U's own jobs ahead of it (priority band, then queue time), and p, every
+tenant's jobs dispatched before it (stride scheduling projected forward:
+fair share and weights), r_U and r, the slots U and everyone hold but not
+ready (dispatched or running), A, the tenants with ready work.  With
+
+    wave(n, busy, slots) = (0 if n mod slots < slots - min(busy, slots) else T/2) + floor(n / slots) * T
+
+(``slots`` servers; the busy ones are taken to be half done, the free ones
+free now; the n-th job in line takes the (n mod slots)-th server to come
+free after floor(n / slots) whole rounds), a job starts at
+
+    start = now + max(wave(k, r_U, c), wave(p, r, c * A)),   done = start + T
+
+-- its own tenant's lane (its permits) or the model's whole line, whichever
+binds.  ``queue_position`` is p (0: next to start).  A batch's item also
+counts the batch's earlier items at or before its score, in its own lane.  The estimate does not
+know the worker count: with fewer worker processes than c * A it is early.
+
+Invariants:
+- Read only: estimating never changes the dispatcher's order (it drops
+  expired permits and records max_concurrency, as every dispatch step does).
+- Deadline admission happens before the gate (``refuse_late``): a refused
+  job takes no slot and writes no row.  An estimate that cannot be made
+  (Redis away) refuses nothing: the gate's own answer stands.
+- Monotone: a job behind another of the same tenant and band is never
+  estimated to start earlier (k and p grow with the line).
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import redis
+
+from app.catalog.registry import enabled_model
+from app.clock import as_utc
+from app.clock import now as clock_now
+from app.contract import iso_z
+from app.errors import DeadlineUnmeetable, DomainError
+from app.infra.redis import dispatch as rd
+from app.jobs.dispatch import order_score
+from app.states import JobState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    position: int
+    start_at: datetime
+    done_at: datetime
+
+    def fields(self) -> dict:
+        """The poll body's and the 202's estimate fields."""
+        return {"queue_position": self.position, "estimated_start_at": self.start_at,
+                "estimated_done_at": self.done_at}
+
+
+def _wave(n: int, busy: int, slots: int, t: float) -> float:
+    slots = max(1, slots)
+    return (0.0 if n % slots < slots - min(busy, slots) else t / 2) + (n // slots) * t
+
+
+def _estimates(model, tenant: str, job_id: str, scores: list[float], now: datetime) -> list[Estimate]:
+    out = rd.position(model.model_name, tenant, job_id, scores, cap=model.max_concurrency)
+    cap, running, own_running, tenants = (int(x) for x in out[:4])
+    t = float(out[4]) if out[4] not in (None, "", b"") else float(model.expected_seconds)
+    t = max(t, 0.001)
+    ests = []
+    for k, p in zip(out[6::2], out[7::2]):
+        k, p = int(k), int(p)
+        wait = 0.0 if p < 0 else max(_wave(k, own_running, cap, t), _wave(p, running, cap * tenants, t))
+        start = now + timedelta(seconds=wait)
+        ests.append(Estimate(max(p, 0), start, start + timedelta(seconds=t)))
+    return ests
+
+
+def for_new(model, tenant: str, scores: list[float]) -> list[Estimate] | None:
+    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``
+    (a batch's in its order: each counts the batch's earlier jobs at or
+    before its score as ahead of it); None if Redis cannot say."""
+    try:
+        base = _estimates(model, tenant, "", sorted(set(scores)), clock_now())
+    except redis.RedisError as exc:
+        log.warning("queue estimate unavailable: %s", exc)
+        return None
+    by_score = dict(zip(sorted(set(scores)), base))
+    t = base[0].done_at - base[0].start_at
+    earlier: list[float] = []
+    out = []
+    for s in scores:
+        est, extra = by_score[s], bisect.bisect_right(earlier, s)
+        bisect.insort(earlier, s)
+        if extra:  # the batch's own jobs ahead: in this tenant's lane, c at a time
+            shift = t * math.ceil(extra / max(1, model.max_concurrency))
+            est = Estimate(est.position + extra, est.start_at + shift, est.done_at + shift)
+        out.append(est)
+    return out
+
+
+def of_job(row) -> Estimate | None:
+    """A pending job's estimate (the poll body); None for any other state,
+    a job whose model is gone, or Redis away."""
+    if JobState(row.state) != JobState.PENDING:
+        return None
+    try:
+        model = enabled_model(row.model_name)
+        return _estimates(model, row.tenant_id, row.id, [order_score(row.enqueue_at, row.priority)], clock_now())[0]
+    except (redis.RedisError, DomainError):
+        return None
+
+
+def refuse_late(est: Estimate | None, deadline_at: datetime | None) -> None:
+    """429 deadline_unmeetable when the estimate ends after the deadline."""
+    if est is None or deadline_at is None or est.done_at <= deadline_at:
+        return
+    late = (est.done_at - deadline_at).total_seconds()
+    shown = {k: iso_z(v) if isinstance(v, datetime) else v for k, v in est.fields().items()}
+    raise DeadlineUnmeetable(shown, iso_z(deadline_at), retry_after=int(min(300, max(1, math.ceil(late)))))
+
+
+def ran_seconds(row) -> float | None:
+    """A done attempt's run time (claim to done), which the finish step adds
+    to its model's EWMA (dispatch_finish.lua, with the slot's release)."""
+    if row.started_at is None or row.finished_at is None:
+        return None
+    return max(0.0, (as_utc(row.finished_at) - as_utc(row.started_at)).total_seconds())
