@@ -175,6 +175,10 @@ class Settings(BaseSettings):
     dispatch_lease_seconds: float = Field(60.0, description=(
         "A dispatched job no worker claimed within this many seconds lost its message: it goes back to the "
         "head of its tenant's queue."))
+    dispatch_fairness: str = Field("cost", pattern="^(cost|turns)$", description=(
+        "What fair dispatch shares between tenants: 'cost', model time (each dispatch charges the tenant "
+        "its average run seconds over its weight), or 'turns', one turn per job whatever it costs (the "
+        "baseline bench/bench_fairness.py --cost measures against)."))
     batch_max_ids: int = Field(1000, description="getTaskBatch: most task ids one call may name.")
     callback_timeout_seconds: float = Field(10.0, description=(
         "Callbacks on done (seed 002): the wall-clock deadline of one delivery attempt (connect, send, "

@@ -326,6 +326,8 @@ tenant_limits = Table(
     Column("burst", Integer, nullable=True),
     Column("max_waiters", Integer, nullable=True),
     Column("queue_limit", Integer, nullable=True),
+    Column("min_concurrency", Integer, nullable=True),    # revision 0018: per-model rows
+    Column("burst_concurrency", Integer, nullable=True),
     Column("updated_at", TS, nullable=False),
 )
 
