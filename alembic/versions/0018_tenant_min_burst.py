@@ -10,22 +10,19 @@ ceiling on the model, never above max_concurrency); NULL: none.  Redis holds
 the copy each model's dispatch steps read (asynch:dq:shares:{model}),
 rebuilt from here.
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
-revision = "0018_tenant_min_burst"
-down_revision = "0017_random_delivery_ids"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0018_tenant_min_burst", "0017_random_delivery_ids"
+branch_labels = depends_on = None
+COLUMNS = ("min_concurrency", "burst_concurrency")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("asynch_tenant_limits") as batch:
-        batch.add_column(sa.Column("min_concurrency", sa.Integer, nullable=True))
-        batch.add_column(sa.Column("burst_concurrency", sa.Integer, nullable=True))
+    for name in COLUMNS:
+        op.add_column("asynch_tenant_limits", sa.Column(name, sa.Integer, nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("asynch_tenant_limits") as batch:
-        batch.drop_column("burst_concurrency")
-        batch.drop_column("min_concurrency")
+    for name in reversed(COLUMNS):
+        op.drop_column("asynch_tenant_limits", name)

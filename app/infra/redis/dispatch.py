@@ -143,11 +143,6 @@ def ring(model: str) -> list[tuple[str, float]]:
     return [(t, float(p)) for t, p in get_redis().zrange(keys.dispatch_ring(model), 0, -1, withscores=True)]
 
 
-def run_seconds(model: str) -> dict[str, float]:
-    """tenant -> the EWMA of its attempts' run seconds on ``model``."""
-    return {t: float(v) for t, v in get_redis().hgetall(keys.dispatch_cost(model)).items()}
-
-
 def set_weight(tenant: str, weight: int, models_: Iterable[str] = ()) -> None:
     """The tenant's weight, in the global hash and in the copy of every
     model with dispatch state (and of ``models_``): at once where it matters."""

@@ -99,43 +99,44 @@ local function requeue_unclaimed(older_than)
   end
 end
 
--- A tenant's (guaranteed minimum, ceiling) of concurrent jobs on the model:
--- its shares entry, the ceiling never above the model's cap.
-local function bounds(t, cap)
-  local s = redis.call('HGET', K_SHARE, t)
+-- A tenant's live permits (a dead worker's expire here).
+local function held(t)
+  redis.call('ZREMRANGEBYSCORE', SEM .. t, '-inf', NOW)
+  return redis.call('ZCARD', SEM .. t)
+end
+
+-- A shares entry ("min burst") as (guaranteed minimum, ceiling), the ceiling never above the model's cap.
+local function bounds(s, cap)
   if not s then return 0, cap end
   local lo, hi = string.match(s, '^(%S*) (%S*)$')
   return tonumber(lo) or 0, math.min(cap, tonumber(hi) or cap)
 end
 
--- The tenant that goes next: one below its guaranteed minimum (lowest pass
--- first; true as the third value), else the lowest pass below its ceiling.
--- Tenants without work leave the ring, tenants at their ceiling are blocked.
+-- The tenant that goes next: one with work below its guaranteed minimum
+-- (lowest pass first; true as the third value), else the lowest pass below
+-- its ceiling.  Tenants without work leave the ring, those at their ceiling are blocked.
 local function pick(cap)
-  local first, first_pass
-  local mins = redis.call('HLEN', K_SHARE) > 0
+  local best, best_pass
+  local shares = redis.call('HGETALL', K_SHARE)
+  for i = 1, #shares, 2 do
+    local t = shares[i]
+    local p = tonumber(redis.call('ZSCORE', K_RING, t) or '')
+    if p and (not best or p < best_pass) and redis.call('ZCARD', READY .. t) > 0 then
+      local lo, hi = bounds(shares[i + 1], cap)
+      local n = held(t)
+      if n < lo and n < hi then best, best_pass = t, p end
+    end
+  end
+  if best then return best, best_pass, true end
   local ring = redis.call('ZRANGE', K_RING, 0, -1, 'WITHSCORES')
   for i = 1, #ring, 2 do
     local t, p = ring[i], tonumber(ring[i + 1])
-    local held, lo, hi = -1, 0, cap
-    if redis.call('ZCARD', READY .. t) > 0 then
-      redis.call('ZREMRANGEBYSCORE', SEM .. t, '-inf', NOW)  -- a dead worker's permits
-      held = redis.call('ZCARD', SEM .. t)
-      lo, hi = bounds(t, cap)
-    end
-    if held >= 0 and held < hi then
-      if held < lo then return t, p, true end
-      if not first then
-        first, first_pass = t, p
-        if not mins then break end
-      end
-    else
-      redis.call('ZREM', K_RING, t)
-      redis.call('HSET', K_PASS, t, p)
-      if held >= 0 then redis.call('SADD', K_BLOCKED, t) end
-    end
+    local work = redis.call('ZCARD', READY .. t) > 0
+    if work and held(t) < select(2, bounds(redis.call('HGET', K_SHARE, t), cap)) then return t, p, false end
+    redis.call('ZREM', K_RING, t)
+    redis.call('HSET', K_PASS, t, p)
+    if work then redis.call('SADD', K_BLOCKED, t) end
   end
-  return first, first_pass, false
 end
 
 local function dispatch()
