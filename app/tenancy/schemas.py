@@ -85,7 +85,7 @@ class TenantLimitsInput(Shape):
     invalid: ClassVar[str] = "invalid tenant limits"
 
     weight: Int(1, 1000) | None = rule(
-        "an integer from 1 to 1000: the tenant's share of dispatch when tenants compete for a model's workers "
+        "an integer from 1 to 1000: the tenant's share of model time when tenants compete for a model's workers "
         "(default 1)", None)
     # At least 0.01/s: a bucket of the largest burst then refills within
     # the rate limiter's 1e9 s bound (a smaller rate made every request of
