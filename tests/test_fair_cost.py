@@ -19,7 +19,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from conftest import WorkerProcess, wait_until
+from conftest import WorkerProcess, auth, wait_until
 from sqlalchemy import select
 from test_dispatch import claimed, enq, finish, kick
 
@@ -146,6 +146,18 @@ def test_shares_come_from_the_tenant_limits(make_model, r):
     limits.update("t2", TenantLimitsInput(min_concurrency={"m1": 2}))
     r.delete("asynch:dq:shares:{m1}")  # a wipe: the rows are the truth
     assert limits.sync_shares() == 1 and r.hgetall("asynch:dq:shares:{m1}") == {"t2": "2 "}
+
+
+def test_the_limits_api_refuses_a_minimum_above_the_ceiling_and_changes_nothing(client, admin_key, make_model, r):
+    make_model("m1")
+    url, h = "/v1/tenants/acme/limits", auth(admin_key)
+    ok = client.patch(url, json={"min_concurrency": {"m1": 2}, "burst_concurrency": {"m1": 4}}, headers=h)
+    assert ok.status_code == 200 and ok.get_json()["burst_concurrency"] == {"m1": 4}
+    bad = client.patch(url, json={"burst_concurrency": {"m1": 1}}, headers=h)
+    assert bad.status_code == 422 and bad.get_json()["errors"][0]["pointer"] == "/min_concurrency/m1"
+    assert client.patch(url, json={"min_concurrency": {"m1": -1}}, headers=h).status_code == 422
+    assert client.get(url, headers=h).get_json()["burst_concurrency"] == {"m1": 4}
+    assert r.hgetall("asynch:dq:shares:{m1}") == {"acme": "2 4"}
 
 
 # --- Celery worker processes ------------------------------------------------------------------
