@@ -13,7 +13,8 @@ rebuilt from here.
 import sqlalchemy as sa
 from alembic import op
 
-revision, down_revision = "0018_tenant_min_burst", "0017_random_delivery_ids"
+revision = "0018_tenant_min_burst"
+down_revision = "0017_random_delivery_ids"
 branch_labels = depends_on = None
 COLUMNS = ("min_concurrency", "burst_concurrency")
 
