@@ -185,6 +185,10 @@ class Settings(BaseSettings):
     estimate_alpha: float = Field(0.3, description=(
         "Queue estimates (docs/architecture.md, \"Deadlines and queue estimates\"): the weight of each finished "
         "attempt's run time in the model's moving average (0-1; higher follows changes faster)."))
+    dispatch_fairness: str = Field("cost", pattern="^(cost|turns)$", description=(
+        "What fair dispatch shares between tenants: 'cost', model time (each dispatch charges the tenant "
+        "its average run seconds over its weight), or 'turns', one turn per job whatever it costs (the "
+        "baseline bench/bench_fairness.py --cost measures against)."))
     batch_max_ids: int = Field(1000, description="getTaskBatch: most task ids one call may name.")
     callback_timeout_seconds: float = Field(10.0, description=(
         "Callbacks on done (seed 002): the wall-clock deadline of one delivery attempt (connect, send, "

@@ -10,8 +10,13 @@ same run, with the ratio.
   deep      A's queue 1,000 vs 100,000 jobs deep (max_concurrency 4, 20 ms
             jobs, 20 s): jobs done/s, run_job messages published/s (broker
             LPUSH calls), worker CPU s/s -- flat means the backlog costs nothing
+  cost      tenants of 0.1 s and of 2 s jobs at equal weight, both backlogged
+            (one node, 2 processes, dispatch window 2): each one's model time
+            (worker seconds, claim to end) over 30 s, by cost
+            (ASYNCH_DISPATCH_FAIRNESS=cost) and by turns (the old stride
+            scheduling) in the same run; the target is within 10% by cost
 
-Usage: PYTHONPATH=. python -m bench.bench_fairness [waiters backlog tarpit deep]
+Usage: PYTHONPATH=. python -m bench.bench_fairness [waiters backlog tarpit deep cost] (--cost: cost alone)
 """
 from __future__ import annotations
 
@@ -206,7 +211,55 @@ def deep(worker_pids, depth: int, seconds: float = 20.0) -> dict:
     return out
 
 
+def model_seconds(tenants, t0, t1) -> dict[str, float]:
+    """Worker seconds each tenant's attempts held within [t0, t1] (claim to
+    end; a running one: to t1), from the rows."""
+    from sqlalchemy import select
+
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
+
+    with transaction() as conn:
+        rows = conn.execute(select(tasks.c.tenant_id, tasks.c.started_at, tasks.c.finished_at).where(
+            tasks.c.tenant_id.in_(tenants), tasks.c.started_at.is_not(None))).all()
+    out = dict.fromkeys(tenants, 0.0)
+    for t, start, end in rows:
+        out[t] += max(0.0, (min(end or t1, t1) - max(start, t0)).total_seconds())
+    return out
+
+
+def cost(fairness: str, seconds: float = 30.0, warmup: float = 4.0) -> dict:
+    from datetime import timedelta
+
+    from app.clock import now
+    from app.config import get_settings, set_settings
+    from app.jobs import service as jobs
+    from app.tenancy.keys import Principal
+
+    stack.truncate_jobs()
+    stack.flush_redis()
+    set_settings(get_settings().with_overrides(dispatch_window=2, dispatch_fairness=fairness))
+    worker = stack.celery_worker(f"fair-cost-{fairness}", "workers.celery_app", os.environ["ASYNCH_QUEUE_NAME"], 2,
+                                 {"ASYNCH_DISPATCH_WINDOW": "2", "ASYNCH_DISPATCH_FAIRNESS": fairness})
+    try:
+        for i in range(480):
+            for tenant, ms in (("fast", 100),) + ((("slow", 2000),) if i % 8 == 0 else ()):
+                jobs.submit(Principal(tenant, "user", None), "costly", {"sleep_ms": ms, "i": i},
+                            jobs.SubmitOptions(model_key=f"X-Stub-Tenant:{tenant}"))
+        t0 = now() + timedelta(seconds=warmup)
+        time.sleep(warmup + seconds)
+        got = model_seconds(("fast", "slow"), t0, t0 + timedelta(seconds=seconds))
+    finally:
+        worker.stop()
+    spread = abs(got["fast"] - got["slow"]) / max(max(got.values()), 1e-9)
+    print(f"cost, by {fairness:5}: model seconds in {seconds:.0f} s: 0.1 s jobs {got['fast']:.1f}, "
+          f"2 s jobs {got['slow']:.1f} (slow's share {got['slow'] / max(sum(got.values()), 1e-9):.0%}, "
+          f"apart by {spread:.0%})")
+    return {**got, "spread": spread}
+
+
 def main(parts: list[str]) -> None:
+    parts = ["cost" if p == "--cost" else p for p in parts]
     stack.apply_env()
     os.environ.update({"ASYNCH_CALLBACK_ALLOW_HOSTS": "127.0.0.1", "ASYNCH_CALLBACK_TIMEOUT_SECONDS": "2",
                        "ASYNCH_CALLBACK_BACKOFF_SECONDS": "0.2", "ASYNCH_WORKER_METRICS_PORT": "0"})
@@ -220,15 +273,24 @@ def main(parts: list[str]) -> None:
 
         bench_waiters.main()
     mport, port = stack.free_port(), stack.free_port()
-    model = stack.stub_model(mport)
-    a, b, _admin = _setup(mport)
-    api = _api(port)
-    api.wait_for(r"Booting worker|Listening at", 60)
-    stack._wait_http(port)
-    base = f"http://127.0.0.1:{port}"
-    worker = stack.celery_worker("fair-w", "workers.celery_app", os.environ["ASYNCH_QUEUE_NAME"], 2)
-    cbw = stack.celery_worker("fair-cb", "workers.celery_app", "asynch-callbacks", 2)
+    procs = [stack.stub_model(mport)]
     try:
+        a, b, _admin = _setup(mport)
+        if "cost" in parts:  # before the others' worker, which would serve its jobs too
+            stack.create_model("costly", f"http://127.0.0.1:{mport}", route="/echo", max_concurrency=10,
+                               queue_limit=100_000, timeout_seconds=30, model_key_headers="X-Stub-Tenant")
+            by_cost, by_turns = cost("cost"), cost("turns")
+            print(f"cost: apart by {by_cost['spread']:.0%} by cost (target <= 10%) vs {by_turns['spread']:.0%} "
+                  "by turns")
+        if not set(parts) & {"backlog", "tarpit", "deep"}:
+            return
+        procs.append(_api(port))
+        procs[-1].wait_for(r"Booting worker|Listening at", 60)
+        stack._wait_http(port)
+        base = f"http://127.0.0.1:{port}"
+        worker = stack.celery_worker("fair-w", "workers.celery_app", os.environ["ASYNCH_QUEUE_NAME"], 2)
+        procs.append(worker)
+        procs.append(stack.celery_worker("fair-cb", "workers.celery_app", "asynch-callbacks", 2))
         if "backlog" in parts:
             backlog(base, a, b)
         if "tarpit" in parts:
@@ -243,9 +305,8 @@ def main(parts: list[str]) -> None:
             print("deep: ratio 100,000 / 1,000 queued: "
                   + ", ".join(f"{k} {deeper[k] / shallow[k]:.2f}" for k in shallow if shallow[k]))
     finally:
-        for p in (cbw, worker, api, model):
+        for p in reversed(procs):
             p.stop()
-
 
 if __name__ == "__main__":
     main(sys.argv[1:] or ["backlog", "tarpit", "deep"])

@@ -383,7 +383,8 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     shot(page, "jobs-live")
 
     # Tenants: usage per day from the stats table, queue share, rate limit.
-    assert client.patch("/v1/tenants/ops/limits", json={"rate_per_second": 50, "burst": 100},
+    assert client.patch("/v1/tenants/ops/limits", json={"rate_per_second": 50, "burst": 100, "weight": 3,
+                                                        "min_concurrency": {"echo": 1}, "burst_concurrency": {"echo": 2}},
                         headers=auth(key)).status_code == 200
     page.goto(f"{api_url}/console/tenants?tenant=ops")
     page.wait_for_selector('#usage-chart svg[aria-label^="Model calls per day for ops"]')
@@ -396,6 +397,8 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     page.wait_for_selector('#share-table tr[data-model="echo"]')
     assert "0 / " in page.text_content('#share-table tr[data-model="echo"] td.share')
     assert page.text_content("#rate-policy") == "Each key: 50 requests/s, bursts of 100."
+    assert page.text_content("#dispatch-share") == ("Weight 3: its share of model time when tenants compete. "
+                                                    "echo: 1 jobs guaranteed, at most 2.")
     assert "/ 100" in page.text_content("#rate-table tbody tr td.tokens")
     shot(page, "tenants")
 

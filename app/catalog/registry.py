@@ -40,12 +40,12 @@ _cache = caches.register(lambda: TTLCache(maxsize=10_000, ttl=max(1e-6, get_sett
                          enabled=lambda: get_settings().model_cache_seconds > 0)
 
 
-def _invalidate(name: str, max_concurrency: int | None = None) -> None:
+def _invalidate(name: str, row: Row | None = None) -> None:
     _cache.pop(name)
     publish_invalidate("models")
-    if max_concurrency is not None:
+    if row is not None:
         try:
-            redis_dispatch.set_cap(name, max_concurrency)
+            redis_dispatch.set_cap(name, row.max_concurrency, row.expected_seconds)
         except redis.RedisError:
             pass  # the next claim writes it; the periodic kick passes it on
 
@@ -105,7 +105,7 @@ def _update(conn: Connection, name: str, change: ModelPatch) -> Row:
 def create_model(spec: ModelInput) -> Row:
     with transaction() as conn:
         row = _create(conn, spec)
-    _invalidate(row.model_name, row.max_concurrency)
+    _invalidate(row.model_name, row)
     return row
 
 
@@ -113,7 +113,7 @@ def update_model(name: str, change: ModelPatch) -> Row:
     """Only the fields the change gives are written."""
     with transaction() as conn:
         row = _update(conn, name, change)
-    _invalidate(name, row.max_concurrency)
+    _invalidate(name, row)
     return row
 
 

@@ -127,7 +127,7 @@ tasks = Table(
     Column("next_retry_at", TS, nullable=True),
     # Job budget: pending/running past it becomes timeout.
     Column("deadline_at", TS, nullable=True),
-    # The caller's deadline (X-Deadline, revision 0018): still pending past it becomes expired.
+    # The caller's deadline (X-Deadline, revision 0019): still pending past it becomes expired.
     Column("caller_deadline_at", TS, nullable=True),
     Column("claimed_at", TS, nullable=True),
     # When the result was last read (0012_seed_dropin): max_completed evicts the least recently read.
@@ -337,6 +337,8 @@ tenant_limits = Table(
     Column("burst", Integer, nullable=True),
     Column("max_waiters", Integer, nullable=True),
     Column("queue_limit", Integer, nullable=True),
+    Column("min_concurrency", Integer, nullable=True),    # revision 0020: per-model rows
+    Column("burst_concurrency", Integer, nullable=True),
     Column("updated_at", TS, nullable=False),
 )
 

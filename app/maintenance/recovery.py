@@ -136,6 +136,7 @@ def repair_after_wipe() -> Report:
             details["reconcile"] = reconcile_gates().as_dict()
             details["permits"] = _restore_permits()
             details["weights"] = limits.sync_weights()
+            details["shares"] = limits.sync_shares()
             details["requeued"] = requeue_all_pending().processed
         details["dispatched"] = kick_dispatch(requeue_inflight="broker" in wiped).processed
     except BaseException:

@@ -1,12 +1,15 @@
 """Per-tenant limits (table asynch_tenant_limits): the dispatch weight, the
 request rate per key, the long-poll cap per API process (the tenant-wide
-row, model_name ''), and the tenant's queue cap per model (a row per model).
+row, model_name ''), and per model (a row per model) the tenant's queue
+cap, guaranteed minimum and burst ceiling of concurrent jobs (a row with
+none of them is deleted; a minimum above the ceiling is refused).
 
 The rows are the truth.  Readers on hot paths (every request's rate limit,
 every submission's queue cap, every wait) go through a per-process cache
 (ASYNCH_AUTH_CACHE_SECONDS, dropped on the invalidation message); the
 dispatcher reads the weights from a Redis hash that every change rewrites
-and the maintenance rebuild restores (``sync_weights``).
+and the maintenance rebuild restores (``sync_weights``), and each model's
+minimums and ceilings from a hash in the model's slot (``sync_shares``).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from cachetools import TTLCache
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from app.clock import now as clock_now
@@ -29,6 +32,9 @@ from app.tenancy.keys import Principal
 from app.tenancy.schemas import TenantLimits, TenantLimitsInput, is_tenant_name
 
 _TENANT_FIELDS = ("weight", "rate_per_second", "burst", "max_waiters")
+# The per-model fields (model_name -> value) and their column.
+_MODEL_FIELDS = {"queue_limits": "queue_limit", "min_concurrency": "min_concurrency",
+                 "burst_concurrency": "burst_concurrency"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class Limits:
     burst: int | None = None
     max_waiters: int | None = None
     queue_limits: dict[str, int] = field(default_factory=dict)
+    min_concurrency: dict[str, int] = field(default_factory=dict)
+    burst_concurrency: dict[str, int] = field(default_factory=dict)
     updated_at: object = None
 
 
@@ -52,8 +60,8 @@ def _load(tenant: str) -> Limits:
         rows = conn.execute(select(tenant_limits).where(tenant_limits.c.tenant_id == tenant)).all()
     base = next((r for r in rows if r.model_name == ""), None)
     return Limits(**({k: getattr(base, k) for k in _TENANT_FIELDS} if base else {}),
-                  queue_limits={r.model_name: r.queue_limit for r in rows
-                                if r.model_name and r.queue_limit is not None},
+                  **{f: {r.model_name: getattr(r, c) for r in rows if r.model_name and getattr(r, c) is not None}
+                     for f, c in _MODEL_FIELDS.items()},
                   updated_at=max((r.updated_at for r in rows), default=None))
 
 
@@ -98,7 +106,8 @@ def read(principal: Principal, tenant: str) -> TenantLimits:
 
 def _view(tenant: str, lim: Limits) -> TenantLimits:
     return TenantLimits.model_construct(tenant=tenant, **{k: getattr(lim, k) for k in _TENANT_FIELDS},
-                                        queue_limits=dict(lim.queue_limits), updated_at=lim.updated_at)
+                                        **{f: dict(getattr(lim, f)) for f in _MODEL_FIELDS},
+                                        updated_at=lim.updated_at)
 
 
 def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
@@ -113,19 +122,27 @@ def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
                                                    **tenant_wide)
             conn.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "model_name"],
                                                     set_={**tenant_wide, "updated_at": now}))
-        for model, cap in (given.get("queue_limits") or {}).items():
-            if cap is None:
-                conn.execute(delete(tenant_limits).where(tenant_limits.c.tenant_id == tenant,
-                                                         tenant_limits.c.model_name == model))
-                continue
-            stmt = pg_insert(tenant_limits).values(tenant_id=tenant, model_name=model, queue_limit=cap,
-                                                   updated_at=now)
+        per_model: dict[str, dict] = {}
+        for f, col in _MODEL_FIELDS.items():
+            for model, value in (given.get(f) or {}).items():
+                per_model.setdefault(model, {})[col] = value
+        for model, vals in per_model.items():
+            stmt = pg_insert(tenant_limits).values(tenant_id=tenant, model_name=model, updated_at=now, **vals)
             conn.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "model_name"],
-                                                    set_={"queue_limit": cap, "updated_at": now}))
+                                                    set_={**vals, "updated_at": now}))
+        c = tenant_limits.c
+        conn.execute(delete(tenant_limits).where(c.tenant_id == tenant, c.model_name != "", c.queue_limit.is_(None),
+                                                 c.min_concurrency.is_(None), c.burst_concurrency.is_(None)))
+        over = conn.execute(select(c.model_name).where(c.tenant_id == tenant, c.min_concurrency > c.burst_concurrency)
+                            ).scalars().all()
+        if over:  # the transaction rolls back: nothing changed
+            raise ValidationFailed("invalid tenant limits", [
+                {"pointer": f"/min_concurrency/{m}", "message": "must not be above burst_concurrency"} for m in over])
     _cache.pop(tenant)
     publish_invalidate("tenants")
     lim = _load(tenant)
     redis_dispatch.set_weight(tenant, lim.weight or 1, _model_names())
+    sync_shares({m for f in ("min_concurrency", "burst_concurrency") for m in (given.get(f) or {})})
     return _view(tenant, lim)
 
 
@@ -144,3 +161,19 @@ def sync_weights() -> int:
     redis_dispatch.replace_weights({r.tenant_id: r.weight for r in rows}, _model_names())
     return len(rows)
 
+
+
+def sync_shares(model_names=None) -> int:
+    """Rewrite each model's map of tenant minimums and ceilings into Redis
+    (``model_names``: those changed; None: every configured model, after a wipe)."""
+    names = set(_model_names() if model_names is None else model_names)
+    if not names:
+        return 0
+    c = tenant_limits.c
+    with transaction() as conn:
+        rows = conn.execute(select(c.tenant_id, c.model_name, c.min_concurrency, c.burst_concurrency).where(
+            c.model_name.in_(names), or_(c.min_concurrency.is_not(None), c.burst_concurrency.is_not(None)))).all()
+    for m in sorted(names):
+        redis_dispatch.set_shares(m, {r.tenant_id: (r.min_concurrency, r.burst_concurrency)
+                                      for r in rows if r.model_name == m})
+    return len(rows)

@@ -74,8 +74,8 @@ class KeysQuery(Params):
 ModelNameKey = Annotated[str, Field(pattern="^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 
 
-# model_name -> cap; keys that are no model name are refused (the schema says so too).
-QueueCaps = Annotated[dict[ModelNameKey, Int(0, 1_000_000) | None],
+# model_name -> a count; keys that are no model name are refused (the schema says so too).
+PerModel = Annotated[dict[ModelNameKey, Int(0, 1_000_000) | None],
                       Field(json_schema_extra={"additionalProperties": False})]
 
 
@@ -85,7 +85,7 @@ class TenantLimitsInput(Shape):
     invalid: ClassVar[str] = "invalid tenant limits"
 
     weight: Int(1, 1000) | None = rule(
-        "an integer from 1 to 1000: the tenant's share of dispatch when tenants compete for a model's workers "
+        "an integer from 1 to 1000: the tenant's share of model time when tenants compete for a model's workers "
         "(default 1)", None)
     # At least 0.01/s: a bucket of the largest burst then refills within
     # the rate limiter's 1e9 s bound (a smaller rate made every request of
@@ -96,9 +96,15 @@ class TenantLimitsInput(Shape):
     burst: Int(1, 10_000_000) | None = rule("the token bucket's size (default twice the rate)", None)
     max_waiters: Int(0, 1_000_000) | None = rule(
         "concurrent long-polls per API process (default ASYNCH_WAITERS_PER_TENANT)", None)
-    queue_limits: QueueCaps | None = Field(
+    queue_limits: PerModel | None = Field(
         None, description="model_name -> how many of the model's queue slots this tenant may hold "
                           "(null: the model's tenant_queue_limit)")
+    min_concurrency: PerModel | None = Field(
+        None, description="model_name -> concurrent jobs reserved for this tenant on the model whenever it has "
+                          "work: it is dispatched first while below it (null: none)")
+    burst_concurrency: PerModel | None = Field(
+        None, description="model_name -> the most concurrent jobs this tenant may run on the model, at least its "
+                          "min_concurrency (null: the model's max_concurrency, which also bounds it)")
 
 
 class TenantLimits(Shape):
@@ -108,4 +114,6 @@ class TenantLimits(Shape):
     burst: int | None
     max_waiters: int | None
     queue_limits: dict[str, int]
+    min_concurrency: dict[str, int]
+    burst_concurrency: dict[str, int]
     updated_at: Timestamp | None

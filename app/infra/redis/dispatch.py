@@ -2,16 +2,25 @@
 
 Per model, every tenant's ready jobs wait in their own sorted set (scored by
 queue order); the tenants that have ready work and a free permit form a
-ring scored by a virtual *pass* (stride scheduling: each dispatch advances
-the tenant's pass by 1/weight, the lowest pass goes next, so a tenant with
-weight 2 gets twice the turns of one with weight 1 when both have work, and
-a tenant that comes back after a pause starts at the current virtual time,
-not with credit saved up).  Dispatching a job takes its tenant's permit
-(maxConcurrency) in the same step, so a message in the broker always has a
-permit and a worker never polls for one; a tenant at its limit leaves the
-ring (``blocked``) until one of its jobs finishes.  At most ``window``
-messages per model wait in the broker unclaimed: fairness is decided here,
-where it can be, and not in the broker's FIFO.
+ring scored by a virtual *pass*, and the lowest pass goes next.  The ring
+shares model time, not turns (deficit round robin by cost): a dispatch
+advances the tenant's pass by its estimated run seconds (the EWMA of its
+attempts on this model, else the model's expected_seconds, else 1) over its
+weight, and when the attempt ends the charge is corrected to the seconds it
+really ran (claim to finish, Redis time), so a tenant of 2 s jobs gets as
+much model time as one of 0.1 s jobs, not 20x.  ``ASYNCH_DISPATCH_FAIRNESS=
+turns`` charges 1 per job (the old stride scheduling, a benchmark baseline).
+A tenant that comes back after a pause starts at the current virtual time,
+not with credit saved up.  Per (tenant, model) a guaranteed minimum and a
+burst ceiling of concurrent jobs (``set_shares``): a tenant with work below
+its minimum goes first, free of charge, its message at high priority in the
+broker; a tenant at its ceiling (never above max_concurrency) is not
+dispatched.  Dispatching a job takes its tenant's permit in the same step,
+so a message in the broker always has a permit and a worker never polls for
+one; a tenant at its limit leaves the ring (``blocked``) until one of its
+jobs finishes.  At most ``window`` messages per model wait in the broker
+unclaimed: fairness is decided here, where it can be, and not in the
+broker's FIFO.
 
 Every decision is one Lua step over the model's keys (dispatch_*.lua, their
 KEYS/ARGV written there).  The scripts share the functions of
@@ -25,8 +34,8 @@ are the truth, and app/maintenance rebuilds these sets from them after a wipe.
 
 Lost messages repair themselves: a dispatched job that no worker claims
 within ``lease`` seconds goes back to the head of its tenant's queue with
-its permit returned (a duplicate message is harmless: the claim CAS lets one
-through).
+its permit and its charge returned (a duplicate message is harmless: the
+claim CAS lets one through).
 """
 from __future__ import annotations
 
@@ -39,13 +48,15 @@ from app.infra.redis.client import get_redis
 def _keys(model: str) -> list[str]:
     return [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
             keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_conf(model),
-            keys.runtime_max_concurrency(model), keys.dispatch_weights(model), keys.dispatch_attempts(model)]
+            keys.runtime_max_concurrency(model), keys.dispatch_weights(model), keys.dispatch_attempts(model),
+            keys.dispatch_cost(model), keys.dispatch_charges(model), keys.dispatch_shares(model)]
 
 
 def _args(model: str, cap: int | None, most: int | None) -> list:
     s = get_settings()
     return [keys.dispatch_ready(model, ""), keys.semaphore(model, ""), "" if cap is None else int(cap),
-            s.dispatch_window, f"{s.dispatch_lease_seconds:.3f}", most if most is not None else s.dispatch_window]
+            s.dispatch_window, f"{s.dispatch_lease_seconds:.3f}", most if most is not None else s.dispatch_window,
+            s.dispatch_fairness]
 
 
 def _triples(flat: list) -> list[tuple[str, str, str]]:
@@ -118,11 +129,32 @@ def models() -> set[str]:
     return found
 
 
-def set_cap(model: str, max_concurrency: int) -> None:
+def set_cap(model: str, max_concurrency: int, expected_seconds: float | None = None) -> None:
     """The model's max_concurrency, for dispatch steps whose caller does not
     know it (a cancel, a timeout); the periodic kick dispatches what a raised
-    limit now allows."""
-    get_redis().hset(keys.dispatch_conf(model), "mc", int(max_concurrency))
+    limit now allows.  ``expected_seconds``: the charge of a tenant's jobs
+    before one of them finished."""
+    conf = {"mc": int(max_concurrency), **({"es": float(expected_seconds)} if expected_seconds else {})}
+    get_redis().hset(keys.dispatch_conf(model), mapping=conf)
+
+
+def set_shares(model: str, shares: dict[str, tuple[int | None, int | None]]) -> None:
+    """tenant -> (guaranteed minimum, burst ceiling) of concurrent jobs on
+    ``model`` (None: none); a tenant with neither is dropped.  Replaces the
+    model's whole map in one MULTI of its slot."""
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.delete(keys.dispatch_shares(model))
+    kept = {t: f"{'' if lo is None else lo} {'' if hi is None else hi}" for t, (lo, hi) in shares.items()
+            if lo is not None or hi is not None}
+    if kept:
+        pipe.hset(keys.dispatch_shares(model), mapping=kept)
+    pipe.execute()
+
+
+def ring(model: str) -> list[tuple[str, float]]:
+    """The ring in dispatch order, (tenant, pass) lowest pass first (a tenant
+    below its guaranteed minimum goes before it; blocked tenants are not in it)."""
+    return [(t, float(p)) for t, p in get_redis().zrange(keys.dispatch_ring(model), 0, -1, withscores=True)]
 
 
 def set_weight(tenant: str, weight: int, models_: Iterable[str] = ()) -> None:
@@ -183,7 +215,8 @@ def clear_model(model: str) -> None:
     """Drop a model's whole dispatch state (the rebuild after a wipe starts here)."""
     r = get_redis()
     doomed = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
-              keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_attempts(model)]
+              keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_attempts(model),
+              keys.dispatch_charges(model)]
     for prefix in (keys.dispatch_ready(model, ""), keys.semaphore(model, "")):
         doomed += list(r.scan_iter(match=prefix + "*", count=500))
     if doomed:

@@ -3,15 +3,22 @@
 -- KEYS (every dispatch script; all of one model, one hash slot): 1 ring (zset tenant -> pass)  2 blocked (set)
 --   3 pass (hash tenant -> saved pass; field "" the virtual time)
 --   4 inflight (zset job -> dispatch time)  5 inflight info (hash job -> "tenant score")
---   6 conf (hash: mc = the model's max_concurrency)  7 runtime max_concurrency override
+--   6 conf (hash: mc = the model's max_concurrency, es = its expected_seconds)  7 runtime max_concurrency override
 --   8 the model's copy of the weights (hash tenant -> weight)  9 attempts (hash job -> the attempt it is pending at)
+--   10 cost (hash tenant -> EWMA of its attempts' run seconds)
+--   11 charges (hash job -> "estimate charge [claim time]": what its dispatch added to its tenant's pass)
+--   12 shares (hash tenant -> "min burst": its guaranteed and its most concurrent jobs; '' = none)
 -- ARGV (every dispatch script): 1 ready key prefix ("...:dq:ready:{model}:")  2 permit key prefix ("...:sem:{model}:")
 --   3 cap (max_concurrency; '' = the stored conf)  4 window  5 dispatch lease (s)  6 most jobs to dispatch
+--   7 fairness: 'turns' (every job costs 1: the baseline) or 'cost' (model time)
 -- Each script returns {tenant1, job1, attempt1, tenant2, ...}: the jobs dispatched
 -- (their permits taken): publish one run_job(job, attempt) message for each.
 local READY, SEM = ARGV[1], ARGV[2]
 local K_RING, K_BLOCKED, K_PASS, K_INF, K_INFO, K_CONF, K_RTMC, K_W, K_ATT = KEYS[1], KEYS[2], KEYS[3],
   KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_COST, K_CHARGE, K_SHARE = KEYS[10], KEYS[11], KEYS[12]
+local BY_COST = ARGV[7] ~= 'turns'
+local EWMA = 0.3  -- the weight of the newest sample in a tenant's run-time average
 local t0 = redis.call('TIME')
 local NOW = tonumber(t0[1]) + tonumber(t0[2]) / 1000000
 
@@ -36,8 +43,47 @@ local function unblock(t)
   activate(t)
 end
 
+-- Add d to the tenant's pass, wherever it is kept (the ring, or saved).
+local function charge(t, d)
+  if d == 0 then return end
+  if redis.call('ZSCORE', K_RING, t) then redis.call('ZINCRBY', K_RING, d, t)
+  else redis.call('HINCRBYFLOAT', K_PASS, t, d) end
+end
+
+-- The pass a dispatch of t's job costs: its estimated run seconds (the
+-- tenant's average on this model, else the model's expected_seconds, else 1;
+-- 1 in turns mode) over its weight; 0 within its guaranteed minimum (free).
+-- Noted with the job, for settle().
+local function take(t, job, free)
+  local est = 1
+  if BY_COST then
+    est = tonumber(redis.call('HGET', K_COST, t) or '') or tonumber(redis.call('HGET', K_CONF, 'es') or '') or 1
+  end
+  local w = tonumber(redis.call('HGET', K_W, t) or '1') or 1
+  if w < 1 then w = 1 end
+  local d = free and 0 or est / w
+  redis.call('HSET', K_CHARGE, job, est .. ' ' .. d)
+  return d
+end
+
+-- The job's attempt is over (or its dispatch void): its charge becomes what it
+-- really cost, run seconds from its claim to now (0 if never claimed, or
+-- 'void'), and a measured run joins the tenant's average.
+local function settle(t, job, void)
+  local c = redis.call('HGET', K_CHARGE, job)
+  if not c then return end
+  redis.call('HDEL', K_CHARGE, job)
+  local est, d, since = string.match(c, '^(%S+) (%S+) ?(%S*)$')
+  local ran = (since ~= '' and not void) and math.max(0, NOW - tonumber(since)) or 0
+  if ran > 0 then
+    local avg = tonumber(redis.call('HGET', K_COST, t) or '')
+    redis.call('HSET', K_COST, t, avg and (EWMA * ran + (1 - EWMA) * avg) or ran)
+  end
+  if BY_COST or ran == 0 then charge(t, tonumber(d) * (ran / tonumber(est) - 1)) end
+end
+
 -- Dispatched jobs nobody claimed before 'older_than': back to the head of
--- their tenant's queue, permit returned (the message was lost).
+-- their tenant's queue, permit and charge returned (the message was lost).
 local function requeue_unclaimed(older_than)
   for _, job in ipairs(redis.call('ZRANGEBYSCORE', K_INF, '-inf', older_than)) do
     local info = redis.call('HGET', K_INFO, job)
@@ -46,9 +92,50 @@ local function requeue_unclaimed(older_than)
     if info then
       local t, score = string.match(info, '^(%S+) (%S+)$')
       redis.call('ZREM', SEM .. t, job)
+      settle(t, job, true)
       redis.call('ZADD', READY .. t, 'NX', score, job)
       unblock(t)
     end
+  end
+end
+
+-- A tenant's live permits (a dead worker's expire here).
+local function held(t)
+  redis.call('ZREMRANGEBYSCORE', SEM .. t, '-inf', NOW)
+  return redis.call('ZCARD', SEM .. t)
+end
+
+-- A shares entry ("min burst") as (guaranteed minimum, ceiling), the ceiling never above the model's cap.
+local function bounds(s, cap)
+  if not s then return 0, cap end
+  local lo, hi = string.match(s, '^(%S*) (%S*)$')
+  return tonumber(lo) or 0, math.min(cap, tonumber(hi) or cap)
+end
+
+-- The tenant that goes next: one with work below its guaranteed minimum
+-- (lowest pass first; true as the third value), else the lowest pass below
+-- its ceiling.  Tenants without work leave the ring, those at their ceiling are blocked.
+local function pick(cap)
+  local best, best_pass
+  local shares = redis.call('HGETALL', K_SHARE)
+  for i = 1, #shares, 2 do
+    local t = shares[i]
+    local p = tonumber(redis.call('ZSCORE', K_RING, t) or '')
+    if p and (not best or p < best_pass) and redis.call('ZCARD', READY .. t) > 0 then
+      local lo, hi = bounds(shares[i + 1], cap)
+      local n = held(t)
+      if n < lo and n < hi then best, best_pass = t, p end
+    end
+  end
+  if best then return best, best_pass, true end
+  local ring = redis.call('ZRANGE', K_RING, 0, -1, 'WITHSCORES')
+  for i = 1, #ring, 2 do
+    local t, p = ring[i], tonumber(ring[i + 1])
+    local work = redis.call('ZCARD', READY .. t) > 0
+    if work and held(t) < select(2, bounds(redis.call('HGET', K_SHARE, t), cap)) then return t, p, false end
+    redis.call('ZREM', K_RING, t)
+    redis.call('HSET', K_PASS, t, p)
+    if work then redis.call('SADD', K_BLOCKED, t) end
   end
 end
 
@@ -58,42 +145,26 @@ local function dispatch()
   local cap = limit()
   local out = {}
   while #out < 3 * most and redis.call('ZCARD', K_INF) < window do
-    local picked, pass = nil, 0
-    local ring = redis.call('ZRANGE', K_RING, 0, -1, 'WITHSCORES')
-    for i = 1, #ring, 2 do
-      local t, p = ring[i], tonumber(ring[i + 1])
-      if redis.call('ZCARD', READY .. t) == 0 then
-        redis.call('ZREM', K_RING, t)
-        redis.call('HSET', K_PASS, t, p)
-      else
-        redis.call('ZREMRANGEBYSCORE', SEM .. t, '-inf', NOW)  -- a dead worker's permits
-        if redis.call('ZCARD', SEM .. t) < cap then
-          picked, pass = t, p
-          break
-        end
-        redis.call('ZREM', K_RING, t)
-        redis.call('HSET', K_PASS, t, p)
-        redis.call('SADD', K_BLOCKED, t)
-      end
-    end
+    local picked, pass, reserved = pick(cap)
     if not picked then break end
     local popped = redis.call('ZPOPMIN', READY .. picked)
     local job, score = popped[1], popped[2]
     redis.call('ZADD', SEM .. picked, NOW + lease, job)
     redis.call('ZADD', K_INF, NOW, job)
     redis.call('HSET', K_INFO, job, picked .. ' ' .. score)
-    local w = tonumber(redis.call('HGET', K_W, picked) or '1') or 1
-    if w < 1 then w = 1 end
-    redis.call('HSET', K_PASS, '', pass)
+    if not reserved then redis.call('HSET', K_PASS, '', pass) end
+    pass = pass + take(picked, job, reserved)
     if redis.call('ZCARD', READY .. picked) > 0 then
-      redis.call('ZADD', K_RING, pass + 1.0 / w, picked)
+      redis.call('ZADD', K_RING, pass, picked)
     else
       redis.call('ZREM', K_RING, picked)
-      redis.call('HSET', K_PASS, picked, pass + 1.0 / w)
+      redis.call('HSET', K_PASS, picked, pass)
     end
+    local attempt = redis.call('HGET', K_ATT, job) or '-1'
+    if reserved and not string.find(attempt, 'h$') then attempt = attempt .. 'h' end  -- ahead in the broker too
     out[#out + 1] = picked
     out[#out + 1] = job
-    out[#out + 1] = redis.call('HGET', K_ATT, job) or '-1'
+    out[#out + 1] = attempt
   end
   return out
 end

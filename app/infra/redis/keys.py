@@ -148,6 +148,22 @@ def dispatch_conf(model: str) -> str:
     return _m("dq:conf", model)
 
 
+def dispatch_cost(model: str) -> str:
+    """Hash: tenant -> EWMA of its attempts' run seconds on the model (fair dispatch by cost)."""
+    return _m("dq:cost", model)
+
+
+def dispatch_charges(model: str) -> str:
+    """Hash: job -> "estimate charge [claim time]", what its dispatch added to its tenant's pass."""
+    return _m("dq:charge", model)
+
+
+def dispatch_shares(model: str) -> str:
+    """Hash: tenant -> "min burst", its guaranteed and most concurrent jobs on the model
+    (from asynch_tenant_limits' per-model rows)."""
+    return _m("dq:shares", model)
+
+
 def dispatch_weights(model: str) -> str:
     """Hash: tenant -> dispatch weight, the copy the model's dispatch steps
     read (one slot with the model's other keys); written from

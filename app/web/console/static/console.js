@@ -733,9 +733,14 @@ pages.tenants = async () => {
     const tenant = sel.value, days = Number(form.elements.days.value);
     if (!tenant) { $("#usage-chart").replaceChildren(el("p", { class: "hint" }, "No tenant.")); return; }
     const from = isoDay(new Date(Date.now() - (days - 1) * 86400000));
-    const [rows, st] = await Promise.all([statsRows(tenant, from), api("GET", `/v1/tenants/${encodeURIComponent(tenant)}/state`)]);
+    const t = encodeURIComponent(tenant);
+    const [rows, st, lim] = await Promise.all([statsRows(tenant, from), api("GET", `/v1/tenants/${t}/state`),
+                                               api("GET", `/v1/tenants/${t}/limits`)]);
     $("#usage-chart").replaceChildren(...usageChart(tenant, days, rows));
     if (st.status !== 200) { flash(st.data.error); return; }
+    const { weight, min_concurrency: lo = {}, burst_concurrency: hi = {} } = lim.status === 200 ? lim.data : {};
+    $("#dispatch-share").textContent = [`Weight ${weight ?? 1}: its share of model time when tenants compete.`,
+      ...Object.keys({ ...lo, ...hi }).sort().map((m) => `${m}: ${lo[m] ?? 0} jobs guaranteed, at most ${hi[m] ?? "max_concurrency"}.`)].join(" ");
     $("#share-table tbody").replaceChildren(...st.data.models.map((m) => el("tr", { "data-model": m.model },
       el("td", {}, m.model), el("td", { class: "share" }, bar(m.in_use, m.cap), `${m.in_use} / ${m.cap}`),
       el("td", {}, m.queue_limit), el("td", {}, m.pending), el("td", {}, m.running), el("td", {}, m.retry_wait))));
