@@ -214,8 +214,9 @@ def world(make_model, client):
     from app.config import get_settings, set_settings
     from app.infra.db import transaction
     from app.infra.storage import get_storage
-    from app.infra.tables import api_keys, webhook_deliveries
-    from app.webhooks import subscriptions
+    from app.delivery import subscriptions
+    from app.infra.tables import api_keys
+    from app.infra.tables import deliveries as webhook_deliveries
     from app.jobs import service as jobs
     from app.jobs import stats
     from app.jobs import effects

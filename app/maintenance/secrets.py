@@ -9,7 +9,7 @@ tenant webhooks' secrets (always encrypted) are re-encrypted too.
 """
 from __future__ import annotations
 
-from app.callbacks import secrets as callback_secrets
+from app.delivery import secrets as tenant_secrets
 from app.catalog import registry
 from app.infra.db import transaction
 
@@ -17,7 +17,7 @@ from app.infra.db import transaction
 def rotate_secrets() -> dict:
     with transaction() as conn:
         models = registry.reencrypt_head_msgs(conn)
-        tenants, plaintext = callback_secrets.reencrypt_all(conn)
-        webhooks = callback_secrets.reencrypt_webhook_secrets(conn)
+        tenants, plaintext = tenant_secrets.reencrypt_all(conn)
+        webhooks = tenant_secrets.reencrypt_webhook_secrets(conn)
     return {"models": models, "callback_secrets": tenants, "callback_secrets_left_plaintext": plaintext,
             "webhook_secrets": webhooks}

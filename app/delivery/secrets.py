@@ -1,6 +1,6 @@
 """Per-tenant callback signing secrets (and the legacy signature).
 
-Signatures are Standard Webhooks' (app/callbacks/signing.py).  The legacy
+Signatures are Standard Webhooks' (app/delivery/signing.py).  The legacy
 header, kept for receivers built on the seed, is
 ``X-Asynch-Signature: sha256=<hex>`` where hex is
 HMAC-SHA256(secret, "{task_id}.{timestamp}.{url}") and ``url`` is the exact
@@ -17,7 +17,7 @@ is the rotation time.  "~" and ":" are no tenant characters (every tenant
 name, the gateway's included, is checked against TENANT_PATTERN,
 app/tenancy/schemas.py), so no tenant can own such a row or read it as its
 own secret.  Deliveries are signed with it as well for
-ASYNCH_CALLBACK_SECRET_OVERLAP_SECONDS.
+ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from app.callbacks.signing import PREFIX as WHSEC
+from app.delivery.signing import PREFIX as WHSEC
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.config import get_settings
@@ -113,7 +113,7 @@ def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotate
     if stored is None:
         return [tenant_secret(conn, tenant_id)["secret"]]
     out = [plain(stored)]
-    overlap = get_settings().callback_secret_overlap_seconds
+    overlap = get_settings().delivery_secret_overlap_seconds
     if rotated_at is not None and overlap > 0 and as_utc(rotated_at) > clock_now() - timedelta(seconds=overlap):
         prev = conn.execute(select(tenant_secrets.c.secret).where(
             tenant_secrets.c.tenant_id == previous_id(tenant_id))).scalar()
@@ -154,7 +154,7 @@ def reencrypt_all(conn: Connection) -> tuple[int, int]:
 
 def reencrypt_webhook_secrets(conn: Connection) -> int:
     """`asynch secrets rotate`: the tenant webhooks' own secrets
-    (app/webhooks/subscriptions.py; always encrypted) re-encrypted with the
+    (app/delivery/subscriptions.py; always encrypted) re-encrypted with the
     first key.  Returns how many."""
     done = 0
     for row in conn.execute(select(webhook_subscriptions.c.id, webhook_subscriptions.c.secret)).all():
