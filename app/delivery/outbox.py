@@ -346,7 +346,7 @@ def _views(conn: Connection, rows: list) -> list[dict]:
     logs: dict[int, list] = {r.id: [] for r in rows}
     if rows:
         for a in conn.execute(select(delivery_attempts).where(delivery_attempts.c.delivery_id.in_(list(logs)))
-                              .order_by(delivery_attempts.c.attempt, delivery_attempts.c.id)):
+                              .order_by(delivery_attempts.c.id)):
             logs[a.delivery_id].append({"attempt": a.attempt, "at": a.started_at, "duration_ms": a.duration_ms,
                                         "address": a.address, "http_status": a.http_status, "error": a.error})
     return [{"id": d.id, "job_id": d.job_id, "tenant": d.tenant_id, "event": d.event, "url": d.url,
