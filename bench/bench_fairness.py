@@ -208,8 +208,8 @@ def deep(worker_pids, depth: int, seconds: float = 20.0) -> dict:
 
 def main(parts: list[str]) -> None:
     stack.apply_env()
-    os.environ.update({"ASYNCH_CALLBACK_ALLOW_HOSTS": "127.0.0.1", "ASYNCH_CALLBACK_TIMEOUT_SECONDS": "2",
-                       "ASYNCH_CALLBACK_BACKOFF_SECONDS": "0.2", "ASYNCH_WORKER_METRICS_PORT": "0"})
+    os.environ.update({"ASYNCH_DELIVERY_ALLOW_HOSTS": "127.0.0.1", "ASYNCH_DELIVERY_TIMEOUT_SECONDS": "2",
+                       "ASYNCH_DELIVERY_BACKOFF_SECONDS": "0.2", "ASYNCH_WORKER_METRICS_PORT": "0"})
     stack.recreate_database()
     stack.flush_redis()
     from app.config import load_settings, set_settings
