@@ -196,11 +196,8 @@ class Settings(BaseSettings):
         "DELIVERY_BACKOFF_SECONDS", "CALLBACK_BACKOFF_SECONDS"), description="Base of the retry backoff (seconds).")
     delivery_backoff_max_seconds: float = Field(3600.0, validation_alias=_aka(
         "DELIVERY_BACKOFF_MAX_SECONDS", "CALLBACK_BACKOFF_MAX_SECONDS"), description="Cap of the retry backoff (seconds).")
-    delivery_tenant_inflight: int = Field(4, description=(
-        "Deliveries one tenant may have in flight at once, over the whole delivery pool (the claim's cap; "
-        "below the pool's processes, another tenant always finds one free).  The claim also serves the "
-        "tenant with the fewest in flight first, so a tenant's slow receivers delay another tenant's "
-        "delivery by one delivery deadline at most."))
+    delivery_tenant_inflight: int = Field(4, description="Deliveries one tenant may have in flight at once (the "
+                                          "claim's cap over the whole pool; the fewest in flight go first).")
     beat_deliveries_seconds: float = Field(15.0, validation_alias=_aka(
         "BEAT_DELIVERIES_SECONDS", "BEAT_CALLBACKS_SECONDS"), description=(
         "Beat interval of the outbox sweep (due callback and webhook deliveries, seconds)."))

@@ -63,11 +63,6 @@ class TenantSecret(Shape):
     created_at: Timestamp
     rotated_at: Timestamp | None
 
-    @classmethod
-    def from_row(cls, row) -> "TenantSecret":
-        return cls.model_construct(tenant=row.tenant_id, secret=row.secret, created_at=row.created_at,
-                                   rotated_at=row.rotated_at)
-
 
 class WebhookInput(Shape):
     url: WebhookUrl

@@ -24,7 +24,6 @@ from app.states import JobState as S
 
 EVENTS = ("done", "failed", "timeout", "canceled")
 EVENT_BITS = {"done": 1, "failed": 2, "timeout": 4, "canceled": 8}
-ALL_EVENTS = 15
 EVENT_OF_STATE = {S.DONE: "done", S.FAILED: "failed", S.TIMEOUT: "timeout", S.CANCELED: "canceled"}
 JOB_OWN = 0  # subscription_id of the job's own webhook (and of a callback)
 CALLBACK, WEBHOOK = "callback", "webhook"
