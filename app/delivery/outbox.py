@@ -9,11 +9,10 @@ own statement (app/infra/outbox_rows.py), so a delivery is never lost and
 never written twice; the winner's effects ring one pump token per row.
 
 Invariants:
-- At least once: a row is claimed with a CAS and a lease (pending ->
-  sending, attempt + 1); a worker that dies mid-delivery leaves an expired
-  lease that the next claim takes again, so a receiver may see a delivery
-  twice (deduplicate by task_id / webhook-id).  Only the attempt holding the
-  lease records its outcome; every attempt is logged (asynch_delivery_attempt).
+- At least once: a claim is a CAS with a lease (pending -> sending, attempt
+  + 1); a dead worker's expired lease is claimed again, so a receiver may see
+  a delivery twice (deduplicate by task_id / webhook-id).  Only the lease's
+  holder records the outcome; every attempt is logged (asynch_delivery_attempt).
 - ASYNCH_DELIVERY_MAX_ATTEMPTS bounds attempts everywhere: the claim never
   takes a row that used them all, and a row at the cap still pending (the cap
   was lowered) or whose last attempt never finished is marked failed, by the
@@ -27,19 +26,17 @@ Invariants:
   the next process to finish an attempt (one delivery deadline at most)
   takes this tenant's row; the sweep gives every tenant with due rows tokens.
 - Each attempt re-checks the target (app/infra/http/netguard.py), connects to
-  the checked address and has one wall-clock deadline,
-  ASYNCH_DELIVERY_TIMEOUT_SECONDS, for the whole exchange
-  (app/infra/http/deadline.py).  Redirects are never followed (a 3xx is a
-  failed attempt).  Failures back off exponentially with jitter.
+  the checked address, has one deadline for the whole exchange,
+  ASYNCH_DELIVERY_TIMEOUT_SECONDS (app/infra/http/deadline.py), and follows
+  no redirect (a 3xx fails).  Failures back off exponentially with jitter.
 - The request is frozen at the first attempt (url, payload): retries and
   replays send the same bytes.  Signed the Standard Webhooks way
   (app/delivery/signing.py): a callback with the tenant's secret(s), its
   webhook-id the task_id, the signed payload its request target (and the
   legacy X-Asynch-Signature); a webhook with its subscription's secret (the
   job's own: the tenant's), its webhook-id ``wh_<id>``, the body signed.
-- Metric ``asynch_deliveries{kind, model, outcome}`` counts SETTLED
-  deliveries once each: delivered or failed for good (a retried attempt is
-  in the log, not the metric).
+- ``asynch_deliveries{kind, model, outcome}`` counts each delivery once, when
+  settled: delivered or failed for good (a retried attempt is only logged).
 """
 from __future__ import annotations
 
@@ -149,8 +146,7 @@ def claim(conn: Connection, now: datetime, delivery_id: int | None = None) -> Ro
     lease = now + timedelta(seconds=2 * s.delivery_timeout_seconds + 30)
     return conn.execute(update(deliveries).where(which, _due(D, now, cap))
                         .values(status=SENDING, attempts=D.attempts + 1, lease_until=lease, updated_at=now)
-                        .returning(*deliveries.c, _MODEL_NAME, tenant_secrets.secret_of(D.tenant_id),
-                                   tenant_secrets.rotated_at_of(D.tenant_id))).first()
+                        .returning(*deliveries.c, _MODEL_NAME, *tenant_secrets.stored_of(D.tenant_id))).first()
 
 
 def give_up_at_cap(conn: Connection, now: datetime, delivery_id: int | None = None, limit: int = 500) -> int:
@@ -235,8 +231,7 @@ def _frozen(conn: Connection, d: Row) -> tuple[str, str]:
 
 
 def _secrets(conn: Connection, d: Row) -> list[str] | None:
-    """Who signs: a subscription's own secret, or (a callback, the job's own
-    webhook) the tenant's secret(s).  None: the subscription is gone."""
+    """A subscription's own secret, else the tenant's (None: the subscription is gone)."""
     if d.subscription_id:
         stored = conn.execute(select(webhook_subscriptions.c.secret).where(
             webhook_subscriptions.c.id == d.subscription_id)).scalar()
@@ -302,8 +297,7 @@ def _record(d: Row, started_at: datetime, duration_ms: int, address: str | None,
 
 def deliver_due(limit: int = 500) -> dict:
     """The sweep: fail the rows the attempt cap ends; give every tenant with
-    claimable rows (due, or abandoned with an expired lease) a token for each
-    of its rows up to its in-flight cap."""
+    claimable rows (due, or lease expired) a token a row, up to its cap."""
     s = get_settings()
     now = clock_now()
     with transaction() as conn:

@@ -14,15 +14,15 @@ import secrets as pysecrets
 
 from sqlalchemy import delete, func, insert, select
 
+from app.clock import now as clock_now
 from app.delivery import secrets as tenant_secrets
 from app.delivery.secrets import SECRET_BYTES
-from app.clock import now as clock_now
 from app.errors import Forbidden, NotFound, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups, callback_url_problem
-from app.infra.tables import webhook_subscriptions
 from app.infra.outbox_rows import EVENTS, bits_of, events_of
+from app.infra.tables import webhook_subscriptions
 from app.tenancy.keys import Principal
 
 MAX_PER_TENANT = 10

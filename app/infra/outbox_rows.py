@@ -33,10 +33,7 @@ _COLS = ["job_id", "tenant_id", "kind", "subscription_id", "event", "url", "stat
 
 
 def bits_of(events) -> int:
-    out = 0
-    for e in events:
-        out |= EVENT_BITS[e]
-    return out
+    return sum(EVENT_BITS[e] for e in set(events))
 
 
 def events_of(bits: int | None) -> list[str]:

@@ -82,10 +82,7 @@ def run(moved: Moved | None, cap: int | None = None) -> None:
     if moved.release:
         dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
                           message=snapshot_message(row) if moved.terminal else "", cap=cap)
-    for _ in range(moved.deliveries):
-        # The outbox rows committed with the transition; one pump token each
-        # (any token delivers the fairest due row; a miss is the sweep's,
-        # app/delivery/outbox.py).
+    for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
         publish_task(DELIVER_TASK, [])
 
 
