@@ -22,6 +22,5 @@ def build_schedule(s: Settings) -> dict:
         "recover": entry("asynch.recover", s.beat_recover_seconds),
         "cleanup": entry("asynch.cleanup", s.beat_cleanup_seconds),
         "autotune": entry("asynch.autotune", s.beat_autotune_seconds),
-        "deliver-callbacks": entry("asynch.deliver_due_callbacks", s.beat_callbacks_seconds),
-        "deliver-webhooks": entry("asynch.deliver_due_webhooks", s.beat_callbacks_seconds),
+        "deliver": entry("asynch.deliver_due", s.beat_deliveries_seconds),
     }

@@ -24,20 +24,29 @@ Invariants:
 - Settings are frozen; ``with_overrides(**kw)`` is a copy with some fields
   replaced (not re-validated, like the dataclass it was), and refuses a name
   that is not a setting.
+- A renamed setting keeps its old variable as an alias (``_aka``: the
+  ``ASYNCH_CALLBACK_*`` names of the ``ASYNCH_DELIVERY_*`` settings); the new
+  name wins when both are set, and ``with_overrides`` takes the old field
+  name too.  docs/operations.md lists the aliases (``ALIASES``).
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Mapping
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "ASYNCH_"
 
 
+def _aka(name: str, old: str) -> AliasChoices:
+    """A setting's variable and the old one still read (the field is ``name`` lower-cased)."""
+    return AliasChoices(ENV_PREFIX + name, ENV_PREFIX + old)
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid", populate_by_name=True)
 
     database_url: str = Field("", description=(
         "SQLAlchemy URL of the PostgreSQL database (postgresql+psycopg2://...), the source of truth and the "
@@ -79,8 +88,9 @@ class Settings(BaseSettings):
         "Keys encrypting secrets at rest (head_msg values, tenant callback secrets): comma-separated Fernet "
         "keys, the first encrypts, every one decrypts (app/infra/secretbox.py).  Empty: derived from the "
         "pepper (dev mode only)."))
-    callback_secret_overlap_seconds: int = Field(86400, description=(
-        "The previous callback secret keeps signing (a second signature) this long after a rotation."))
+    delivery_secret_overlap_seconds: int = Field(86400, validation_alias=_aka(
+        "DELIVERY_SECRET_OVERLAP_SECONDS", "CALLBACK_SECRET_OVERLAP_SECONDS"), description=(
+        "The previous tenant signing secret keeps signing (a second signature) this long after a rotation."))
     auth_cache_seconds: float = Field(5.0, description=(
         "How long an API process caches an API key on the admission path (seconds; 0 disables): a revoked "
         "key reaches every API process within this."))
@@ -190,17 +200,25 @@ class Settings(BaseSettings):
         "its average run seconds over its weight), or 'turns', one turn per job whatever it costs (the "
         "baseline bench/bench_fairness.py --cost measures against)."))
     batch_max_ids: int = Field(1000, description="getTaskBatch: most task ids one call may name.")
-    callback_timeout_seconds: float = Field(10.0, description=(
-        "Callbacks on done (seed 002): the wall-clock deadline of one delivery attempt (connect, send, "
-        "headers and body together); retries back off base * 2**(n-1), capped, with jitter."))
-    callback_max_attempts: int = Field(8, description="Delivery attempts of one callback before it is given up.")
-    callback_backoff_seconds: float = Field(5.0, description="Base of the callback retry backoff (seconds).")
-    callback_backoff_max_seconds: float = Field(3600.0, description="Cap of the callback retry backoff (seconds).")
-    beat_callbacks_seconds: float = Field(15.0, description=(
-        "Beat interval of the due callback and webhook deliveries (seconds)."))
-    callback_allow_hosts: str = Field("", description=(
-        "Operator allowlist for callback targets that would otherwise be refused (loopback, private, link- "
-        "local ...): comma list of IPs, CIDRs or host names."))
+    delivery_timeout_seconds: float = Field(10.0, validation_alias=_aka(
+        "DELIVERY_TIMEOUT_SECONDS", "CALLBACK_TIMEOUT_SECONDS"), description=(
+        "Callbacks and webhooks: the wall-clock deadline of one delivery attempt (connect, send, headers and "
+        "body together); retries back off base * 2**(n-1), capped, with jitter."))
+    delivery_max_attempts: int = Field(8, validation_alias=_aka("DELIVERY_MAX_ATTEMPTS", "CALLBACK_MAX_ATTEMPTS"),
+                                       description="Attempts of one delivery before it is given up.")
+    delivery_backoff_seconds: float = Field(5.0, validation_alias=_aka(
+        "DELIVERY_BACKOFF_SECONDS", "CALLBACK_BACKOFF_SECONDS"), description="Base of the retry backoff (seconds).")
+    delivery_backoff_max_seconds: float = Field(3600.0, validation_alias=_aka(
+        "DELIVERY_BACKOFF_MAX_SECONDS", "CALLBACK_BACKOFF_MAX_SECONDS"), description="Cap of the retry backoff (seconds).")
+    delivery_tenant_inflight: int = Field(4, description="Deliveries one tenant may have in flight at once (the "
+                                          "claim's cap over the whole pool; the fewest in flight go first).")
+    beat_deliveries_seconds: float = Field(15.0, validation_alias=_aka(
+        "BEAT_DELIVERIES_SECONDS", "BEAT_CALLBACKS_SECONDS"), description=(
+        "Beat interval of the outbox sweep (due callback and webhook deliveries, seconds)."))
+    delivery_allow_hosts: str = Field("", validation_alias=_aka("DELIVERY_ALLOW_HOSTS", "CALLBACK_ALLOW_HOSTS"),
+                                      description=(
+        "Operator allowlist for callback and webhook targets that would otherwise be refused (loopback, "
+        "private, link-local ...): comma list of IPs, CIDRs or host names."))
     resolve_timeout_seconds: float = Field(5.0, description=(
         "The longest a URL check waits for DNS (callbackUrl at submit and before each delivery); past it the "
         "target counts as not resolving."))
@@ -215,9 +233,10 @@ class Settings(BaseSettings):
     batch_max_url_hosts: int = Field(8, description=(
         "Distinct callback/webhook host names (IP literals do not count) one batch submit may name; the "
         "items past it are refused (422)."))
-    callback_queue_name: str = Field("asynch-callbacks", description=(
-        "Celery queue of callback deliveries, consumed by `asynch callback-worker` only: a slow receiver ties "
-        "up callback processes, never job workers."))
+    delivery_queue_name: str = Field("asynch-callbacks", validation_alias=_aka(
+        "DELIVERY_QUEUE_NAME", "CALLBACK_QUEUE_NAME"), description=(
+        "Celery queue of the outbox (callbacks and webhooks), consumed by `asynch callback-worker` only: a "
+        "slow receiver ties up delivery processes, never job workers."))
     trusted_gateway: bool = Field(False, description=(
         "Trust X-User-Info from a gateway in front of the API for the job's creator.  Off: only the creator "
         "field / X-Creator header count."))
@@ -329,6 +348,7 @@ class Settings(BaseSettings):
         return self.max_model_timeout_seconds + self.lease_grace_seconds + 300
 
     def with_overrides(self, **kw) -> "Settings":
+        kw = {OLD_FIELDS.get(k, k): v for k, v in kw.items()}
         unknown = set(kw) - set(type(self).model_fields)
         if unknown:
             raise TypeError(f"not settings: {sorted(unknown)}")
@@ -385,6 +405,12 @@ def prometheus_multiproc_dir(env: Mapping[str, str] | None = None) -> str:
     their process group); empty when this process keeps metrics in memory."""
     env = os.environ if env is None else env
     return env.get("PROMETHEUS_MULTIPROC_DIR", "")
+
+
+# Old variable -> the setting's variable, and old field name -> field (see ``_aka``).
+ALIASES = {old: f.validation_alias.choices[0] for f in Settings.model_fields.values()
+           if isinstance(f.validation_alias, AliasChoices) for old in f.validation_alias.choices[1:]}
+OLD_FIELDS = {old[len(ENV_PREFIX):].lower(): new[len(ENV_PREFIX):].lower() for old, new in ALIASES.items()}
 
 
 def env_names() -> dict[str, str]:

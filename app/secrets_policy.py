@@ -27,7 +27,7 @@ from app.config import Settings, env_names
 SECRETS = frozenset({"bootstrap_admin_key", "key_pepper", "secrets_keys", "gateway_secret", "metrics_token",
                      "s3_secret_key", "oss_authorization"})
 # Names that look secret but are not (a header name, a duration, an identifier, a header list).
-NOT_SECRETS = frozenset({"gateway_secret_header", "callback_secret_overlap_seconds", "s3_access_key",
+NOT_SECRETS = frozenset({"gateway_secret_header", "delivery_secret_overlap_seconds", "s3_access_key",
                          "model_key_headers_default", "auth_mode", "auth_cache_seconds"})
 SECRET_LOOKING = re.compile(r"secret|token|password|pepper|auth|_key")
 

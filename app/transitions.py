@@ -12,10 +12,9 @@ and permit back, waiters woken, deliveries rung).  Callers never choose
 those effects: they hand the ``Moved`` to app/jobs/effects.py, the one
 module that runs them, after the commit.
 
-A move into a terminal state (done, failed, timeout, canceled, expired) writes its
-webhook deliveries in the same statement (data-modifying CTEs over the
-moved row, app/infra/webhook_rows.py): only the winner writes them,
-exactly once.
+A move into a terminal state (done, failed, timeout, canceled, expired) writes its outbox rows (webhooks; on done the
+callback) in the same statement (data-modifying CTEs over the moved row,
+app/infra/outbox_rows.py): only the winner writes them, exactly once.
 
 A transition the state machine does not allow at all raises
 IllegalTransition before touching the database: that is a bug, not a race.
@@ -37,8 +36,8 @@ from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
-from app.infra import webhook_rows
-from app.infra.tables import models, task_attempts, tasks, webhook_deliveries
+from app.infra import outbox_rows
+from app.infra.tables import deliveries, models, task_attempts, tasks
 from app.states import TERMINAL_STATES, job_error
 from app.states import JobState as S
 
@@ -74,8 +73,7 @@ class Moved:
     row: Row
     release: bool      # the job left pending/running: its gate slots and permit go back
     terminal: bool     # it ended: waiters wake with its snapshot, the finish is counted
-    deliveries: int    # webhook deliveries the same statement wrote (their doorbell rings)
-    callback: bool     # done with a callbackUrl: its callback is scheduled
+    deliveries: int    # outbox rows the same statement wrote (their doorbell rings)
 
     @property
     def state(self) -> S:
@@ -88,8 +86,7 @@ def _moved(row: Row | None) -> Moved | None:
         return None
     terminal = S(row.state) in TERMINAL_STATES
     return Moved(row=row, release=True, terminal=terminal,
-                 deliveries=int(getattr(row, "webhooks_queued", 0) or 0),
-                 callback=S(row.state) == S.DONE and bool(row.callback_url))
+                 deliveries=int(getattr(row, "deliveries_queued", 0) or 0))
 
 
 def check_allowed(from_states: Iterable[S], to_state: S) -> None:
@@ -144,9 +141,9 @@ def _cas(
             _STATEMENTS[key] = stmt
         params = {f"v_{k}": v for k, v in vals.items()}
         params.update(_id=job_id, _attempt=attempt)
-    # A terminal state writes its webhook deliveries with the transition
-    # itself (app/infra/webhook_rows.py): never lost, never twice.
-    hooks = S(to_state) if S(to_state) in webhook_rows.EVENT_OF_STATE else None
+    # A terminal state writes its outbox rows with the transition itself
+    # (app/infra/outbox_rows.py): never lost, never twice.
+    hooks = S(to_state) if S(to_state) in outbox_rows.EVENT_OF_STATE else None
     side = None
     if alongside is not None:
         side, side_params = alongside
@@ -165,8 +162,8 @@ _COMBINED: dict[tuple, object] = {}
 def _combined(key: tuple | None, stmt, side, log_attempt: bool | str, hooks: S | None):
     """WITH moved AS (<the CAS> RETURNING *) [, side AS (<side> RETURNING 1)]
     [, logged AS (INSERT INTO asynch_task_attempt SELECT ... FROM moved)]
-    [, hook0/hook1 AS (INSERT the webhook deliveries FROM moved RETURNING id)]
-    SELECT moved.*[, <deliveries inserted> AS webhooks_queued] FROM moved --
+    [, hook0.. AS (INSERT the outbox rows FROM moved RETURNING id)]
+    SELECT moved.*[, <rows inserted> AS deliveries_queued] FROM moved --
     built once per shape.  PostgreSQL runs every data-modifying CTE exactly
     once, so the attempt log and the deliveries commit with the transition
     or not at all."""
@@ -188,11 +185,11 @@ def _combined(key: tuple | None, stmt, side, log_attempt: bool | str, hooks: S |
             log = insert(task_attempts).from_select(list(_ATTEMPT_COLS), rows)
             ctes.append(log.returning(literal_column("1")).cte("logged"))
         if hooks is not None:
-            made = [ins.returning(webhook_deliveries.c.id).cte(f"hook{i}")
-                    for i, ins in enumerate(webhook_rows.inserts(moved, hooks))]
+            made = [ins.returning(deliveries.c.id).cte(f"hook{i}")
+                    for i, ins in enumerate(outbox_rows.inserts(moved, hooks))]
             ctes.extend(made)
             counted = [select(func.count()).select_from(h).scalar_subquery() for h in made]
-            cols.append((counted[0] + counted[1]).label("webhooks_queued"))
+            cols.append(sum(counted[1:], counted[0]).label("deliveries_queued"))
         combined = select(*cols)
         for cte in ctes:
             combined = combined.add_cte(cte)

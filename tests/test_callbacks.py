@@ -9,16 +9,16 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from conftest import auth, job_row
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from stubs import CallbackReceiver, ConnectionSpy
 
-from app.callbacks import delivery as callbacks
-from app.callbacks import secrets as callback_secrets
+from app.delivery import outbox as callbacks
+from app.delivery import secrets as callback_secrets
 from app.clock import as_utc, now, set_clock
 from app.config import set_settings
 from app.infra.db import transaction
 from app.infra.http import netguard
-from app.infra.tables import callbacks as callbacks_table
+from app.infra.tables import deliveries as callbacks_table
 from app.jobs import execution
 from app.jobs import service as jobs
 from app.tenancy.keys import Principal
@@ -121,7 +121,7 @@ def test_a_receiver_failing_3_times_then_succeeding_gets_the_callback(make_model
         t[0] += timedelta(seconds=out.retry_in + 0.01)
     assert callbacks.deliver(cid).status == "delivered"
     assert len(receiver.requests) == 4 and receiver.requests[-1]["path"] == "/hook"
-    view = callbacks.delivery_view(P, job_id)
+    view = callbacks.callback_view(P, job_id)
     assert view["status"] == "delivered" and view["attempts"] == 4
     assert [e["http_status"] for e in view["log"]] == [500, 503, 502, 200]
     assert [e["error"] for e in view["log"]][:3] == ["HTTP 500", "HTTP 503", "HTTP 502"]
@@ -138,7 +138,7 @@ def test_attempts_are_bounded(make_model, receiver, settings):
     assert callbacks.deliver(cid).status == "failed"
     t[0] += timedelta(hours=1)
     assert callbacks.deliver(cid).status == "skipped"
-    assert len(receiver.requests) == 2 and callbacks.delivery_view(P, job_id)["status"] == "failed"
+    assert len(receiver.requests) == 2 and callbacks.callback_view(P, job_id)["status"] == "failed"
 
 
 def test_redirects_are_not_followed(make_model, receiver, spy):
@@ -147,7 +147,7 @@ def test_redirects_are_not_followed(make_model, receiver, spy):
     job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
     out = callbacks.deliver(cid)
     assert out.status == "retry"
-    assert callbacks.delivery_view(P, job_id)["log"][0]["error"] == "HTTP 302 (redirects are not followed)"
+    assert callbacks.callback_view(P, job_id)["log"][0]["error"] == "HTTP 302 (redirects are not followed)"
     assert len(receiver.requests) == 1 and spy.accepted == 0
 
 
@@ -212,7 +212,7 @@ def test_delivery_rechecks_the_address_and_never_connects(make_model, settings, 
         job_id, cid = done_with_callback(make_model, f"http://{form}:{spy.port}/cb")
         set_settings(settings.with_overrides(callback_allow_hosts=""))
         assert callbacks.deliver(cid).status == "failed"  # a refused target is not retried
-        (entry,) = callbacks.delivery_view(P, job_id)["log"]
+        (entry,) = callbacks.callback_view(P, job_id)["log"]
         assert entry["error"].startswith("refused: resolves to a refused address") and entry["address"] is None
         assert spy.accepted == 0 and (v6 is None or v6.accepted == 0)
     finally:
@@ -226,33 +226,30 @@ def test_delivery_refuses_private_and_metadata_targets(make_model, settings, url
     job_id, cid = done_with_callback(make_model, url)
     set_settings(settings.with_overrides(callback_allow_hosts=""))
     assert callbacks.deliver(cid).status == "failed"
-    (entry,) = callbacks.delivery_view(P, job_id)["log"]
+    (entry,) = callbacks.callback_view(P, job_id)["log"]
     assert entry["address"] is None and "refused address" in entry["error"]
 
 
-def test_the_sweep_backfills_a_lost_callback_and_revives_an_abandoned_delivery(make_model, receiver):
+def test_the_done_transition_writes_the_callback_and_the_sweep_revives_an_abandoned_delivery(make_model,
+                                                                                               receiver):
     t = [now()]
     set_clock(lambda: t[0])
     job_id, cid = done_with_callback(make_model, receiver.url + "/hook")
-    # The winner died between its done commit and the callback insert:
-    with transaction() as conn:
-        conn.execute(delete(callbacks_table).where(callbacks_table.c.id == cid))
-    assert callbacks.deliver_due_callbacks()["backfilled"] == 0  # within the winner's grace
-    t[0] += timedelta(minutes=2)
-    rep = callbacks.deliver_due_callbacks()
-    assert rep["backfilled"] == 1 and rep["published"] == 1
+    # The row committed with the done transition itself (one statement): no
+    # window in which a job is done without its callback, nothing to backfill.
+    assert callbacks.deliver_due()["published"] == 1  # due now: a token for it
     with transaction() as conn:
         cb = conn.execute(select(callbacks_table).where(callbacks_table.c.job_id == job_id)).one()
         # A worker claims the delivery and dies before recording anything.
-        assert callbacks.claim_delivery(conn, cb.id, t[0]) is not None
+        assert callbacks.claim(conn, t[0], cb.id) is not None
     assert callbacks.deliver(cb.id).status == "skipped"  # its lease still holds
-    assert callbacks.deliver_due_callbacks()["published"] == 0
+    assert callbacks.deliver_due()["published"] == 0
     t[0] += timedelta(minutes=5)
-    assert callbacks.deliver_due_callbacks()["published"] == 1
+    assert callbacks.deliver_due()["published"] == 1
     assert callbacks.deliver(cb.id).status == "delivered"
-    view = callbacks.delivery_view(P, job_id)
+    view = callbacks.callback_view(P, job_id)
     assert view["attempts"] == 2 and [e["attempt"] for e in view["log"]] == [2]
-    assert view["delivered_at"] == as_utc(t[0]).isoformat().replace("+00:00", "Z")
+    assert as_utc(view["delivered_at"]) == as_utc(t[0])
 
 
 def test_urls_with_a_query_keep_it_and_biz_names_are_escaped(make_model, receiver):
@@ -264,7 +261,7 @@ def test_urls_with_a_query_keep_it_and_biz_names_are_escaped(make_model, receive
     assert dict(parse_qsl(urlsplit(callbacks.callback_url_for(job_row(job_id))).query))["token"] == "abc"
 
 
-# --- the attempt cap (ASYNCH_CALLBACK_MAX_ATTEMPTS) and the delivery metric ---------------
+# --- the attempt cap (ASYNCH_DELIVERY_MAX_ATTEMPTS) and the delivery metric ---------------
 
 def _row(cid: int):
     with transaction() as conn:
@@ -278,7 +275,8 @@ def _counted() -> dict[str, float]:
     from app.infra import metrics
 
     return {f"{s.labels['model']}|{s.labels['outcome']}": s.value
-            for fam in metrics._CALLBACKS.collect() for s in fam.samples if s.name.endswith("_total")}
+            for fam in metrics._DELIVERIES.collect() for s in fam.samples
+            if s.name.endswith("_total") and s.labels["kind"] == "callback"}
 
 
 def _settled(r, reset: bool = False) -> dict:
@@ -301,7 +299,7 @@ def _abandoned_at_the_cap(make_model, receiver, settings, r, t) -> tuple[str, in
     assert callbacks.deliver(cid).status == "retry"
     t[0] += timedelta(hours=1)
     with transaction() as conn:
-        assert callbacks.claim_delivery(conn, cid, t[0]).attempts == 2
+        assert callbacks.claim(conn, t[0], cid).attempts == 2
     t[0] += timedelta(hours=1)  # its lease expired long ago
     return job_id, cid
 
@@ -311,7 +309,7 @@ def test_a_stuck_delivery_at_the_cap_is_failed_by_its_next_message_not_sent_agai
     t = [now()]
     job_id, cid = _abandoned_at_the_cap(make_model, receiver, settings, r, t)
     with transaction() as conn:
-        assert callbacks.claim_delivery(conn, cid, t[0]) is None  # the claim never takes it
+        assert callbacks.claim(conn, t[0], cid) is None  # the claim never takes it
     assert _row(cid).status == "sending"
     assert callbacks.deliver(cid).status == "failed"
     cb = _row(cid)
@@ -325,10 +323,10 @@ def test_a_stuck_delivery_at_the_cap_is_failed_by_its_next_message_not_sent_agai
 def test_the_sweep_fails_stuck_deliveries_at_the_cap_instead_of_republishing_them(make_model, receiver, settings, r):
     t = [now()]
     job_id, cid = _abandoned_at_the_cap(make_model, receiver, settings, r, t)
-    rep = callbacks.deliver_due_callbacks()
+    rep = callbacks.deliver_due()
     assert (rep["failed"], rep["published"]) == (1, 0)
     assert _row(cid).status == "failed" and _settled(r) == {"m|failed": "1"}
-    assert callbacks.deliver_due_callbacks()["failed"] == 0
+    assert callbacks.deliver_due()["failed"] == 0
 
 
 def test_a_lowered_cap_ends_pending_deliveries_that_used_it_up(make_model, receiver, settings, r):
@@ -347,7 +345,7 @@ def test_a_lowered_cap_ends_pending_deliveries_that_used_it_up(make_model, recei
     _, other = done_with_callback(None, receiver.url + "/hook", biz="b2")
     with transaction() as conn:
         conn.execute(callbacks_table.update().where(callbacks_table.c.id == other).values(attempts=2))
-    assert callbacks.deliver_due_callbacks()["failed"] == 1 and _row(other).status == "failed"
+    assert callbacks.deliver_due()["failed"] == 1 and _row(other).status == "failed"
     assert len(receiver.requests) == 2 and _settled(r) == {"m|failed": "2"}
 
 

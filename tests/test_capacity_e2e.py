@@ -7,7 +7,7 @@ stub model over HTTP, the tarpit on a socket.
 Tenant B's 20 jobs are timed twice in the same test: idle, then while
 tenant A's 8 callbacks stall the callback processes; the second run must
 finish within 3x the first + 2 s.  Every tarpit attempt must have cost at
-most ASYNCH_CALLBACK_TIMEOUT_SECONDS + SLACK (asynch_callback_attempt.duration_ms).
+most ASYNCH_DELIVERY_TIMEOUT_SECONDS + SLACK (asynch_delivery_attempt.duration_ms).
 With callbacks on the job queue, or with a per-read timeout instead of a
 deadline, this test fails."""
 from __future__ import annotations
@@ -21,8 +21,9 @@ from tarpit import Tarpit
 
 from app.config import set_settings
 from app.infra.db import transaction
-from app.infra.tables import callback_attempts, tasks
-from app.infra.tables import callbacks as callbacks_table
+from app.infra.tables import deliveries as callbacks_table
+from app.infra.tables import delivery_attempts as callback_attempts
+from app.infra.tables import tasks
 from app.jobs import service as jobs
 from app.states import JobState
 from app.tenancy.keys import Principal

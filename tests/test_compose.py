@@ -443,19 +443,10 @@ def test_jobs_and_callbacks_have_separate_queues_and_pools(services):
     queue only, and the callback tasks are routed there."""
     from app.cli.processes import callback_worker_argv, worker_argv
     from app.config import get_settings
-    from app.infra.celery_config import (
-        DELIVER_CALLBACK_TASK,
-        DELIVER_DUE_CALLBACKS_TASK,
-        DELIVER_DUE_WEBHOOKS_TASK,
-        DELIVER_JOB_WEBHOOKS_TASK,
-        DELIVER_WEBHOOK_TASK,
-        RUN_JOB_TASK,
-        celery_settings,
-        queue_for,
-    )
+    from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, RUN_JOB_TASK, celery_settings, queue_for
 
     default = load_settings({})
-    assert default.callback_queue_name == "asynch-callbacks" and default.callback_queue_name != default.queue_name
+    assert default.delivery_queue_name == "asynch-callbacks" and default.delivery_queue_name != default.queue_name
     s = get_settings()
     w = resolve_asynch(service_argv(services["worker"])).make_context("worker", service_argv(services["worker"])[2:])
     assert w.params["queues"] is None, "worker: must consume the job queue (its default), not -Q a list"
@@ -465,20 +456,19 @@ def test_jobs_and_callbacks_have_separate_queues_and_pools(services):
 
     assert consumed(worker_argv(2)) == [s.queue_name]
     cb_argv = callback_worker_argv(2)
-    assert consumed(cb_argv) == [s.callback_queue_name]
+    assert consumed(cb_argv) == [s.delivery_queue_name]
     # Its own node name: the healthcheck pings it, and it differs from the job worker's.
     node = cb_argv[cb_argv.index("-n") + 1]
     assert node.split("@")[0] in json.dumps(services["callbacks"]["healthcheck"])
     assert "-n" not in worker_argv(2) and "celery@" in json.dumps(services["worker"]["healthcheck"])
-    for task in (DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, DELIVER_WEBHOOK_TASK, DELIVER_JOB_WEBHOOKS_TASK,
-                 DELIVER_DUE_WEBHOOKS_TASK):
-        assert queue_for(task, s) == s.callback_queue_name
-        assert celery_settings(s)["task_routes"][task]["queue"] == s.callback_queue_name
+    for task in (DELIVER_TASK, DELIVER_DUE_TASK):
+        assert queue_for(task, s) == s.delivery_queue_name
+        assert celery_settings(s)["task_routes"][task]["queue"] == s.delivery_queue_name
     assert queue_for(RUN_JOB_TASK, s) == s.queue_name
     from beat_schedule import build_schedule
     sched = build_schedule(s)
-    on_callbacks = {"deliver-callbacks", "deliver-webhooks"}
-    assert all(sched[k]["options"]["queue"] == s.callback_queue_name for k in on_callbacks)
+    on_callbacks = {"deliver"}
+    assert all(sched[k]["options"]["queue"] == s.delivery_queue_name for k in on_callbacks)
     assert all(e["options"]["queue"] == s.queue_name for k, e in sched.items() if k not in on_callbacks)
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from app.config import Settings, env_names, load_settings
+from app.config import ALIASES, Settings, env_names, load_settings
 
 DOCS_PATH = ROOT / "docs" / "operations.md"
 ASYNCH_VAR = re.compile(r"\bASYNCH_[A-Z0-9_]+\b")
@@ -22,7 +22,7 @@ def _doc_default(v) -> str:
 
 def test_operations_doc_lists_every_setting_once_with_its_default_and_nothing_else():
     text = DOCS_PATH.read_text()
-    unknown = set(ASYNCH_VAR.findall(text)) - set(env_names().values())
+    unknown = set(ASYNCH_VAR.findall(text)) - set(env_names().values()) - set(ALIASES)
     assert not unknown, f"docs/operations.md names ASYNCH_ variables that do not exist: {sorted(unknown)}"
     rows: dict[str, list[str]] = {}
     for var, rest in ROW.findall(text):
@@ -104,3 +104,18 @@ def test_conflicting_settings_are_refused_as_before():
         load_settings({"ASYNCH_BROKER_URL": "redis+cluster://127.0.0.1:7000"})
     with pytest.raises(ValueError, match="key or gateway"):
         load_settings({"ASYNCH_AUTH_MODE": "open"})
+
+
+def test_a_renamed_setting_reads_its_old_variable_and_the_new_name_wins():
+    """ASYNCH_CALLBACK_* are aliases of the outbox's ASYNCH_DELIVERY_* settings
+    (docs/operations.md names each in its row)."""
+    assert ALIASES["ASYNCH_CALLBACK_MAX_ATTEMPTS"] == "ASYNCH_DELIVERY_MAX_ATTEMPTS"
+    assert load_settings({"ASYNCH_CALLBACK_MAX_ATTEMPTS": "3"}).delivery_max_attempts == 3
+    assert load_settings({"ASYNCH_CALLBACK_ALLOW_HOSTS": "a", "ASYNCH_DELIVERY_ALLOW_HOSTS": "b"}).delivery_allow_hosts == "b"
+    with pytest.raises(ValueError, match="ASYNCH_DELIVERY_TIMEOUT_SECONDS must be a number"):
+        load_settings({"ASYNCH_CALLBACK_TIMEOUT_SECONDS": "soon"})
+    assert Settings().with_overrides(callback_queue_name="q").delivery_queue_name == "q"
+    text = DOCS_PATH.read_text()
+    for old, new in ALIASES.items():
+        row = next(r for v, r in ROW.findall(text) if v == new)
+        assert f"`{old}`" in row, f"docs/operations.md: the row of {new} names its alias {old}"

@@ -26,7 +26,7 @@ from sqlalchemy import func, insert, select
 from app.clock import now as clock_now
 from app.infra.db import transaction
 from app.infra.redis import leader
-from app.infra.tables import callback_attempts, callbacks, tasks, webhook_attempts, webhook_deliveries
+from app.infra.tables import deliveries, delivery_attempts, tasks
 from app.maintenance import passes, periodic
 
 try:
@@ -273,20 +273,20 @@ def _delivery_log(job_id: str, tenant: str) -> None:
     """A callback that failed once, then went through, as the delivery worker records it."""
     now = clock_now()
     with transaction() as conn:
-        cid = conn.execute(insert(callbacks).values(
-            job_id=job_id, tenant_id=tenant, url="http://hooks.example/done?task_id=" + job_id, status="delivered",
+        cid = conn.execute(insert(deliveries).values(
+            kind="callback", event="done", job_id=job_id, tenant_id=tenant, url="http://hooks.example/done?task_id=" + job_id, status="delivered",
             attempts=2, next_attempt_at=now, delivered_at=now, created_at=now, updated_at=now)
-            .returning(callbacks.c.id)).scalar_one()
-        conn.execute(insert(callback_attempts), [
-            {"callback_id": cid, "attempt": 1, "started_at": now - timedelta(seconds=5), "duration_ms": 31,
+            .returning(deliveries.c.id)).scalar_one()
+        conn.execute(insert(delivery_attempts), [
+            {"delivery_id": cid, "attempt": 1, "started_at": now - timedelta(seconds=5), "duration_ms": 31,
              "address": "203.0.113.7", "http_status": 503, "error": "HTTP 503 from the receiver"},
-            {"callback_id": cid, "attempt": 2, "started_at": now, "duration_ms": 12, "address": "203.0.113.7",
+            {"delivery_id": cid, "attempt": 2, "started_at": now, "duration_ms": 12, "address": "203.0.113.7",
              "http_status": 200, "error": None}])
-        wid = conn.execute(insert(webhook_deliveries).values(
-            job_id=job_id, tenant_id=tenant, subscription_id=0, event="done", url="http://hooks.example/wh",
+        wid = conn.execute(insert(deliveries).values(
+            kind="webhook", job_id=job_id, tenant_id=tenant, subscription_id=0, event="done", url="http://hooks.example/wh",
             status="failed", attempts=1, next_attempt_at=now, last_error="HTTP 410 from the receiver",
-            created_at=now, updated_at=now).returning(webhook_deliveries.c.id)).scalar_one()
-        conn.execute(insert(webhook_attempts).values(delivery_id=wid, attempt=1, started_at=now, duration_ms=9,
+            created_at=now, updated_at=now).returning(deliveries.c.id)).scalar_one()
+        conn.execute(insert(delivery_attempts).values(delivery_id=wid, attempt=1, started_at=now, duration_ms=9,
                                                      address="203.0.113.8", http_status=410,
                                                      error="HTTP 410 from the receiver"))
 

@@ -214,8 +214,9 @@ def world(make_model, client):
     from app.config import get_settings, set_settings
     from app.infra.db import transaction
     from app.infra.storage import get_storage
-    from app.infra.tables import api_keys, webhook_deliveries
-    from app.webhooks import subscriptions
+    from app.delivery import subscriptions
+    from app.infra.tables import api_keys
+    from app.infra.tables import deliveries as webhook_deliveries
     from app.jobs import service as jobs
     from app.jobs import stats
     from app.jobs import effects
@@ -244,9 +245,10 @@ def world(make_model, client):
         row = transitions.complete(conn, done, 1, location=loc, content_type="application/json", size=len(body))
         stats.count_call(conn, now().date(), A, "", MODEL)
         # The done transition wrote A's webhook delivery; it failed (a replay's target).
-        a_delivery = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.job_id == done)
+        a_delivery = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.job_id == done,
+                                                                         webhook_deliveries.c.kind == "webhook")
                                   .values(status="failed", attempts=3).returning(webhook_deliveries.c.id)).scalar_one()
-    effects.run(row)  # the slot back, the callback row scheduled
+    effects.run(row)  # the slot back, the deliveries' bell rung
     assert client.get(f"/v1/tenants/{A}/callback-secret", headers=auth(key_a)).status_code == 200
     return {"admin": admin, "a": key_a, "b": key_b, "pending": pending, "done": done, "model": MODEL,
             "a_key_id": a_key_id, "a_webhook": a_webhook, "a_delivery": a_delivery}

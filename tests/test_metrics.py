@@ -41,8 +41,8 @@ def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings
     assert client.post(ok.get_json()["poll_url"] + "/cancel", headers=h).status_code == 200
     r.set("asynch:runtime:queue_limit:{idle}", 5)
     r.set("asynch:runtime:max_concurrency:{idle}", 2)
-    metrics.callback_delivered("echo", True)
-    metrics.callback_delivered("echo", False)
+    metrics.delivery_settled("callback", "echo", True)
+    metrics.delivery_settled("webhook", "echo", False)
 
     resp = client.get("/metrics")
     assert resp.status_code == 200 and resp.content_type.startswith("text/plain")
@@ -58,8 +58,8 @@ def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings
     assert not any("ghost" in str(k) for k in sm)
     assert delta("asynch_job_duration_seconds_count", model="echo", state="canceled") == 1
     assert delta("asynch_job_duration_seconds_bucket", model="echo", state="canceled", le="+Inf") == 1
-    assert delta("asynch_callback_deliveries_total", model="echo", outcome="delivered") == 1
-    assert delta("asynch_callback_deliveries_total", model="echo", outcome="failed") == 1
+    assert delta("asynch_deliveries_total", kind="callback", model="echo", outcome="delivered") == 1
+    assert delta("asynch_deliveries_total", kind="webhook", model="echo", outcome="failed") == 1
     # A process's /metrics carries no cluster gauge: summing pods must not multiply one.
     assert not any(n.startswith(("asynch_jobs", "asynch_queue_", "asynch_worker", "asynch_metrics_source"))
                    for n, _ in sm)

@@ -17,7 +17,7 @@ import requests
 from conftest import WorkerProcess, auth, job_row, wait_until
 from stubs import CallbackReceiver, OssStub
 
-from app.callbacks import secrets as callback_secrets
+from app.delivery import secrets as callback_secrets
 from app.config import set_settings
 from app.infra.storage import ObjectMissing, OssStorage, StorageError, get_storage
 

@@ -15,8 +15,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from stubs import CallbackReceiver
 from test_callbacks import done_with_callback
 
-from app.callbacks import delivery as callbacks
-from app.callbacks import signing
+from app.delivery import outbox as callbacks
+from app.delivery import signing
 from app.clock import now, set_clock
 from app.config import set_settings
 from app.infra.db import transaction

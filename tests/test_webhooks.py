@@ -24,17 +24,19 @@ from conftest import WorkerProcess, auth, wait_until
 from sqlalchemy import func, select, update
 from standardwebhooks.webhooks import Webhook
 
-from app.callbacks import secrets as callback_secrets
+from app.delivery import outbox as webhooks
+from app.delivery import secrets as callback_secrets
 from app.cli import main as cli_main
 from app.config import set_settings
 from app.errors import Conflict
 from app.infra.db import transaction
-from app.infra.tables import tasks, webhook_attempts, webhook_deliveries, webhook_subscriptions
+from app.infra.tables import delivery_attempts as webhook_attempts
+from app.infra.tables import deliveries as webhook_deliveries
+from app.infra.tables import tasks, webhook_subscriptions
 from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import recovery
 from app.tenancy.keys import Principal
-from app.webhooks import delivery as webhooks
 
 A = Principal("tenant-a", "user", None)
 ADMIN = Principal("ops", "admin", None)
@@ -125,7 +127,8 @@ def submit(client, key: str, payload: dict, **headers) -> str:
 
 
 def deliveries(job_id: str | None = None) -> list:
-    q = select(webhook_deliveries).order_by(webhook_deliveries.c.created_at, webhook_deliveries.c.id)
+    q = select(webhook_deliveries).where(webhook_deliveries.c.kind == "webhook").order_by(
+        webhook_deliveries.c.created_at, webhook_deliveries.c.id)
     if job_id is not None:
         q = q.where(webhook_deliveries.c.job_id == job_id)
     with transaction() as conn:

@@ -4,29 +4,20 @@ Periodic tasks take the ``fence`` their beat stamped them with
 (app/maintenance/periodic.py); called without one they simply run."""
 from __future__ import annotations
 
-from app.callbacks import delivery as callbacks
+from app.delivery import outbox
 from app.errors import Unavailable
-from app.infra.celery_config import (
-    DELIVER_CALLBACK_TASK,
-    DELIVER_DUE_CALLBACKS_TASK,
-    DELIVER_DUE_WEBHOOKS_TASK,
-    DELIVER_JOB_WEBHOOKS_TASK,
-    DELIVER_WEBHOOK_TASK,
-    RUN_JOB_TASK,
-)
+from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, RUN_JOB_TASK
 from app.infra import metrics
 from app.jobs import execution
 from app.maintenance import autotune
 from app.maintenance import passes as maintenance
 from app.maintenance.periodic import run_periodic
-from app.webhooks import delivery as webhooks
 from workers import heartbeat
 from workers.celery_app import celery
 
 
-# max_retries=None: waiting for the database to come back (or a callback's
-# next try) is not bounded by Celery's retry count; the job's budget and the
-# callback's max attempts bound it.  A message only exists once the job was
+# max_retries=None: waiting for the database to come back is not bounded by
+# Celery's retry count; the job's budget bounds it.  A message only exists once the job was
 # dispatched with its tenant's permit (app/jobs/dispatch.py): no polling here.
 @celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
              max_retries=None)
@@ -61,36 +52,15 @@ def autotune_models(fence: dict | None = None) -> dict:
     return run_periodic("autotune", fence, autotune.autotune)
 
 
-# Callback deliveries and their sweep run on the callback queue
-# (celery_config.queue_for / task_routes; retries stay there too), consumed
-# only by `asynch callback-worker`: a stalling receiver never holds a job worker.
-@celery.task(name=DELIVER_CALLBACK_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
-def deliver_callback(self, callback_id: int) -> str:
-    out = callbacks.deliver(callback_id)
-    if out.status == "retry":
-        raise self.retry(countdown=out.retry_in)
-    return out.status
+# The outbox (app/delivery/outbox.py) runs on the delivery queue
+# (celery_config.queue_for / task_routes), consumed only by `asynch
+# callback-worker`: a stalling receiver never holds a job worker.  A token
+# names no row (None) or, for tests and old doorbells, one.
+@celery.task(name=DELIVER_TASK, acks_late=True, ignore_result=True)
+def deliver(delivery_id: int | None = None) -> str:
+    return outbox.pump(delivery_id)
 
 
-@celery.task(name=DELIVER_DUE_CALLBACKS_TASK, ignore_result=True)
-def deliver_due_callbacks(fence: dict | None = None) -> dict:
-    return run_periodic("deliver_callbacks", fence, callbacks.deliver_due_callbacks)
-
-
-# Webhooks (app/webhooks/delivery.py): on the callback queue as callbacks are.
-@celery.task(name=DELIVER_WEBHOOK_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
-def deliver_webhook(self, delivery_id: int) -> str:
-    out = webhooks.deliver(delivery_id)
-    if out.status == "retry":
-        raise self.retry(countdown=out.retry_in)
-    return out.status
-
-
-@celery.task(name=DELIVER_JOB_WEBHOOKS_TASK, ignore_result=True)
-def deliver_job_webhooks(job_id: str) -> int:
-    return webhooks.fan_out(job_id)
-
-
-@celery.task(name=DELIVER_DUE_WEBHOOKS_TASK, ignore_result=True)
-def deliver_due_webhooks(fence: dict | None = None) -> dict:
-    return run_periodic("deliver_webhooks", fence, webhooks.deliver_due)
+@celery.task(name=DELIVER_DUE_TASK, ignore_result=True)
+def deliver_due(fence: dict | None = None) -> dict:
+    return run_periodic("deliver", fence, outbox.deliver_due)

@@ -22,8 +22,8 @@ from app.tenancy import keys as key_service
 from app.tenancy import limits
 from app.tenancy.keys import OPERATOR
 from app.tenancy.schemas import ApiKeyView, TenantLimitsInput
-from app.webhooks import delivery as webhook_delivery
-from app.webhooks.schemas import WebhookDelivery
+from app.delivery import outbox
+from app.delivery.schemas import WebhookDelivery
 
 
 def _echo(shape, indent: int | None = None) -> None:
@@ -262,7 +262,7 @@ def callbacks() -> None:
                                   "the same webhook-id and body, a fresh attempt budget.")
 @click.argument("delivery_id", type=click.IntRange(min=0))
 def callbacks_replay(delivery_id: int) -> None:
-    _echo(WebhookDelivery.of(webhook_delivery.replay(OPERATOR, delivery_id)))
+    _echo(WebhookDelivery.of(outbox.replay(OPERATOR, delivery_id)))
 
 
 @click.group(cls=DomainGroup, help="Secrets at rest (head_msg values, callback secrets): key rotation.")

@@ -120,7 +120,7 @@ def callback_worker(concurrency: int) -> None:
 
 def callback_worker_argv(concurrency: int = 2) -> list[str]:
     # Its own node name: a job worker on the same host keeps celery@%h.
-    return worker_argv(concurrency, get_settings().callback_queue_name, node="callbacks@%h")
+    return worker_argv(concurrency, get_settings().delivery_queue_name, node="callbacks@%h")
 
 
 def beat_argv(schedule_file: str = "celerybeat-schedule") -> list[str]:

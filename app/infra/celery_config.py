@@ -2,9 +2,9 @@
 both agree on the broker, the queues and their options.
 
 Two queues: the job queue (run_job and maintenance; `asynch worker`) and
-the callback queue (deliveries and their sweep; `asynch callback-worker`).
-A receiver that stalls ties up callback processes only: job workers never
-take a delivery.  ``queue_for`` is the one routing rule; task_routes says
+the delivery queue (the outbox's pump tokens and its sweep; `asynch
+callback-worker`).  A receiver that stalls ties up delivery processes only:
+job workers never take a delivery.  ``queue_for`` is the one routing rule; task_routes says
 the same to Celery itself (retries, beat)."""
 from __future__ import annotations
 
@@ -13,21 +13,17 @@ from kombu import Queue
 from app.config import Settings
 
 RUN_JOB_TASK = "asynch.run_job"
-DELIVER_CALLBACK_TASK = "asynch.deliver_callback"
-DELIVER_DUE_CALLBACKS_TASK = "asynch.deliver_due_callbacks"
-# Webhooks (app/webhooks/): one delivery, a terminal job's doorbell (fans
-# out to its deliveries), the sweep.  On the callback queue as callbacks are.
-DELIVER_WEBHOOK_TASK = "asynch.deliver_webhook"
-DELIVER_JOB_WEBHOOKS_TASK = "asynch.deliver_job_webhooks"
-DELIVER_DUE_WEBHOOKS_TASK = "asynch.deliver_due_webhooks"
+# The outbox (app/delivery/outbox.py): a pump token (delivers the fairest
+# due row, then the next, until none is), and the sweep.
+DELIVER_TASK = "asynch.deliver"
+DELIVER_DUE_TASK = "asynch.deliver_due"
 MAX_PRIORITY = 9
-CALLBACK_TASKS = frozenset({DELIVER_CALLBACK_TASK, DELIVER_DUE_CALLBACKS_TASK, DELIVER_WEBHOOK_TASK,
-                            DELIVER_JOB_WEBHOOKS_TASK, DELIVER_DUE_WEBHOOKS_TASK})
+DELIVERY_TASKS = frozenset({DELIVER_TASK, DELIVER_DUE_TASK})
 
 
 def queue_for(task: str, s: Settings) -> str:
     """The queue a task's messages go to."""
-    return s.callback_queue_name if task in CALLBACK_TASKS else s.queue_name
+    return s.delivery_queue_name if task in DELIVERY_TASKS else s.queue_name
 
 
 def celery_settings(s: Settings) -> dict:
@@ -44,9 +40,9 @@ def celery_settings(s: Settings) -> dict:
         },
         "task_default_queue": s.queue_name,
         "task_queues": [Queue(q, routing_key=q, queue_arguments={"x-max-priority": MAX_PRIORITY})
-                        for q in (s.queue_name, s.callback_queue_name)],
-        "task_routes": {t: {"queue": s.callback_queue_name, "routing_key": s.callback_queue_name}
-                        for t in sorted(CALLBACK_TASKS)},
+                        for q in (s.queue_name, s.delivery_queue_name)],
+        "task_routes": {t: {"queue": s.delivery_queue_name, "routing_key": s.delivery_queue_name}
+                        for t in sorted(DELIVERY_TASKS)},
         "task_queue_max_priority": MAX_PRIORITY,
         # Invariant 6: at-least-once delivery, one message in hand at a time.
         "task_acks_late": True,

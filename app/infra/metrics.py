@@ -30,7 +30,7 @@ Callers:
   wait_parked                      app.infra.parking
   job_finished                     app.jobs.effects.run (every terminal winner)
   model_call                       app.jobs.execution (each call that reached the model)
-  callback_delivered(model, ok)    the callback sender, once per callback when settled (delivered or failed for good)
+  delivery_settled(kind, model, ok)  the outbox, once per delivery when settled (delivered or failed for good)
   waiters(+1/-1) / wait_refused    app.infra.wakeups (a wait registered / ended / refused at a cap)
   worker_heartbeat / worker_consumed / worker_stopped   workers/heartbeat.py
   group_env / prepare_group_dir / process_dead / cleanup_group_dir
@@ -95,8 +95,8 @@ _ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by su
                       registry=_REGISTRY)
 _REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason "
                       "(queue_full, invalid, not_found, unavailable, error)", ["model", "reason"], registry=_REGISTRY)
-_CALLBACKS = Counter("asynch_callback_deliveries", "callbacks settled, by outcome (delivered / failed for good)", ["model", "outcome"],
-                     registry=_REGISTRY)
+_DELIVERIES = Counter("asynch_deliveries", "outbox deliveries settled, by kind (callback / webhook) and outcome "
+                      "(delivered / failed for good)", ["kind", "model", "outcome"], registry=_REGISTRY)
 _DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit taken, a run_job message "
                       "sent), by tenant: the fair dispatcher's decisions", ["model", "tenant"], registry=_REGISTRY)
 _RUN_JOB = Counter("asynch_run_job_messages", "run_job messages a worker took, by what came of them "
@@ -223,9 +223,9 @@ def model_call(model: str, seconds: float, ok: bool) -> None:
 
 
 @_never_raise
-def callback_delivered(model: str, ok: bool) -> None:
-    """One callback delivery attempt: ok=True delivered, False failed."""
-    _CALLBACKS.labels(model, "delivered" if ok else "failed").inc()
+def delivery_settled(kind: str, model: str, ok: bool) -> None:
+    """One delivery settled: ok=True delivered, False failed for good."""
+    _DELIVERIES.labels(kind, model, "delivered" if ok else "failed").inc()
 
 
 # --- worker liveness (Redis; rendered by app/observe/cluster.py) ------------------------

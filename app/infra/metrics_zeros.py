@@ -8,7 +8,7 @@ Invariants:
   true (a 0 adds nothing); in memory mode to its memory.  Once per process
   and label set: a later scrape only adds the models configured since.
 - Known in advance: per configured model, its final states, rejection
-  reasons, call and callback outcomes; per target, the caps and the run_job
+  reasons, call and delivery outcomes (by kind); per target, the caps and the run_job
   outcomes.  A family whose labels come only with traffic (dispatched: the
   tenants) is listed by its HELP and TYPE alone.
 - A database that does not answer costs the per-model zeros of that scrape,
@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from itertools import product
 
 from sqlalchemy import select
 
@@ -35,7 +36,7 @@ FAMILIES = {
     "api": ("asynch_admissions", "asynch_rejections", "asynch_job_duration_seconds", "asynch_dispatched",
             "asynch_waiters", "asynch_waits_refused", "asynch_waits_parked"),
     "node": ("asynch_model_call_duration_seconds", "asynch_job_duration_seconds", "asynch_dispatched",
-             "asynch_run_job_messages", "asynch_callback_deliveries"),
+             "asynch_run_job_messages", "asynch_deliveries"),
 }
 REASONS = ("queue_full", "tenant_share", "deadline", "invalid", "unavailable", "error")  # m.rejection_reason's, by model
 FINAL_STATES = tuple(JobState[s].label for s in ("DONE", "FAILED", "TIMEOUT", "CANCELED", "EXPIRED"))
@@ -84,8 +85,8 @@ def _seed(target: str, model_names: list[str]) -> None:
         else:
             for outcome in ("ok", "error"):
                 m._CALL_DURATION.labels(name, outcome)
-            for outcome in ("delivered", "failed"):
-                m._CALLBACKS.labels(name, outcome)
+            for kind, outcome in product(("callback", "webhook"), ("delivered", "failed")):
+                m._DELIVERIES.labels(kind, name, outcome)
         _seeded.add((target, name))
 
 

@@ -137,7 +137,7 @@ tasks = Table(
     # When a pending retry was published at high priority (revision 0003).
     Column("promoted_at", TS, nullable=True),
     # The job's own webhook (revision 0015): a JSON POST on each terminal
-    # state whose bit is in webhook_events (app/infra/webhook_rows.py EVENT_BITS).
+    # state whose bit is in webhook_events (app/infra/outbox_rows.py EVENT_BITS).
     Column("webhook_url", Text, nullable=True),
     Column("webhook_events", SmallInteger, nullable=True),
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it (revision 0005).
@@ -212,44 +212,8 @@ BigId = BigInteger()
 # (revision 0017; exact as a JSON number).
 RANDOM_ID = text("(floor(random() * 9007199254740990) + 1)::bigint")
 
-# One callback per done job with a callbackUrl (seed 002), delivered at least
-# once: pending -> sending (a lease) -> delivered | pending (backoff) | failed.
-callbacks = Table(
-    "asynch_callback", metadata,
-    Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
-    Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False, unique=True),
-    Column("tenant_id", String(64), nullable=False),
-    # The exact URL requested (and signed): callbackUrl/bizName?task_id&state&oss_file&file_type.
-    Column("url", Text, nullable=False),
-    Column("status", String(16), nullable=False),
-    Column("attempts", Integer, nullable=False, server_default="0"),
-    Column("next_attempt_at", TS, nullable=False),
-    Column("lease_until", TS, nullable=True),
-    Column("last_error", Text, nullable=True),
-    Column("delivered_at", TS, nullable=True),
-    Column("created_at", TS, nullable=False),
-    Column("updated_at", TS, nullable=False),
-    # The sweep: due pending deliveries, and sending ones whose lease ran out.
-    Index("ix_asynch_callback_status_next", "status", "next_attempt_at"),
-    Index("ix_asynch_callback_status_lease", "status", "lease_until"),
-)
-
-# The delivery log: one row per attempt.
-callback_attempts = Table(
-    "asynch_callback_attempt", metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("callback_id", BigId, ForeignKey("asynch_callback.id", ondelete="CASCADE"), nullable=False),
-    Column("attempt", Integer, nullable=False),
-    Column("started_at", TS, nullable=False),
-    Column("duration_ms", Integer, nullable=False),
-    Column("address", String(64), nullable=True),
-    Column("http_status", Integer, nullable=True),
-    Column("error", Text, nullable=True),
-    Index("ix_asynch_callback_attempt_callback", "callback_id", "attempt"),
-)
-
 # Webhooks (revision 0015): a tenant's subscriptions (URL, event bits, its
-# own whsec_ secret encrypted with app/infra/secretbox.py) ...
+# own whsec_ secret encrypted with app/infra/secretbox.py).
 webhook_subscriptions = Table(
     "asynch_webhook_subscription", metadata,
     Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
@@ -261,19 +225,23 @@ webhook_subscriptions = Table(
     Index("ix_asynch_webhook_subscription_tenant", "tenant_id"),
 )
 
-# ... and one delivery per (job, receiver) for the terminal state the job
-# reached, inserted by the terminal transition's own statement
-# (app/transitions.py): subscription_id 0 is the job's own webhook.
-# pending -> sending (a lease) -> delivered | pending (backoff) | failed.
-webhook_deliveries = Table(
-    "asynch_webhook_delivery", metadata,
+# The outbox (revision 0021): one row per (job, receiver) a terminal
+# transition's own statement wrote (app/infra/outbox_rows.py), of either kind:
+# "callback" (the seed's GET on done, subscription_id 0) or "webhook" (a JSON
+# POST; subscription_id 0 is the job's own webhook).  pending -> sending (a
+# lease) -> delivered | pending (backoff) | failed (app/delivery/outbox.py).
+deliveries = Table(
+    "asynch_delivery", metadata,
     Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
+    Column("kind", String(16), nullable=False),
     Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False),
     Column("tenant_id", String(64), nullable=False),
     Column("subscription_id", BigInteger, nullable=False, server_default="0"),
     Column("event", String(16), nullable=False),
+    # The request as first sent, frozen at the first attempt (retries and
+    # replays send the same bytes): a callback's full URL (its payload is
+    # empty: the signature covers the request target), a webhook's JSON body.
     Column("url", Text, nullable=False),
-    # The JSON body, frozen at the first attempt (retries and replays send the same bytes).
     Column("payload", Text, nullable=True),
     Column("status", String(16), nullable=False),
     Column("attempts", Integer, nullable=False, server_default="0"),
@@ -283,22 +251,24 @@ webhook_deliveries = Table(
     Column("delivered_at", TS, nullable=True),
     Column("created_at", TS, nullable=False),
     Column("updated_at", TS, nullable=False),
-    UniqueConstraint("job_id", "subscription_id", name="uq_asynch_webhook_delivery_job_sub"),
-    Index("ix_asynch_webhook_delivery_status_next", "status", "next_attempt_at"),
-    Index("ix_asynch_webhook_delivery_status_lease", "status", "lease_until"),
+    UniqueConstraint("job_id", "kind", "subscription_id", name="uq_asynch_delivery_receiver"),
+    # The claim and the sweep: due pending rows, sending rows by lease (a tenant's in-flight count).
+    Index("ix_asynch_delivery_status_next", "status", "next_attempt_at"),
+    Index("ix_asynch_delivery_status_lease", "status", "tenant_id", "lease_until"),
 )
 
-webhook_attempts = Table(
-    "asynch_webhook_attempt", metadata,
+# The delivery log: one row per attempt.
+delivery_attempts = Table(
+    "asynch_delivery_attempt", metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("delivery_id", BigId, ForeignKey("asynch_webhook_delivery.id", ondelete="CASCADE"), nullable=False),
+    Column("delivery_id", BigId, ForeignKey("asynch_delivery.id", ondelete="CASCADE"), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("started_at", TS, nullable=False),
     Column("duration_ms", Integer, nullable=False),
     Column("address", String(64), nullable=True),
     Column("http_status", Integer, nullable=True),
     Column("error", Text, nullable=True),
-    Index("ix_asynch_webhook_attempt_delivery", "delivery_id", "attempt"),
+    Index("ix_asynch_delivery_attempt_delivery", "delivery_id", "attempt"),
 )
 
 # Per-tenant callback signing secrets, generated on first use.

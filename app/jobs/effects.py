@@ -20,8 +20,8 @@ Invariants:
 - Best effort: Redis or the broker being away never undoes the transition.
   Reconcile returns a slot, the wake-up listener's refetch and the waiters'
   budgets cover a missed wake-up, the delivery sweep rings a missed bell.
-- Nothing else calls dispatch.finished, metrics.job_finished, the delivery
-  doorbells or callbacks.schedule_for (tests/test_effects.py checks it).
+- Nothing else calls dispatch.finished or metrics.job_finished
+  (tests/test_effects.py checks it).
 """
 from __future__ import annotations
 
@@ -29,9 +29,8 @@ import logging
 from contextlib import contextmanager
 from typing import Iterator
 
-from app.callbacks import delivery as callbacks
 from app.infra import metrics
-from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
+from app.infra.celery_config import DELIVER_TASK
 from app.infra.publisher import publish_task
 from app.infra.wakeup_snapshot import snapshot_message
 from app.jobs import dispatch, estimates
@@ -74,8 +73,8 @@ def collecting() -> Iterator[Due]:
 def run(moved: Moved | None, cap: int | None = None) -> None:
     """The effects of one committed transition: its slots and permit back
     (the next job is dispatched) with, for a terminal state, its waiters
-    woken with the row's snapshot; its finish counted; its deliveries' bell
-    rung and its callback scheduled; a done attempt's run time measured."""
+    woken with the row's snapshot; its finish counted; its outbox rows' bell
+    rung; a done attempt's run time measured."""
     if moved is None:
         return
     row = moved.row
@@ -85,12 +84,8 @@ def run(moved: Moved | None, cap: int | None = None) -> None:
         dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
                           message=snapshot_message(row) if moved.terminal else "", cap=cap,
                           ran=estimates.ran_seconds(row) if moved.state == JobState.DONE else None)
-    if moved.deliveries:
-        # The deliveries committed with the transition; this rings their
-        # bell (a miss is the webhook sweep's, app/webhooks/delivery.py).
-        publish_task(DELIVER_JOB_WEBHOOKS_TASK, [row.id])
-    if moved.callback:
-        callbacks.schedule_for(row)
+    for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
+        publish_task(DELIVER_TASK, [])
 
 
 def release_stale_dispatch(model: str, tenant: str, job_id: str) -> None:

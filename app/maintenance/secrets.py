@@ -9,15 +9,17 @@ tenant webhooks' secrets (always encrypted) are re-encrypted too.
 """
 from __future__ import annotations
 
-from app.callbacks import secrets as callback_secrets
 from app.catalog import registry
+from app.delivery import secrets as tenant_secrets
 from app.infra.db import transaction
+from app.infra.tables import tenant_secrets as secrets_table
+from app.infra.tables import webhook_subscriptions
 
 
 def rotate_secrets() -> dict:
     with transaction() as conn:
         models = registry.reencrypt_head_msgs(conn)
-        tenants, plaintext = callback_secrets.reencrypt_all(conn)
-        webhooks = callback_secrets.reencrypt_webhook_secrets(conn)
+        tenants, plaintext = tenant_secrets.reencrypt(conn, secrets_table.c.tenant_id)
+        webhooks, _ = tenant_secrets.reencrypt(conn, webhook_subscriptions.c.id)
     return {"models": models, "callback_secrets": tenants, "callback_secrets_left_plaintext": plaintext,
             "webhook_secrets": webhooks}

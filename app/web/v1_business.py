@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app.callbacks import delivery as callbacks
-from app.callbacks import secrets as callback_secrets
-from app.callbacks.schemas import CallbackDelivery, TenantSecret
+from app.delivery import outbox
+from app.delivery import secrets as tenant_secrets
+from app.delivery.schemas import CallbackDelivery, TenantSecret
 from app.catalog import model_types
 from app.catalog.schemas import (
     ModelTypeInput,
@@ -71,10 +71,10 @@ def delete_type(type_id: int):
 def job_callback(job_id: str):
     principal = current_principal()
     jobs.get_job(principal, job_id)  # 404 for unknown and other tenants' jobs
-    view = callbacks.delivery_view(principal, job_id)
+    view = outbox.callback_view(principal, job_id)
     if view is None:
         raise NotFound(f"no callback for job: {job_id}")
-    return view
+    return CallbackDelivery.of(view)
 
 
 @bp.get("/tenants/<tenant>/callback-secret")
@@ -82,11 +82,11 @@ def job_callback(job_id: str):
           errors=(403, 422), ok=Ok(TenantSecret, "the secret"),
           description="A user key only for its own tenant (else 403); 422: not a tenant id.")
 def read_secret(tenant: str):
-    return TenantSecret.model_construct(**callback_secrets.read_secret(current_principal(), tenant))
+    return TenantSecret.model_construct(**tenant_secrets.read_secret(current_principal(), tenant))
 
 
 @bp.post("/tenants/<tenant>/callback-secret/rotate")
 @endpoint("Rotate a tenant's callback signing secret", tag="callbacks", auth="admin", path=_TENANT, errors=(422,),
           ok=Ok(TenantSecret, "the new secret"))
 def rotate_secret(tenant: str):
-    return TenantSecret.model_construct(**callback_secrets.rotate(tenant))
+    return TenantSecret.model_construct(**tenant_secrets.rotate(tenant))

@@ -1,6 +1,6 @@
 """v1 routes for webhooks: a tenant's subscriptions, a job's deliveries,
 and the replay of a failed delivery.  Parse and render only: the work is
-app/webhooks/."""
+app/delivery/."""
 from __future__ import annotations
 
 from flask import Blueprint
@@ -9,14 +9,13 @@ from app.errors import NotFound
 from app.tenancy.schemas import TENANT_PATTERN
 from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint
-from app.webhooks import delivery as webhooks
-from app.webhooks import subscriptions
-from app.webhooks.schemas import WebhookDelivery, WebhookDeliveryList, WebhookInput, WebhookList, WebhookView
+from app.delivery import outbox, subscriptions
+from app.delivery.schemas import WebhookDelivery, WebhookDeliveryList, WebhookInput, WebhookList, WebhookView
 
 bp = Blueprint("v1_webhooks", __name__, url_prefix="/v1")
 
 _TENANT = {"tenant": {"description": "tenant id", "schema": {"type": "string", "pattern": TENANT_PATTERN}}}
-_ID = {"schema": {"type": "integer", "minimum": 0, "maximum": webhooks.MAX_ID}}
+_ID = {"schema": {"type": "integer", "minimum": 0, "maximum": outbox.MAX_ID}}
 
 
 @bp.get("/tenants/<tenant>/webhooks")
@@ -51,7 +50,7 @@ def delete_webhook(tenant: str, webhook_id: int):
           path={"job_id": {"description": "job id (job_...)"}},
           description="404 for unknown jobs and other tenants' jobs; an empty list before a terminal state.")
 def job_webhooks(job_id: str):
-    views = webhooks.job_deliveries(current_principal(), job_id)
+    views = outbox.job_deliveries(current_principal(), job_id)
     if views is None:
         raise NotFound(f"job not found: {job_id}")
     return WebhookDeliveryList.model_construct(deliveries=[WebhookDelivery.of(v) for v in views])
@@ -63,4 +62,4 @@ def job_webhooks(job_id: str):
           description="The same webhook-id and body, a fresh attempt budget. 404: no such delivery (or another "
                       "tenant's); 409: not failed.")
 def replay_delivery(delivery_id: int):
-    return WebhookDelivery.of(webhooks.replay(current_principal(), delivery_id))
+    return WebhookDelivery.of(outbox.replay(current_principal(), delivery_id))

@@ -195,7 +195,7 @@ def check_url(url: str, lookups: Lookups | None = None) -> Target:
     """Parse, resolve and judge ``url``; raises UrlRefused.  ``lookups``:
     the request's (its tenant's cap on lookups, a batch's dedupe)."""
     scheme, host, port, pq = _parse(url)
-    nets, names = _allowlist(get_settings().callback_allow_hosts)
+    nets, names = _allowlist(get_settings().delivery_allow_hosts)
     addresses = lookups.resolve(host, port) if lookups is not None else resolve(host, port)
     listed = host.lower().rstrip(".") in names
     if not listed:

@@ -7,7 +7,7 @@ Headers of every delivery:
 - ``webhook-timestamp``: unix seconds of this attempt;
 - ``webhook-signature``: ``v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{payload}")>``,
   space-separated when more than one secret signs (after a rotation, the new
-  and the previous secret during ASYNCH_CALLBACK_SECRET_OVERLAP_SECONDS).
+  and the previous secret during ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS).
 
 ``key`` is the secret's bytes: a ``whsec_`` secret is base64 after the prefix.
 The callback is the seed's GET with the fields in the query, so the signed
@@ -19,7 +19,7 @@ another.  A receiver passes its raw request target where other webhooks
 pass the body; the standardwebhooks package verifies it with
 ``json_parse=False`` (the payload is not JSON), as docs/api.md "Callbacks"
 shows, and tests/test_signing.py runs that snippet.  The tenants' POST
-webhooks (app/webhooks/delivery.py) sign their JSON body as before.
+webhooks (app/delivery/outbox.py) sign their JSON body as before.
 
 Invariants: ``verify`` compares in constant time, accepts any one of the
 space-separated ``v1,`` signatures, and refuses a timestamp further than

@@ -4,7 +4,7 @@ Each subscription signs its deliveries with its own ``whsec_`` secret
 (24 random bytes), stored encrypted with the application key
 (app/infra/secretbox.py) as callback secrets are and shown to the tenant's
 own keys and admins only.  The URL passes the SSRF guard at creation (and
-again at every attempt, app/webhooks/delivery.py).  At most
+again at every attempt, app/delivery/outbox.py).  At most
 MAX_PER_TENANT subscriptions per tenant.  A deleted subscription gets no
 new deliveries; its pending ones fail ("the subscription was deleted").
 """
@@ -14,15 +14,15 @@ import secrets as pysecrets
 
 from sqlalchemy import delete, func, insert, select
 
-from app.callbacks import secrets as callback_secrets
-from app.callbacks.secrets import SECRET_BYTES
 from app.clock import now as clock_now
+from app.delivery import secrets as tenant_secrets
+from app.delivery.secrets import SECRET_BYTES
 from app.errors import Forbidden, NotFound, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups, callback_url_problem
+from app.infra.outbox_rows import EVENTS, bits_of, events_of
 from app.infra.tables import webhook_subscriptions
-from app.infra.webhook_rows import EVENTS, bits_of, events_of
 from app.tenancy.keys import Principal
 
 MAX_PER_TENANT = 10
@@ -30,14 +30,14 @@ W = webhook_subscriptions.c
 
 
 def _check_access(principal: Principal, tenant_id: str) -> None:
-    callback_secrets._check_tenant(tenant_id)
+    tenant_secrets._check_tenant(tenant_id)
     if not principal.is_admin and principal.tenant_id != tenant_id:
         raise Forbidden("admin key required")
 
 
 def _view(row) -> dict:
     return {"id": row.id, "tenant": row.tenant_id, "url": row.url, "events": events_of(row.events),
-            "secret": callback_secrets.plain(row.secret), "created_at": row.created_at}
+            "secret": tenant_secrets.plain(row.secret), "created_at": row.created_at}
 
 
 def create(principal: Principal, tenant_id: str, url: str, events: list[str] | None) -> dict:

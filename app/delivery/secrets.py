@@ -1,6 +1,6 @@
 """Per-tenant callback signing secrets (and the legacy signature).
 
-Signatures are Standard Webhooks' (app/callbacks/signing.py).  The legacy
+Signatures are Standard Webhooks' (app/delivery/signing.py).  The legacy
 header, kept for receivers built on the seed, is
 ``X-Asynch-Signature: sha256=<hex>`` where hex is
 HMAC-SHA256(secret, "{task_id}.{timestamp}.{url}") and ``url`` is the exact
@@ -17,7 +17,7 @@ is the rotation time.  "~" and ":" are no tenant characters (every tenant
 name, the gateway's included, is checked against TENANT_PATTERN,
 app/tenancy/schemas.py), so no tenant can own such a row or read it as its
 own secret.  Deliveries are signed with it as well for
-ASYNCH_CALLBACK_SECRET_OVERLAP_SECONDS.
+ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS.
 """
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from app.callbacks.signing import PREFIX as WHSEC
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.config import get_settings
+from app.delivery.signing import PREFIX as WHSEC
 from app.errors import Forbidden, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
-from app.infra.tables import tenant_secrets, webhook_subscriptions
+from app.infra.tables import tenant_secrets
 from app.tenancy.keys import Principal
 from app.tenancy.schemas import is_tenant_name
 
@@ -113,7 +113,7 @@ def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotate
     if stored is None:
         return [tenant_secret(conn, tenant_id)["secret"]]
     out = [plain(stored)]
-    overlap = get_settings().callback_secret_overlap_seconds
+    overlap = get_settings().delivery_secret_overlap_seconds
     if rotated_at is not None and overlap > 0 and as_utc(rotated_at) > clock_now() - timedelta(seconds=overlap):
         prev = conn.execute(select(tenant_secrets.c.secret).where(
             tenant_secrets.c.tenant_id == previous_id(tenant_id))).scalar()
@@ -122,47 +122,29 @@ def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotate
     return out
 
 
-def secret_of(tenant_id_column):
-    """The tenant's secret as a correlated scalar subquery (NULL before its
-    first use), labelled ``secret``: the delivery claim reads it in its own
-    statement instead of a second query."""
-    return (select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id_column)
-            .correlate(tenant_id_column.table).scalar_subquery().label("secret"))
+def stored_of(tenant_id_column) -> list:
+    """The tenant's secret and its last rotation as correlated scalar
+    subqueries (NULL before its first use), labelled ``secret`` and
+    ``secret_rotated_at``: the delivery claim reads them in its own statement."""
+    return [select(tenant_secrets.c[col]).where(tenant_secrets.c.tenant_id == tenant_id_column)
+            .correlate(tenant_id_column.table).scalar_subquery().label(label)
+            for col, label in (("secret", "secret"), ("rotated_at", "secret_rotated_at"))]
 
 
-def rotated_at_of(tenant_id_column):
-    """Like secret_of: the secret's last rotation, labelled ``secret_rotated_at``."""
-    return (select(tenant_secrets.c.rotated_at).where(tenant_secrets.c.tenant_id == tenant_id_column)
-            .correlate(tenant_id_column.table).scalar_subquery().label("secret_rotated_at"))
-
-
-def reencrypt_all(conn: Connection) -> tuple[int, int]:
-    """`asynch secrets rotate`: every stored secret re-encrypted with the
-    first key.  Returns (rewritten, left in plaintext): a legacy plaintext
-    secret is too long to encrypt in its column and stays as it is until an
-    admin rotates it (POST .../callback-secret/rotate)."""
+def reencrypt(conn: Connection, key) -> tuple[int, int]:
+    """`asynch secrets rotate`: every stored secret of ``key``'s table (the
+    tenants' signing secrets; the webhook subscriptions', always encrypted)
+    re-encrypted with the first key.  Returns (rewritten, left in plaintext):
+    a legacy plaintext tenant secret is too long to encrypt in its column and
+    stays as it is until an admin rotates it (POST .../callback-secret/rotate)."""
     done = left = 0
-    for row in conn.execute(select(tenant_secrets.c.tenant_id, tenant_secrets.c.secret)).all():
-        if not secretbox.is_encrypted(row.secret):
+    for row_key, secret in conn.execute(select(key, key.table.c.secret)).all():
+        if not secretbox.is_encrypted(secret):
             left += 1
             continue
-        conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == row.tenant_id)
-                     .values(secret=secretbox.rotate(row.secret)))
+        conn.execute(update(key.table).where(key == row_key).values(secret=secretbox.rotate(secret)))
         done += 1
     return done, left
-
-
-def reencrypt_webhook_secrets(conn: Connection) -> int:
-    """`asynch secrets rotate`: the tenant webhooks' own secrets
-    (app/webhooks/subscriptions.py; always encrypted) re-encrypted with the
-    first key.  Returns how many."""
-    done = 0
-    for row in conn.execute(select(webhook_subscriptions.c.id, webhook_subscriptions.c.secret)).all():
-        if secretbox.is_encrypted(row.secret):
-            conn.execute(update(webhook_subscriptions).where(webhook_subscriptions.c.id == row.id)
-                         .values(secret=secretbox.rotate(row.secret)))
-            done += 1
-    return done
 
 
 def _view(row) -> dict:
