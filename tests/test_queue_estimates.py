@@ -18,7 +18,8 @@ from sqlalchemy import func, select
 from app.config import set_settings
 from app.infra.db import transaction
 from app.infra.redis import keys
-from app.infra.tables import tasks, webhook_deliveries
+from app.infra.tables import deliveries as webhook_deliveries
+from app.infra.tables import tasks
 from app.maintenance import passes
 
 pytestmark = pytest.mark.e2e
