@@ -176,6 +176,19 @@ class Settings(BaseSettings):
         "A dispatched job no worker claimed within this many seconds lost its message: it goes back to the "
         "head of its tenant's queue."))
     batch_max_ids: int = Field(1000, description="getTaskBatch: most task ids one call may name.")
+    upstream_control: bool = Field(True, description=(
+        "Adapt each model's concurrency to its upstream (docs/architecture.md, \"Upstream backpressure\"): a "
+        "429/503 answer is busy, not a failure; off: busy answers are failed attempts and limits are static."))
+    upstream_busy_budget: int = Field(20, description=(
+        "Busy answers (429/503) per job that go back to the queue without spending a retry; beyond: a failed "
+        "attempt."))
+    upstream_retry_after_max_seconds: float = Field(30.0, description=(
+        "Longest dispatch pause a model's Retry-After (seconds or an HTTP date) may ask for."))
+    upstream_decrease: float = Field(0.5, description=(
+        "A busy answer multiplies the model's effective concurrency by this (floor 1), once per round of calls."))
+    upstream_latency_tolerance: float = Field(2.0, description=(
+        "Latency gradient: concurrency falls while the recent run time exceeds this multiple of the model's "
+        "baseline (limit x min(1, tolerance x baseline / recent), smoothed); 0: off."))
     callback_timeout_seconds: float = Field(10.0, description=(
         "Callbacks on done (seed 002): the wall-clock deadline of one delivery attempt (connect, send, "
         "headers and body together); retries back off base * 2**(n-1), capped, with jitter."))

@@ -12,12 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EFFECTS = "app/jobs/effects.py"
 
 # module alias -> the effect functions called through it.
-EFFECT_CALLS = {("dispatch", "finished"), ("metrics", "job_finished"), ("callbacks", "schedule_for"),
-                ("effects", "run")}
+EFFECT_CALLS = {("dispatch", "finished"), ("dispatch", "returned"), ("metrics", "job_finished"),
+                ("callbacks", "schedule_for"), ("effects", "run")}
 # The doorbell of a terminal job's deliveries, published by name.
 EFFECT_TASKS = {"DELIVER_JOB_WEBHOOKS_TASK"}
 # The transitions that return a transitions.Moved (their effects are due after the commit).
-MOVES = {"complete", "fail_attempt", "cancel", "fail_by_admin", "time_out"}
+MOVES = {"complete", "fail_attempt", "cancel", "fail_by_admin", "time_out", "return_busy"}
 
 
 def _sources():

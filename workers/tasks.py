@@ -12,10 +12,11 @@ from app.infra.celery_config import (
     DELIVER_DUE_WEBHOOKS_TASK,
     DELIVER_JOB_WEBHOOKS_TASK,
     DELIVER_WEBHOOK_TASK,
+    KICK_MODEL_TASK,
     RUN_JOB_TASK,
 )
 from app.infra import metrics
-from app.jobs import execution
+from app.jobs import dispatch, execution
 from app.maintenance import autotune
 from app.maintenance import passes as maintenance
 from app.maintenance.periodic import run_periodic
@@ -39,6 +40,12 @@ def run_job(self, job_id: str, attempt: int = -1) -> str:
         raise self.retry(exc=exc, countdown=2)
     metrics.run_job_message(out)
     return out
+
+
+@celery.task(name=KICK_MODEL_TASK, ignore_result=True)
+def kick_model(model: str) -> int:
+    """A model's Retry-After pause ended: dispatch what it allows now."""
+    return dispatch.kick(model)
 
 
 @celery.task(name="asynch.run_work", ignore_result=True)

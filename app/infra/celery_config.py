@@ -13,6 +13,8 @@ from kombu import Queue
 from app.config import Settings
 
 RUN_JOB_TASK = "asynch.run_job"
+# Dispatch one model again when its upstream's Retry-After pause ends (app/jobs/dispatch.py).
+KICK_MODEL_TASK = "asynch.kick_model"
 DELIVER_CALLBACK_TASK = "asynch.deliver_callback"
 DELIVER_DUE_CALLBACKS_TASK = "asynch.deliver_due_callbacks"
 # Webhooks (app/webhooks/): one delivery, a terminal job's doorbell (fans

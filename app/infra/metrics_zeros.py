@@ -39,7 +39,7 @@ FAMILIES = {
 }
 REASONS = ("queue_full", "tenant_share", "invalid", "unavailable", "error")  # m.rejection_reason's, by model
 FINAL_STATES = tuple(JobState[s].label for s in ("DONE", "FAILED", "TIMEOUT", "CANCELED"))
-RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale")
+RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale", "busy")
 _seeded: set[tuple[str, str]] = set()  # (target, model or "") this process wrote zeros for
 
 

@@ -168,12 +168,13 @@ def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.
         return 0
 
 
-def publish_task(name: str, args: list) -> bool:
-    """Publish any task by name on its queue (callbacks on theirs); False
-    (logged) if the broker refused.  For work whose durable record is a row
-    that a sweep re-publishes."""
+def publish_task(name: str, args: list, countdown: float | None = None) -> bool:
+    """Publish any task by name on its queue (callbacks on theirs), due in
+    ``countdown`` seconds if given; False (logged) if the broker refused.
+    For work whose durable record is a row (or a periodic pass) that a sweep
+    re-publishes."""
     try:
-        producer_app().send_task(name, args=args, queue=queue_for(name, get_settings()))
+        producer_app().send_task(name, args=args, queue=queue_for(name, get_settings()), countdown=countdown)
         return True
     except Exception:
         log.exception("publish of %s failed; the sweep will re-publish", name)

@@ -35,6 +35,7 @@ from app.infra.celery_config import DELIVER_JOB_WEBHOOKS_TASK
 from app.infra.publisher import publish_task
 from app.infra.wakeup_snapshot import snapshot_message
 from app.jobs import dispatch
+from app.states import JobState as S
 from app.transitions import Moved
 
 log = logging.getLogger(__name__)
@@ -44,17 +45,18 @@ class Due:
     """The transitions a transaction won, whose effects are due after its commit."""
 
     def __init__(self) -> None:
-        self._won: list[tuple[Moved, int | None]] = []
+        self._won: list[tuple[Moved, int | None, float | None]] = []
 
-    def add(self, moved: Moved | None, cap: int | None = None) -> Moved | None:
+    def add(self, moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> Moved | None:
         """Note a transition's result (None: lost, nothing due); returns it.
-        ``cap``: the model's max_concurrency, when the caller has it."""
+        ``cap``: the model's max_concurrency, when the caller has it;
+        ``retry_after``: a busy upstream's Retry-After (seconds)."""
         if moved is not None:
-            self._won.append((moved, cap))
+            self._won.append((moved, cap, retry_after))
         return moved
 
     def __iter__(self):
-        return (m for m, _cap in self._won)
+        return (m for m, _cap, _ra in self._won)
 
     def __len__(self) -> int:
         return len(self._won)
@@ -66,23 +68,29 @@ def collecting() -> Iterator[Due]:
     it BEFORE the transaction, so the commit comes first)."""
     due = Due()
     yield due
-    for moved, cap in due._won:
-        run(moved, cap=cap)
+    for moved, cap, retry_after in due._won:
+        run(moved, cap=cap, retry_after=retry_after)
 
 
-def run(moved: Moved | None, cap: int | None = None) -> None:
+def run(moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> None:
     """The effects of one committed transition: its slots and permit back
-    (the next job is dispatched) with, for a terminal state, its waiters
-    woken with the row's snapshot; its finish counted; its deliveries' bell
-    rung and its callback scheduled."""
+    (the next job is dispatched; a done job's run time is the upstream
+    controller's sample) with, for a terminal state, its waiters woken with
+    the row's snapshot; its finish counted; its deliveries' bell rung and its
+    callback scheduled.  A busy return keeps its slot: permit back, queued at
+    its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
     if moved is None:
         return
     row = moved.row
     if moved.terminal:
         metrics.job_finished(row)
     if moved.release:
+        ran = (row.finished_at - row.started_at).total_seconds() if moved.state == S.DONE and row.started_at else None
         dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
-                          message=snapshot_message(row) if moved.terminal else "", cap=cap)
+                          message=snapshot_message(row) if moved.terminal else "", cap=cap, run_seconds=ran)
+    if moved.requeue:
+        dispatch.returned(row.model_name, row.tenant_id, row.id, dispatch.order_score(row.created_at, row.priority),
+                          row.attempt, row.started_at.timestamp() if row.started_at else 0.0, retry_after, cap=cap)
     if moved.deliveries:
         # The deliveries committed with the transition; this rings their
         # bell (a miss is the webhook sweep's, app/webhooks/delivery.py).

@@ -318,6 +318,8 @@ def timeline(row) -> list[TimelineEvent]:
     if row.started_at:
         ev.append(("started", row.started_at, f"attempt {row.attempt}"))
     state = JobState(row.state)
+    if state == JobState.PENDING and row.busy_count:
+        ev.append(("model_busy", row.updated_at, f"attempt {row.attempt}: {row.error or ''}".strip()))
     if state == JobState.RETRY_WAIT:
         ev.append(("attempt_failed", row.updated_at, f"attempt {row.attempt}: {row.error or ''}".strip()))
         if row.next_retry_at:
@@ -333,8 +335,9 @@ class AttemptView(Shape):
     """One ended attempt (asynch_task_attempt): how it ended and why."""
 
     attempt: int = Field(ge=1)
-    outcome: Literal["done", "failed", "retry_wait", "timeout", "canceled"] = Field(
-        description="the state the attempt left the job in (retry_wait: it is retried)")
+    outcome: Literal["done", "failed", "retry_wait", "timeout", "canceled", "pending"] = Field(
+        description="the state the attempt left the job in (retry_wait: it is retried; pending: the model was "
+                    "busy, 429/503, and the job went back to its queue without spending a retry)")
     started_at: Timestamp | None
     ended_at: Timestamp
     error: str | None = Field(None, description="'<code>: <short message>', as the job's error")

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from app.config import get_settings
-from app.infra.redis import keys, scripts
+from app.infra.redis import keys, scripts, upstream
 from app.infra.redis.client import get_redis
 
 def _keys(model: str) -> list[str]:
@@ -69,14 +69,28 @@ def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
 
 
 def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
-           cap: int | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
+           cap: int | None = None, run_seconds: float | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
     """(whether the gate slot was still held, the jobs dispatched).
     ``message``: what the wake-up carries (app/infra/wakeups.py
-    snapshot_message); empty, the job id."""
+    snapshot_message); empty, the job id.  ``run_seconds``: a done job's
+    run time, the upstream controller's sample (upstream.py)."""
     released, *rest = scripts.get("dispatch_finish")(keys=[*_keys(model), keys.gate(model)], args=[
         *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
-        keys.terminal_channel() if wake else "", message if wake else ""])
+        keys.terminal_channel() if wake else "", message if wake else "", *upstream.sample(run_seconds)])
     return bool(released), _triples(rest)
+
+
+def returned(model: str, tenant: str, job_id: str, score: float, attempt: str, started: float,
+             retry_after: float | None, cap: int | None = None) -> tuple[float, list[tuple[str, str, str]]]:
+    """A job whose upstream answered busy is pending again (dispatch_return.lua):
+    the controller's decrease and pause, its permit back, queued at ``score``
+    with ``attempt`` ("<n>h"), dispatch.  ``started``: when the busy call
+    began (unix s).  Returns (the pause's end if this answer moved it, else
+    0; the jobs dispatched)."""
+    till, *rest = scripts.get("dispatch_return")(keys=_keys(model), args=[
+        *_args(model, cap, None), tenant, job_id, repr(float(score)), attempt, f"{started:.3f}",
+        f"{retry_after or 0:.3f}", upstream.params()])
+    return float(till), _triples(rest)
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> list[tuple[str, str, str]]:
