@@ -179,11 +179,8 @@ class Settings(BaseSettings):
     upstream_control: bool = Field(True, description=(
         "Adapt each model's concurrency to its upstream (docs/architecture.md, \"Upstream backpressure\"): a "
         "429/503 answer is busy, not a failure; off: busy answers are failed attempts and limits are static."))
-    upstream_busy_budget: int = Field(20, description=(
-        "Busy answers (429/503) per job that go back to the queue without spending a retry; beyond: a failed "
-        "attempt."))
-    upstream_retry_after_max_seconds: float = Field(30.0, description=(
-        "Longest dispatch pause a model's Retry-After (seconds or an HTTP date) may ask for."))
+    upstream_busy_budget: int = Field(20, description="Busy answers per job spending no retry; beyond: failed.")
+    upstream_retry_after_max_seconds: float = Field(30.0, description="Longest pause a Retry-After may ask for.")
     upstream_decrease: float = Field(0.5, description=(
         "A busy answer multiplies the model's effective concurrency by this (floor 1), once per round of calls."))
     upstream_latency_tolerance: float = Field(2.0, description=(

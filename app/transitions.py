@@ -278,30 +278,26 @@ def fail_attempt(
 
 def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy_count: int,
                 detail: str | None = None, alongside: tuple | None = None) -> Moved | None:
-    """running -> pending, by the attempt that holds the row, when the
-    model's upstream answered busy (429/503): the job keeps its gate slot,
-    its permit goes back and it is queued at the head of its tenant's queue
-    (app/jobs/effects.py).  ``busy_count``: the row's + 1, so this attempt
-    spends no retry (retries count ``attempt - busy_count``)."""
+    """running -> pending by the attempt holding the row: the model's upstream
+    answered busy (429/503).  It keeps its gate slot; the effects queue it at
+    its tenant's head.  ``busy_count``: the row's + 1, so no retry is spent."""
     row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True, values={
-        "busy_count": busy_count, "lease_expires_at": None, "error": error[:4000],
-        "error_detail": detail[:4000] if detail else None})
+        "busy_count": busy_count, "lease_expires_at": None, "error": error[:4000], "error_detail": detail and detail[:4000]})
     return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, callback=False,
                                           requeue=True)
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
-            *, promoted_at: datetime | None = None, retries: int | None = None) -> Row | None:
+            *, retries: int, promoted_at: datetime | None = None) -> Row | None:
     """retry_wait -> pending (the caller already holds a gate slot for it).
 
     ``promoted_at`` is set when the retry is published at high priority
     straight away (retry_queue_max_seconds = 0); None means it waits at the
-    tail until the promotion pass.  ``retries``: the retries taken with this
-    one (default ``attempt``; ``attempt - busy_count`` when busy answers
-    came back unspent).
+    tail until the promotion pass.  ``retries``: taken with this one,
+    ``attempt - busy_count`` (busy answers spend none).
     """
     return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
-        "retry_count": attempt if retries is None else retries,
+        "retry_count": retries,
         "enqueue_at": enqueue_at,
         "next_retry_at": None,
         "promoted_at": promoted_at,

@@ -224,9 +224,9 @@ def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
     pending at the head of its tenant's queue, spending no retry; the
     effects lower the model's concurrency and pause it for Retry-After."""
     with effects.collecting() as due, atomic_statement() as conn:
-        won = due.add(transitions.return_busy(conn, row.id, attempt, job_error("model_busy", exc.public + ", queued again"),
-                                              busy_count=row.busy_count + 1, detail=str(exc),
-                                              alongside=_call_counted(conn, row)),
+        error = job_error("model_busy", exc.public + ", queued again")
+        won = due.add(transitions.return_busy(conn, row.id, attempt, error, busy_count=row.busy_count + 1,
+                                              detail=str(exc), alongside=_call_counted(conn, row)),
                       cap=model.max_concurrency, retry_after=exc.retry_after)
     if won is None:
         log.info("attempt lost its job before going back to the queue", extra=ctx)

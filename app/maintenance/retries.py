@@ -58,7 +58,7 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
                 taken.append((r.model_name, r.tenant_id, r.id))
                 head = (r.retry_queue_max_seconds or 0) == 0
                 won = transitions.readmit(conn, r.id, r.attempt, r.created_at if head else now,
-                                          promoted_at=now if head else None, retries=r.attempt - r.busy_count)
+                                          retries=r.attempt - r.busy_count, promoted_at=now if head else None)
                 if won is None:
                     release_slot(r.model_name, r.tenant_id, r.id)
                     continue
