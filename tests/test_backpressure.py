@@ -6,6 +6,7 @@ in its "room for N" mode (429 beyond N calls at once), PostgreSQL and Redis.
 - a busy answer (429/503) sends the attempt back to the queue without
   spending a retry, up to ASYNCH_UPSTREAM_BUSY_BUDGET;
 - the model's effective concurrency drops at once and climbs back;
+- a run time above the baseline lowers it (latency gradient);
 - a Retry-After pauses the model's dispatch (and no other model's);
 - the acceptance: 40 jobs against room for 2 on a model configured for 8
   all end done with at most 40 answers of 429, in at most 3x the ideal
@@ -105,6 +106,21 @@ def test_concurrency_drops_on_busy_answers_and_climbs_back(make_model, model_ser
     _run("full", [{"sleep_ms": 20, "i": i} for i in range(60)])
     assert upstream.snapshot(["full"])["full"][0] is None
     assert model_server.state.busy_answers == 0
+
+
+def test_a_latency_rise_above_the_baseline_lowers_concurrency(make_model, model_server, eight):
+    make_model("slowing", retry_times=0, max_concurrency=8, queue_limit=100)
+    payload = {"sleep_ms": 30, "crowd_ms": 60, "room_tag": "s"}  # +60 ms per other call in flight
+    for i in range(12):  # one at a time: the baseline is ~30 ms
+        _run("slowing", [{**payload, "i": i}])
+    assert upstream.snapshot(["slowing"])["slowing"][0] is None
+    ids = [_submit("slowing", {**payload, "i": i}) for i in range(40)]  # 8 at once: ~450 ms each
+    seen = set()
+    while not _ended(ids):
+        seen.add(upstream.snapshot(["slowing"])["slowing"][0] or 8)
+        time.sleep(0.02)
+    assert min(seen) <= 4, seen
+    assert model_server.state.busy_answers == 0  # no 429: the run time alone did it
 
 
 def test_retry_after_pauses_the_models_dispatch_only(make_model, model_server, eight):
