@@ -200,6 +200,16 @@ class Settings(BaseSettings):
         "its average run seconds over its weight), or 'turns', one turn per job whatever it costs (the "
         "baseline bench/bench_fairness.py --cost measures against)."))
     batch_max_ids: int = Field(1000, description="getTaskBatch: most task ids one call may name.")
+    upstream_control: bool = Field(True, description=(
+        "Adapt each model's concurrency to its upstream (docs/architecture.md, \"Upstream backpressure\"): a "
+        "429/503 answer is busy, not a failure; off: busy answers are failed attempts and limits are static."))
+    upstream_busy_budget: int = Field(20, description="Busy answers per job spending no retry; beyond: failed.")
+    upstream_retry_after_max_seconds: float = Field(30.0, description="Longest pause a Retry-After may ask for.")
+    upstream_decrease: float = Field(0.5, description=(
+        "A busy answer multiplies the model's effective concurrency by this (floor 1), once per round of calls."))
+    upstream_latency_tolerance: float = Field(2.0, description=(
+        "Latency gradient: concurrency falls while the recent run time exceeds this multiple of the model's "
+        "baseline (limit x min(1, tolerance x baseline / recent), smoothed); 0: off."))
     delivery_timeout_seconds: float = Field(10.0, validation_alias=_aka(
         "DELIVERY_TIMEOUT_SECONDS", "CALLBACK_TIMEOUT_SECONDS"), description=(
         "Callbacks and webhooks: the wall-clock deadline of one delivery attempt (connect, send, headers and "

@@ -37,7 +37,7 @@ ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RETRY_WA
 JOB_ERROR_CODES = frozenset({
     "model_timeout", "model_unreachable", "model_http_error", "model_response_too_large",
     "model_response_broken", "model_request_invalid", "model_not_configured", "storage_error",
-    "internal_error", "worker_lost", "job_timeout", "canceled", "deadline_expired",
+    "internal_error", "worker_lost", "job_timeout", "canceled", "deadline_expired", "model_busy",
 })
 
 

@@ -51,6 +51,7 @@ ALLOWED: frozenset[tuple[S, S]] = frozenset({
     (S.RUNNING, S.FAILED),
     (S.RUNNING, S.TIMEOUT),
     (S.RUNNING, S.RETRY_WAIT),
+    (S.RUNNING, S.PENDING),      # the upstream answered busy: back to the queue, no retry spent
     (S.RETRY_WAIT, S.PENDING),
     (S.DONE, S.CLAIMED),
     (S.PENDING, S.CANCELED),
@@ -74,6 +75,7 @@ class Moved:
     release: bool      # the job left pending/running: its gate slots and permit go back
     terminal: bool     # it ended: waiters wake with its snapshot, the finish is counted
     deliveries: int    # outbox rows the same statement wrote (their doorbell rings)
+    requeue: bool = False  # back to pending (busy upstream): permit back, queued at its tenant's head
 
     @property
     def state(self) -> S:
@@ -272,16 +274,28 @@ def fail_attempt(
                        alongside=alongside, log_attempt=True))
 
 
+def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy_count: int,
+                detail: str | None = None, alongside: tuple | None = None) -> Moved | None:
+    """running -> pending by the attempt holding the row: the model's upstream
+    answered busy (429/503).  It keeps its gate slot; the effects queue it at
+    its tenant's head.  ``busy_count``: the row's + 1, so no retry is spent."""
+    row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True, values={
+        "busy_count": busy_count, "lease_expires_at": None, "error": error[:4000], "error_detail": detail and detail[:4000]})
+    return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, callback=False,
+                                          requeue=True)
+
+
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
-            *, promoted_at: datetime | None = None) -> Row | None:
+            *, retries: int, promoted_at: datetime | None = None) -> Row | None:
     """retry_wait -> pending (the caller already holds a gate slot for it).
 
     ``promoted_at`` is set when the retry is published at high priority
     straight away (retry_queue_max_seconds = 0); None means it waits at the
-    tail until the promotion pass.
+    tail until the promotion pass.  ``retries``: taken with this one,
+    ``attempt - busy_count`` (busy answers spend none).
     """
     return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
-        "retry_count": attempt,
+        "retry_count": retries,
         "enqueue_at": enqueue_at,
         "next_retry_at": None,
         "promoted_at": promoted_at,

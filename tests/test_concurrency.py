@@ -189,7 +189,7 @@ def test_illegal_transitions_raise_before_touching_the_database():
             else:
                 with pytest.raises(IllegalTransition):
                     transitions.check_allowed([a], b)
-    assert len(legal) == 14  # + retry_wait -> timeout, pending/retry_wait -> failed (issue 13)
+    assert len(legal) == 15  # + retry_wait -> timeout, pending/retry_wait -> failed (issue 13), running -> pending (busy, issue 24)
 
 
 def test_every_state_change_is_in_the_transitions_module():

@@ -304,7 +304,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
 
-    # A job that fails once against the stub model (HTTP 503), then succeeds.
+    # A job that fails once against the stub model (HTTP 500), then succeeds.
     sent = client.post("/v1/models/flaky/jobs", json={"tag": "console-once", "fail_first": 1, "n": [1, {"deep": True}]},
                        headers=auth(key))
     job_id = sent.get_json()["job_id"]
@@ -313,7 +313,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
                what="the first attempt to fail")
     # The page shows the failed attempt as it happens: over the job's event stream, not a reload.
     page.wait_for_selector('#attempts li[data-attempt="1"] .attempt-error')
-    assert "503" in page.text_content('#attempts li[data-attempt="1"] .attempt-error')
+    assert "500" in page.text_content('#attempts li[data-attempt="1"] .attempt-error')
     assert page.text_content('#attempts li[data-attempt="1"] .state') == "failed, retried"
     # No beat runs in the test: the retry pass is run by hand once the retry is due.
     wait_until(lambda: passes.run_work() and client.get(f"/v1/jobs/{job_id}", headers=auth(key)).get_json()[
@@ -323,7 +323,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     assert any(u.endswith(f"/v1/models/flaky/jobs/{job_id}/events") for u in requests)
     second = page.locator('#attempts li[data-attempt="2"]')
     assert second.get_attribute("data-outcome") == "done"
-    assert "503" in page.text_content('#attempts li[data-attempt="1"] .attempt-error')  # still there after success
+    assert "500" in page.text_content('#attempts li[data-attempt="1"] .attempt-error')  # still there after success
     assert page.locator('#attempts li[data-attempt="1"] details summary').count() == 1  # admins: the detail
     page.wait_for_selector("#result-tree")
     page.wait_for_selector("#no-deliveries")  # read once the job has ended
@@ -390,7 +390,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     page.wait_for_selector('#usage-chart svg[aria-label^="Model calls per day for ops"]')
     today = clock_now().date().isoformat()
     bar = page.locator(f'#usage-chart g[data-day="{today}"] rect[data-model="flaky"]')
-    assert bar.get_attribute("data-count") == "2"  # two calls: the 503 and the success
+    assert bar.get_attribute("data-count") == "2"  # two calls: the 500 and the success
     assert "4 calls in 30 days" in page.text_content("#usage-chart svg text.caption")
     page.click("#usage-table summary")  # the numbers behind the bars, as a table
     assert page.locator(f'#usage-table tr[data-day="{today}"] td').all_text_contents() == [today, "2", "2", "4"]

@@ -150,7 +150,7 @@ def test_nothing_holding_a_live_permit_is_queued_twice(window, r):
 # --- the worker path, in-process --------------------------------------------------------
 
 @pytest.mark.parametrize("payload,outcome", [({}, "done"), ({"status": 400}, "failed"),
-                                             ({"status": 503}, "retry_wait")])
+                                             ({"status": 500}, "retry_wait")])
 def test_the_permit_is_released_on_every_exit_path(make_model, r, payload, outcome):
     make_model("m", max_concurrency=1, retry_times=1, model_key_headers="X-Stub-Tenant")
     job_id = _submit("t", "m", payload)

@@ -12,12 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EFFECTS = "app/jobs/effects.py"
 
 # module alias -> the effect functions called through it.
-EFFECT_CALLS = {("dispatch", "finished"), ("metrics", "job_finished"), ("effects", "run")}
+EFFECT_CALLS = {("dispatch", "finished"), ("dispatch", "returned"), ("metrics", "job_finished"), ("effects", "run")}
 # Tasks only the effects publish, by name.  (The outbox's doorbell is its
 # pump token, which the outbox publishes too: retries, the sweep, replays.)
 EFFECT_TASKS: set[str] = set()
 # The transitions that return a transitions.Moved (their effects are due after the commit).
-MOVES = {"complete", "fail_attempt", "cancel", "fail_by_admin", "time_out", "expire"}
+MOVES = {"complete", "fail_attempt", "cancel", "fail_by_admin", "time_out", "expire", "return_busy"}
 
 
 def _sources():

@@ -70,7 +70,7 @@ def test_transient_failure_retries_then_succeeds(make_model, model_server, r):
     job_id = _submit("flaky", {"tag": "t1", "fail_first": 2})
     assert execution.run_attempt(job_id, 0) == "retry_wait"
     row = job_row(job_id)
-    assert row.state == JobState.RETRY_WAIT and "HTTP 503" in row.error
+    assert row.state == JobState.RETRY_WAIT and "HTTP 500" in row.error
     assert r.zcard("asynch:gate:{flaky}") == 0  # retry_wait holds no slot
     # Not due yet: stays put.
     assert maintenance.retry_due().processed == 0

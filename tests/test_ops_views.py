@@ -53,7 +53,7 @@ def test_every_ended_attempt_is_logged_with_its_error(client, make_model, user_k
     assert body["state"] == "done" and "error" not in body  # the row keeps the latest attempt only...
     first, second = body["attempts"]  # ...the log keeps both
     assert first["attempt"] == 1 and first["outcome"] == "retry_wait"
-    assert first["error"].startswith("model_http_error:") and "503" in first["error"]
+    assert first["error"].startswith("model_http_error:") and "500" in first["error"]
     assert "error_detail" not in first and "worker" not in first  # admins only
     assert second == {"attempt": 2, "outcome": "done", "started_at": second["started_at"],
                       "ended_at": second["ended_at"]}

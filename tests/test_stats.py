@@ -51,7 +51,7 @@ def test_stats_equal_the_calls_the_model_received(flaky_worker, make_model, mode
             payload["flaky_upload"] = True  # storage fails on this job's first upload try
             marked += 1
         if i % 4 == 0:
-            payload.update(tag=f"t{i}", fail_first=1)  # the model answers 503 once: a second, real call
+            payload.update(tag=f"t{i}", fail_first=1)  # the model answers 500 once: a second, real call
         job_id = jobs.submit(Principal(tenant, "user", None), "counted", payload,
                              jobs.SubmitOptions(creator=creator)).row.id
         publish_run_job(job_id, 0)  # a duplicate delivery of every job

@@ -95,7 +95,7 @@ def test_a_large_result_goes_to_storage(make_model, model_server, settings, inli
 
 def test_a_failed_attempt_is_counted_in_the_same_statement(make_model, model_server, inline_default):
     make_model("fails", retry_times=1)
-    job_id = jobs.submit(P, "fails", {"status": 503}).row.id
+    job_id = jobs.submit(P, "fails", {"status": 500}).row.id
     assert execution.run_attempt(job_id, 0) == "retry_wait"
     assert job_row(job_id).state == JobState.RETRY_WAIT and _count_row("fails") == 1
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from app.delivery import outbox
 from app.errors import Unavailable
-from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, RUN_JOB_TASK
+from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, RUN_JOB_TASK
 from app.infra import metrics
-from app.jobs import execution
+from app.jobs import dispatch, execution
 from app.maintenance import autotune
 from app.maintenance import passes as maintenance
 from app.maintenance.periodic import run_periodic
@@ -30,6 +30,12 @@ def run_job(self, job_id: str, attempt: int = -1) -> str:
         raise self.retry(exc=exc, countdown=2)
     metrics.run_job_message(out)
     return out
+
+
+@celery.task(name=KICK_MODEL_TASK, ignore_result=True)
+def kick_model(model: str) -> int:
+    """A model's Retry-After pause ended: dispatch what it allows now."""
+    return dispatch.kick(model)
 
 
 @celery.task(name="asynch.run_work", ignore_result=True)

@@ -9,10 +9,15 @@ or answer with other bytes:
   content_type  answer with this Content-Type and ``body`` (text) as bytes
   body          the body to send (with content_type); default: JSON echo
   size          answer with this many bytes of b"x" (application/octet-stream)
-  fail_first    fail (HTTP 503) the first N calls that carry this ``tag``
+  fail_first    fail (HTTP 500, or ``status_first``) the first N calls that carry this ``tag``
   hang          never answer (until the client gives up)
   hold          wait until the test calls state.release(<hold>) (at most 60 s):
                 a call the test can keep in flight as long as it needs
+  room          an upstream with room for this many calls at once (per
+                ``room_tag``): beyond it, 429 with ``retry_after`` (sent as
+                the Retry-After header, if given) -- a full inference server
+  crowd_ms      add this many ms per other call of the ``room_tag`` in
+                flight: an upstream whose latency grows with its load
 Every call is recorded (path, method, headers -- also as the raw list of
 (name, value) lines, repeats kept --, payload, time) for tests,
 and calls in flight are counted in total and per value of the
@@ -38,6 +43,8 @@ class ModelState:
         self.max_in_flight_by: dict[str, int] = {}
         self.fail_counts: dict[str, int] = {}
         self.holds: dict[str, threading.Event] = {}
+        self.room_used: dict[str, int] = {}
+        self.busy_answers = 0  # 429s sent for want of room
         # Calls still running from before a reset() must not touch the new counts.
         self.generation = 0
 
@@ -56,6 +63,8 @@ class ModelState:
             self.in_flight_by.clear()
             self.max_in_flight_by.clear()
             self.fail_counts.clear()
+            self.room_used.clear()
+            self.busy_answers = 0
             for ev in self.holds.values():
                 ev.set()  # nothing stays stuck from the previous test
             self.holds = {}
@@ -83,8 +92,10 @@ def _handler(state: ModelState):
                 data = {"_raw": raw.decode("utf-8", "replace")}
             return data if isinstance(data, dict) else {"_body": data}
 
-        def _send(self, status: int, body: bytes, ctype: str) -> None:
+        def _send(self, status: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
             self.send_response(status)
+            for name, value in (extra or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -114,7 +125,27 @@ def _handler(state: ModelState):
                         state.in_flight_by[group] -= 1
             self._send(*answer)
 
-        def _respond(self, p: dict) -> tuple[int, bytes, str]:
+        def _respond(self, p: dict) -> tuple:
+            room, crowd = int(p.get("room") or 0), float(p.get("crowd_ms") or 0)
+            if not (room or crowd):
+                return self._answer(p)
+            tag = str(p.get("room_tag", ""))
+            with state.lock:
+                gen, used = state.generation, state.room_used.get(tag, 0)
+                if room and used >= room:
+                    state.busy_answers += 1
+                    ra = p.get("retry_after")
+                    return 429, b'{"error":"busy"}', "application/json", {"Retry-After": str(ra)} if ra else None
+                state.room_used[tag] = used + 1
+            try:
+                time.sleep(crowd * used / 1000.0)
+                return self._answer(p)
+            finally:
+                with state.lock:
+                    if gen == state.generation:
+                        state.room_used[tag] -= 1
+
+        def _answer(self, p: dict) -> tuple[int, bytes, str]:
             if p.get("hang"):
                 time.sleep(3600)
             if p.get("hold"):
@@ -128,7 +159,7 @@ def _handler(state: ModelState):
                     n = state.fail_counts.get(tag, 0)
                     state.fail_counts[tag] = n + 1
                 if n < fail_first:
-                    return 503, b'{"error":"warming up"}', "application/json"
+                    return int(p.get("status_first") or 500), b'{"error":"warming up"}', "application/json"
             status = int(p.get("status") or 200)
             if p.get("size"):
                 return status, b"x" * int(p["size"]), "application/octet-stream"

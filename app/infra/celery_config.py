@@ -17,6 +17,8 @@ RUN_JOB_TASK = "asynch.run_job"
 # due row, then the next, until none is), and the sweep.
 DELIVER_TASK = "asynch.deliver"
 DELIVER_DUE_TASK = "asynch.deliver_due"
+# Dispatch one model again when its upstream's Retry-After pause ends (app/jobs/dispatch.py).
+KICK_MODEL_TASK = "asynch.kick_model"
 MAX_PRIORITY = 9
 DELIVERY_TASKS = frozenset({DELIVER_TASK, DELIVER_DUE_TASK})
 

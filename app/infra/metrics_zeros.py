@@ -40,7 +40,7 @@ FAMILIES = {
 }
 REASONS = ("queue_full", "tenant_share", "deadline", "invalid", "unavailable", "error")  # m.rejection_reason's, by model
 FINAL_STATES = tuple(JobState[s].label for s in ("DONE", "FAILED", "TIMEOUT", "CANCELED", "EXPIRED"))
-RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale", "expired")
+RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale", "expired", "busy")
 _seeded: set[tuple[str, str]] = set()  # (target, model or "") this process wrote zeros for
 
 

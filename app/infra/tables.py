@@ -104,6 +104,9 @@ tasks = Table(
     Column("attempt", Integer, nullable=False, server_default="0"),
     # Retries taken (seed: retry_count, not counting the first try).
     Column("retry_count", Integer, nullable=False, server_default="0"),
+    # Attempts the upstream answered busy (429/503) and that went back to
+    # pending unspent (revision 0022): retries count ``attempt - busy_count``.
+    Column("busy_count", Integer, nullable=False, server_default="0"),
     # 0-9, 9 first: orders dispatch within the tenant's share (revision 0013).
     Column("priority", SmallInteger, nullable=False, server_default="5"),
     # What the tenant sees: "<code>: <short message>" (app/states.py JOB_ERROR_CODES).

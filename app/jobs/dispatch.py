@@ -8,6 +8,7 @@ Who calls what:
   every move out of pending/running (done, failed, timeout, canceled,
   retry_wait)                     ``finished``: gate slots and permit back, wake-up
   retries, promotion, recovery    ``requeue``
+  a busy upstream (running -> pending)  ``returned``: permit back, queued at the head, limit lowered
   the periodic pass               ``kick_all``: blocked tenants retried, lost messages re-queued
 
 Each call may dispatch jobs (its own tenant's or anyone's): their messages
@@ -23,6 +24,7 @@ permits are reconciled).
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from typing import Iterable
 
@@ -30,6 +32,7 @@ import redis
 
 from app.clock import as_utc
 from app.infra import metrics, publisher
+from app.infra.celery_config import KICK_MODEL_TASK
 from app.infra.redis import dispatch as rd
 
 log = logging.getLogger(__name__)
@@ -120,7 +123,8 @@ def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str =
     ``wake`` (a terminal state), its long-poll waiters are woken with
     ``message`` (the terminal row's snapshot; empty: the job id, and each
     API process reads the row); ``ran``: a done attempt's seconds, for the
-    model's run-time average (app/jobs/estimates.py).  True if its gate
+    model's run-time average (app/jobs/estimates.py) and the upstream
+    controller's sample.  True if its gate
     slot was still held (False: released before, or Redis failed)."""
     held = []
 
@@ -131,6 +135,24 @@ def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str =
 
     _safely(model, "finish", call)
     return bool(held and held[0])
+
+
+def returned(model: str, tenant: str, job_id: str, score: float, attempt: int, started: float,
+             retry_after: float | None, cap: int | None = None) -> None:
+    """A job its upstream answered busy is pending again: queued at the head
+    (``score``) with its permit back, the model's limit lowered and, with a
+    Retry-After, its dispatch paused; a kick is published for the pause's end
+    (if lost, the periodic kick resumes the model)."""
+    paused = []
+
+    def call():
+        till, pairs = rd.returned(model, tenant, job_id, score, head(attempt), started, retry_after, cap=cap)
+        paused.append(till)
+        return pairs
+
+    _safely(model, "return", call)
+    if paused and paused[0] > 0:
+        publisher.publish_task(KICK_MODEL_TASK, [model], countdown=max(0.0, paused[0] - time.time()))
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> int:

@@ -44,17 +44,18 @@ class Due:
     """The transitions a transaction won, whose effects are due after its commit."""
 
     def __init__(self) -> None:
-        self._won: list[tuple[Moved, int | None]] = []
+        self._won: list[tuple[Moved, int | None, float | None]] = []
 
-    def add(self, moved: Moved | None, cap: int | None = None) -> Moved | None:
+    def add(self, moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> Moved | None:
         """Note a transition's result (None: lost, nothing due); returns it.
-        ``cap``: the model's max_concurrency, when the caller has it."""
+        ``cap``: the model's max_concurrency, when the caller has it;
+        ``retry_after``: a busy upstream's Retry-After (seconds)."""
         if moved is not None:
-            self._won.append((moved, cap))
+            self._won.append((moved, cap, retry_after))
         return moved
 
     def __iter__(self):
-        return (m for m, _cap in self._won)
+        return (m for m, _cap, _ra in self._won)
 
     def __len__(self) -> int:
         return len(self._won)
@@ -66,15 +67,18 @@ def collecting() -> Iterator[Due]:
     it BEFORE the transaction, so the commit comes first)."""
     due = Due()
     yield due
-    for moved, cap in due._won:
-        run(moved, cap=cap)
+    for moved, cap, retry_after in due._won:
+        run(moved, cap=cap, retry_after=retry_after)
 
 
-def run(moved: Moved | None, cap: int | None = None) -> None:
+def run(moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> None:
     """The effects of one committed transition: its slots and permit back
     (the next job is dispatched) with, for a terminal state, its waiters
     woken with the row's snapshot; its finish counted; its outbox rows' bell
-    rung; a done attempt's run time measured."""
+    rung; a done attempt's run time measured (the model's estimate and the
+    upstream controller's sample).  A busy return keeps its slot: permit
+    back, queued at its tenant's head, the model's limit lowered (paused for
+    ``retry_after``)."""
     if moved is None:
         return
     row = moved.row
@@ -86,6 +90,9 @@ def run(moved: Moved | None, cap: int | None = None) -> None:
                           ran=estimates.ran_seconds(row) if moved.state == JobState.DONE else None)
     for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
         publish_task(DELIVER_TASK, [])
+    if moved.requeue:
+        dispatch.returned(row.model_name, row.tenant_id, row.id, dispatch.order_score(row.created_at, row.priority),
+                          row.attempt, row.started_at.timestamp() if row.started_at else 0.0, retry_after, cap=cap)
 
 
 def release_stale_dispatch(model: str, tenant: str, job_id: str) -> None:

@@ -5,7 +5,10 @@ Every state change goes through app.transitions with the attempt this
 worker claimed, so a worker that lost its row (lease expired, canceled,
 timed out) has its late writes refused and only cleans up after itself.
 The tenant+model permit (maxConcurrency) is taken before the claim, so a job
-without one stays pending at the same attempt ("no_permit").
+without one stays pending at the same attempt ("no_permit").  An upstream
+that answers busy (429/503) sends the attempt back to pending ("busy"),
+spending no retry, up to ASYNCH_UPSTREAM_BUSY_BUDGET busy answers per job:
+retries count ``attempt - busy_count``.
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
     """Run the attempt a run_job(job_id, attempt) message stands for
     (``CURRENT``: whatever attempt the row is pending at).
 
-    Returns what happened ("stale", "expired", "done", "retry_wait", "failed", "lost")
+    Returns what happened ("stale", "expired", "done", "retry_wait", "failed", "lost", "busy")
     for logs and tests.  A duplicate or outdated message is "stale": the
     claim CAS refuses it before anything else happens.  The tenant's permit
     (maxConcurrency) was taken when the job was dispatched; the claim makes
@@ -117,6 +120,8 @@ def _run_claimed(row, model, mine: int) -> str:
         except ModelCallError as exc:
             if exc.called:
                 metrics.model_call(row.model_name, time.monotonic() - t0, False)
+            if exc.busy and settings.upstream_control and row.busy_count < settings.upstream_busy_budget:
+                return _busy(row, mine, exc, model, ctx)
             return _fail(row, mine, job_error(exc.code, exc.public), permanent=exc.permanent,
                          retry_times=model.retry_times, ctx=ctx, counted=exc.called, detail=str(exc))
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
@@ -203,8 +208,9 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
     same commit as the transition).  ``error``: what the tenant sees (a code
     and a short message); ``detail``: the internals, logged and kept for
     admin views."""
-    retry = not permanent and attempt <= retry_times
-    retry_at = clock_now() + timedelta(seconds=backoff_seconds(attempt)) if retry else None
+    spent = attempt - row.busy_count  # busy answers that came back unspent are no retries
+    retry = not permanent and spent <= retry_times
+    retry_at = clock_now() + timedelta(seconds=backoff_seconds(spent)) if retry else None
     with effects.collecting() as due, atomic_statement() as conn:
         won = due.add(transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at, detail=detail,
                                                alongside=_call_counted(conn, row) if counted else None))
@@ -217,3 +223,19 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
         return "retry_wait"
     log.info("job failed: %s", detail or error, extra=ctx)
     return "failed"
+
+
+def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
+    """The model's upstream answered busy (429/503): the attempt goes back to
+    pending at the head of its tenant's queue, spending no retry; the
+    effects lower the model's concurrency and pause it for Retry-After."""
+    with effects.collecting() as due, atomic_statement() as conn:
+        error = job_error("model_busy", exc.public + ", queued again")
+        won = due.add(transitions.return_busy(conn, row.id, attempt, error, busy_count=row.busy_count + 1,
+                                              detail=str(exc), alongside=_call_counted(conn, row)),
+                      cap=model.max_concurrency, retry_after=exc.retry_after)
+    if won is None:
+        log.info("attempt lost its job before going back to the queue", extra=ctx)
+        return "lost"
+    log.info("model busy, back in the queue: %s", exc, extra=ctx)
+    return "busy"

@@ -343,12 +343,16 @@ def timeline(row, attempts=()) -> list[TimelineEvent]:
             ev.append(("started", a.started_at, f"attempt {n}"))
             if JobState(a.outcome) == JobState.RETRY_WAIT:
                 ev.append(("attempt_failed", a.ended_at, f"attempt {n}: {a.error or ''}".strip()))
+            elif JobState(a.outcome) == JobState.PENDING:  # a busy upstream: back to the queue, no retry spent
+                ev.append(("model_busy", a.ended_at, f"attempt {n}: {a.error or ''}".strip()))
         elif last:  # running, or a row whose attempts were not read (the CLI)
             ev.append(("started", row.started_at, f"attempt {n}"))
             if state == JobState.RETRY_WAIT:
                 ev.append(("attempt_failed", row.updated_at, f"attempt {n}: {row.error or ''}".strip()))
         if n <= row.retry_count:
             ev.append(("requeued", requeued_at if n == row.retry_count else None, f"re-admitted for retry {n}"))
+    if not attempts and state == JobState.PENDING and row.busy_count:
+        ev.append(("model_busy", row.updated_at, f"attempt {row.attempt}: {row.error or ''}".strip()))
     if state == JobState.RETRY_WAIT and row.next_retry_at:
         ev.append(("retry_due", row.next_retry_at, "next attempt after"))
     if row.finished_at:
@@ -363,8 +367,9 @@ class AttemptView(Shape):
     """One ended attempt (asynch_task_attempt): how it ended and why."""
 
     attempt: int = Field(ge=1)
-    outcome: Literal["done", "failed", "retry_wait", "timeout", "canceled"] = Field(
-        description="the state the attempt left the job in (retry_wait: it is retried)")
+    outcome: Literal["done", "failed", "retry_wait", "timeout", "canceled", "pending"] = Field(
+        description="the state the attempt left the job in (retry_wait: it is retried; pending: the model was "
+                    "busy, 429/503, and the job went back to its queue without spending a retry)")
     started_at: Timestamp | None
     ended_at: Timestamp
     error: str | None = Field(None, description="'<code>: <short message>', as the job's error")

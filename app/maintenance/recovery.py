@@ -151,12 +151,12 @@ def recover_expired_leases(limit: int | None = None) -> Report:
     now = clock_now()
     with effects.collecting() as due, transaction() as conn:
         rows = conn.execute(locked(conn, select(
-            tasks.c.id, tasks.c.attempt, models.c.retry_times,
+            tasks.c.id, tasks.c.attempt, tasks.c.busy_count, models.c.retry_times,
         ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
             tasks.c.state == int(JobState.RUNNING), tasks.c.lease_expires_at < now,
         ).limit(batch_size(limit)))).all()
         rep, _won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (lease expired)"),
-                                   lambda r: now + timedelta(seconds=backoff_seconds(r.attempt)),
+                                   lambda r: now + timedelta(seconds=backoff_seconds(r.attempt - r.busy_count)),
                                    lease_expired_before=lambda r: now)
     return rep
 
@@ -179,7 +179,7 @@ def recover_dead_workers(limit: int | None = None) -> Report:
         return Report(details={"skipped": f"redis: {exc}"})
     now = clock_now()
     with effects.collecting() as due, transaction() as conn:
-        q = select(tasks.c.id, tasks.c.attempt, tasks.c.worker, models.c.retry_times).join(
+        q = select(tasks.c.id, tasks.c.attempt, tasks.c.busy_count, tasks.c.worker, models.c.retry_times).join(
             models, models.c.model_name == tasks.c.model_name, isouter=True).where(
             tasks.c.state == int(JobState.RUNNING), tasks.c.worker.is_not(None),
             # Claimed at least a TTL ago: its node has had time to be seen.
@@ -209,7 +209,7 @@ def _fail_attempts(conn, due: effects.Due, rows, error: str, retry_at_of, **guar
     rep = Report(details={"retry_wait": 0, "failed": 0})
     won = []
     for r in rows:
-        retry = r.attempt <= (r.retry_times or 0)
+        retry = r.attempt - r.busy_count <= (r.retry_times or 0)  # busy answers spent none
         moved = due.add(transitions.fail_attempt(conn, r.id, r.attempt, error,
                                                  retry_at=retry_at_of(r) if retry else None,
                                                  **{k: f(r) for k, f in guard_of.items()}))

@@ -39,7 +39,7 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
     try:
         with transaction() as conn:
             rows = conn.execute(locked(conn, select(
-                tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt, tasks.c.created_at,
+                tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt, tasks.c.busy_count, tasks.c.created_at,
                 tasks.c.priority, models.c.queue_limit, models.c.tenant_queue_limit, models.c.retry_queue_max_seconds,
             ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
                 tasks.c.state == int(JobState.RETRY_WAIT), due,
@@ -58,7 +58,7 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
                 taken.append((r.model_name, r.tenant_id, r.id))
                 head = (r.retry_queue_max_seconds or 0) == 0
                 won = transitions.readmit(conn, r.id, r.attempt, r.created_at if head else now,
-                                          promoted_at=now if head else None)
+                                          retries=r.attempt - r.busy_count, promoted_at=now if head else None)
                 if won is None:
                     release_slot(r.model_name, r.tenant_id, r.id)
                     continue

@@ -50,6 +50,9 @@ _MODEL_GAUGES = {
                                "max_concurrency"),
     "asynch_max_concurrency_configured": ("max_concurrency in the model's configuration",
                                           "max_concurrency_configured"),
+    "asynch_model_effective_concurrency": ("the permit cap dispatch applies: max_concurrency lowered by the upstream "
+                                           "controller while the model pushes back (429/503, latency)",
+                                           "effective_concurrency"),
     "asynch_model_enabled": ("1 if the model takes submissions", "enabled"),
 }
 

@@ -5,7 +5,7 @@ and the Redis gates (the admission view)."""
 from __future__ import annotations
 
 import calendar
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 from sqlalchemy import bindparam, func, literal, select, text, union_all
@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, func, literal, select, text, union_all
 from app.clock import as_utc
 from app.clock import now as clock_now
 from app.infra.db import transaction
-from app.infra.redis import gate
+from app.infra.redis import gate, upstream
 from app.infra.tables import models, tasks
 from app.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 
@@ -60,7 +60,8 @@ def oldest_pending(conn) -> dict[str, datetime]:
 def model_live(include_disabled: bool = True, tenant_id: str | None = None,
                counts: dict[tuple[str, str], int] | None = None) -> list[dict]:
     """Every configured model with its queue depth vs limit, running vs
-    concurrency, runtime overrides (autotune) and enabled state.  With
+    concurrency, runtime overrides (autotune), the upstream controller's
+    effective concurrency and pause, and enabled state.  With
     ``tenant_id`` (a user's overview) the job numbers are that tenant's
     only: queue_depth is its own pending + running + retry_wait, never the
     gate's total, which would show other tenants' load.  ``counts``: the
@@ -74,9 +75,12 @@ def model_live(include_disabled: bool = True, tenant_id: str | None = None,
     if not include_disabled:
         rows = [r for r in rows if r.enabled]
     gates = gate.gate_snapshot(r.model_name for r in rows)
+    ups = upstream.snapshot(r.model_name for r in rows)
     out = []
     for r in rows:
         depth, rt_ql, rt_mc = gates[r.model_name]
+        mc = min(r.max_concurrency, rt_mc) if rt_mc is not None else r.max_concurrency
+        ul, paused = ups[r.model_name]
         if tenant_id is not None:
             depth = sum(counts.get((r.model_name, s.label), 0) for s in ACTIVE_STATES)
         out.append({
@@ -88,9 +92,11 @@ def model_live(include_disabled: bool = True, tenant_id: str | None = None,
             "running": counts.get((r.model_name, "running"), 0),
             "pending": counts.get((r.model_name, "pending"), 0),
             "retry_wait": counts.get((r.model_name, "retry_wait"), 0),
-            "max_concurrency": min(r.max_concurrency, rt_mc) if rt_mc is not None else r.max_concurrency,
+            "max_concurrency": mc,
             "max_concurrency_configured": r.max_concurrency,
             "runtime": {"queue_limit": rt_ql, "max_concurrency": rt_mc},
+            "effective_concurrency": min(mc, ul) if ul is not None else mc,
+            "paused_until": datetime.fromtimestamp(paused, timezone.utc) if paused else None,
         })
     return out
 

@@ -23,6 +23,9 @@ class ModelLive(Shape):
     max_concurrency: int
     max_concurrency_configured: int
     runtime: RuntimeOverrides = Field(description="autotune's overrides (null: none)")
+    effective_concurrency: int = Field(description="the permit cap dispatch applies: max_concurrency, lowered by "
+                                       "the upstream controller while the model pushes back")
+    paused_until: Timestamp | None = Field(None, description="dispatch paused for the model's Retry-After until")
 
 
 class Overview(Shape):

@@ -16,12 +16,15 @@ or exception text); ``str(exc)`` is the whole story, for logs and admins.
 an oversize answer, a request we cannot send); 5xx, 408, 429, timeouts and
 network failures are transient.  ``called`` says whether the request
 reached the model service (a byte of it was sent): only those count in
-the call stats.  Connections are kept alive per thread and per process.
+the call stats.  A 429 or 503 is also ``busy`` (the upstream is full), with
+its Retry-After in seconds.  Connections are kept alive per thread and per process.
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 
 from app.infra.http import deadline
 from app.infra.http.headers import ATTEMPT_HEADER, JOB_HEADER, HeaderSpecError, job_headers, merge_headers
@@ -34,12 +37,36 @@ class ModelCallError(Exception):
     whether the request reached the model service (it counts in the stats)."""
 
     def __init__(self, message: str, *, permanent: bool, called: bool, code: str = "model_request_invalid",
-                 public: str | None = None):
+                 public: str | None = None, status: int | None = None, retry_after: float | None = None):
         super().__init__(message)
         self.permanent = permanent
         self.called = called
         self.code = code
         self.public = public if public is not None else message
+        self.status = status            # the model's HTTP status, if it answered
+        self.retry_after = retry_after  # its Retry-After, in seconds from now
+
+    @property
+    def busy(self) -> bool:
+        """The upstream is full (429 Too Many Requests, 503 Service Unavailable), not failing."""
+        return self.status in (429, 503)
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """A Retry-After header (RFC 9110: delay-seconds or an HTTP date) as
+    seconds from ``now`` (default: the clock); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        at = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if at.tzinfo is None:
+        return None
+    return max(0.0, at.timestamp() - (time.time() if now is None else now))
 
 
 @dataclass(frozen=True)
@@ -118,6 +145,7 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
         # 5xx, 408 and 429 may pass; other 3xx/4xx will fail the same way again.
         transient = resp.status >= 500 or resp.status in (408, 429)
         raise ModelCallError(f"model returned HTTP {resp.status}: {snippet}", permanent=not transient, called=True,
-                             code="model_http_error", public=f"model returned HTTP {resp.status}")
+                             code="model_http_error", public=f"model returned HTTP {resp.status}",
+                             status=resp.status, retry_after=retry_after_seconds(resp.header("Retry-After")))
     ctype = resp.header("Content-Type") or "application/octet-stream"
     return ModelResponse(body=resp.body, content_type=ctype, status=resp.status)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from app.config import get_settings
-from app.infra.redis import keys, scripts
+from app.infra.redis import keys, scripts, upstream
 from app.infra.redis.client import get_redis
 
 def _keys(model: str) -> list[str]:
@@ -84,13 +84,27 @@ def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "
     """(whether the gate slot was still held, the jobs dispatched).
     ``message``: what the wake-up carries (app/infra/wakeups.py
     snapshot_message); empty, the job id.  ``ran``: a done attempt's run
-    time (seconds), into the model's EWMA in the same step."""
+    time (seconds), into the model's EWMA and the upstream controller's
+    sample (upstream.py) in the same step."""
     released, *rest = scripts.get("dispatch_finish")(
         keys=[*_keys(model), keys.gate(model), keys.dispatch_run_time(model)], args=[
             *_args(model, cap, None), tenant, job_id, keys.tenant_gate(model, ""),
             keys.terminal_channel() if wake else "", message if wake else "",
-            "" if ran is None else f"{ran:.6f}", f"{get_settings().estimate_alpha:.6f}"])
+            "" if ran is None else f"{ran:.6f}", f"{get_settings().estimate_alpha:.6f}", upstream.finish_arg()])
     return bool(released), _triples(rest)
+
+
+def returned(model: str, tenant: str, job_id: str, score: float, attempt: str, started: float,
+             retry_after: float | None, cap: int | None = None) -> tuple[float, list[tuple[str, str, str]]]:
+    """A job whose upstream answered busy is pending again (dispatch_return.lua):
+    the controller's decrease and pause, its permit back, queued at ``score``
+    with ``attempt`` ("<n>h"), dispatch.  ``started``: when the busy call
+    began (unix s).  Returns (the pause's end if this answer moved it, else
+    0; the jobs dispatched)."""
+    till, *rest = scripts.get("dispatch_return")(keys=_keys(model), args=[
+        *_args(model, cap, None), tenant, job_id, repr(float(score)), attempt, f"{started:.3f}",
+        f"{retry_after or 0:.3f}", upstream.params()])
+    return float(till), _triples(rest)
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> list[tuple[str, str, str]]:

@@ -8,9 +8,10 @@
 --   12 the wake-up message ('' = the job id alone).  A channel is not a key: under Redis Cluster the
 --   PUBLISH reaches the subscribers on every node.
 --   13 a done attempt's run time, seconds ('' = none: nothing measured)  14 the EWMA's alpha (the first sample
---   is taken whole)
+--   is taken whole)  15 the upstream controller's parameters ('-' = the controller is off: forget its state)
 -- Returns {1 if the model's gate slot was still held (0: released before), dispatched triples...}.
 --@include dispatch_lib.lua
+--@include upstream_lib.lua
 local t, job = ARGV[8], ARGV[9]
 local released = redis.call('ZREM', KEYS[13], job)
 redis.call('ZREM', ARGV[10] .. t, job)
@@ -28,6 +29,7 @@ if ARGV[13] ~= '' then
   redis.call('HSET', KEYS[14], 's', tostring(s and a * x + (1 - a) * s or x))
   redis.call('HINCRBY', KEYS[14], 'n', 1)
 end
+if ARGV[15] == '-' then up_done('-', '') elseif ARGV[13] ~= '' then up_done(ARGV[13], ARGV[15]) end
 local out = dispatch()
 table.insert(out, 1, released)
 return out

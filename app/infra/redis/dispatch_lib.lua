@@ -3,7 +3,8 @@
 -- KEYS (every dispatch script; all of one model, one hash slot): 1 ring (zset tenant -> pass)  2 blocked (set)
 --   3 pass (hash tenant -> saved pass; field "" the virtual time)
 --   4 inflight (zset job -> dispatch time)  5 inflight info (hash job -> "tenant score")
---   6 conf (hash: mc = the model's max_concurrency, es = its expected_seconds)  7 runtime max_concurrency override
+--   6 conf (hash: mc = the model's max_concurrency, es = its expected_seconds; the upstream controller's
+--     fields, upstream_lib.lua)  7 runtime max_concurrency override
 --   8 the model's copy of the weights (hash tenant -> weight)  9 attempts (hash job -> the attempt it is pending at)
 --   10 cost (hash tenant -> EWMA of its attempts' run seconds)
 --   11 charges (hash job -> "estimate charge [claim time]": what its dispatch added to its tenant's pass)
@@ -27,7 +28,12 @@ local function limit()
   if cap then redis.call('HSET', K_CONF, 'mc', cap) else cap = tonumber(redis.call('HGET', K_CONF, 'mc')) or 1 end
   local rt = tonumber(redis.call('GET', K_RTMC) or '')
   if rt and rt < cap then cap = rt end
-  return cap
+  -- The upstream controller's limit under that ceiling, 0 while paused (upstream_lib.lua).
+  local up = redis.call('HMGET', K_CONF, 'ul', 'pause')
+  if (tonumber(up[2] or '') or 0) > NOW then return 0, cap end
+  local ul = tonumber(up[1] or '')
+  if ul and ul < cap then return math.max(1, math.floor(ul)), cap end
+  return cap, cap
 end
 
 local function activate(t)
@@ -144,7 +150,7 @@ local function dispatch()
   requeue_unclaimed(NOW - lease)
   local cap = limit()
   local out = {}
-  while #out < 3 * most and redis.call('ZCARD', K_INF) < window do
+  while cap > 0 and #out < 3 * most and redis.call('ZCARD', K_INF) < window do
     local picked, pass, reserved = pick(cap)
     if not picked then break end
     local popped = redis.call('ZPOPMIN', READY .. picked)

@@ -10,8 +10,9 @@ Invariants:
   (a broken install: pyproject.toml ships them as package data) fails at
   start, not on the first request that needs it.
 - A line ``--@include <file>.lua`` is replaced by that file's text (the
-  dispatch steps share dispatch_lib.lua's functions).  One level: an
-  included file includes nothing.
+  dispatch steps share dispatch_lib.lua's functions, and those that update
+  the upstream controller upstream_lib.lua's).  One level: an included
+  file includes nothing.
 - Scripts run by EVALSHA, loaded on NOSCRIPT (redis-py's ``Script``, from
   ``register_script``).  Under Redis Cluster, redis-py routes a script by
   its keys' hash slot; every script here touches the keys of one slot (the
@@ -33,13 +34,13 @@ from app.infra.redis.client import get_redis
 
 NAMES = (
     "gate_admit", "gate_reconcile",
-    "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick",
+    "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick", "dispatch_return",
     "dispatch_position",
     "epoch_compare_delete", "leader_acquire", "leader_release",
     "ratelimit_token_bucket", "runtime_limits_cas",
 )
 # Files only ever included by others, never run alone.
-LIBRARIES = ("dispatch_lib",)
+LIBRARIES = ("dispatch_lib", "upstream_lib")
 
 _INCLUDE = re.compile(r"^--@include ([a-z_]+)\.lua$", re.M)
 _ATTR = "_asynch_scripts"

@@ -123,7 +123,10 @@ async function loadModels() {
     el("td", {}, m.enabled ? "yes" : "no"),
     el("td", { class: "depth" }, bar(m.queue_depth, m.queue_limit), `${m.queue_depth} / ${m.queue_limit}`,
        m.queue_limit !== m.queue_limit_configured ? ` (configured ${m.queue_limit_configured})` : ""),
-    el("td", { class: "running" }, bar(m.running, m.max_concurrency), `${m.running} / ${m.max_concurrency}`),
+    el("td", { class: "running" }, bar(m.running, m.max_concurrency), `${m.running} / ${m.max_concurrency}`,
+       // The upstream controller (429/503, latency) holds the model below its limit, or paused for Retry-After.
+       m.effective_concurrency < m.max_concurrency ? ` (upstream ${m.effective_concurrency})` : "",
+       m.paused_until ? " paused" : ""),
     el("td", {}, ["queue_limit", "max_concurrency"].filter((k) => m.runtime[k] !== null)
       .map((k) => `${k}=${m.runtime[k]}`).join(", ") || "none"),
     el("td", {},
