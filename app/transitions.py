@@ -281,7 +281,7 @@ def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy
     its tenant's head.  ``busy_count``: the row's + 1, so no retry is spent."""
     row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True, values={
         "busy_count": busy_count, "lease_expires_at": None, "error": error[:4000], "error_detail": detail and detail[:4000]})
-    return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, callback=False,
+    return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0,
                                           requeue=True)
 
 
