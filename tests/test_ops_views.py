@@ -81,7 +81,7 @@ def test_the_timeline_shows_each_attempt_and_when_the_retry_was_requeued(client,
     assert [e["event"] for e in tl] == ["created", "started", "attempt_failed", "requeued", "started", "finished"]
     assert [e["detail"] for e in tl if e["event"] == "started"] == ["attempt 1", "attempt 2"]
     assert tl[1]["at"] == first["started_at"] and tl[4]["at"] == second["started_at"]
-    assert tl[2]["at"] == first["ended_at"] and "503" in tl[2]["detail"]
+    assert tl[2]["at"] == first["ended_at"] and "500" in tl[2]["detail"]
     assert tl[3]["at"] == requeue_at.isoformat().replace("+00:00", "Z") != body["created_at"]
 
 
