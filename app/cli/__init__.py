@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from app.cli import client_cmds, devstack, operate, processes
+from app.cli import client_cmds, devstack, devstate, operate, processes
 from app.cli.base import ROOT, DomainGroup, alembic_config, upgrade_db
 from app.cli.processes import beat_argv, callback_worker_argv, worker_argv
 
@@ -16,14 +16,14 @@ from app.cli.processes import beat_argv, callback_worker_argv, worker_argv
 def main(ctx: click.Context) -> None:
     # Before any setting is read; `asynch dev` starts a stack of its own instead.
     if ctx.invoked_subcommand != "dev":
-        devstack.load_dev_env()
+        devstate.load_dev_env()
 
 
 for _cmd in (processes.db, processes.api, processes.worker, processes.callback_worker, processes.beat, devstack.dev,
              processes.env_cmd,
              operate.keys, operate.models, operate.jobs, operate.maintenance, operate.work, operate.tenants, operate.secrets,
              operate.callbacks,
-             client_cmds.submit, client_cmds.wait):
+             client_cmds.submit, client_cmds.wait, client_cmds.result, client_cmds.cancel):
     main.add_command(_cmd)
 
 __all__ = ["ROOT", "alembic_config", "beat_argv", "callback_worker_argv", "main", "upgrade_db", "worker_argv"]
