@@ -14,15 +14,12 @@ import click
 from app.cli import devstate
 from app.cli.base import ROOT, DomainGroup, alembic_config, upgrade_db
 
-# name -> "module:attribute" under app.cli
-COMMANDS = {name: f"{mod}:{attr or name}" for name, mod, attr in (
-    ("db", "processes", None), ("api", "processes", None), ("worker", "processes", None),
-    ("callback-worker", "processes", "callback_worker"), ("beat", "processes", None), ("dev", "devstack", None),
-    ("env", "processes", "env_cmd"), ("keys", "operate", None), ("models", "operate", None),
-    ("jobs", "operate", None), ("maintenance", "operate", None), ("work", "operate", None),
-    ("tenants", "operate", None), ("secrets", "operate", None), ("callbacks", "operate", None),
-    ("submit", "client_cmds", None), ("wait", "client_cmds", None), ("result", "client_cmds", None),
-    ("cancel", "client_cmds", None))}
+# module -> its commands ("name=attribute" where they differ)
+_MODULES = {"processes": "db api worker callback-worker=callback_worker beat env=env_cmd", "devstack": "dev",
+            "operate": "keys models jobs maintenance work tenants secrets callbacks",
+            "client_cmds": "submit wait result cancel"}
+COMMANDS = {n.split("=")[0]: f"{m}:{n.split('=')[-1].replace('-', '_')}" for m, names in _MODULES.items()
+            for n in names.split()}
 
 
 class LazyGroup(DomainGroup):

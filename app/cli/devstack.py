@@ -327,18 +327,10 @@ def _receiver_secrets() -> list[str]:
     return [plain(s) for s in stored]
 
 
-def _activate_hint() -> str:
-    """How a new terminal reaches ``asynch`` (and the client's python): this interpreter's venv."""
-    bin_dir = Path(sys.executable).parent
-    try:
-        rel = bin_dir.relative_to(Path.cwd())
-    except ValueError:
-        rel = bin_dir
-    return f"  . {rel}/activate     # asynch and the Python client on PATH (or run {rel}/asynch)\n"
-
-
 def _banner(base: str, key: str, demo_url: str, helpers: int, data_dir: Path) -> str:
     job = "python3 -c 'import json, sys; print(json.load(sys.stdin)[\"job_id\"])'"
+    venv = Path(sys.executable).parent  # asynch and the client's python: this interpreter's venv
+    venv = venv.relative_to(Path.cwd()) if venv.is_relative_to(Path.cwd()) else venv
     return f"""
 model-asynch dev is up: API {base}, demo model {demo_url}, {helpers} helper processes.
 PostgreSQL and Valkey of its own, data in {data_dir} (settings: {data_dir / STATE_FILE}).
@@ -347,7 +339,8 @@ Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/
 OpenAPI: {base}/openapi.json   Webhook receiver: {demo_url}/webhooks (verifies signatures; GET lists them)
 
 In another terminal, in this checkout (asynch finds this stack by itself):
-{_activate_hint()}  JOB=$(asynch submit demo-echo '{{"prompt": "hello"}}' -q)
+  . {venv}/activate     # asynch and the Python client on PATH (or run {venv}/asynch)
+  JOB=$(asynch submit demo-echo '{{"prompt": "hello"}}' -q)
   asynch wait $JOB && asynch result $JOB
 Or with curl:
   export KEY={key}
