@@ -1,8 +1,9 @@
 """The Python client (issue 16 item 6), against a live stack: the API on a
 real socket, Celery worker processes, PostgreSQL, Redis and the stub model.
 Both clients, their typed errors, retries honouring Retry-After, the
-automatic Idempotency-Key, and the ``asynch submit`` / ``asynch wait``
-commands as subprocesses."""
+automatic Idempotency-Key, and the ``asynch submit`` / ``wait`` /
+``result`` / ``cancel`` commands as subprocesses (a job named by its id
+alone, or MODEL JOB_ID; errors in one line)."""
 from __future__ import annotations
 
 import asyncio

@@ -11,7 +11,7 @@ the result's bytes).  Every failure is one line on stderr, ``Error: <cause>:
 <next step>``, exit status 1, and no traceback unless ``--debug``.  A job is
 named by its id alone (its model is looked up, ``GET /v1/jobs/{id}``) or, as
 before, ``MODEL JOB_ID``.  ``wait`` exits 0 for done, 1 for
-failed/timeout/canceled, 2 when still running at its timeout.
+failed/timeout/canceled/expired, 2 when still running at its timeout.
 """
 from __future__ import annotations
 
@@ -130,8 +130,8 @@ def submit(c: Client, model: str, payload: str, wait_s: int | None, priority: in
     click.echo(job.job_id) if quiet else _show(job)
 
 
-@click.command("wait", help="Wait for a job's end and print it; exit 0 done, 1 failed/timeout/canceled, 2 still "
-               "running at --timeout.")
+@click.command("wait", help="Wait for a job's end and print it; exit 0 done, 1 failed/timeout/canceled/expired, "
+               "2 still running at --timeout.")
 @_JOB_ARGS
 @click.option("--timeout", type=click.FloatRange(0), default=None, help="Give up after this many seconds "
               "(default: wait as long as it takes).")
