@@ -96,6 +96,9 @@ class AsyncClient:
     async def get(self, model: str, job_id: str) -> Job:
         return Job.of((await self._json("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}"))[0], model)
 
+    async def job(self, job_id: str) -> Job:
+        return Job.of((await self._json("GET", f"/v1/jobs/{q(job_id)}"))[0])
+
     async def wait(self, model: str, job_id: str, timeout: float | None = None, poll_ms: int = 30000) -> Job:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

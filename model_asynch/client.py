@@ -295,6 +295,10 @@ class Client:
     def get(self, model: str, job_id: str) -> Job:
         return Job.of(self._request("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}").json(), model)
 
+    def job(self, job_id: str) -> Job:
+        """A job by its id alone (``GET /v1/jobs/{id}``: the poll body and more, its ``model`` included)."""
+        return Job.of(self._request("GET", f"/v1/jobs/{q(job_id)}").json())
+
     def wait(self, model: str, job_id: str, timeout: float | None = None, poll_ms: int = 30000) -> Job:
         """Long-poll until the job is finished or ``timeout`` seconds (None:
         no limit) have passed; returns the job as last seen."""

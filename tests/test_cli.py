@@ -64,16 +64,25 @@ def test_db_upgrade_is_idempotent_and_maintenance_runs(test_env):
 def test_help_for_every_command(test_env):
     import os
 
+    import click
+
     env = {**os.environ, **test_env}
     from app.cli import main
 
-    def walk(group, path):
-        yield path
-        for name, cmd in getattr(group, "commands", {}).items():
-            yield from walk(cmd, [*path, name])
+    ctx = click.Context(main, info_name="asynch")
 
-    commands = list(walk(main, []))
-    assert ["jobs", "requeue"] in commands and ["models", "import"] in commands
+    def walk(group, path):
+        yield path, group
+        if isinstance(group, click.Group):
+            for name in group.list_commands(ctx):
+                yield from walk(group.get_command(ctx, name), [*path, name])
+
+    commands = dict((tuple(p), c) for p, c in walk(main, []))
+    assert ("jobs", "requeue") in commands and ("models", "import") in commands and ("result",) in commands
+    # Every option says what it does (asynch dev and the client commands included).
+    bare = [(" ".join(p), o.opts) for p, c in commands.items() for o in c.params
+            if isinstance(o, click.Option) and not o.help]
+    assert bare == [], bare
     # The real entry point once (and a nested command), then every command
     # in-process: a subprocess per command cost ~1 s of imports each.
     for cmd in ([], ["jobs", "requeue"]):
@@ -85,6 +94,40 @@ def test_help_for_every_command(test_env):
     for cmd in commands:
         out = runner.invoke(main, [*cmd, "--help"], prog_name="asynch")
         assert out.exit_code == 0 and "Usage:" in out.output, (cmd, out.output)
+
+
+def test_a_client_command_fails_in_one_line_with_the_next_step(tmp_path):
+    """No API at the URL, no key, a bad payload, no job named: one line each,
+    exit 1 (2 for usage), no traceback unless --debug; no dev stack is found
+    outside a checkout, so the old default URL stays."""
+    from conftest import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCH_")}
+    env["PYTHONPATH"] = str(ROOT)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    url = f"http://127.0.0.1:{free_port()}"
+    for args in (["wait", "job_x"], ["result", "demo-echo", "job_x"], ["cancel", "job_x"], ["submit", "m", "{}"]):
+        out = run(*args, "--url", url, "--key", "ak_x")
+        assert out.returncode == 1 and out.stdout == "", out
+        assert out.stderr.splitlines() == [f"Error: cannot reach the API at {url} (connection refused): is it "
+                                           "running? start one with ./scripts/dev.sh, or pass --url / set "
+                                           "ASYNCH_URL"], out.stderr
+    debug = run("wait", "job_x", "--url", url, "--key", "ak_x", "--debug")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConnectionError" in debug.stderr
+    out = run("wait", "job_x")
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "Error: no API key for http://127.0.0.1:8000: pass --key or set ASYNCH_API_KEY (or run ./scripts/dev.sh "
+        "in this checkout: its admin key is used)"], out.stderr
+    out = run("submit", "m", "{nope", "--key", "k", "--url", url)
+    assert out.returncode == 2 and "Invalid value for PAYLOAD: not JSON" in out.stderr and "Traceback" not in out.stderr
+    out = run("submit", "m", "@missing.json", "--key", "k", "--url", url)
+    assert out.returncode == 2 and "cannot read missing.json" in out.stderr and "Traceback" not in out.stderr
+    out = run("wait", "a", "b", "c", "--key", "k")
+    assert out.returncode == 2 and "name a job: JOB_ID (or MODEL JOB_ID)" in out.stderr
 
 
 def _env(test_env) -> dict:

@@ -1,8 +1,9 @@
 """The Python client (issue 16 item 6), against a live stack: the API on a
 real socket, Celery worker processes, PostgreSQL, Redis and the stub model.
 Both clients, their typed errors, retries honouring Retry-After, the
-automatic Idempotency-Key, and the ``asynch submit`` / ``asynch wait``
-commands as subprocesses."""
+automatic Idempotency-Key, and the ``asynch submit`` / ``wait`` /
+``result`` / ``cancel`` commands as subprocesses (a job named by its id
+alone, or MODEL JOB_ID; errors in one line)."""
 from __future__ import annotations
 
 import asyncio
@@ -141,3 +142,31 @@ def test_asynch_submit_and_wait_commands(api_url, workers, make_model, user_key)
     slow = json.loads(_cli(api_url, user_key, "submit", "clc", '{"sleep_ms": 3000}').stdout)
     out = _cli(api_url, user_key, "wait", "clc", slow["job_id"], "--timeout", "0.5")
     assert out.returncode == 2 and json.loads(out.stdout)["state"] in ("pending", "running")
+
+
+def test_a_job_is_named_by_its_id_alone(api_url, workers, make_model, user_key, model_server):
+    """wait, result and cancel with the job id only (its model looked up with
+    GET /v1/jobs/{id}), the old MODEL JOB_ID form too; errors in one line."""
+    make_model("cli2", form=[{"field": "prompt", "type": "string", "required": True}])
+    job = _cli(api_url, user_key, "submit", "cli2", '{"prompt": "p"}', "-q")
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip()
+    assert job_id.startswith("job_") and job_id == job_row(job_id).id
+    out = _cli(api_url, user_key, "wait", job_id, "--timeout", "30")
+    assert out.returncode == 0 and json.loads(out.stdout)["state"] == "done", out
+    out = _cli(api_url, user_key, "result", job_id)
+    assert out.returncode == 0 and json.loads(out.stdout) == {"model": "demo-echo", "echo": {"prompt": "p"}}, out
+    assert json.loads(_cli(api_url, user_key, "result", "cli2", job_id).stdout)["echo"] == {"prompt": "p"}
+    held = _cli(api_url, user_key, "submit", "cli2", '{"prompt": "h", "hold": "cli2"}', "-q").stdout.strip()
+    out = _cli(api_url, user_key, "cancel", held)
+    assert out.returncode == 0 and json.loads(out.stdout)["state"] == "canceled", out
+    model_server.state.release("cli2")
+    out = _cli(api_url, user_key, "result", held)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "Error: job not finished (state: canceled) (HTTP 409): nothing was changed"], out.stderr
+    out = _cli(api_url, user_key, "submit", "cli2", "{}")
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "Error: request body does not match the model's form; /prompt: is required (HTTP 422): fix the request "
+        "(the model's form: GET /v1/models/MODEL)"], out.stderr
+    out = _cli(api_url, "ak_wrong", "wait", job_id)
+    assert out.returncode == 1 and len(out.stderr.splitlines()) == 1 and "(HTTP 401): pass a valid key" in out.stderr

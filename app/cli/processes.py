@@ -32,8 +32,9 @@ WORKER_CLASSES = ("gevent", "gthread")
 
 
 @click.command(help="Run the API under gunicorn (gevent: long-polls park no thread).")
-@click.option("--bind", default="0.0.0.0:8000")
-@click.option("--workers", default=2, type=int)
+@click.option("--bind", default="0.0.0.0:8000", show_default=True,
+              help="host:port (or fd://N, unix:PATH) gunicorn listens on.")
+@click.option("--workers", default=2, type=int, show_default=True, help="API processes.")
 @click.option("--worker-class", type=click.Choice(WORKER_CLASSES), default="gevent", show_default=True,
               help="gevent serves every request, long-polls included, on greenlets; gthread is the old "
                    "thread-per-request server (a long-poll holds a thread).")
@@ -83,8 +84,12 @@ def metrics_group_env() -> dict[str, str]:
     return group_env()
 
 
+_CONCURRENCY = click.option("--concurrency", "-c", default=2, type=int, show_default=True,
+                            help="Pool processes: jobs (or deliveries) this node runs at once.")
+
+
 @click.command(help="Run a Celery worker for jobs (run_job and maintenance); callbacks have their own.")
-@click.option("--concurrency", "-c", default=2, type=int)
+@_CONCURRENCY
 @click.option("--queues", "-Q", default=None, help="Queues to consume (default: the job queue, ASYNCH_QUEUE_NAME).")
 def worker(concurrency: int, queues: str | None) -> None:
     _refuse_insecure()
@@ -111,7 +116,7 @@ def _refuse_insecure() -> None:
 
 @click.command("callback-worker", help="Run a Celery worker that delivers callbacks only "
                "(ASYNCH_CALLBACK_QUEUE_NAME): a slow receiver ties up these processes, never the job workers.")
-@click.option("--concurrency", "-c", default=2, type=int)
+@_CONCURRENCY
 def callback_worker(concurrency: int) -> None:
     _refuse_insecure()
     os.environ.update(metrics_group_env())  # its own metrics group, like any worker node

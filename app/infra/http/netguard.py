@@ -20,7 +20,7 @@ the caller connects to one of the checked addresses rather than resolving
 again, so a DNS answer that changes between check and connect (rebinding)
 cannot redirect the request.
 
-``ASYNCH_CALLBACK_ALLOW_HOSTS`` (comma list of IPs, CIDRs or host names) lets
+``ASYNCH_DELIVERY_ALLOW_HOSTS`` (comma list of IPs, CIDRs or host names) lets
 an operator admit internal receivers.
 
 Ports: 80, 443 and 1024-65535; another port only for an allowlisted
@@ -206,7 +206,7 @@ def check_url(url: str, lookups: Lookups | None = None) -> Target:
                                  "and other non-public targets are not allowed")
     if not port_allowed(port) and not (listed or all(_allowed(ip, nets) for ip in addresses)):
         raise UrlRefused(f"port {port} is not allowed: use 80, 443 or 1024-65535 "
-                         "(other ports only for hosts on the operator's ASYNCH_CALLBACK_ALLOW_HOSTS)")
+                         "(other ports only for hosts on the operator's ASYNCH_DELIVERY_ALLOW_HOSTS)")
     return Target(scheme, host, port, pq, tuple(addresses))
 
 
