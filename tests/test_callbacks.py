@@ -8,7 +8,7 @@ from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from conftest import auth, job_row
+from helpers import auth, job_row, P
 from sqlalchemy import delete, select
 from stubs import CallbackReceiver, ConnectionSpy
 
@@ -21,9 +21,6 @@ from app.infra.http import netguard
 from app.infra.tables import callbacks as callbacks_table
 from app.jobs import execution
 from app.jobs import service as jobs
-from app.tenancy.keys import Principal
-
-P = Principal("tenant-a", "user", None)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, auth, wait_until
+from helpers import ROOT, auth, wait_until
 from sqlalchemy import select
 
 from app.infra.db import transaction
@@ -237,7 +237,7 @@ def _healthy(url: str) -> bool:
 
 @pytest.mark.slow
 def test_api_worker_and_beat_commands_run(test_env, tmp_path):
-    from conftest import free_port, wait_until
+    from helpers import free_port, wait_until
 
     env = _env(test_env)
     port = free_port()
@@ -263,7 +263,7 @@ def test_dev_command_runs_a_job_end_to_end(test_env, tmp_path):
     import re
 
     import requests
-    from conftest import free_port, wait_until
+    from helpers import free_port, wait_until
 
     env = _env(test_env)
     port, model_port = free_port(), free_port()

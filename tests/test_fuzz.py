@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
-from conftest import make_key
+from helpers import make_key
 from sqlalchemy import text
 
 pytestmark = pytest.mark.slow
@@ -203,7 +203,7 @@ def _seed_envelope_ok(resp) -> dict:
 
 
 def test_nul_in_a_path_query_or_body_is_refused_not_a_500(client, make_model, admin_key, user_key):
-    from conftest import auth
+    from helpers import auth
 
     make_model("echo")
     h, a = auth(user_key), auth(admin_key)
@@ -248,7 +248,7 @@ def job_count() -> int:
 
 
 def test_bodies_json_cannot_carry_are_400(client, make_model, user_key):
-    from conftest import auth
+    from helpers import auth
 
     make_model("echo")
     h = auth(user_key)
@@ -265,7 +265,7 @@ def test_bodies_json_cannot_carry_are_400(client, make_model, user_key):
 
 
 def test_model_fields_the_database_could_not_take_are_422(client, admin_key):
-    from conftest import auth
+    from helpers import auth
 
     a = auth(admin_key)
     base = {"model_name": "m", "base_url": "http://127.0.0.1:1"}
@@ -292,7 +292,7 @@ def test_model_fields_the_database_could_not_take_are_422(client, admin_key):
 
 
 def test_model_type_ids_past_the_column_are_not_allocated(client, admin_key):
-    from conftest import auth
+    from helpers import auth
 
     a = auth(admin_key)
     assert client.post("/v1/model-types", json={"type_id": 2**31 - 1, "type_name": "top"}, headers=a).status_code == 201
@@ -304,7 +304,7 @@ def test_model_type_ids_past_the_column_are_not_allocated(client, admin_key):
 
 
 def test_listing_times_with_any_offset_or_year(client, user_key):
-    from conftest import auth
+    from helpers import auth
 
     h = auth(user_key)
     assert client.get("/v1/jobs?until=0042-04-21T23:33:18-16:02", headers=h).status_code == 200
@@ -316,7 +316,7 @@ def test_listing_times_with_any_offset_or_year(client, user_key):
 def test_percent_signs_in_a_submission_are_data_not_placeholders(client, make_model, user_key):
     """The group-committed INSERT is rendered by the driver and sent as text:
     a "%s" in a header or a payload once raised TypeError there (a 500)."""
-    from conftest import auth
+    from helpers import auth
 
     make_model("free", queue_limit=1000)
     h = {**auth(user_key), "X-Oss-Authorization": "Bearer %s%(x)s%", "Idempotency-Key": "k%s"}
@@ -338,7 +338,7 @@ def test_percent_signs_in_a_submission_are_data_not_placeholders(client, make_mo
 def test_a_tenant_rate_too_small_for_the_bucket_is_refused(client, admin_key, user_key, make_model):
     """A rate of 7e-162/s was stored, and then every request of that tenant
     raised ValueError building its bucket (a 500 on every route)."""
-    from conftest import auth
+    from helpers import auth
 
     make_model("echo")
     for rate in (7.3e-162, 0.001):

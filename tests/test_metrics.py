@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from conftest import auth
+from helpers import auth
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import set_settings

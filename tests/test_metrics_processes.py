@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import ROOT, WorkerProcess, auth, free_port, wait_until
+from helpers import ROOT, WorkerProcess, auth, free_port, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 

@@ -53,7 +53,7 @@ def _round_trip(url: str) -> None:
 
 def test_partial_index_revision_goes_down_and_up_on_postgresql():
     import psycopg2
-    from conftest import PG_ADMIN_DSN
+    from helpers import PG_ADMIN_DSN
 
     name = "asynch_migration_scratch"
     admin = psycopg2.connect(PG_ADMIN_DSN)

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 import requests
-from conftest import ROOT, auth, job_row, wait_until
+from helpers import ROOT, auth, job_row, wait_until
 from test_seed_flow import _api_settings, oss, receiver, seed_worker  # noqa: F401 (fixtures)
 
 from app.clock import now

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
-from conftest import WorkerProcess, auth, job_row, wait_until
+from helpers import WorkerProcess, auth, job_row, wait_until
 from stubs import CallbackReceiver, OssStub
 
 from app.callbacks import secrets as callback_secrets

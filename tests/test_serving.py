@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
-from conftest import ROOT, auth, make_key, submit, wait_until
+from helpers import ROOT, auth, make_key, submit, wait_until
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 

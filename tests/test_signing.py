@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import auth
+from helpers import auth
 from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from stubs import CallbackReceiver
@@ -62,7 +62,7 @@ def test_a_delivery_verifies_with_the_standardwebhooks_package(make_model, recei
 
 def _documented_verify_callback():
     """The verify_callback of docs/api.md "Callbacks", executed as written."""
-    from conftest import ROOT
+    from helpers import ROOT
 
     doc = (ROOT / "docs" / "api.md").read_text()
     after = doc.split("<!-- callback-verify-snippet", 1)[1]

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import requests
-from conftest import auth, wait_until
+from helpers import auth, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
