@@ -156,6 +156,22 @@ def model_server(_model_server):
     return _model_server
 
 
+def _stub_server(fixture_name: str, class_name: str):
+    """A module-scoped fixture: one tests/stubs.py server on 127.0.0.1 for a test module."""
+    @pytest.fixture(scope="module", name=fixture_name)
+    def _served():
+        import stubs
+
+        srv = getattr(stubs, class_name)()
+        yield srv
+        srv.stop()
+    return _served
+
+
+receiver = _stub_server("receiver", "CallbackReceiver")  # records every callback request
+oss = _stub_server("oss", "OssStub")  # the seed's OSS file service
+
+
 # --- the API on a real socket --------------------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -170,6 +170,18 @@ def submit_job(model: str, payload, principal=None, **opts) -> str:
     return jobs.submit(principal or P, model, payload, jobs.SubmitOptions(**opts)).row.id
 
 
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """A Prometheus exposition's samples: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(sm: dict, name: str, **labels) -> float:
+    return sm.get((name, frozenset(labels.items())), 0.0)
+
+
 def __getattr__(name: str):
     # P, tenant-a's user principal, built on first use: app/ is not imported at import time.
     if name == "P":

@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from helpers import auth, job_row, P
 from sqlalchemy import delete, select
-from stubs import CallbackReceiver, ConnectionSpy
+from stubs import ConnectionSpy
 
 from app.callbacks import delivery as callbacks
 from app.callbacks import secrets as callback_secrets
@@ -23,19 +23,10 @@ from app.jobs import execution
 from app.jobs import service as jobs
 
 
-@pytest.fixture(scope="module")
-def receiver():
-    rcv = CallbackReceiver()
-    yield rcv
-    rcv.stop()
-
-
 @pytest.fixture(autouse=True)
 def _setup(settings, receiver):
     receiver.reset()
     set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_backoff_seconds=2.0))
-    yield
-    set_clock(None)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import ROOT, WorkerProcess, auth, free_port, wait_until
+from helpers import ROOT, WorkerProcess, auth, free_port, samples, value, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
@@ -27,18 +27,6 @@ from app.infra.tables import model_stats, tasks
 
 pytestmark = pytest.mark.slow
 TOKEN = "scrape-secret"
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(sm: dict, name: str, **labels) -> float:
-    return sm.get((name, frozenset(labels.items())), 0.0)
 
 
 def scrape(url: str, token: str = "") -> dict:

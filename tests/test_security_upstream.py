@@ -70,15 +70,6 @@ def test_resolution_is_bounded_by_the_resolve_timeout(settings, monkeypatch):
 
 # --- 3. X-User-Info and the OSS file service -----------------------------------------------
 
-@pytest.fixture(scope="module")
-def oss():
-    from stubs import OssStub
-
-    stub = OssStub()
-    yield stub
-    stub.stop()
-
-
 def _passthrough_of(job_id):
     import json
 

@@ -12,7 +12,6 @@ import pytest
 from helpers import auth
 from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
-from stubs import CallbackReceiver
 from test_callbacks import done_with_callback
 
 from app.callbacks import delivery as callbacks
@@ -23,19 +22,10 @@ from app.infra.db import transaction
 from app.infra.tables import tenant_secrets
 
 
-@pytest.fixture(scope="module")
-def receiver():
-    rcv = CallbackReceiver()
-    yield rcv
-    rcv.stop()
-
-
 @pytest.fixture(autouse=True)
 def _setup(settings, receiver):
     receiver.reset()
     set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_secret_overlap_seconds=3600))
-    yield
-    set_clock(None)
 
 
 def _secret(client, key) -> str:
