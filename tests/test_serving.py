@@ -381,7 +381,7 @@ def test_no_wakeup_lost_while_the_listener_reconnects(test_env, tmp_path, make_m
 
         t = threading.Thread(target=asyncio.run, args=(all_waits(),))
         t.start()
-        time.sleep(1.5)  # parked
+        wait_until(lambda: _parked(api.base) == 240, timeout=60, what="all 240 waits parked")
         finished: dict[str, float] = {}
         stop = threading.Event()
         kills = []
@@ -419,7 +419,7 @@ def test_sigterm_answers_open_waits_at_once(test_env, tmp_path, make_model):
         job = submit(api.base, key, "m", {}).json()["job_id"]
         run_by_hand(job)
         s = _raw_wait(api.base, key, "m", job, 60000)
-        time.sleep(1.0)  # parked
+        wait_until(lambda: _parked(api.base) == 1, what="the wait parked")
         t0 = time.monotonic()
         api.proc.send_signal(15)
         status, body = _read_answer(s)
