@@ -294,20 +294,23 @@ def test_a_woken_job_is_read_at_most_once_for_all_its_waiters(make_model, messag
     job_id = jobs.submit(p, "flight", {}).row.id
     run_by_hand(job_id)
     waiters.hub.ensure_started()
-    reads: list[str] = []
+    first: list[str] = []  # each waiter's one read right after registering
+    reads: list[str] = []  # the reads after the terminal commit
+    sink = [first]
 
     def count(conn, cursor, statement, params, context, executemany):
         if statement.lstrip().upper().startswith("SELECT") and "asynch_task" in statement:
-            reads.append(statement)
+            sink[0].append(statement)
 
-    with ThreadPoolExecutor(60) as ex:
-        futs = [ex.submit(jobs.wait_job, p, job_id, 10000) for _ in range(60)]
-        wait_until(lambda: waiters.hub.waiter_count() == 60, what="60 waiters registered")
-        time.sleep(0.2)  # their first reads are done (they read right after registering)
-        # Every engine of this process (the request pools and the fetcher's own).
-        engine = Engine
-        event.listen(engine, "before_cursor_execute", count)
-        try:
+    # Every engine of this process (the request pools and the fetcher's own).
+    engine = Engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with ThreadPoolExecutor(60) as ex:
+            futs = [ex.submit(jobs.wait_job, p, job_id, 10000) for _ in range(60)]
+            wait_until(lambda: waiters.hub.waiter_count() == 60 and len(first) == 60,
+                       what="60 waiters registered, each read once")
+            sink[0] = reads
             t0 = time.monotonic()
             if message == "snapshot":
                 finish_by_hand(job_id)
@@ -321,8 +324,8 @@ def test_a_woken_job_is_read_at_most_once_for_all_its_waiters(make_model, messag
                 events.publish_terminal(job_id)
             rows = [f.result(10) for f in futs]
             took = time.monotonic() - t0
-        finally:
-            event.remove(engine, "before_cursor_execute", count)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
     assert all(r.state == 2 for r in rows)
     assert took < 2.0, took
     assert len(reads) == (0 if message == "snapshot" else 1), f"{len(reads)} reads of the job after its wake-up"
