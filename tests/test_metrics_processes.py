@@ -85,7 +85,7 @@ def start_servers(test_env, tmp_path, extra_env=None) -> list[ApiServer]:
     servers = [ApiServer(test_env, tmp_path, "api1", metrics_dir=tmp_path / "api1-metrics", extra_env=extra_env),
                ApiServer(test_env, tmp_path, "api2", extra_env=extra_env)]
     for s in servers:
-        wait_until(s.up, timeout=30, what="gunicorn up")
+        wait_until(s.up, timeout=120, what="gunicorn up")  # a bound: up() fails at once if it exits
     return servers
 
 
@@ -293,7 +293,7 @@ def test_the_first_scrape_lists_every_documented_family_with_zeros(test_env, mak
     api = ApiServer(test_env, tmp_path, "fresh")
     node = None
     try:
-        wait_until(api.up, timeout=30, what="gunicorn up")
+        wait_until(api.up, timeout=120, what="gunicorn up")
         node = _worker_node(test_env, tmp_path, "fresh-node")
         for url, target, token in [(api.base + "/metrics", "API server", ""), (node.metrics_url, "worker node", TOKEN)]:
             resp = requests.get(url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=10)
