@@ -11,8 +11,9 @@ ASYNCH_TEST_REDIS (redis://host:port) point it at others instead; the outage
 tests, which restart the servers, then skip.
 
 Tests commit for real (workers in other processes must see their rows), so
-isolation is a TRUNCATE of every table and a FLUSHDB of the test Redis
-database before each test instead of a rolled-back savepoint.
+isolation is a TRUNCATE of every table holding rows (and a restart of every
+used sequence) and a FLUSHDB of the test Redis database before each test,
+instead of a rolled-back savepoint; the wall clock is put back after each.
 
 Fixtures and pytest hooks only; the helpers tests share are tests/helpers.py's.
 """
