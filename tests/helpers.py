@@ -167,7 +167,7 @@ def submit_job(model: str, payload, principal=None, **opts) -> str:
     ``opts`` are SubmitOptions fields.  The new job's id."""
     from app.jobs import service as jobs
 
-    return jobs.submit(principal or P, model, payload, jobs.SubmitOptions(**opts)).row.id
+    return jobs.submit(principal or _principal(), model, payload, jobs.SubmitOptions(**opts)).row.id
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -182,11 +182,16 @@ def value(sm: dict, name: str, **labels) -> float:
     return sm.get((name, frozenset(labels.items())), 0.0)
 
 
-def __getattr__(name: str):
+def _principal():
     # P, tenant-a's user principal, built on first use: app/ is not imported at import time.
-    if name == "P":
+    if "P" not in globals():
         from app.tenancy.keys import Principal
 
         globals()["P"] = Principal("tenant-a", "user", None)
-        return globals()["P"]
+    return globals()["P"]
+
+
+def __getattr__(name: str):
+    if name == "P":
+        return _principal()
     raise AttributeError(name)
