@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis as redis_lib
 import requests
-from conftest import ROOT, free_port
+from helpers import ROOT, free_port
 
 
 class ApiProcess:

@@ -11,102 +11,49 @@ ASYNCH_TEST_REDIS (redis://host:port) point it at others instead; the outage
 tests, which restart the servers, then skip.
 
 Tests commit for real (workers in other processes must see their rows), so
-isolation is a TRUNCATE of every table and a FLUSHDB of the test Redis
-database before each test instead of a rolled-back savepoint.
+isolation is a TRUNCATE of every table holding rows (and a restart of every
+used sequence) and a FLUSHDB of the test Redis database before each test,
+instead of a rolled-back savepoint; the wall clock is put back after each.
+
+Fixtures and pytest hooks only; the helpers tests share are tests/helpers.py's.
 """
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import psycopg2
 import pytest
 import redis as redis_lib
-import requests
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-ROOT = Path(__file__).resolve().parent.parent
-TEST_DB = os.environ.get("ASYNCH_TEST_DB", "asynch_test")
-GATE_DB = int(os.environ.get("ASYNCH_TEST_REDIS_GATE_DB", "15"))
-BROKER_DB = int(os.environ.get("ASYNCH_TEST_REDIS_BROKER_DB", "14"))
-# Set by pytest_configure, before any test module is imported.
-PG_ADMIN_DSN = ""  # postgresql://... of the suite's server, its admin database
-REDIS_BASE = ""  # redis://[:password@]host:port, without a DB number
-SERVERS: "OwnServers | None" = None
-
-
-class OwnServers:
-    """The session's own PostgreSQL and Valkey (either is None when an
-    ASYNCH_TEST_* variable points the suite at another server)."""
-
-    def __init__(self) -> None:
-        import tempfile
-
-        from app.cli.engines import Postgres, Valkey
-        from app.cli.engines import free_port as engine_port
-
-        # Under /tmp itself, not pytest's 0700 tmp dir: under root PostgreSQL
-        # runs as its own user and must reach its data directory.
-        self.dir = Path(tempfile.mkdtemp(prefix="asynch-test-servers-"))
-        self.pg = None if os.environ.get("ASYNCH_TEST_PG_ADMIN") else \
-            Postgres(self.dir / "pg", engine_port(), "test-pg", durable=False)
-        self.redis = None if os.environ.get("ASYNCH_TEST_REDIS") else \
-            Valkey(self.dir / "valkey", engine_port(), "test-valkey", durable=False)
-
-    def start(self) -> "OwnServers":
-        if self.pg is not None:
-            self.pg.init().start()
-        if self.redis is not None:
-            self.redis.start()
-        return self
-
-    def stop(self) -> None:
-        import shutil
-
-        for srv in (self.redis, self.pg):
-            if srv is not None:
-                srv.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+import helpers
+from helpers import BROKER_DB, GATE_DB, TEST_DB, OwnServers, WorkerProcess, free_port, make_key
 
 
 def pytest_configure(config) -> None:
-    global PG_ADMIN_DSN, REDIS_BASE, SERVERS
-    SERVERS = OwnServers().start()
-    PG_ADMIN_DSN = os.environ.get("ASYNCH_TEST_PG_ADMIN") or SERVERS.pg.url("postgres", driver="postgresql")
-    REDIS_BASE = os.environ.get("ASYNCH_TEST_REDIS") or SERVERS.redis.url().rsplit("/", 1)[0]
+    helpers.SERVERS = OwnServers().start()
+    helpers.PG_ADMIN_DSN = (os.environ.get("ASYNCH_TEST_PG_ADMIN")
+                            or helpers.SERVERS.pg.url("postgres", driver="postgresql"))
+    helpers.REDIS_BASE = os.environ.get("ASYNCH_TEST_REDIS") or helpers.SERVERS.redis.url().rsplit("/", 1)[0]
 
 
 def pytest_unconfigure(config) -> None:
-    if SERVERS is not None:
-        SERVERS.stop()
-
-
-def redis_db(db: int) -> redis_lib.Redis:
-    """A client of one DB number on the suite's Redis."""
-    return redis_lib.Redis.from_url(f"{REDIS_BASE}/{db}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    if helpers.SERVERS is not None:
+        helpers.SERVERS.stop()
 
 
 def _recreate_database() -> str:
-    conn = psycopg2.connect(PG_ADMIN_DSN)
+    conn = psycopg2.connect(helpers.PG_ADMIN_DSN)
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (TEST_DB,))
         cur.execute(f'DROP DATABASE IF EXISTS "{TEST_DB}"')
         cur.execute(f'CREATE DATABASE "{TEST_DB}"')
     conn.close()
-    base = PG_ADMIN_DSN.rsplit("/", 1)[0]
+    base = helpers.PG_ADMIN_DSN.rsplit("/", 1)[0]
     return f"{base}/{TEST_DB}"
 
 
@@ -117,8 +64,8 @@ def test_env(tmp_path_factory) -> dict:
     results = tmp_path_factory.mktemp("results")
     env = {
         "ASYNCH_DATABASE_URL": db_url,
-        "ASYNCH_REDIS_URL": f"{REDIS_BASE}/{GATE_DB}",
-        "ASYNCH_BROKER_URL": os.environ.get("ASYNCH_TEST_BROKER", f"{REDIS_BASE}/{BROKER_DB}"),
+        "ASYNCH_REDIS_URL": f"{helpers.REDIS_BASE}/{GATE_DB}",
+        "ASYNCH_BROKER_URL": os.environ.get("ASYNCH_TEST_BROKER", f"{helpers.REDIS_BASE}/{BROKER_DB}"),
         "ASYNCH_STORAGE_URL": f"file://{results}",
         "ASYNCH_QUEUE_NAME": f"asynch-test-{os.getpid()}",
         "ASYNCH_CALLBACK_QUEUE_NAME": f"asynch-test-{os.getpid()}-callbacks",
@@ -153,28 +100,44 @@ def settings(test_env):
     reset_redis()
     reset_producer()
     upgrade_db()
-    redis_lib.Redis.from_url(f"{REDIS_BASE}/{BROKER_DB}").flushdb()
+    redis_lib.Redis.from_url(f"{helpers.REDIS_BASE}/{BROKER_DB}").flushdb()
     yield s
+
+
+def _empty_tables(conn, names: list[str]) -> None:
+    """TRUNCATE the tables that hold rows and restart every used sequence:
+    what ``TRUNCATE <all> RESTART IDENTITY`` does, without rewriting the
+    files of the (most) tables a test left empty.  The exclusive locks come
+    first, so a writer still running (a worker finishing the previous test's
+    job) commits before the look, and nothing is written between the look
+    and the TRUNCATE."""
+    conn.execute(text(f"LOCK TABLE {', '.join(names)} IN ACCESS EXCLUSIVE MODE"))
+    look = " UNION ALL ".join(f"SELECT '{n}' WHERE EXISTS (SELECT 1 FROM {n})" for n in names)
+    full = list(conn.execute(text(look)).scalars())
+    if full:
+        conn.execute(text(f"TRUNCATE {', '.join(full)} CASCADE"))  # CASCADE: the (empty) tables referring to them
+    conn.execute(text("SELECT setval(format('%I.%I', schemaname, sequencename)::regclass, start_value, false) "
+                      "FROM pg_sequences WHERE last_value IS NOT NULL"))
 
 
 @pytest.fixture(autouse=True)
 def clean_state(settings):
     """Every test starts from empty tables and an empty test Redis db."""
+    from app.clock import set_clock
     from app.config import set_settings
     from app.infra.caches import clear_all
     from app.infra.db import get_engine
     from app.infra.tables import metadata
 
     set_settings(settings)
-    names = ", ".join(t.name for t in metadata.sorted_tables)
     for tries_left in (2, 1, 0):
         # A process the previous test left behind (a worker finishing a
-        # transition, a stream's last read) may hold one table while the
-        # TRUNCATE holds another: PostgreSQL breaks the deadlock by failing
-        # one side; if it chose ours, take every lock again.
+        # transition, a stream's last read) may hold one table while we
+        # lock another: PostgreSQL breaks the deadlock by failing one side;
+        # if it chose ours, take every lock again.
         try:
             with get_engine().begin() as conn:
-                conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY"))
+                _empty_tables(conn, [t.name for t in metadata.sorted_tables])
             break
         except OperationalError as exc:
             if tries_left == 0 or "deadlock detected" not in str(exc):
@@ -184,6 +147,7 @@ def clean_state(settings):
     clear_all()  # per-process caches must not carry one test's models into the next
     yield
     set_settings(settings)
+    set_clock(None)  # a test that moved the clock leaves the wall clock behind
 
 
 @pytest.fixture
@@ -206,6 +170,22 @@ def _model_server():
 def model_server(_model_server):
     _model_server.state.reset()
     return _model_server
+
+
+def _stub_server(fixture_name: str, class_name: str):
+    """A module-scoped fixture: one tests/stubs.py server on 127.0.0.1 for a test module."""
+    @pytest.fixture(scope="module", name=fixture_name)
+    def _served():
+        import stubs
+
+        srv = getattr(stubs, class_name)()
+        yield srv
+        srv.stop()
+    return _served
+
+
+receiver = _stub_server("receiver", "CallbackReceiver")  # records every callback request
+oss = _stub_server("oss", "OssStub")  # the seed's OSS file service
 
 
 # --- the API on a real socket --------------------------------------------------------
@@ -233,12 +213,7 @@ def client(settings):
 
 # --- keys and models -------------------------------------------------------------------
 
-def make_key(tenant: str, admin: bool = False) -> str:
-    from app.tenancy.keys import create_key
-
-    key, _ = create_key(tenant, "admin" if admin else "user")
-    return key
-
+# --- keys and models -------------------------------------------------------------------
 
 @pytest.fixture
 def admin_key() -> str:
@@ -253,10 +228,6 @@ def user_key() -> str:
 @pytest.fixture
 def other_key() -> str:
     return make_key("tenant-b")
-
-
-def auth(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture
@@ -277,53 +248,6 @@ def make_model(model_server):
 
 # --- Celery workers in their own processes ---------------------------------------------
 
-class WorkerProcess:
-    def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w",
-                 extra_args: tuple[str, ...] = (), callbacks: bool = False):
-        self.env = {**os.environ, **env}
-        # callbacks=True: what `asynch callback-worker` runs (the callback queue only).
-        self.queue = self.env["ASYNCH_CALLBACK_QUEUE_NAME" if callbacks else "ASYNCH_QUEUE_NAME"]
-        self.concurrency = concurrency
-        self.log_path = log_path
-        self.name = name
-        # e.g. ("--include", "flaky_storage"): test-only modules the worker imports.
-        self.extra_args = list(extra_args)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, ready_timeout: float = 60) -> "WorkerProcess":
-        from app.cli import worker_argv
-
-        argv = (worker_argv(self.concurrency, self.queue)
-                + ["-n", f"{self.name}-{time.time_ns()}@%h"] + self.extra_args)
-        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.time() + ready_timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}; see {self.log_path}")
-            if self.log_path and "ready." in self.log_path.read_text(errors="replace"):
-                return self
-            time.sleep(0.1)
-        raise RuntimeError(f"worker not ready; see {self.log_path}")
-
-    def pool_pids(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def workers(test_env, tmp_path_factory):
     """Two prefork worker processes (one Celery node, -c 2) for a test module."""
@@ -331,29 +255,3 @@ def workers(test_env, tmp_path_factory):
     w = WorkerProcess(test_env, concurrency=2, log_path=log).start()
     yield w
     w.stop()
-
-
-# --- helpers ------------------------------------------------------------------------------
-
-def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def job_row(job_id: str):
-    from sqlalchemy import select
-
-    from app.infra.db import transaction
-    from app.infra.tables import tasks
-
-    with transaction() as conn:
-        return conn.execute(select(tasks).where(tasks.c.id == job_id)).first()
-
-
-def submit(api_url: str, key: str, model: str, body, **kw) -> requests.Response:
-    return requests.post(f"{api_url}/v1/models/{model}/jobs", json=body, headers=auth(key), timeout=30, **kw)

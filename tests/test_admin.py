@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import auth
+from helpers import auth
 from sqlalchemy import select
 
 from app.catalog import model_types

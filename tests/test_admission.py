@@ -174,7 +174,7 @@ def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, set
 def test_an_outage_answers_every_waiting_submission_and_keeps_nothing(make_model, settings, r, down):
     """The gate's Redis or the database is a port nobody listens on: every
     submission of the batch is told 503, and no row and no slot remains."""
-    from conftest import free_port
+    from helpers import free_port
 
     from app.config import set_settings
     from app.errors import Unavailable

@@ -15,7 +15,7 @@ import threading
 import uuid
 
 import pytest
-from conftest import auth, make_key
+from helpers import auth, make_key
 from sqlalchemy import insert
 
 from app import create_app

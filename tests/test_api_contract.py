@@ -4,7 +4,7 @@ After every refused request the gate and the table are checked unchanged."""
 from __future__ import annotations
 
 import pytest
-from conftest import auth, make_key
+from helpers import auth, make_key
 from sqlalchemy import func, select
 
 from app.infra.db import transaction

@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-import pytest
-from conftest import auth
+from helpers import auth
 from sqlalchemy import insert, select
 
 from app.clock import now, set_clock
@@ -102,12 +101,6 @@ def finished_jobs(model: str, durations: list[float], *, waited: float = 0.0, ag
 def log_rows() -> list:
     with transaction() as conn:
         return conn.execute(select(autotune_log).order_by(autotune_log.c.id)).all()
-
-
-@pytest.fixture(autouse=True)
-def _wall_clock():
-    yield
-    set_clock(None)
 
 
 def test_run_over_finished_jobs_writes_limits_with_ttl_and_logs(make_model, r, settings):

@@ -18,20 +18,18 @@ import time
 
 import pytest
 import requests
-from conftest import WorkerProcess, job_row, wait_until
+from helpers import WorkerProcess, job_row, wait_until
+from helpers import submit_job as _submit
 from sqlalchemy import func, select
 
 from app.infra.db import transaction
 from app.infra.http.model_client import retry_after_seconds
 from app.infra.redis import upstream
 from app.infra.tables import task_attempts, tasks
-from app.jobs import service as jobs
 from app.states import JobState
-from app.tenancy.keys import Principal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-P = Principal("tenant-a", "user", None)
 BUDGET = 4
 
 
@@ -42,9 +40,6 @@ def eight(test_env, tmp_path_factory):
     yield w
     w.stop()
 
-
-def _submit(model: str, payload: dict) -> str:
-    return jobs.submit(P, model, payload).row.id
 
 
 def _states(ids: list[str]) -> dict[int, int]:

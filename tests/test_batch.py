@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from conftest import auth, wait_until
+from helpers import auth, wait_until
 from sqlalchemy import func, select
 from test_admission import Count
 

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import ROOT, WorkerProcess, wait_until
+from helpers import ROOT, WorkerProcess, wait_until
 
 from app.infra.redis import leader
 from app.maintenance import periodic

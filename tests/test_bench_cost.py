@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PG_ADMIN_DSN, REDIS_BASE, ROOT
+from helpers import PG_ADMIN_DSN, REDIS_BASE, ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 over pub/sub (what another API process's change looks like to this one)."""
 from __future__ import annotations
 
-from conftest import make_key, wait_until
+from helpers import make_key, wait_until
 from sqlalchemy import update
 
 from app.catalog import registry as model_registry

@@ -8,9 +8,9 @@ from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from conftest import auth, job_row
-from sqlalchemy import select
-from stubs import CallbackReceiver, ConnectionSpy
+from helpers import auth, job_row, P
+from sqlalchemy import delete, select
+from stubs import ConnectionSpy
 
 from app.delivery import outbox as callbacks
 from app.delivery import secrets as callback_secrets
@@ -21,24 +21,12 @@ from app.infra.http import netguard
 from app.infra.tables import deliveries as callbacks_table
 from app.jobs import execution
 from app.jobs import service as jobs
-from app.tenancy.keys import Principal
-
-P = Principal("tenant-a", "user", None)
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    rcv = CallbackReceiver()
-    yield rcv
-    rcv.stop()
 
 
 @pytest.fixture(autouse=True)
 def _setup(settings, receiver):
     receiver.reset()
     set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_backoff_seconds=2.0))
-    yield
-    set_clock(None)
 
 
 @pytest.fixture

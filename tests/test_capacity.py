@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 import requests
-from conftest import (
+from helpers import (
     WorkerProcess,
     auth,
     free_port,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import WorkerProcess, wait_until
+from helpers import WorkerProcess, wait_until
 from sqlalchemy import func, select
 from tarpit import Tarpit
 

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, auth, wait_until
+from helpers import ROOT, auth, wait_until
 from sqlalchemy import select
 
 from app.infra.db import transaction
@@ -100,7 +100,7 @@ def test_a_client_command_fails_in_one_line_with_the_next_step(tmp_path):
     """No API at the URL, no key, a bad payload, no job named: one line each,
     exit 1 (2 for usage), no traceback unless --debug; no dev stack is found
     outside a checkout, so the old default URL stays."""
-    from conftest import free_port
+    from helpers import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCH_")}
     env["PYTHONPATH"] = str(ROOT)
@@ -280,7 +280,7 @@ def _healthy(url: str) -> bool:
 
 @pytest.mark.slow
 def test_api_worker_and_beat_commands_run(test_env, tmp_path):
-    from conftest import free_port, wait_until
+    from helpers import free_port, wait_until
 
     env = _env(test_env)
     port = free_port()
@@ -306,7 +306,7 @@ def test_dev_command_runs_a_job_end_to_end(test_env, tmp_path):
     import re
 
     import requests
-    from conftest import free_port, wait_until
+    from helpers import free_port, wait_until
 
     env = _env(test_env)
     port, model_port = free_port(), free_port()

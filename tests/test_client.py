@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, job_row, wait_until
+from helpers import ROOT, job_row, wait_until
 
 import model_asynch
 from model_asynch import AsyncClient, Client, NotFinished, NotFound, RateLimited, ValidationError

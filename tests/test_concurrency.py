@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 import requests
-from conftest import auth, job_row
+from helpers import auth, job_row
 from sqlalchemy import func, select
 
 from app import transitions

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import auth, make_key, wait_until
+from helpers import auth, make_key, wait_until
 from sqlalchemy import func, insert, select
 
 from app.clock import now as clock_now

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import WorkerProcess, auth, wait_until
+from helpers import WorkerProcess, auth, wait_until
 from tarpit import Tarpit
 from test_webhooks import Receiver
 

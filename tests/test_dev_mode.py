@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from conftest import ROOT, free_port, wait_until
+from helpers import ROOT, free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import WorkerProcess, job_row, wait_until
+from helpers import WorkerProcess, job_row, wait_until
 from sqlalchemy import func, select
 
 from app.config import set_settings

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import ROOT, free_port, wait_until
+from helpers import ROOT, free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

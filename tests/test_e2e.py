@@ -6,7 +6,7 @@ import json
 
 import pytest
 import requests
-from conftest import auth, job_row, submit, wait_until
+from helpers import auth, job_row, submit, wait_until
 
 pytestmark = pytest.mark.e2e
 

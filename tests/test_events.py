@@ -10,7 +10,7 @@ import time
 
 import pytest
 import requests
-from conftest import auth, job_row, submit, wait_until
+from helpers import auth, job_row, submit, wait_until
 
 from app.config import set_settings
 from app.jobs.waitcaps import set_waiter_cap_resolver

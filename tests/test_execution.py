@@ -7,8 +7,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-import pytest
-from conftest import job_row
+from helpers import job_row, P, submit_job as _submit
 from sqlalchemy import select
 
 from app import transitions
@@ -20,24 +19,11 @@ from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.states import JobState
-from app.tenancy.keys import Principal
-
-P = Principal("tenant-a", "user", None)
-
-
-def _submit(model: str, payload: dict, **opts) -> str:
-    return jobs.submit(P, model, payload, jobs.SubmitOptions(**opts)).row.id
 
 
 def stat_total() -> int:
     with transaction() as conn:
         return sum(r.request_count for r in conn.execute(select(model_stats)))
-
-
-@pytest.fixture(autouse=True)
-def _wall_clock():
-    yield
-    set_clock(None)
 
 
 def test_duplicate_delivery_does_not_call_the_model_again(make_model, model_server, r):
@@ -182,7 +168,7 @@ def test_cancel_while_running_discards_the_late_result(make_model, model_server,
     out = []
     t = threading.Thread(target=lambda: out.append(execution.run_attempt(job_id, 0)))
     t.start()
-    from conftest import wait_until
+    from helpers import wait_until
 
     wait_until(lambda: job_row(job_id).state == JobState.RUNNING, what="running")
     jobs.cancel_job(P, job_id)

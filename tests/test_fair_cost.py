@@ -19,7 +19,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from conftest import WorkerProcess, auth, wait_until
+from helpers import WorkerProcess, auth, wait_until
 from sqlalchemy import select
 from test_dispatch import claimed, enq, finish, kick
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import auth, make_key
+from helpers import auth, make_key
 
 from app.config import set_settings
 from app.infra.redis import dispatch as redis_dispatch

@@ -12,15 +12,13 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import WorkerProcess, job_row, wait_until
+from helpers import WorkerProcess, job_row, P, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop, rows_for
 
 from app.jobs import service as jobs
 from app.states import JobState
-from app.tenancy.keys import Principal
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-P = Principal("tenant-a", "user", None)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ positive data accepted, 405 + Allow for undocumented methods, auth not
 ignored, ...), over real HTTP to the API on a real socket with PostgreSQL and
 Redis behind it.  Run twice: with an admin key and with a user key, on a few
 seeded models, model types and jobs so paths with ids sometimes reach real
-rows.
+rows.  The user key tries the admin-only operations with a few examples only
+(each must answer 403 whatever the input; the admin run covers them in full).
 
 Bounded and reproducible: a fixed number of examples per operation, a fixed
 seed, deterministic generation, no example database.  The number of
@@ -29,12 +30,13 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
-from conftest import make_key
+from helpers import make_key
 from sqlalchemy import text
 
 pytestmark = pytest.mark.slow
 
 MAX_EXAMPLES = int(os.environ.get("ASYNCH_FUZZ_EXAMPLES", "12"))
+REFUSED_EXAMPLES = 3  # an admin-only operation under the user key: a 403 whatever the input
 
 # A 422 on schema-valid input is excused only for the stateful rules that
 # tests/fuzz_hooks.py declares (its check, only_stateful_422, reads the
@@ -42,20 +44,35 @@ MAX_EXAMPLES = int(os.environ.get("ASYNCH_FUZZ_EXAMPLES", "12"))
 HOOKS = "fuzz_hooks"
 
 
-def _config(tmp: Path, dictionaries: dict[str, list], parameters: dict[str, str]) -> Path:
-    """schemathesis.toml: seeded ids offered half of the time for the
-    parameters that name stored things; 422 on positive data goes to the
-    hooks' narrower check."""
-    lines = ["# written by tests/test_fuzz.py"]
+def _config(tmp: Path, label: str, dictionaries: dict[str, list], parameters: dict[str, str],
+            refused: list[str]) -> Path:
+    """schemathesis.toml: MAX_EXAMPLES per operation; seeded ids offered half
+    of the time for the parameters that name stored things; 422 on positive
+    data goes to the hooks' narrower check.  ``refused``: the operations this
+    key may not call, tried with REFUSED_EXAMPLES and no coverage phase (the
+    admin run covers them in full; here each must only refuse)."""
+    lines = ["# written by tests/test_fuzz.py", f"generation.max-examples = {MAX_EXAMPLES}"]
     for name, values in dictionaries.items():
         lines += [f"[dictionaries.{name}]", f"values = {json.dumps(values)}"]
     lines.append("[parameters]")
     lines += [f'"{key}" = {{ dictionary = "{name}", probability = 0.5 }}' for key, name in parameters.items()]
     lines += ["[checks.positive_data_acceptance]",
               'expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "410", "422", "429"]']
-    path = tmp / "schemathesis.toml"
+    if refused:
+        lines += ["[[operations]]", f"include-name = {json.dumps(refused)}",
+                  f"generation.max-examples = {REFUSED_EXAMPLES}", "phases.coverage.enabled = false"]
+    path = tmp / f"schemathesis-{label}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _admin_only(api_url: str) -> list[str]:
+    """The operations the OpenAPI document marks x-admin-only, as schemathesis names them."""
+    import requests
+
+    paths = requests.get(f"{api_url}/openapi.json", timeout=30).json()["paths"]
+    return sorted(f"{method.upper()} {path}" for path, ops in paths.items() for method, op in ops.items()
+                  if isinstance(op, dict) and op.get("x-admin-only"))
 
 
 def _local_only_getaddrinfo(real):
@@ -84,13 +101,14 @@ def no_dns(monkeypatch):
 
 @pytest.fixture
 def short_waits(settings):
-    """Long-polls and event streams end within a second here (the default
-    budgets would make every fuzzed /wait a 30 s request and every event
-    stream an hour's); conftest restores the settings."""
+    """Long-polls and event streams end within half a second here (the
+    default budgets would make every fuzzed /wait a 30 s request and every
+    event stream an hour's; a stream still polls and sends a keep-alive);
+    conftest restores the settings."""
     from app.config import set_settings
 
-    set_settings(settings.with_overrides(wait_default_ms=300, wait_max_ms=1000, events_max_seconds=1.0,
-                                         events_keepalive_seconds=0.5, events_poll_seconds=0.2))
+    set_settings(settings.with_overrides(wait_default_ms=150, wait_max_ms=300, events_max_seconds=0.5,
+                                         events_keepalive_seconds=0.2, events_poll_seconds=0.1))
 
 
 def _done(job_id: str, model: str) -> None:
@@ -154,7 +172,7 @@ def seeded(make_model, settings):
 def _run(api_url: str, key: str, config: Path, tmp: Path, label: str) -> tuple[int, str, dict]:
     report = tmp / f"schemathesis-{label}.json"
     argv = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
-            f"{api_url}/openapi.json", "--checks", "all", "--max-examples", str(MAX_EXAMPLES),
+            f"{api_url}/openapi.json", "--checks", "all",
             "--generation-deterministic", "--workers", "1", "--no-color",
             "--header", f"Authorization: Bearer {key}",
             "--report", "json", "--report-json-path", str(report), "--request-timeout", "30"]
@@ -170,11 +188,12 @@ def _run(api_url: str, key: str, config: Path, tmp: Path, label: str) -> tuple[i
 @pytest.mark.parametrize("who", ["admin", "user"])
 def test_schemathesis_finds_nothing(api_url, seeded, short_waits, no_dns, tmp_path, who):
     keys, ids = seeded
-    config = _config(tmp_path, {"jobs": ids, "models": ["echo", "free"], "tenants": ["tenant-a", "tenant-b", "ops"],
+    config = _config(tmp_path, who, {"jobs": ids, "models": ["echo", "free"], "tenants": ["tenant-a", "tenant-b", "ops"],
                                 "types": [1]},
                      {"path.job_id": "jobs", "query.taskId": "jobs", "path.model": "models", "path.name": "models",
                       "query.modelName": "models", "path.tenant": "tenants", "query.tenant": "tenants",
-                      "path.type_id": "types"})
+                      "path.type_id": "types"},
+                     _admin_only(api_url) if who == "user" else [])
     from app.config import get_settings, set_settings
 
     # One address sends every case, many of them without a key on purpose
@@ -203,7 +222,7 @@ def _seed_envelope_ok(resp) -> dict:
 
 
 def test_nul_in_a_path_query_or_body_is_refused_not_a_500(client, make_model, admin_key, user_key):
-    from conftest import auth
+    from helpers import auth
 
     make_model("echo")
     h, a = auth(user_key), auth(admin_key)
@@ -248,7 +267,7 @@ def job_count() -> int:
 
 
 def test_bodies_json_cannot_carry_are_400(client, make_model, user_key):
-    from conftest import auth
+    from helpers import auth
 
     make_model("echo")
     h = auth(user_key)
@@ -265,7 +284,7 @@ def test_bodies_json_cannot_carry_are_400(client, make_model, user_key):
 
 
 def test_model_fields_the_database_could_not_take_are_422(client, admin_key):
-    from conftest import auth
+    from helpers import auth
 
     a = auth(admin_key)
     base = {"model_name": "m", "base_url": "http://127.0.0.1:1"}
@@ -292,7 +311,7 @@ def test_model_fields_the_database_could_not_take_are_422(client, admin_key):
 
 
 def test_model_type_ids_past_the_column_are_not_allocated(client, admin_key):
-    from conftest import auth
+    from helpers import auth
 
     a = auth(admin_key)
     assert client.post("/v1/model-types", json={"type_id": 2**31 - 1, "type_name": "top"}, headers=a).status_code == 201
@@ -304,7 +323,7 @@ def test_model_type_ids_past_the_column_are_not_allocated(client, admin_key):
 
 
 def test_listing_times_with_any_offset_or_year(client, user_key):
-    from conftest import auth
+    from helpers import auth
 
     h = auth(user_key)
     assert client.get("/v1/jobs?until=0042-04-21T23:33:18-16:02", headers=h).status_code == 200
@@ -316,7 +335,7 @@ def test_listing_times_with_any_offset_or_year(client, user_key):
 def test_percent_signs_in_a_submission_are_data_not_placeholders(client, make_model, user_key):
     """The group-committed INSERT is rendered by the driver and sent as text:
     a "%s" in a header or a payload once raised TypeError there (a 500)."""
-    from conftest import auth
+    from helpers import auth
 
     make_model("free", queue_limit=1000)
     h = {**auth(user_key), "X-Oss-Authorization": "Bearer %s%(x)s%", "Idempotency-Key": "k%s"}
@@ -338,7 +357,7 @@ def test_percent_signs_in_a_submission_are_data_not_placeholders(client, make_mo
 def test_a_tenant_rate_too_small_for_the_bucket_is_refused(client, admin_key, user_key, make_model):
     """A rate of 7e-162/s was stored, and then every request of that tenant
     raised ValueError building its bucket (a 500 on every route)."""
-    from conftest import auth
+    from helpers import auth
 
     make_model("echo")
     for rate in (7.3e-162, 0.001):

@@ -21,7 +21,7 @@ document marks x-admin-only.
 from __future__ import annotations
 
 import pytest
-from conftest import auth, make_key
+from helpers import auth, make_key
 from sqlalchemy import select, update
 from test_openapi import _openapi_paths
 

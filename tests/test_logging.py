@@ -8,7 +8,7 @@ import json
 import logging
 
 import pytest
-from conftest import WorkerProcess, auth, job_row, wait_until
+from helpers import WorkerProcess, auth, job_row, wait_until
 
 from app.infra.logs import bind, json_handler, mask_secrets, reset
 

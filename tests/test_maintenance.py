@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 import redis as redis_lib
-from conftest import auth, job_row
+from helpers import auth, job_row, P, submit_job as _submit
 from sqlalchemy import func, insert, select
 
 from app.clock import now, set_clock
@@ -30,15 +30,6 @@ from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.states import JobState
-from app.tenancy.keys import Principal
-
-P = Principal("tenant-a", "user", None)
-
-
-@pytest.fixture(autouse=True)
-def _wall_clock():
-    yield
-    set_clock(None)
 
 
 @pytest.fixture
@@ -73,10 +64,6 @@ def queued(b, queue: str) -> list[tuple[int, str, int]]:
 
 
 HIGH, NORMAL = broker_priority(Priority.HIGH), broker_priority(Priority.NORMAL)
-
-
-def _submit(model: str, payload: dict) -> str:
-    return jobs.submit(P, model, payload).row.id
 
 
 def _fail_once(model: str, tag: str) -> str:
@@ -520,7 +507,7 @@ def test_cli_cleanup_and_autotune(test_env, make_model, r):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     make_model("m")
     env = {**os.environ, **test_env}

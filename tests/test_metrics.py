@@ -6,25 +6,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from conftest import auth
-from prometheus_client.parser import text_string_to_metric_families
+from helpers import auth, samples, value
 
 from app.config import set_settings
 from app.infra import metrics
 from app.infra.db import transaction
 from app.infra.tables import tasks
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(sm: dict, name: str, **labels) -> float:
-    return sm.get((name, frozenset(labels.items())), 0.0)
 
 
 def test_counters_gauges_and_overrides(client, make_model, user_key, r, settings):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import ROOT, WorkerProcess, auth, free_port, wait_until
+from helpers import ROOT, WorkerProcess, auth, free_port, samples, value, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
@@ -27,18 +27,6 @@ from app.infra.tables import model_stats, tasks
 
 pytestmark = pytest.mark.slow
 TOKEN = "scrape-secret"
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(sm: dict, name: str, **labels) -> float:
-    return sm.get((name, frozenset(labels.items())), 0.0)
 
 
 def scrape(url: str, token: str = "") -> dict:
@@ -97,7 +85,7 @@ def start_servers(test_env, tmp_path, extra_env=None) -> list[ApiServer]:
     servers = [ApiServer(test_env, tmp_path, "api1", metrics_dir=tmp_path / "api1-metrics", extra_env=extra_env),
                ApiServer(test_env, tmp_path, "api2", extra_env=extra_env)]
     for s in servers:
-        wait_until(s.up, timeout=30, what="gunicorn up")
+        wait_until(s.up, timeout=120, what="gunicorn up")  # a bound: up() fails at once if it exits
     return servers
 
 
@@ -305,7 +293,7 @@ def test_the_first_scrape_lists_every_documented_family_with_zeros(test_env, mak
     api = ApiServer(test_env, tmp_path, "fresh")
     node = None
     try:
-        wait_until(api.up, timeout=30, what="gunicorn up")
+        wait_until(api.up, timeout=120, what="gunicorn up")
         node = _worker_node(test_env, tmp_path, "fresh-node")
         for url, target, token in [(api.base + "/metrics", "API server", ""), (node.metrics_url, "worker node", TOKEN)]:
             resp = requests.get(url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=10)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import auth
+from helpers import auth
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 

@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import auth, make_key, wait_until
+from helpers import auth, make_key, submit_job as _submit, wait_until
 from sqlalchemy import select
 
 from app import transitions
@@ -22,19 +22,6 @@ from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.maintenance import periodic
-from app.tenancy.keys import Principal
-
-P = Principal("tenant-a", "user", None)
-
-
-@pytest.fixture(autouse=True)
-def _wall_clock():
-    yield
-    set_clock(None)
-
-
-def _submit(model: str, payload: dict) -> str:
-    return jobs.submit(P, model, payload, jobs.SubmitOptions()).row.id
 
 
 def test_every_ended_attempt_is_logged_with_its_error(client, make_model, user_key, admin_key, other_key):

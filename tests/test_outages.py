@@ -17,8 +17,8 @@ from collections import Counter
 import pytest
 import redis as redis_lib
 import requests
-import conftest
-from conftest import BROKER_DB, GATE_DB, WorkerProcess, auth, redis_db, wait_until
+import helpers
+from helpers import BROKER_DB, GATE_DB, WorkerProcess, auth, redis_db, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop, rows_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.outage]
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.outage]
 
 def _own(kind: str):
     """The suite's own server of ``kind`` (pg, redis), which the test may restart."""
-    srv = getattr(conftest.SERVERS, kind)
+    srv = getattr(helpers.SERVERS, kind)
     if srv is None:
         pytest.skip(f"the suite runs on another {kind} server (ASYNCH_TEST_*): not ours to restart")
     return srv

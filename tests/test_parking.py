@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
-from conftest import auth, make_key, submit, wait_until
+from helpers import auth, make_key, submit, wait_until
 from sqlalchemy import delete
 from test_serving import _parked, _raw_wait, _read_answer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from conftest import auth, job_row, submit, wait_until
+from helpers import auth, job_row, submit, wait_until
 
 from app.jobs.dispatch import order_score
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import redis as redis_lib
 from celery import Celery
-from conftest import REDIS_BASE, redis_db
+from helpers import REDIS_BASE, redis_db
 
 from app.infra.celery_config import RUN_JOB_TASK, celery_settings
 from app.infra.publisher import redis_message

@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 import requests
-from conftest import auth, job_row, wait_until
+from helpers import auth, job_row, wait_until
 from sqlalchemy import func, select
 
 from app.config import set_settings

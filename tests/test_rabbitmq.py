@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import WorkerProcess
+from helpers import WorkerProcess
 from test_stress import run_stress
 
 from app.config import set_settings

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import requests
-from conftest import auth, make_key
+from helpers import auth, make_key
 
 from app.config import set_settings
 from app.infra.redis import ratelimit as bucket
@@ -199,7 +199,7 @@ def test_resolver_gives_tenants_their_own_policies(client, settings):
 @pytest.fixture
 def dead_redis(settings):
     """The limiter's Redis is a port nobody listens on; restored afterwards."""
-    from conftest import free_port
+    from helpers import free_port
 
     from app.infra.redis.client import reset_redis
 

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import pytest
 import redis as redis_lib
-from conftest import WorkerProcess, job_row, wait_until
+from helpers import WorkerProcess, job_row, submit_job as _submit, wait_until
 from sqlalchemy import func, select
 from stress_util import called_with, model_payloads
 
@@ -29,17 +29,8 @@ from app.infra.tables import tasks
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.states import SLOT_STATES, JobState
-from app.tenancy.keys import Principal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-P = Principal("tenant-a", "user", None)
-
-
-@pytest.fixture(autouse=True)
-def _wall_clock():
-    yield
-    set_clock(None)
 
 
 def purge_queue(b, queue: str) -> None:
@@ -55,10 +46,6 @@ def broker(settings):
     b = redis_lib.Redis.from_url(settings.effective_broker_url, decode_responses=True)
     purge_queue(b, settings.queue_name)
     return b
-
-
-def _submit(model: str, payload: dict) -> str:
-    return jobs.submit(P, model, payload).row.id
 
 
 def _states(ids) -> dict[str, int]:

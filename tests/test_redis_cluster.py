@@ -15,7 +15,7 @@ import json
 import pytest
 import requests
 from cluster.redis_cluster import LocalRedisCluster
-from conftest import WorkerProcess, auth, make_key, wait_until
+from helpers import WorkerProcess, auth, make_key, wait_until
 
 from app.config import set_settings
 from app.infra.redis import dispatch as rd

@@ -9,7 +9,7 @@ import time
 import tomllib
 
 import redis as redis_lib
-from conftest import ROOT
+from helpers import ROOT
 
 from app.infra.redis import gate, scripts
 from app.jobs import service as jobs

@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from conftest import auth, job_row, wait_until
+from helpers import auth, job_row, wait_until
 from sqlalchemy import update
 
 from app.clock import now

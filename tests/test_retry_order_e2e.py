@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 import redis as redis_lib
-from conftest import WorkerProcess, job_row, wait_until
+from helpers import WorkerProcess, job_row, submit_job as _submit, wait_until
 from sqlalchemy import select
 from stress_util import called_with, model_payloads
 
@@ -22,21 +22,8 @@ from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.states import JobState
-from app.tenancy.keys import Principal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-P = Principal("tenant-a", "user", None)
-
-
-@pytest.fixture(autouse=True)
-def _wall_clock():
-    yield
-    set_clock(None)
-
-
-def _submit(model: str, payload: dict) -> str:
-    return jobs.submit(P, model, payload).row.id
 
 
 def _all_done(ids) -> bool:

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import ROOT, WorkerProcess, auth
+from helpers import ROOT, WorkerProcess, auth
 from sqlalchemy import select
 
 from app.infra.db import transaction

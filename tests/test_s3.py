@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 import requests
-from conftest import WorkerProcess, auth, free_port, job_row, submit, wait_until
+from helpers import WorkerProcess, auth, free_port, job_row, submit, wait_until
 
 from app.config import set_settings
 from app.infra.storage import S3Storage, get_storage

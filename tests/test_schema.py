@@ -53,7 +53,7 @@ def _round_trip(url: str) -> None:
 
 def test_partial_index_revision_goes_down_and_up_on_postgresql():
     import psycopg2
-    from conftest import PG_ADMIN_DSN
+    from helpers import PG_ADMIN_DSN
 
     name = "asynch_migration_scratch"
     admin = psycopg2.connect(PG_ADMIN_DSN)
@@ -85,7 +85,7 @@ def test_the_one_outbox_revision_moves_callbacks_in_and_back_out():
 
     import psycopg2
     from alembic import command
-    from conftest import PG_ADMIN_DSN
+    from helpers import PG_ADMIN_DSN
 
     from app.cli import alembic_config
 

@@ -7,7 +7,7 @@ import socket
 import subprocess
 
 import pytest
-from conftest import auth, make_key
+from helpers import auth, make_key
 
 from app.tenancy import keys
 

@@ -24,7 +24,7 @@ import pytest
 import requests
 import yaml
 from click.testing import CliRunner
-from conftest import ROOT, WorkerProcess, free_port, wait_until
+from helpers import ROOT, WorkerProcess, free_port, wait_until
 from test_compose import INTERPOLATION
 from test_k8s import _load, documented_secret
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 
 import pytest
-from conftest import auth, job_row
+from helpers import auth, job_row
 from sqlalchemy import func, select
 
 from app.config import get_settings, set_settings

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import auth, wait_until
+from helpers import auth, wait_until
 from dns_stub import DnsStub
 
 from app.config import set_settings

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from conftest import job_row
+from helpers import job_row, P
 from sqlalchemy import event, select
 
 from app.catalog import registry
@@ -25,9 +25,7 @@ from app.jobs import service as jobs
 from app.maintenance.secrets import rotate_secrets
 from app.secrets_policy import check_startup
 from app.states import JobState
-from app.tenancy.keys import Principal
 
-P = Principal("tenant-a", "user", None)
 K1, K2 = secretbox.new_key(), secretbox.new_key()
 HEAD = "API_KEY:model-s3cret,API_STATE:on"
 
@@ -172,7 +170,7 @@ def test_a_scrape_counts_terminal_states_up_to_the_cap(settings, make_model, cli
 def test_compose_sets_a_metrics_token():
     import yaml
 
-    from conftest import ROOT
+    from helpers import ROOT
     env = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["x-asynch-env"]
     assert str(env.get("ASYNCH_METRICS_TOKEN", "")).startswith("${ASYNCH_METRICS_TOKEN:?")
 

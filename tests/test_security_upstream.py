@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from conftest import auth
+from helpers import auth
 
 from app.config import set_settings
 from app.infra.http import netguard
@@ -70,19 +70,10 @@ def test_resolution_is_bounded_by_the_resolve_timeout(settings, monkeypatch):
 
 # --- 3. X-User-Info and the OSS file service -----------------------------------------------
 
-@pytest.fixture(scope="module")
-def oss():
-    from stubs import OssStub
-
-    stub = OssStub()
-    yield stub
-    stub.stop()
-
-
 def _passthrough_of(job_id):
     import json
 
-    from conftest import job_row
+    from helpers import job_row
 
     raw = job_row(job_id).passthrough_headers
     return json.loads(raw) if raw else {}
@@ -146,7 +137,7 @@ def test_a_job_sets_only_the_headers_its_model_allows(client, make_model, user_k
 
 
 def test_allowed_and_explicitly_named_headers_reach_the_model(client, make_model, user_key, model_server):
-    from conftest import job_row
+    from helpers import job_row
 
     from app.jobs import execution
 
@@ -181,7 +172,7 @@ def test_head_msg_must_be_latin1_too(client, admin_key):
 def test_the_worker_rechecks_the_allowlist_and_never_sends(make_model, model_server, client, admin_key):
     """Allowed at submit, then the model's allowlist shrank: the attempt fails
     permanently without calling the model."""
-    from conftest import job_row
+    from helpers import job_row
 
     from app.jobs import execution
     from app.jobs import service as jobs
@@ -333,7 +324,7 @@ def test_an_inline_result_is_still_served_from_the_row(client, make_model, user_
 def test_s3_results_can_be_redirected_to_a_presigned_url(client, make_model, settings, user_key):
     import boto3
     import requests
-    from conftest import free_port
+    from helpers import free_port
     from moto.server import ThreadedMotoServer
 
     port = free_port()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import requests
-from conftest import auth, job_row, submit, wait_until
+from helpers import auth, job_row, submit, wait_until
 from test_retention import completed_jobs
 from sqlalchemy import update
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 import requests
-from conftest import auth, job_row
+from helpers import auth, job_row
 from sqlalchemy import func, select
 
 from app.catalog import model_types
@@ -231,7 +231,7 @@ def test_create_task_refuses_bad_input_listing_every_field_and_takes_nothing(cli
 
 
 def make_admin() -> str:
-    from conftest import make_key
+    from helpers import make_key
 
     return make_key("ops2", admin=True)
 

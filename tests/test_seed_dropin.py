@@ -18,8 +18,8 @@ import threading
 
 import pytest
 import requests
-from conftest import ROOT, auth, job_row, wait_until
-from test_seed_flow import _api_settings, oss, receiver, seed_worker  # noqa: F401 (fixtures)
+from helpers import ROOT, auth, job_row, wait_until
+from test_seed_flow import _api_settings, seed_worker  # noqa: F401 (fixtures)
 
 from app.clock import now
 from app.config import get_settings, set_settings

@@ -14,8 +14,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
-from conftest import WorkerProcess, auth, job_row, wait_until
-from stubs import CallbackReceiver, OssStub
+from helpers import WorkerProcess, auth, job_row, wait_until
 
 from app.delivery import secrets as callback_secrets
 from app.config import set_settings
@@ -32,20 +31,6 @@ SEED_MODEL = {
 }
 USER_TOKEN = "Bearer business-user-token-7f3a"
 USER_INFO = '{"userId": 7, "username": "zhang.san"}'
-
-
-@pytest.fixture(scope="module")
-def oss():
-    stub = OssStub()
-    yield stub
-    stub.stop()
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    rcv = CallbackReceiver()
-    yield rcv
-    rcv.stop()
 
 
 @pytest.fixture(scope="module")

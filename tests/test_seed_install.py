@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import psycopg2
-from conftest import PG_ADMIN_DSN, auth, make_key
+from helpers import PG_ADMIN_DSN, auth, make_key
 
 from app.config import set_settings
 from app.infra.caches import clear_all

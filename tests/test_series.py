@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import auth, make_key
+from helpers import auth, make_key
 from sqlalchemy import event, insert, select
 
 from app.clock import set_clock

@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
-from conftest import ROOT, auth, make_key, submit, wait_until
+from helpers import ROOT, auth, make_key, submit, wait_until
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
@@ -294,20 +294,23 @@ def test_a_woken_job_is_read_at_most_once_for_all_its_waiters(make_model, messag
     job_id = jobs.submit(p, "flight", {}).row.id
     run_by_hand(job_id)
     waiters.hub.ensure_started()
-    reads: list[str] = []
+    first: list[str] = []  # each waiter's one read right after registering
+    reads: list[str] = []  # the reads after the terminal commit
+    sink = [first]
 
     def count(conn, cursor, statement, params, context, executemany):
         if statement.lstrip().upper().startswith("SELECT") and "asynch_task" in statement:
-            reads.append(statement)
+            sink[0].append(statement)
 
-    with ThreadPoolExecutor(60) as ex:
-        futs = [ex.submit(jobs.wait_job, p, job_id, 10000) for _ in range(60)]
-        wait_until(lambda: waiters.hub.waiter_count() == 60, what="60 waiters registered")
-        time.sleep(0.2)  # their first reads are done (they read right after registering)
-        # Every engine of this process (the request pools and the fetcher's own).
-        engine = Engine
-        event.listen(engine, "before_cursor_execute", count)
-        try:
+    # Every engine of this process (the request pools and the fetcher's own).
+    engine = Engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with ThreadPoolExecutor(60) as ex:
+            futs = [ex.submit(jobs.wait_job, p, job_id, 10000) for _ in range(60)]
+            wait_until(lambda: waiters.hub.waiter_count() == 60 and len(first) == 60,
+                       what="60 waiters registered, each read once")
+            sink[0] = reads
             t0 = time.monotonic()
             if message == "snapshot":
                 finish_by_hand(job_id)
@@ -321,8 +324,8 @@ def test_a_woken_job_is_read_at_most_once_for_all_its_waiters(make_model, messag
                 events.publish_terminal(job_id)
             rows = [f.result(10) for f in futs]
             took = time.monotonic() - t0
-        finally:
-            event.remove(engine, "before_cursor_execute", count)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
     assert all(r.state == 2 for r in rows)
     assert took < 2.0, took
     assert len(reads) == (0 if message == "snapshot" else 1), f"{len(reads)} reads of the job after its wake-up"
@@ -381,7 +384,7 @@ def test_no_wakeup_lost_while_the_listener_reconnects(test_env, tmp_path, make_m
 
         t = threading.Thread(target=asyncio.run, args=(all_waits(),))
         t.start()
-        time.sleep(1.5)  # parked
+        wait_until(lambda: _parked(api.base) == 240, timeout=60, what="all 240 waits parked")
         finished: dict[str, float] = {}
         stop = threading.Event()
         kills = []
@@ -419,7 +422,7 @@ def test_sigterm_answers_open_waits_at_once(test_env, tmp_path, make_model):
         job = submit(api.base, key, "m", {}).json()["job_id"]
         run_by_hand(job)
         s = _raw_wait(api.base, key, "m", job, 60000)
-        time.sleep(1.0)  # parked
+        wait_until(lambda: _parked(api.base) == 1, what="the wait parked")
         t0 = time.monotonic()
         api.proc.send_signal(15)
         status, body = _read_answer(s)

@@ -9,10 +9,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import auth
+from helpers import auth
 from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
-from stubs import CallbackReceiver
 from test_callbacks import done_with_callback
 
 from app.delivery import outbox as callbacks
@@ -23,19 +22,10 @@ from app.infra.db import transaction
 from app.infra.tables import tenant_secrets
 
 
-@pytest.fixture(scope="module")
-def receiver():
-    rcv = CallbackReceiver()
-    yield rcv
-    rcv.stop()
-
-
 @pytest.fixture(autouse=True)
 def _setup(settings, receiver):
     receiver.reset()
     set_settings(settings.with_overrides(callback_allow_hosts="127.0.0.1", callback_secret_overlap_seconds=3600))
-    yield
-    set_clock(None)
 
 
 def _secret(client, key) -> str:
@@ -62,7 +52,7 @@ def test_a_delivery_verifies_with_the_standardwebhooks_package(make_model, recei
 
 def _documented_verify_callback():
     """The verify_callback of docs/api.md "Callbacks", executed as written."""
-    from conftest import ROOT
+    from helpers import ROOT
 
     doc = (ROOT / "docs" / "api.md").read_text()
     after = doc.split("<!-- callback-verify-snippet", 1)[1]

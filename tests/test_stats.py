@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import date
 
 import pytest
-from conftest import ROOT, WorkerProcess, auth, wait_until
+from helpers import ROOT, WorkerProcess, auth, wait_until
 from sqlalchemy import select
 
 from app.infra.db import transaction

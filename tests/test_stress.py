@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import requests
-from conftest import auth, wait_until
+from helpers import auth, wait_until
 from stress_util import assert_ledger_invariants, maintenance_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -49,17 +49,19 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
             if resp.status_code == 429:
                 time.sleep(0.01)
 
-    def pick():
-        with lock:
-            return random.choice(admitted) if admitted else None
+    def picks():
+        """Admitted jobs at random until the run stops (none yet: a short pause)."""
+        while not stop.is_set():
+            with lock:
+                jid = random.choice(admitted) if admitted else None
+            if jid is None:
+                time.sleep(0.01)
+            else:
+                yield jid
 
     def poller(me: int):
         s = requests.Session()
-        while not stop.is_set():
-            jid = pick()
-            if jid is None:
-                time.sleep(0.01)
-                continue
+        for jid in picks():
             resp = s.get(f"{api_url}/v1/models/{model}/jobs/{jid}", headers=auth(key), timeout=30)
             if resp.status_code != 200:
                 problems.append(f"poll {resp.status_code}")
@@ -71,11 +73,7 @@ def run_stress(api_url: str, key: str, model: str, model_server, r) -> dict:
 
     def waiter():
         s = requests.Session()
-        while not stop.is_set():
-            jid = pick()
-            if jid is None:
-                time.sleep(0.01)
-                continue
+        for jid in picks():
             budget = random.choice([100, 300, 1000, 2000])
             t0 = time.monotonic()
             resp = s.get(f"{api_url}/v1/models/{model}/jobs/{jid}/wait?timeout={budget}", headers=auth(key),

@@ -5,7 +5,7 @@ takes no slot and writes no row."""
 from __future__ import annotations
 
 import pytest
-from conftest import auth
+from helpers import auth
 from sqlalchemy import func, select
 
 from app.config import set_settings

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import requests
-from conftest import auth
+from helpers import auth
 
 from app.config import set_settings
 from app.web.v1_jobs import prefer_wait

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
-from conftest import auth, make_key, wait_until
+from helpers import auth, make_key, wait_until
 from test_sync_mode import _sync
 
 pytestmark = pytest.mark.e2e

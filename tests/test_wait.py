@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 import requests
-from conftest import auth, job_row, submit, wait_until
+from helpers import auth, job_row, submit, wait_until
 
 from app import transitions
 from app.clock import now

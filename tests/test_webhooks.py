@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 from click.testing import CliRunner
-from conftest import WorkerProcess, auth, wait_until
+from helpers import WorkerProcess, auth, wait_until
 from sqlalchemy import func, select, update
 from standardwebhooks.webhooks import Webhook
 

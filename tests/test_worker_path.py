@@ -18,7 +18,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from conftest import WorkerProcess, job_row, wait_until
+from helpers import WorkerProcess, job_row, P, wait_until
 from sqlalchemy import event, select, text
 
 from app.clock import now as clock_now
@@ -31,9 +31,6 @@ from app.jobs import service as jobs
 from app.maintenance import cleanup as cleanup_pass
 from app.maintenance import passes as maintenance
 from app.states import JobState
-from app.tenancy.keys import Principal
-
-P = Principal("tenant-a", "user", None)
 
 
 @pytest.fixture

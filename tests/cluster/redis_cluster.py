@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from conftest import free_port
+from helpers import free_port
 
 
 def _cluster_port() -> int:

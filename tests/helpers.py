@@ -1,0 +1,197 @@
+"""What tests share besides fixtures (those are tests/conftest.py's): the
+suite's servers and their addresses, keys and headers, worker processes,
+waiting for a condition, reading a job's row, submitting a job.
+
+The addresses (PG_ADMIN_DSN, REDIS_BASE, SERVERS) are set by conftest's
+pytest_configure before any test module is imported: read them as
+``helpers.X`` or import them at a test module's top, never from a module
+conftest imports.  Nothing here imports app/ at import time (the session's
+settings are not in the environment yet when conftest loads).
+
+Invariant: a helper is defined once in tests/; test modules import it from
+here (``from helpers import ...``), never from conftest.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis as redis_lib
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_DB = os.environ.get("ASYNCH_TEST_DB", "asynch_test")
+GATE_DB = int(os.environ.get("ASYNCH_TEST_REDIS_GATE_DB", "15"))
+BROKER_DB = int(os.environ.get("ASYNCH_TEST_REDIS_BROKER_DB", "14"))
+# Set by conftest.pytest_configure, before any test module is imported.
+PG_ADMIN_DSN = ""  # postgresql://... of the suite's server, its admin database
+REDIS_BASE = ""  # redis://[:password@]host:port, without a DB number
+SERVERS: "OwnServers | None" = None
+
+
+class OwnServers:
+    """The session's own PostgreSQL and Valkey (either is None when an
+    ASYNCH_TEST_* variable points the suite at another server)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        from app.cli.engines import Postgres, Valkey
+        from app.cli.engines import free_port as engine_port
+
+        # Under /tmp itself, not pytest's 0700 tmp dir: under root PostgreSQL
+        # runs as its own user and must reach its data directory.
+        self.dir = Path(tempfile.mkdtemp(prefix="asynch-test-servers-"))
+        self.pg = None if os.environ.get("ASYNCH_TEST_PG_ADMIN") else \
+            Postgres(self.dir / "pg", engine_port(), "test-pg", durable=False)
+        self.redis = None if os.environ.get("ASYNCH_TEST_REDIS") else \
+            Valkey(self.dir / "valkey", engine_port(), "test-valkey", durable=False)
+
+    def start(self) -> "OwnServers":
+        if self.pg is not None:
+            self.pg.init().start()
+        if self.redis is not None:
+            self.redis.start()
+        return self
+
+    def stop(self) -> None:
+        import shutil
+
+        for srv in (self.redis, self.pg):
+            if srv is not None:
+                srv.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def redis_db(db: int) -> redis_lib.Redis:
+    """A client of one DB number on the suite's Redis."""
+    return redis_lib.Redis.from_url(f"{REDIS_BASE}/{db}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_key(tenant: str, admin: bool = False) -> str:
+    from app.tenancy.keys import create_key
+
+    key, _ = create_key(tenant, "admin" if admin else "user")
+    return key
+
+
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+class WorkerProcess:
+    def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w",
+                 extra_args: tuple[str, ...] = (), callbacks: bool = False):
+        self.env = {**os.environ, **env}
+        # callbacks=True: what `asynch callback-worker` runs (the callback queue only).
+        self.queue = self.env["ASYNCH_CALLBACK_QUEUE_NAME" if callbacks else "ASYNCH_QUEUE_NAME"]
+        self.concurrency = concurrency
+        self.log_path = log_path
+        self.name = name
+        # e.g. ("--include", "flaky_storage"): test-only modules the worker imports.
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, ready_timeout: float = 60) -> "WorkerProcess":
+        from app.cli import worker_argv
+
+        argv = (worker_argv(self.concurrency, self.queue)
+                + ["-n", f"{self.name}-{time.time_ns()}@%h"] + self.extra_args)
+        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.time() + ready_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}; see {self.log_path}")
+            if self.log_path and "ready." in self.log_path.read_text(errors="replace"):
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready; see {self.log_path}")
+
+    def pool_pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+# --- waiting, reading, submitting ---------------------------------------------------------
+
+def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_row(job_id: str):
+    from sqlalchemy import select
+
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
+
+    with transaction() as conn:
+        return conn.execute(select(tasks).where(tasks.c.id == job_id)).first()
+
+
+def submit(api_url: str, key: str, model: str, body, **kw) -> requests.Response:
+    return requests.post(f"{api_url}/v1/models/{model}/jobs", json=body, headers=auth(key), timeout=30, **kw)
+
+
+def submit_job(model: str, payload, principal=None, **opts) -> str:
+    """Submit one job in-process (no HTTP) as ``principal`` (P by default);
+    ``opts`` are SubmitOptions fields.  The new job's id."""
+    from app.jobs import service as jobs
+
+    return jobs.submit(principal or _principal(), model, payload, jobs.SubmitOptions(**opts)).row.id
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """A Prometheus exposition's samples: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(sm: dict, name: str, **labels) -> float:
+    return sm.get((name, frozenset(labels.items())), 0.0)
+
+
+def _principal():
+    # P, tenant-a's user principal, built on first use: app/ is not imported at import time.
+    if "P" not in globals():
+        from app.tenancy.keys import Principal
+
+        globals()["P"] = Principal("tenant-a", "user", None)
+    return globals()["P"]
+
+
+def __getattr__(name: str):
+    if name == "P":
+        return _principal()
+    raise AttributeError(name)
