@@ -181,10 +181,10 @@ class Settings(BaseSettings):
     queue_fair_share: bool = Field(True, description=(
         "Fair share at admission (docs/architecture.md \"Fair share at admission\"): once several tenants hold "
         "slots of a model, a tenant may hold at most its weighted share of the queue, and a tenant holding none "
-        "is admitted into the reserve. false: the static caps only (a tenant alone may take every slot)."))
+        "is admitted into the reserve above the limit. false: the static caps only (no reserve)."))
     queue_newcomer_reserve: float = Field(0.05, description=(
-        "With ASYNCH_QUEUE_FAIR_SHARE: the share of a model's queue_limit kept for tenants that hold no slot "
-        "(rounded up, at most queue_limit - 1): the others fill queue_limit minus it."))
+        "With ASYNCH_QUEUE_FAIR_SHARE: headroom above a model's queue_limit, as a share of it (rounded up), "
+        "that only a tenant holding no slot may enter, so its first job gets in when others filled the queue."))
     dispatch_window: int = Field(8, description=(
         "Run_job messages per model that may wait in the broker unclaimed: the fair scheduler decides the "
         "order up to here, the broker's FIFO after. At least the worker processes that serve the model keeps "

@@ -11,7 +11,6 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import event, func, select
 
-from app.config import set_settings
 from app.errors import QueueFull, TenantQueueFull
 from app.infra.db import get_engine, transaction
 from app.infra.redis import gate
@@ -113,15 +112,12 @@ def test_refusals_in_a_batch_are_answered_each_and_keep_nothing(make_model, r):
     hold no slot and no row."""
     make_model("grp", queue_limit=6, max_concurrency=10, tenant_queue_limit=4)
     m = _model("grp")
-    C = Principal("tenant-c", "user", None)
-    batch = [_sub(A, m, i) for i in range(5)] + [_sub(B, m, 10 + i) for i in range(2)] + [
-        _sub(C, m, 20 + i) for i in range(2)]
+    batch = [_sub(A, m, i) for i in range(5)] + [_sub(B, m, 10 + i) for i in range(3)]
     admission.commit_batch(batch)
     outcome = [type(s.error).__name__ if s.error else "ok" for s in batch]
-    # A: 4 admitted, the 5th at its share; B's first takes the newcomer reserve (1 of 6: the fair share),
-    # its second is refused there; C's first fills the model's 6, its second is refused.
-    assert outcome == ["ok"] * 4 + ["TenantQueueFull"] + ["ok", "QueueFull", "ok", "QueueFull"], outcome
-    assert isinstance(batch[4].error, TenantQueueFull) and isinstance(batch[8].error, QueueFull)
+    # A: 4 admitted, the 5th at its share; B: 2 more fill the model's 6, the 3rd is refused.
+    assert outcome == ["ok"] * 4 + ["TenantQueueFull"] + ["ok", "ok", "QueueFull"], outcome
+    assert isinstance(batch[4].error, TenantQueueFull) and isinstance(batch[7].error, QueueFull)
     assert _rows("grp") == 6 and gate.gate_depth("grp") == 6
     assert gate.gate_members("grp") == {s.job_id for s in batch if s.error is None}
 
@@ -145,12 +141,9 @@ def test_a_row_the_database_refuses_fails_only_itself(make_model, r):
     assert _rows("grp") == 2 and gate.gate_members("grp") == {good1.job_id, good2.job_id}
 
 
-def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, settings, r):
+def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, r):
     """64 threads at a gate of 8 through service.submit: exactly 8 rows and
-    8 slots, every other request a 429, and fewer batches than requests.
-    The static limit alone (ASYNCH_QUEUE_FAIR_SHARE off): with the fair share
-    two tenants hold 7 or 8 depending on who came first (tests/test_fair_share.py)."""
-    set_settings(settings.with_overrides(queue_fair_share=False))
+    8 slots, every other request a 429, and fewer batches than requests."""
     make_model("grp", queue_limit=8, max_concurrency=8)
     start = threading.Barrier(64)
     before = admission.batches_committed()

@@ -30,8 +30,7 @@ def _rows(model: str) -> int:
 
 
 def test_each_item_is_admitted_or_refused_on_its_own(api_url, make_model, user_key):
-    # 4: a tenant alone fills 3, one slot kept for newcomers (the fair share's reserve).
-    make_model("bm", queue_limit=4, max_concurrency=1)
+    make_model("bm", queue_limit=3, max_concurrency=1)
     jobs = [{"payload": {"i": 0}}, {"payload": "not an object"}, {"payload": {"i": 2}, "callback_url": "http://10.0.0.1/x"},
             {"payload": {"i": 3}, "bogus": 1}, {"payload": {"i": 4}}, {"payload": {"i": 5}}, {"payload": {"i": 6}}]
     r = _batch(api_url, user_key, "bm", jobs)

@@ -126,13 +126,15 @@ def test_a_script_is_registered_once_per_client(settings, r):
 def test_one_job_and_a_batch_item_are_decided_by_the_same_rule(settings, r):
     """A lone admission is a batch of one: the same answers (429 reasons,
     limits, depths) and the same slots as the same items in one batch."""
-    items = [("a", "a0", 5), ("a", "a1", 5), ("a", "a2", 5), ("b", "b0", 5), ("a", "a0", 5), ("c", "c0", 5)]
+    items = [("a", "a0", 5), ("a", "a1", 5), ("a", "a2", 5), ("b", "b0", 5), ("a", "a0", 5), ("c", "c0", 5),
+             ("d", "d0", 5)]
     for m in ("one", "many"):
         r.set(f"asynch:runtime:tenant_queue_limit:{{{m}}}", 2)  # caps every share at 2
     one = [gate.gate_admit("one", t, j, 3, cap) for t, j, cap in items]
     many = gate.gate_admit_many([("many", t, j, 3, cap) for t, j, cap in items])
     assert one == many
     assert [(d.admitted, d.refused_by) for d in one] == [
-        (True, ""), (True, ""), (False, "tenant"), (True, ""), (True, ""), (False, "model")]
-    assert gate.gate_members("one") == gate.gate_members("many") == {"a0", "a1", "b0"}
+        (True, ""), (True, ""), (False, "tenant"), (True, ""), (True, ""), (True, ""), (False, "model")]
+    # c0, a newcomer at the full queue of 3, takes the reserve above it (ceil(3 x 0.05) = 1); d0 finds it taken.
+    assert gate.gate_members("one") == gate.gate_members("many") == {"a0", "a1", "b0", "c0"}
     assert gate.tenant_depth("one", "a") == gate.tenant_depth("many", "a") == 2

@@ -15,10 +15,11 @@
 -- ARGV[5..] triples: job id, index of its tenant's key in KEYS (6..), the tenant's static cap on this model
 -- Returns one {admitted 0|1, effective limit, depth after, 'model' | 'tenant' (who refused; '' when
 -- admitted)} per item: on a tenant refusal the limit and depth are the tenant's.
--- The rule (docs/architecture.md "Fair share at admission"), L the limit, R = min(L - 1, ceil(L x reserve)):
--- never more than L slots; a tenant holding none is admitted while depth < L; one holding h > 0 while
--- depth < L - R and, when another tenant holds slots too, h < ceil((L - R) x w / W), W the weights of
--- the tenants holding slots and its own (refused by 'tenant', its share, only then).
+-- The rule (docs/architecture.md "Fair share at admission"), L the limit, R = ceil(L x reserve) (0 with
+-- fair share off): a tenant holding h > 0 slots is admitted while depth < L and, when another tenant
+-- holds slots too, h < ceil(L x w / W), W the weights of the tenants holding slots and its own (refused
+-- by 'tenant', its share, only then); a tenant holding none (a newcomer) is admitted while depth < L + R,
+-- so the first job of a tenant arriving at a queue another filled still gets in.  A tenant alone fills L.
 local limit = tonumber(ARGV[1])
 local rt = tonumber(redis.call('GET', KEYS[2]) or '')
 if rt and rt < limit then limit = rt end
@@ -39,8 +40,8 @@ if fair then
     end
   end
 end
-local room = limit
-if fair and limit > 1 then room = limit - math.min(limit - 1, math.ceil(limit * reserve)) end
+local room = limit  -- what a newcomer may reach: the limit and the reserve above it
+if fair and limit > 0 then room = limit + math.ceil(limit * reserve) end
 local out = {}
 for i = 5, #ARGV, 3 do
   local job, tkey, share = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
@@ -48,18 +49,16 @@ for i = 5, #ARGV, 3 do
   if trt and trt < share then share = trt end
   if redis.call('ZSCORE', KEYS[1], job) then
     out[#out + 1] = {1, limit, depth, ''}
-  elseif limit <= 0 or depth >= limit then
-    out[#out + 1] = {0, limit, depth, 'model'}
   else
     local h = held[t] or redis.call('ZCARD', tkey)
     local w = weight[t] or weight_of(t)
-    local fs = math.ceil(room * w / (wsum + (weight[t] and 0 or w)))
-    if share <= 0 or h >= share then
+    local fs = math.ceil(limit * w / (wsum + (weight[t] and 0 or w)))
+    if limit <= 0 or depth >= room or (h > 0 and depth >= limit) then
+      out[#out + 1] = {0, limit, depth, 'model'}
+    elseif share <= 0 or h >= share then
       out[#out + 1] = {0, share, h, 'tenant'}
     elseif fair and h > 0 and wsum > (weight[t] or 0) and h >= fs then
       out[#out + 1] = {0, fs, h, 'tenant'}
-    elseif fair and h > 0 and depth >= room then
-      out[#out + 1] = {0, room, depth, 'model'}
     else
       redis.call('ZADD', KEYS[1], ARGV[2], job)
       redis.call('ZADD', tkey, ARGV[2], job)
