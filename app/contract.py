@@ -355,3 +355,17 @@ def pointer_errors(exc: ValidationError, model: type[BaseModel] | None = None, b
         if entry not in out:
             out.append(entry)
     return out
+
+
+# One periodic task's recorded run: the maintenance runs list's and, as
+# PeriodicRun, the observe maintenance state's (no docstring: none in OpenAPI).
+class BeatRun(Shape):
+    model_config = ConfigDict(alias_generator=None)
+
+    task: str
+    ran_at: float = Field(description="unix time")
+    took: float
+    processed: int | None
+    owner: str | None = None
+    token: int | None = None
+    sent_at: float | None = None

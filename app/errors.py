@@ -46,13 +46,20 @@ class ValidationFailed(DomainError):
         self.errors = errors
 
 
-class QueueFull(DomainError):
+class Throttled(DomainError):
+    """429 with a ``limit`` and the ``retry_after`` seconds the one error
+    handler sends as Retry-After."""
+
     status = 429
 
+    def __init__(self, message: str, limit: int, retry_after: int):
+        super().__init__(message)
+        self.limit, self.retry_after = limit, retry_after
+
+
+class QueueFull(Throttled):
     def __init__(self, limit: int, retry_after: int):
-        super().__init__(f"async queue full (max {limit})")
-        self.limit = limit
-        self.retry_after = retry_after
+        super().__init__(f"async queue full (max {limit})", limit, retry_after)
 
 
 class DeadlineUnmeetable(QueueFull):
@@ -61,8 +68,8 @@ class DeadlineUnmeetable(QueueFull):
     ``body``: the estimate, added to the error body."""
 
     def __init__(self, estimate: dict, deadline_at, retry_after: int):
-        DomainError.__init__(self, "deadline_unmeetable: the queue cannot finish this job by its deadline")
-        self.limit, self.retry_after = 0, retry_after
+        Throttled.__init__(self, "deadline_unmeetable: the queue cannot finish this job by its deadline", 0,
+                           retry_after)
         self.body = {"code": "deadline_unmeetable", **estimate, "deadline_at": deadline_at}
 
 
@@ -83,25 +90,19 @@ class TenantQueueFull(QueueFull):
     still admitted (docs/api.md, "Fair share")."""
 
     def __init__(self, tenant: str, limit: int, retry_after: int):
-        DomainError.__init__(self, f"tenant queue share full: tenant {tenant} may hold at most {limit} of this "
-                                   "model's queue slots")
-        self.limit = limit
-        self.retry_after = retry_after
+        Throttled.__init__(self, f"tenant queue share full: tenant {tenant} may hold at most {limit} of this "
+                                 "model's queue slots", limit, retry_after)
 
 
-class TooManyWaiters(DomainError):
+class TooManyWaiters(Throttled):
     """429: this API process already holds as many concurrent long-polls as
     the tenant (``cap="tenant"``) or the process (``cap="process"``) may
     have; nothing was waited for.  The message names the cap and its value;
     the one error handler adds Retry-After."""
 
-    status = 429
-
     def __init__(self, message: str, cap: str, limit: int, retry_after: int):
-        super().__init__(message)
+        super().__init__(message, limit, retry_after)
         self.cap = cap
-        self.limit = limit
-        self.retry_after = retry_after
 
 
 class Unavailable(DomainError):

@@ -97,18 +97,9 @@ def check_allowed(from_states: Iterable[S], to_state: S) -> None:
             raise IllegalTransition(f"transition {S(s).label} -> {S(to_state).label} is not allowed")
 
 
-def _cas(
-    conn: Connection,
-    job_id: str,
-    from_states: Sequence[S],
-    to_state: S,
-    *,
-    attempt: int | None = None,
-    where: Sequence = (),
-    values: dict | None = None,
-    alongside: tuple | None = None,
-    log_attempt: bool | str = False,
-) -> Row | None:
+def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *, attempt: int | None = None,
+         where: Sequence = (), values: dict | None = None, alongside: tuple | None = None,
+         log_attempt: bool | str = False) -> Row | None:
     """The one writer of ``state``.  ``log_attempt``: the running attempt
     ends here; its row goes to the attempt log with the same statement
     (``"open"``: only if the job had a running attempt not logged yet -- a
@@ -156,8 +147,6 @@ def _cas(
 
 
 _ATTEMPT_COLS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "error_detail")
-
-
 _COMBINED: dict[tuple, object] = {}
 
 
@@ -221,11 +210,7 @@ def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, wo
     """
     now = clock_now()
     return _cas(conn, job_id, [S.PENDING], S.RUNNING, attempt=attempt, values={
-        "attempt": attempt + 1,
-        "started_at": now,
-        "lease_expires_at": lease_until,
-        "worker": worker,
-    })
+        "attempt": attempt + 1, "started_at": now, "lease_expires_at": lease_until, "worker": worker})
 
 
 def complete(
@@ -235,15 +220,9 @@ def complete(
     """running -> done, by the attempt that holds the row.  ``inline``: the
     result itself, kept in the row (``location`` is then ``inline:``)."""
     return _moved(_cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True, values={
-        "finished_at": clock_now(),
-        "lease_expires_at": None,
-        "error": None,
-        "error_detail": None,
-        "result_location": location,
-        "result_content_type": content_type,
-        "result_size": size,
-        "result_inline": inline,
-    }))
+        "finished_at": clock_now(), "lease_expires_at": None, "error": None, "error_detail": None,
+        "result_location": location, "result_content_type": content_type, "result_size": size,
+        "result_inline": inline}))
 
 
 def fail_attempt(
@@ -281,8 +260,7 @@ def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy
     its tenant's head.  ``busy_count``: the row's + 1, so no retry is spent."""
     row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True, values={
         "busy_count": busy_count, "lease_expires_at": None, "error": error[:4000], "error_detail": detail and detail[:4000]})
-    return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0,
-                                          requeue=True)
+    return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, requeue=True)
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
@@ -295,11 +273,7 @@ def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
     ``attempt - busy_count`` (busy answers spend none).
     """
     return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
-        "retry_count": retries,
-        "enqueue_at": enqueue_at,
-        "next_retry_at": None,
-        "promoted_at": promoted_at,
-    })
+        "retry_count": retries, "enqueue_at": enqueue_at, "next_retry_at": None, "promoted_at": promoted_at})
 
 
 def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime,
@@ -360,11 +334,8 @@ def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Moved | None:
     the job ends as a failure, e.g. a poisoned payload); a running attempt's
     late writes are refused by the attempt guard."""
     return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, log_attempt="open", values={
-        "finished_at": clock_now(),
-        "lease_expires_at": None,
-        "next_retry_at": None,
-        "error": (f"failed by admin: {reason}" if reason else "failed by admin")[:4000],
-    }))
+        "finished_at": clock_now(), "lease_expires_at": None, "next_retry_at": None,
+        "error": (f"failed by admin: {reason}" if reason else "failed by admin")[:4000]}))
 
 
 def time_out(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:

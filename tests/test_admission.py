@@ -17,7 +17,7 @@ from app.infra.redis import gate
 from app.infra.tables import tasks
 from app.jobs import admission, outbox
 from app.jobs import service as jobs
-from app.jobs.schemas import SubmitOptions
+from app.jobs.submission import SubmitOptions
 from app.states import JobState
 from app.tenancy.keys import Principal
 

@@ -18,7 +18,7 @@ from app.infra import wakeups as waiters
 from app.infra.db import transaction
 from app.jobs import effects
 from app.jobs import service as jobs
-from app.jobs.schemas import WaitQuery
+from app.jobs.requests import WaitQuery
 from app.states import is_terminal
 from app.tenancy.keys import Principal
 

@@ -14,7 +14,8 @@ from app.cli.base import DomainGroup
 from app.config import get_settings
 from app.contract import dump, parse
 from app.jobs import service as job_service
-from app.jobs.schemas import JobDetail, JobListQuery, JobStatus
+from app.jobs.requests import JobListQuery
+from app.jobs.schemas import JobDetail, JobStatus
 from app.infra import secretbox
 from app.maintenance import autotune, passes, periodic, requeue
 from app.maintenance import secrets as secret_rotation

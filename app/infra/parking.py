@@ -41,6 +41,7 @@ from email.utils import formatdate
 from typing import Callable
 
 from app.infra import metrics
+from app.infra.serving import stop_watcher
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class ParkedWait:
         if data:
             # A pipelined next request: the client is there.  Stop watching;
             # it is answered (with Connection: close) as any other.
-            self._stop_watcher()
+            stop_watcher(self, "watcher")
             return
         self._close()  # the client hung up: its place comes back now
 
@@ -169,19 +170,13 @@ class ParkedWait:
         finally:
             self._close()
 
-    def _stop_watcher(self) -> None:
-        w, self.watcher = self.watcher, None
-        if w is not None:
-            w.stop()
-            w.close()
-
     def _close(self) -> None:
         if self.done:
             return
         self.done = True
         _open.discard(self)
         self.waiter.on_wake = None
-        self._stop_watcher()
+        stop_watcher(self, "watcher")
         t, self.timer = self.timer, None
         if t is not None:
             t.stop()

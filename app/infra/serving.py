@@ -95,6 +95,16 @@ def raise_nofile(wanted: int) -> tuple[int, int]:
     return soft, hard
 
 
+def stop_watcher(owner, attr: str) -> None:
+    """Stop and close the libev io watcher at ``owner.<attr>`` once: the
+    attribute is None from then on (parked answers share it)."""
+    w = getattr(owner, attr)
+    setattr(owner, attr, None)
+    if w is not None:
+        w.stop()
+        w.close()
+
+
 class ClientWatch:
     """Notices that the client of a waiting request closed its connection.
 
@@ -128,15 +138,9 @@ class ClientWatch:
 
     def _on_readable(self) -> None:
         self._readable = True
-        self._stop_watcher()  # level-triggered: once is enough until gone() looked
+        stop_watcher(self, "_watcher")  # level-triggered: once is enough until gone() looked
         if self._wake is not None:
             self._wake()
-
-    def _stop_watcher(self) -> None:
-        w, self._watcher = self._watcher, None
-        if w is not None:
-            w.stop()
-            w.close()
 
     def gone(self) -> bool:
         if self._disarmed:
@@ -161,13 +165,13 @@ class ClientWatch:
         if data:
             # A pipelined request: the client is there; stop watching.
             self._disarmed = True
-            self._stop_watcher()
+            stop_watcher(self, "_watcher")
             return False
         return True
 
     def close(self) -> None:
         self._wake = None
-        self._stop_watcher()
+        stop_watcher(self, "_watcher")
 
 
 def client_watch(environ: dict) -> ClientWatch | None:

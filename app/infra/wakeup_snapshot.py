@@ -1,6 +1,7 @@
-"""The terminal-row snapshot a wake-up carries (docs/architecture.md
-invariant 7): written by the transition's winner after its commit, read by
-every API process's listener (app/infra/wakeups.py).
+"""What a wake-up hands a waiter (docs/architecture.md invariant 7): the
+terminal-row snapshot it carries, written by the transition's winner after
+its commit and read by every API process's listener (app/infra/wakeups.py),
+or the row the hub's fetcher reads when a message carries none.
 
 Invariants:
 - A snapshot holds only what a poll body and a job event show: never the
@@ -8,12 +9,16 @@ Invariants:
 - Only a terminal state is taken as a snapshot (terminal is absorbing, so
   the snapshot is final); anything else, a bare job id or junk, parses as
   None and the listener falls back to reading the row.
+- The fetcher reads on a connection of its own (``fetch_engine``, one per
+  process), never from the request pool.
 """
 from __future__ import annotations
 
 import json
 from datetime import datetime
 
+from app.config import get_settings
+from app.infra.process import PerProcess
 from app.states import is_terminal
 
 # The columns a wake-up snapshot carries: what a poll body and a job event
@@ -58,3 +63,29 @@ def parse_snapshot(data: str) -> Snapshot | None:
     except (ValueError, TypeError, AttributeError):
         return None
     return snap if isinstance(snap.id, str) and is_terminal(snap.state) else None
+
+
+def _make_fetch_engine():
+    from app.infra.db import make_engine
+
+    return make_engine(get_settings().database_url, autocommit=True, pool_size=1)
+
+
+# The fetcher's own connection: wake-ups never queue for a database
+# connection behind the requests of the process (a burst of new waits each
+# reading its job, submits).  One more connection per API process.
+fetch_engine = PerProcess(_make_fetch_engine, on_fork=lambda e: e.dispose(close=False), on_reset=lambda e: e.dispose())
+
+
+def read_rows(ids: list[str], batch: int) -> dict[str, object]:
+    """The rows of ``ids`` by id, ``batch`` ids per SELECT, on the fetcher's connection."""
+    from sqlalchemy import select
+
+    from app.infra.tables import tasks
+
+    out = {}
+    with fetch_engine.get().connect() as conn:
+        for i in range(0, len(ids), batch):
+            chunk = ids[i:i + batch]
+            out.update((r.id, r) for r in conn.execute(select(tasks).where(tasks.c.id.in_(chunk))))
+    return out

@@ -1,47 +1,44 @@
-"""Long-poll wake-ups: one Redis pub/sub listener and one row fetcher per API
-process, shared by every waiter of the process.
+"""Long-poll wake-ups: one Redis pub/sub listener and one row fetcher per API process, shared by
+every waiter of the process.
 
-The same listener also carries cache invalidations (revoked keys, changed
-models) so every API process drops its per-process caches at once.
+The same listener also carries cache invalidations (revoked keys, changed models) so every API
+process drops its per-process caches at once.
 
 Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
-- A waiter registers before its first read, then sleeps: a terminal commit
-  is either visible to that read or its message (workers publish only after
-  the commit) arrives while the waiter is registered.
-- A terminal wake-up carries the committed terminal row's snapshot (the
-  fields a poll shows; never the payload or a secret), published by the
-  transition's winner after its commit (``snapshot_message``).  Terminal
-  states are absorbing, so that snapshot is final: it is handed to every
-  waiter of the job at once, with no read.  One JSON decode per job per
-  process, and the v1 body is rendered once for all its waiters
-  (``Snapshot.v1_body``; the snapshot itself: app/infra/wakeup_snapshot.py).
-- Single flight, for a message that carries only a job id (an older
-  publisher) and after a reconnect: a message for job J puts J in the fetch set; the fetcher
-  reads every job of the set in one SELECT per ``FETCH_BATCH`` ids and hands
-  each row to every waiter of that job.  A delivered row always comes from
-  a read that started after the message arrived, so it is at least as new
-  as the commit that sent it.  10,000 waiters on one job cost one read.
-  The row is read by id only: tenant and model never change on a row, so a
-  waiter whose own first read could see the job may see every later copy;
-  a job gone meanwhile is handed over as GONE and the waiter re-reads it
-  itself (its own read says 404).
-- On every (re)subscribe all waited jobs are fetched (messages may have
-  been lost while away); while the listener is not subscribed the fetcher
-  re-reads all waited jobs every ``DEGRADED_POLL_SECONDS``, batched.  A
-  fetch that fails keeps its ids and is retried after the same interval.
-- Caps: a register past the tenant's cap or the process's cap raises
-  ``TooManyWaiters`` and counts nothing; every register is matched by one
-  unregister (``finally``), including a client that went away mid-wait
-  (its ``ClientWatch`` wakes the waiter, which returns at once).
-- The fetcher reads on a connection of its own, so a wake-up never waits
-  for a pooled connection behind the process's requests.
-- Fork: the whole state is per process (app/infra/process.py); a child
-  starts with no waiters and its own threads.
+- A waiter registers before its first read, then sleeps: a terminal commit is either visible to
+  that read or its message (workers publish only after the commit) arrives while the waiter is
+  registered.
+- A terminal wake-up carries the committed terminal row's snapshot (the fields a poll shows;
+  never the payload or a secret), published by the transition's winner after its commit
+  (``snapshot_message``).  Terminal states are absorbing, so that snapshot is final: it is
+  handed to every waiter of the job at once, with no read.  One JSON decode per job per process,
+  and the v1 body is rendered once for all its waiters (``Snapshot.v1_body``; the snapshot
+  itself: app/infra/wakeup_snapshot.py).
+- Single flight, for a message that carries only a job id (an older publisher) and after a
+  reconnect: a message for job J puts J in the fetch set; the fetcher reads every job of the set
+  in one SELECT per ``FETCH_BATCH`` ids and hands each row to every waiter of that job.  A
+  delivered row always comes from a read that started after the message arrived, so it is at
+  least as new as the commit that sent it.  10,000 waiters on one job cost one read. The row is
+  read by id only: tenant and model never change on a row, so a waiter whose own first read
+  could see the job may see every later copy; a job gone meanwhile is handed over as GONE and
+  the waiter re-reads it itself (its own read says 404).
+- On every (re)subscribe all waited jobs are fetched (messages may have been lost while away);
+  while the listener is not subscribed the fetcher re-reads all waited jobs every
+  ``DEGRADED_POLL_SECONDS``, batched.  A fetch that fails keeps its ids and is retried after the
+  same interval.
+- Caps: a register past the tenant's cap or the process's cap raises ``TooManyWaiters`` and
+  counts nothing; every register is matched by one unregister (``finally``), including a client
+  that went away mid-wait (its ``ClientWatch`` wakes the waiter, which returns at once).
+- The fetcher reads on a connection of its own (app/infra/wakeup_snapshot.py ``fetch_engine``),
+  so a wake-up never waits for a pooled connection behind the process's requests.
+- Fork: the whole state is per process (app/infra/process.py); a child starts with no waiters
+  and its own threads.
 """
 from __future__ import annotations
 
 import logging
 import os
+from contextlib import suppress
 import threading
 import time
 from typing import Callable
@@ -56,7 +53,7 @@ from app.infra.process import PerProcess
 from app.infra.redis.client import pubsub_client
 from app.infra.redis.keys import invalidate_channel as invalidate_channel
 from app.infra.redis.keys import terminal_channel as terminal_channel
-from app.infra.wakeup_snapshot import parse_snapshot
+from app.infra.wakeup_snapshot import fetch_engine, parse_snapshot, read_rows
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
@@ -71,6 +68,7 @@ RETRY_AFTER_SECONDS = 1
 LISTENER_NAME = "asynch-wait-listener"
 
 GONE = object()  # the job's row no longer exists: the waiter re-reads it itself
+
 
 class Waiter:
     """One waiting request.  ``row`` is the newest delivered copy (or GONE),
@@ -96,31 +94,6 @@ class Waiter:
         self.event.set()
         if self.on_wake is not None:
             self.on_wake(self)
-
-
-def _fetch_engine():
-    from app.infra.db import make_engine
-
-    return make_engine(get_settings().database_url, autocommit=True, pool_size=1)
-
-
-# The fetcher's own connection: wake-ups never queue for a database
-# connection behind the requests of the process (a burst of new waits each
-# reading its job, submits).  One more connection per API process.
-_engine = PerProcess(_fetch_engine, on_fork=lambda e: e.dispose(close=False), on_reset=lambda e: e.dispose())
-
-
-def _read_rows(ids: list[str]) -> dict[str, object]:
-    from sqlalchemy import select
-
-    from app.infra.tables import tasks
-
-    out = {}
-    with _engine.get().connect() as conn:
-        for i in range(0, len(ids), FETCH_BATCH):
-            chunk = ids[i:i + FETCH_BATCH]
-            out.update((r.id, r) for r in conn.execute(select(tasks).where(tasks.c.id.in_(chunk))))
-    return out
 
 
 class _State:
@@ -198,10 +171,8 @@ class _State:
                 backoff = min(backoff * 2, 2.0)
             finally:
                 if client is not None:
-                    try:
+                    with suppress(Exception):
                         client.close()
-                    except Exception:
-                        pass
 
     def wake(self, data: str) -> None:
         """A terminal message: its snapshot goes to the job's waiters now;
@@ -244,7 +215,7 @@ class _State:
             if not ids:
                 continue
             try:
-                rows = _read_rows(sorted(ids))
+                rows = read_rows(sorted(ids), FETCH_BATCH)
                 self.fetches += 1
             except Exception as exc:
                 log.warning("wait fetcher could not read %d job(s): %s", len(ids), exc)
@@ -273,16 +244,13 @@ class _State:
     def register(self, job_id: str, tenant: str, tenant_cap: int, process_cap: int) -> Waiter:
         with self.lock:
             n = self.per_tenant.get(tenant, 0)
-            if n >= tenant_cap:
-                metrics.wait_refused("tenant")
-                raise TooManyWaiters(f"too many concurrent waits for this tenant on this API process "
-                                     f"(per-tenant cap {tenant_cap}); retry after {RETRY_AFTER_SECONDS} s",
-                                     cap="tenant", limit=tenant_cap, retry_after=RETRY_AFTER_SECONDS)
-            if self.total >= process_cap:
-                metrics.wait_refused("process")
-                raise TooManyWaiters(f"too many concurrent waits on this API process (per-process cap "
-                                     f"{process_cap}); retry after {RETRY_AFTER_SECONDS} s",
-                                     cap="process", limit=process_cap, retry_after=RETRY_AFTER_SECONDS)
+            for cap, used, limit, whose in (("tenant", n, tenant_cap, "for this tenant "),
+                                            ("process", self.total, process_cap, "")):
+                if used >= limit:
+                    metrics.wait_refused(cap)
+                    raise TooManyWaiters(f"too many concurrent waits {whose}on this API process (per-{cap} cap "
+                                         f"{limit}); retry after {RETRY_AFTER_SECONDS} s",
+                                         cap=cap, limit=limit, retry_after=RETRY_AFTER_SECONDS)
             self.seq += 1
             w = Waiter(job_id, tenant, self.seq)
             self.jobs.setdefault(job_id, set()).add(w)
@@ -299,10 +267,8 @@ class _State:
             s.discard(w)
             if not s:
                 del self.jobs[w.job_id]
-            n = self.per_tenant[w.tenant] - 1
-            if n:
-                self.per_tenant[w.tenant] = n
-            else:
+            self.per_tenant[w.tenant] -= 1
+            if not self.per_tenant[w.tenant]:
                 del self.per_tenant[w.tenant]
             self.total -= 1
         metrics.waiters(-1)
@@ -334,7 +300,7 @@ class WaitHub:
         with s.lock:
             return s.total if tenant is None else s.per_tenant.get(tenant, 0)
 
-    def fetches(self) -> int:
+    def fetches(self) -> int:  # SELECTs the fetcher issued (tests, benchmarks)
         return _state.get().fetches
 
     def register(self, job_id: str, tenant: str, tenant_cap: int, process_cap: int | None = None) -> Waiter:
@@ -342,10 +308,7 @@ class WaitHub:
         with ``job_id``'s terminal row: an event stream (app/jobs/events.py),
         which must ``unregister`` in a ``finally``.  ``job_id`` may name no
         job (a tenant's stream): it is then only counted."""
-        self.ensure_started()
-        s = _state.get()
-        return s.register(job_id, tenant, tenant_cap,
-                          get_settings().waiters_max if process_cap is None else process_cap)
+        return _register(job_id, tenant, tenant_cap, process_cap)[1]
 
     def unregister(self, w: Waiter) -> None:
         _state.get().unregister(w)
@@ -369,10 +332,19 @@ class WaitHub:
         """Stop this process's listener and fetcher and forget every waiter
         (tests: a fresh hub on the next use)."""
         _state.reset()
-        _engine.reset()
+        fetch_engine.reset()
 
 
 hub = WaitHub()
+
+
+def _register(job_id: str, tenant: str, tenant_cap: int | None, process_cap: int | None) -> tuple[_State, Waiter]:
+    """The hub started, then a place under the caps (None: the settings')."""
+    settings = get_settings()
+    hub.ensure_started()
+    s = _state.get()
+    return s, s.register(job_id, tenant, settings.waiters_per_tenant if tenant_cap is None else tenant_cap,
+                         settings.waiters_max if process_cap is None else process_cap)
 
 
 def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], object], tenant: str = "",
@@ -386,12 +358,8 @@ def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], obj
     app.infra.serving.ClientWatch) ends the wait early when the client has
     gone; the row read so far is returned to nobody.
     """
-    settings = get_settings()
     deadline = time.monotonic() + max(0.0, budget_seconds)
-    hub.ensure_started()
-    s = _state.get()
-    w = s.register(job_id, tenant, settings.waiters_per_tenant if tenant_cap is None else tenant_cap,
-                   settings.waiters_max if process_cap is None else process_cap)
+    s, w = _register(job_id, tenant, tenant_cap, process_cap)
     try:
         if watch is not None:
             watch.arm(w.event.set)
@@ -425,11 +393,7 @@ def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant
     does.  Returns ``(row, waiter)``: ``waiter`` is None when there is nothing
     to wait for (terminal, gone, draining); otherwise it stays registered and
     the caller owns it (a wake-up from now on is in ``waiter.row``)."""
-    settings = get_settings()
-    hub.ensure_started()
-    s = _state.get()
-    w = s.register(job_id, tenant, settings.waiters_per_tenant if tenant_cap is None else tenant_cap,
-                   settings.waiters_max if process_cap is None else process_cap)
+    s, w = _register(job_id, tenant, tenant_cap, process_cap)
     try:
         row = read()
     except BaseException:

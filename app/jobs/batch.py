@@ -41,7 +41,7 @@ from app.infra.http.netguard import Lookups
 from app.infra.tables import tasks
 from app.jobs import admission, estimates, submission
 from app.jobs import service as jobs
-from app.jobs.schemas import BatchItem
+from app.jobs.requests import BatchItem
 from app.tenancy.keys import Principal
 
 

@@ -1,6 +1,6 @@
-"""The jobs' contracts, both faces: what a submission carries besides its
-payload, how a job is shown (the v1 poll body, a list page, the operator's
-detail with its timeline, the seed's task entry), and the queries.
+"""The jobs' view contracts, both faces: how a job is shown (the v1 poll
+body, a list page, the operator's detail with its timeline, the seed's task
+entry).  The requests and queries are app/jobs/requests.py's.
 
 Views are built from rows here and nowhere else (``from_row``): one place
 decides what a job shows, in the one time format (app/contract.py).
@@ -11,213 +11,25 @@ rows) and serialised with ``exclude_unset``: a field a state does not have
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BeforeValidator,
-    Field,
-    WithJsonSchema,
-    field_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import Field
 
 from app.clock import as_utc
 from app.clock import now as clock_now
-from app.config import get_settings
-from app.contract import (
-    NO_NUL,
-    Loose,
-    Params,
-    QueryInt,
-    Shape,
-    Text,
-    Timestamp,
-    iso_z,
-    pattern,
-    rule,
-)
-from app.infra.http.headers import HEADER_SPEC_PATTERN
-from app.jobs.submission import (  # noqa: F401 - SubmitOptions: the option set, where callers find it
-    DEADLINE_HELP,
-    HEADER_SPEC_HELP,
-    WEBHOOK_EVENTS_HELP,
-    WEBHOOK_EVENTS_PATTERN,
-    BizName,
-    Creator,
-    DeadlineSeconds,
-    IdempotencyKey,
-    SubmitOptions,
-    WebhookEvents,
-    carried,
-)
+from app.contract import Shape, Timestamp, iso_z
 from app.states import JobState, v1_name
 
 V1State = Literal["canceled", "done", "expired", "failed", "pending", "running", "timeout"]
 JobId = Annotated[str, Field(pattern="^job_")]
+
 
 def _elapsed_ms(row) -> int:
     end = as_utc(row.finished_at) or clock_now()
     return max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
 
 
-# --- submission ------------------------------------------------------------------------
-# The options and their rule are app/jobs/submission.py's; these shapes only
-# say how each face's wire spells them, under the options' own field names.
-# What the rule judges (modelKey, callback and webhook URLs and events,
-# priority) a face takes as its wire type: the document states the option's
-# own schema (``carried``), the 422 comes from the rule with the face's pointer.
-
-def _event_list(v: str | None) -> list[str] | None:
-    return [e.strip() for e in v.split(",")] if v else None
-
-
-class CallerHeaders(Params):
-    """What every submitting face reads from headers for the values a
-    request derives (app/web/v1_jobs.py ``caller``): the creator and the OSS
-    pass-through.  (A batch's apply to each of its jobs.)"""
-
-    creator: Creator | None = Field(None, alias="X-Creator",
-                                    description="who submitted it (stats)")
-    oss_authorization: str | None = Field(None, alias="X-Oss-Authorization",
-                                          description="sent as Authorization to the OSS file service")
-    user_info: str | None = Field(None, alias="X-User-Info",
-                                  description="only with the gateway's proof: the creator, and passed to the OSS "
-                                              "file service; otherwise ignored")
-
-
-class SubmitHeaders(CallerHeaders):
-    """What a v1 submission carries in headers besides its body (the payload)."""
-
-    idempotency_key: IdempotencyKey | None = Field(
-        None, alias="Idempotency-Key", description="1-255 printable ASCII; the same key returns the first job")
-    model_key: str | None = Field(None, alias="X-Model-Key", description=HEADER_SPEC_HELP,
-                                  json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
-    biz_name: BizName | None = Field(None, alias="X-Biz-Name", description="business name (callbacks)")
-    callback_url: str | None = Field(None, alias="X-Callback-Url",
-                                     description="GET on done (see docs/api.md, Callbacks)")
-    priority: str | None = Field(None, alias="X-Priority",
-                                 description="0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
-    webhook_url: str | None = Field(None, alias="X-Webhook-Url",
-                                    description="a signed JSON POST (Standard Webhooks) on the job's terminal "
-                                                "state (see docs/api.md, Webhooks)")
-    # The header's own syntax (a comma list), read as the option's list.
-    webhook_events: Annotated[str | None, AfterValidator(_event_list)] = Field(
-        None, alias="X-Webhook-Events", max_length=64, pattern=WEBHOOK_EVENTS_PATTERN, description=WEBHOOK_EVENTS_HELP)
-    deadline_seconds: carried(DeadlineSeconds | None, str | None) = Field(
-        None, alias="X-Deadline", max_length=32, description=DEADLINE_HELP)
-    prefer: str | None = Field(None, alias="Prefer", max_length=1024,
-                               description="RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
-                                           "with the terminal job if it ends within N s (sync mode)")
-
-
-# --- batch submission (POST /v1/models/{model}/jobs:batch) ------------------------------
-
-BATCH_MAX_JOBS = 1000
-
-
-class BatchItem(Shape):
-    """One job of a batch, judged on its own (a bad item is that item's 422,
-    not the batch's)."""
-
-    invalid: ClassVar[str] = "invalid batch item"
-
-    payload: dict[str, Any] = Field(description="the JSON object forwarded to the model service")
-    idempotency_key: IdempotencyKey | None = Field(None, description="as the Idempotency-Key header of a submit")
-    biz_name: BizName = ""
-    callback_url: str | None = Field(None, description="GET on done (see docs/api.md, Callbacks)")
-    model_key: str | None = Field(None, description=HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
-    priority: int | None = Field(None, description="0-9, default 5 (9 first), as X-Priority")
-    webhook_url: str | None = Field(None, description="as X-Webhook-Url (see docs/api.md, Webhooks)")
-    webhook_events: carried(WebhookEvents | None, list | None) = Field(None, description="as X-Webhook-Events")
-    deadline_seconds: carried(DeadlineSeconds | None, float | None) = Field(None, description="as X-Deadline")
-
-
-class BatchSubmit(Shape):
-    jobs: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=BATCH_MAX_JOBS),
-                    # Items are objects judged one by one (a bad item is its own 422 in
-                    # the 207), so the document does not promise a 4xx for one:
-                    # the item's shape travels as x-item-schema.
-                    WithJsonSchema({"type": "array", "minItems": 1, "maxItems": BATCH_MAX_JOBS,
-                                    "items": {"type": "object", "x-item-schema": BatchItem.model_json_schema()}})] = Field(
-        description=f"1 to {BATCH_MAX_JOBS} jobs; each is admitted or refused on its own")
-
-
-class BatchHeaders(CallerHeaders):
-    """Headers that apply to every job of a batch."""
-
-
-# --- queries ---------------------------------------------------------------------------
-
-def _iso_time(v: Any) -> Any:
-    if v is None or v == "":
-        return None
-    try:
-        t = datetime.fromisoformat(v)
-        # In UTC: PostgreSQL refuses offsets past +-15:59, which Python takes.
-        return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
-    except (ValueError, OverflowError, TypeError):  # OverflowError: year 1 or 9999 moved out of range
-        raise PydanticCustomError("time", "must be an ISO 8601 time") from None
-
-
-QueryTime = Annotated[datetime | None, BeforeValidator(_iso_time)]
-
-
-class JobListQuery(Params):
-    state: V1State | None = Field(None, description="a v1 state name")
-    limit: QueryInt(1) = rule("from 1 to ASYNCH_LIST_MAX_LIMIT", 50, **{"x-maximum-setting": "list_max_limit"})
-    cursor: Text | None = Field(None, description="next_cursor of the previous page")
-    tenant: Text | None = Field(None, description="admins: only this tenant's jobs")
-    since: QueryTime = Field(None, description="only jobs created at or after this time (ISO 8601; no offset: UTC)",
-                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
-                                                          {"const": ""}]})
-    until: QueryTime = Field(None, description="only jobs created before this time (ISO 8601; no offset: UTC)",
-                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
-                                                          {"const": ""}]})
-
-    @field_validator("limit")
-    @classmethod
-    def _cap(cls, v: int) -> int:
-        cap = get_settings().list_max_limit
-        if v > cap:
-            raise PydanticCustomError("cap", "must be from 1 to {cap}", {"cap": cap})
-        return v
-
-
-class WaitQuery(Params):
-    # Any value is taken (seed 000: junk means the default), so the document says so.
-    timeout: Annotated[str | None, WithJsonSchema({"type": ["integer", "string"], "pattern": NO_NUL})] = Field(
-        None, description="milliseconds; default 30000, cap 300000; <=0 or unparsable: the default")
-
-    def budget_ms(self) -> int:
-        """Seed 000: milliseconds, default 30000, cap 300000; <=0 or junk -> default."""
-        s = get_settings()
-        try:
-            ms = int(self.timeout) if self.timeout is not None else 0
-        except ValueError:
-            ms = 0
-        return min(ms if ms > 0 else s.wait_default_ms, s.wait_max_ms)
-
-
-class EventHeaders(Params):
-    last_event_id: str | None = Field(None, alias="Last-Event-ID", max_length=256,
-                                      description="the id of the last event received: the stream resumes after it")
-
-
-class TenantEventsQuery(Params):
-    model: Text | None = Field(None, description="only this model's jobs")
-    tenant: Text | None = Field(None, description="admins: only this tenant's jobs (default: every tenant)")
-
-
 # --- views -----------------------------------------------------------------------------
-
-class FailRequest(Loose):
-    """An admin's fail: the optional reason, kept in the job's error."""
-
-    invalid: ClassVar[str] = "invalid fail request"
-    reason: Annotated[str, Field(max_length=1000, pattern=NO_NUL)] = rule("a string of at most 1000 characters", "")
-
 
 class QueueEstimate(Shape):
     """Where a pending job stands (app/jobs/estimates.py): absent in any

@@ -11,7 +11,8 @@ from pydantic_core import PydanticCustomError
 from app.config import get_settings
 from app.contract import NO_NUL, Shape, Timestamp, parse_json, rule
 from app.infra.storage import public_location
-from app.jobs.schemas import CallerHeaders, JobId
+from app.jobs.requests import CallerHeaders
+from app.jobs.schemas import JobId
 from app.jobs.submission import (HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, DeadlineSeconds, IdempotencyKey,
                                  ModelKey, carried)
 from app.states import JobState, seed_code

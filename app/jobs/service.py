@@ -40,7 +40,7 @@ from app.infra.http.netguard import Lookups
 from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
 from app.jobs import admission, effects, estimates, submission
-from app.jobs.schemas import JobListQuery
+from app.jobs.requests import JobListQuery
 from app.jobs.submission import SubmitOptions
 from app.jobs.waitcaps import waiter_cap
 from app.states import JobState, is_terminal, parse_v1_filter, v1_name

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
-from app.contract import Int, Loose, Params, QueryInt, Shape, StrictBool, rule
+from app.contract import BeatRun, Int, Loose, Params, QueryInt, Shape, StrictBool, rule
 
 MAX_WINDOW_SECONDS = 30 * 86400
 
@@ -72,18 +72,6 @@ class AutotuneReport(Shape):
     dry_run: bool
     models: list[AutotuneDecision]
     busy: list[str] = Field(description="models another run was tuning at that moment")
-
-
-class BeatRun(Shape):
-    model_config = ConfigDict(alias_generator=None)
-
-    task: str
-    ran_at: float = Field(description="unix time")
-    took: float
-    processed: int | None
-    owner: str | None = None
-    token: int | None = None
-    sent_at: float | None = None
 
 
 class BeatRuns(Shape):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from app.contract import Params, QueryInt, Shape, Timestamp, rule
+from app.contract import BeatRun, Params, QueryInt, Shape, Timestamp, rule
 
 
 class RuntimeOverrides(Shape):
@@ -80,16 +80,8 @@ class BeatLeader(Shape):
     ttl_ms: int | None = Field(description="left on the lock; the leader renews it")
 
 
-class PeriodicRun(Shape):
-    model_config = {"alias_generator": None}
-
-    task: str
-    ran_at: float = Field(description="unix time")
-    took: float
-    processed: int | None
-    owner: str | None = None
-    token: int | None = None
-    sent_at: float | None = None
+class PeriodicRun(BeatRun):  # the same record under the name the state documents
+    pass
 
 
 class GateState(Shape):

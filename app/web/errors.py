@@ -16,14 +16,7 @@ from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from app.config import get_settings
-from app.errors import (
-    DomainError,
-    QueueFull,
-    RateLimited,
-    TooManyWaiters,
-    Unauthorized,
-    ValidationFailed,
-)
+from app.errors import DomainError, RateLimited, Throttled, Unauthorized, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +71,7 @@ def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
     headers = {}
     if isinstance(exc, ValidationFailed):
         body["errors"] = exc.errors
-    if isinstance(exc, (QueueFull, TooManyWaiters)):
+    if isinstance(exc, Throttled):
         headers["Retry-After"] = str(exc.retry_after)
         body.update(getattr(exc, "body", {}))  # deadline_unmeetable's estimate
     if isinstance(exc, RateLimited):

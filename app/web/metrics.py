@@ -25,8 +25,7 @@ _TEXT = Ok({"type": "string"}, "metrics", media_type="text/plain")
           "(not the cluster's): scrape every API pod and sum in PromQL. Worker nodes serve theirs on "
           "ASYNCH_WORKER_METRICS_PORT.")
 def prometheus_metrics():
-    body, ctype = metrics.render()
-    return Response(body, status=200, content_type=ctype)
+    return _text(metrics.render())
 
 
 @bp.get("/metrics/cluster")
@@ -36,5 +35,9 @@ def prometheus_metrics():
           "read from PostgreSQL and Redis at scrape time, the same on every API pod, so scrape it once per "
           "cluster (through the Service), not per pod. `asynch_metrics_source_up` says which source answered.")
 def prometheus_cluster_metrics():
-    body, ctype = cluster.render()
+    return _text(cluster.render())
+
+
+def _text(rendered: tuple[bytes, str]) -> Response:
+    body, ctype = rendered
     return Response(body, status=200, content_type=ctype)

@@ -14,24 +14,18 @@ from app.jobs import estimates
 from app.jobs import events as job_events
 from app.jobs import service as jobs
 from app.jobs import submission
-from app.jobs.schemas import (
+from app.jobs.requests import (
     BATCH_MAX_JOBS,
-    BatchAccepted,
     BatchHeaders,
-    BatchItemResult,
     BatchSubmit,
     EventHeaders,
     FailRequest,
-    JobAccepted,
-    JobList,
-    JobListEntry,
     JobListQuery,
-    JobStatus,
-    JobSync,
     SubmitHeaders,
     TenantEventsQuery,
     WaitQuery,
 )
+from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync
 from app.tenancy.identity import creator_for, oss_passthrough
 from app.web.auth import current_principal, gateway_oss_authorization, trusted_user_info
 from app.web.contract import Ok, endpoint

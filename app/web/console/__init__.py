@@ -48,55 +48,29 @@ def index():
     return redirect(url_for("console.models_page"))
 
 
-@bp.get("/login")
-@page('Console: log in with an API key')
-def login_page():
-    return _page("login", "Log in")
+# The page shells: (template, path, title, summary); each is the route
+# ``console.<template>_page`` (the templates' url_for names).
+_PAGES = (
+    ("login", "/login", "Log in", "Console: log in with an API key"),
+    ("models", "/models", "Models", "Console: models with live queue/running numbers and the last hour's chart"),
+    ("model_edit", "/models/edit", "Model", "Console: create or edit a model (admins)"),
+    ("submit", "/submit", "Submit a job", "Console: submit a job from the model's form"),
+    ("jobs", "/jobs", "Jobs", "Console: jobs, filtered by model, state, tenant and time"),
+    ("job", "/jobs/<job_id>", "Job", "Console: a job, its timeline and its result"),
+    ("tenants", "/tenants", "Tenants", "Console: a tenant's usage per day, queue share in use and rate-limit state"),
+    ("workers", "/workers", "Workers", "Console: the workers, their liveness, heartbeat age and running jobs (admins)"),
+    ("maintenance", "/maintenance", "Maintenance",
+     "Console: the beat leader, recent periodic runs and the gates against the rows (admins)"),
+)
 
 
-@bp.get("/models")
-@page("Console: models with live queue/running numbers and the last hour's chart")
-def models_page():
-    return _page("models", "Models")
+def _add_page(name: str, path: str, title: str, summary: str) -> None:
+    def view(**path_args) -> Response:
+        return _page(name, title, **path_args)
+
+    view.__name__ = f"{name}_page"
+    bp.add_url_rule(path, view.__name__, page(summary)(view), methods=["GET"])
 
 
-@bp.get("/models/edit")
-@page('Console: create or edit a model (admins)')
-def model_edit_page():
-    return _page("model_edit", "Model")
-
-
-@bp.get("/submit")
-@page("Console: submit a job from the model's form")
-def submit_page():
-    return _page("submit", "Submit a job")
-
-
-@bp.get("/jobs")
-@page('Console: jobs, filtered by model, state, tenant and time')
-def jobs_page():
-    return _page("jobs", "Jobs")
-
-
-@bp.get("/jobs/<job_id>")
-@page('Console: a job, its timeline and its result')
-def job_page(job_id: str):
-    return _page("job", "Job", job_id=job_id)
-
-
-@bp.get("/tenants")
-@page("Console: a tenant's usage per day, queue share in use and rate-limit state")
-def tenants_page():
-    return _page("tenants", "Tenants")
-
-
-@bp.get("/workers")
-@page("Console: the workers, their liveness, heartbeat age and running jobs (admins)")
-def workers_page():
-    return _page("workers", "Workers")
-
-
-@bp.get("/maintenance")
-@page("Console: the beat leader, recent periodic runs and the gates against the rows (admins)")
-def maintenance_page():
-    return _page("maintenance", "Maintenance")
+for _spec in _PAGES:
+    _add_page(*_spec)
