@@ -60,8 +60,8 @@ def client_command(fn):
     and every failure turned into one line."""
     @click.option("--url", envvar="ASYNCH_URL", help=f"The API's base URL (env ASYNCH_URL; default: the dev stack "
                   f"running in this checkout, else {DEFAULT_URL}).")
-    @click.option("--key", envvar="ASYNCH_API_KEY", help="An API key (env ASYNCH_API_KEY; default: the admin key "
-                  "of the dev stack running in this checkout).")
+    @click.option("--key", envvar=["ASYNCH_API_KEY", "ASYNCH_KEY"], help="An API key (env ASYNCH_API_KEY, or "
+                  "ASYNCH_KEY; default: the admin key of the dev stack running in this checkout).")
     @click.option("--debug", is_flag=True, help="On an error, show the traceback too.")
     @functools.wraps(fn)
     def run(url: str | None, key: str | None, debug: bool, **kw):
