@@ -47,7 +47,7 @@ _ERRORS = {
     410: ("Gone", "Error", "the stored result has been cleaned up"),
     413: ("TooLarge", "Error", "the body is over ASYNCH_MAX_BODY_BYTES"),
     422: ("Invalid", "ValidationError", "invalid fields, each with a JSON pointer"),
-    429: ("TooMany", "Error", "a limit is reached (queue full, rate limit, waiters): try again after Retry-After"),
+    429: ("TooMany", "Throttled", "a limit is reached (queue full, rate limit, waiters): try again after Retry-After"),
     503: ("Unavailable", "Error", "a dependency (database, Redis) is down; nothing was changed"),
 }
 _ERROR_HEADERS = {

@@ -18,6 +18,17 @@ class Error(Shape):
     error: str
 
 
+class Throttled(Error):
+    """429: a limit is reached.  A deadline refusal (``code``
+    deadline_unmeetable) also carries the queue's estimate and the deadline."""
+
+    code: str | None = Field(None, description="deadline_unmeetable: the estimate ends after the deadline")
+    queue_position: int | None = None
+    estimated_start_at: str | None = Field(None, description="RFC 3339")
+    estimated_done_at: str | None = Field(None, description="RFC 3339")
+    deadline_at: str | None = Field(None, description="RFC 3339")
+
+
 class ValidationError(Error):  # noqa: N818 - the component's name in the document
     errors: list[PointerError]
 
@@ -27,14 +38,14 @@ class SeedError(Shape):
 
     code: int = Field(ge=400)
     message: str
-    data: None
+    data: dict | None = Field(description="null; a deadline_unmeetable refusal's estimate (as v1's 429 body)")
 
 
 class SeedValidationError(SeedError):
     errors: list[PointerError]
 
 
-ERROR_SHAPES = (Error, ValidationError, SeedError, SeedValidationError)
+ERROR_SHAPES = (Error, Throttled, ValidationError, SeedError, SeedValidationError)
 
 
 class Health(Shape):
