@@ -11,4 +11,9 @@ bash scripts/services.sh --rabbitmq --cluster
 # Under CI a failed install fails the browser test rather than this script.
 bash scripts/browser.sh || echo "chromium install failed" >&2
 bash scripts/venv.sh
-exec .venv/bin/python -m pytest "$@"
+# Modules run in ASYNCH_TEST_PROCESSES processes (pytest-xdist, a module stays
+# in one process: its worker fixtures are module-scoped); each process brings
+# its own PostgreSQL, Valkey, Celery queue and API.  0 runs them in this one.
+n=${ASYNCH_TEST_PROCESSES:-3}
+if [ "$n" = 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
+exec .venv/bin/python -m pytest -n "$n" --dist loadfile "$@"

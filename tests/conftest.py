@@ -33,11 +33,31 @@ import helpers
 from helpers import BROKER_DB, GATE_DB, TEST_DB, OwnServers, WorkerProcess, free_port, make_key
 
 
+def _xdist_controller(config) -> bool:
+    """Under pytest-xdist the controller only hands out modules; each worker
+    process (it has `workerinput`) starts its own servers, queue and API."""
+    return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
 def pytest_configure(config) -> None:
+    if _xdist_controller(config):
+        return
     helpers.SERVERS = OwnServers().start()
     helpers.PG_ADMIN_DSN = (os.environ.get("ASYNCH_TEST_PG_ADMIN")
                             or helpers.SERVERS.pg.url("postgres", driver="postgresql"))
     helpers.REDIS_BASE = os.environ.get("ASYNCH_TEST_REDIS") or helpers.SERVERS.redis.url().rsplit("/", 1)[0]
+
+
+# The longest modules start first, so that the parallel processes of
+# scripts/test.sh (pytest-xdist, a module per process) end at about the same
+# time instead of one of them starting the fuzz run last.
+FIRST = ["test_fuzz", "test_cluster_hosts", "test_cli", "test_dev_mode", "test_docs_run", "test_metrics_processes",
+         "test_serving", "test_console", "test_openapi", "test_parking", "test_run_work", "test_recovery_e2e"]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(FIRST)))
 
 
 def pytest_unconfigure(config) -> None:

@@ -142,8 +142,10 @@ def test_a_row_the_database_refuses_fails_only_itself(make_model, r):
 
 
 def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, r):
-    """64 threads at a gate of 8 through service.submit: exactly 8 rows and
-    8 slots, every other request a 429, and fewer batches than requests."""
+    """64 threads at a gate of 8 through service.submit: 8 rows and 8 slots
+    (9 when one tenant filled the 8 before the other's first job, which the
+    newcomer reserve, ceil(8 x 0.05) = 1 above the limit, then admits), every
+    other request a 429, and fewer batches than requests."""
     make_model("grp", queue_limit=8, max_concurrency=8)
     start = threading.Barrier(64)
     before = admission.batches_committed()
@@ -158,8 +160,9 @@ def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, r):
 
     with ThreadPoolExecutor(64) as ex:
         outcomes = list(ex.map(one, range(64)))
-    assert outcomes.count("ok") == 8 and outcomes.count("429") == 56
-    assert _rows("grp") == 8 and gate.gate_depth("grp") == 8
+    ok = outcomes.count("ok")
+    assert ok in (8, 9) and outcomes.count("429") == 64 - ok
+    assert _rows("grp") == ok and gate.gate_depth("grp") == ok
     assert admission.batches_committed() - before < 64
 
 

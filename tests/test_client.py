@@ -127,7 +127,7 @@ def _cli(api_url, key, *args, stdin=None):
                           cwd=ROOT, timeout=60, input=stdin)
 
 
-def test_asynch_submit_and_wait_commands(api_url, workers, make_model, user_key):
+def test_asynch_submit_and_wait_commands(api_url, workers, make_model, user_key, model_server):
     make_model("clc")
     out = _cli(api_url, user_key, "submit", "clc", '{"c": 1}')
     assert out.returncode == 0, out.stderr
@@ -139,9 +139,13 @@ def test_asynch_submit_and_wait_commands(api_url, workers, make_model, user_key)
     assert out.returncode == 0 and json.loads(out.stdout)["result"]["echo"] == {"d": 4}, out.stderr
     out = _cli(api_url, user_key, "submit", "nope", "{}")
     assert out.returncode == 1 and "Error: model not found: nope" in out.stderr
-    slow = json.loads(_cli(api_url, user_key, "submit", "clc", '{"sleep_ms": 3000}').stdout)
-    out = _cli(api_url, user_key, "wait", "clc", slow["job_id"], "--timeout", "0.5")
-    assert out.returncode == 2 and json.loads(out.stdout)["state"] in ("pending", "running")
+    # Held at the stub until released: the CLI's own start-up time cannot let it finish.
+    slow = json.loads(_cli(api_url, user_key, "submit", "clc", '{"hold": "clc"}').stdout)
+    try:
+        out = _cli(api_url, user_key, "wait", "clc", slow["job_id"], "--timeout", "0.5")
+        assert out.returncode == 2 and json.loads(out.stdout)["state"] in ("pending", "running")
+    finally:
+        model_server.state.release("clc")
 
 
 def test_a_job_is_named_by_its_id_alone(api_url, workers, make_model, user_key, model_server):

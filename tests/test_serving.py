@@ -265,7 +265,7 @@ def tick():
 ticker = gevent.spawn(tick)
 def query():
     with get_engine().connect() as conn:
-        conn.execute(text("SELECT pg_sleep(1)"))
+        conn.execute(text("SELECT pg_sleep(2)"))
 g = gevent.spawn(query)
 g.join()
 assert g.successful(), g.exception  # the query really ran (a NameError would make the probe vacuous)
@@ -276,13 +276,15 @@ print(f"MAXGAP {max(gaps):.3f} TICKS {len(gaps)}")
 
 
 def test_nothing_blocks_the_gevent_hub(test_env):
-    """A one-second query, the outbox's idle sender and the wake-up listener
-    must leave other greenlets running: a 10 ms ticker never waits long."""
+    """A two-second query, the outbox's idle sender and the wake-up listener
+    must leave other greenlets running: a 10 ms ticker never waits long.  A
+    blocked hub shows a gap of the whole query (2 s); the bound leaves room
+    for a loaded machine's scheduler (a run under load 14 saw 0.34 s)."""
     out = subprocess.run([sys.executable, "-c", HUB_PROBE, "green"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     gap = float(out.stdout.split("MAXGAP ")[1].split()[0])
-    assert gap < 0.2, f"the hub was blocked for {gap:.3f}s: {out.stdout}"
+    assert gap < 1.0, f"the hub was blocked for {gap:.3f}s: {out.stdout}"
 
 
 @pytest.mark.parametrize("message", ["snapshot", "bare id"])
