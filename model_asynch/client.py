@@ -30,6 +30,9 @@ from urllib.parse import quote
 
 import requests
 
+__all__ = ["AsynchError", "BadRequest", "BatchItem", "BatchResult", "Client", "Conflict", "Event", "Forbidden", "Gone",
+           "Job", "NotFinished", "NotFound", "PayloadTooLarge", "RateLimited", "Result", "ServerError", "Unauthorized",
+           "Unavailable", "ValidationError"]
 TERMINAL = frozenset({"done", "failed", "timeout", "canceled", "expired"})
 RETRY_STATUSES = frozenset({429, 503})
 

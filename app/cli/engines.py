@@ -66,15 +66,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def die_with_parent(sig: int):
     """A preexec_fn: the child gets ``sig`` when the thread that started it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -96,8 +87,10 @@ class _Server:
     name = "server"
     stop_signal = signal.SIGTERM
 
-    def __init__(self, data_dir: Path, port: int, password: str):
+    def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
         self.data_dir, self.port, self.password = Path(data_dir).resolve(), port, password
+        # durable=False (the test suite): no fsync, no snapshot; a machine crash may lose data thrown away anyway.
+        self.durable = durable
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -108,6 +101,7 @@ class _Server:
         return {}
 
     def start(self, timeout: float = 60) -> "_Server":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=self.data_dir, start_new_session=True,
@@ -150,9 +144,7 @@ class Postgres(_Server):
     stop_signal = signal.SIGINT  # "fast" shutdown: roll back open transactions, cut clients, checkpoint
 
     def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
-        super().__init__(data_dir, port, password)
-        # durable=False (the test suite): no fsync; a crash of the machine may lose the data, which is thrown away anyway.
-        self.durable = durable
+        super().__init__(data_dir, port, password, durable)
         self.user = PG_USER if os.geteuid() == 0 else None
 
     def url(self, database: str = "postgres", driver: str = "postgresql+psycopg2") -> str:
@@ -226,16 +218,8 @@ class Postgres(_Server):
 class Valkey(_Server):
     name = "Valkey"
 
-    def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
-        super().__init__(data_dir, port, password)
-        self.durable = durable  # False: no snapshot, ever (the suite's server)
-
     def url(self, db: int = 0) -> str:
         return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
-
-    def start(self, timeout: float = 60) -> "Valkey":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        return super().start(timeout)
 
     def _argv(self) -> list[str]:
         argv = [str(valkey_bin()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
