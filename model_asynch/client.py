@@ -37,8 +37,6 @@ TERMINAL = frozenset({"done", "failed", "timeout", "canceled", "expired"})
 RETRY_STATUSES = frozenset({429, 503})
 
 
-# --- errors --------------------------------------------------------------------------
-
 class AsynchError(Exception):
     """An error answer of the API: ``status``, ``message`` (the API's error
     text), ``errors`` (422 pointers), ``retry_after`` (seconds or None)."""
@@ -90,8 +88,6 @@ def error_for(status: int, text: str, retry_after: str | None, result_call: bool
                                                                              else AsynchError)
     return cls(status, message, body.get("errors"), seconds, body)
 
-
-# --- shapes --------------------------------------------------------------------------
 
 @dataclass
 class Job:
@@ -266,7 +262,6 @@ class Api:
     def _job(self, method: str, path: str, model: str | None = None, **kw):
         return Job.of((yield from self._answer(Call(method, path, **kw))).json(), model)
 
-    # -- jobs ---------------------------------------------------------------------------
     def submit(self, model: str, payload: dict, *, idempotency_key: str | None = None, priority: int | None = None,
                wait: int | None = None, biz_name: str | None = None, callback_url: str | None = None,
                model_key: str | None = None) -> Job:

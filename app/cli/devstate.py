@@ -24,23 +24,18 @@ STATE_FILE = "dev.json"
 LOCK_FILE = "dev.lock"
 
 
-def find_state(start: Path | None = None) -> Path | None:
-    """The nearest .asynch/dev.json at or above ``start`` (the cwd) whose stack is running."""
+def read_state(start: Path | None = None) -> dict | None:
+    """The state (``api``, ``admin_key``, ``env``, ...) of the nearest
+    .asynch/dev.json at or above ``start`` (the cwd) whose stack is running, or None."""
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         state = d / STATE_DIR / STATE_FILE
         if state.is_file() and locked(d / STATE_DIR / LOCK_FILE):
-            return state
+            try:
+                return json.loads(state.read_text())
+            except (OSError, ValueError):
+                return None
     return None
-
-
-def read_state(start: Path | None = None) -> dict | None:
-    """The running stack's state (``api``, ``admin_key``, ``env``, ...), or None."""
-    state = find_state(start)
-    try:
-        return json.loads(state.read_text()) if state is not None else None
-    except (OSError, ValueError):
-        return None
 
 
 def load_dev_env(environ=None) -> dict | None:

@@ -31,8 +31,6 @@ def _echo(shape, indent: int | None = None) -> None:
     click.echo(json.dumps(dump(shape), indent=indent, ensure_ascii=False))
 
 
-# --- keys ------------------------------------------------------------------------
-
 keys = DomainGroup("keys", help="API keys.")
 
 
@@ -58,8 +56,6 @@ def keys_list(tenant: str | None) -> None:
 def keys_revoke(key_id: int) -> None:
     _echo(ApiKeyView.from_row(key_service.revoke_key(key_id)))
 
-
-# --- models ------------------------------------------------------------------------
 
 models = DomainGroup("models", help="Model configurations: JSON import/export, enable/disable.")
 
@@ -97,8 +93,6 @@ def _set_enabled(enabled: bool):
 models.command("enable", help="Let a model take submissions again.")(_set_enabled(True))
 models.command("disable", help="Refuse new submissions (404); admitted jobs still run.")(_set_enabled(False))
 
-
-# --- jobs ----------------------------------------------------------------------------
 
 jobs = DomainGroup("jobs", help="Inspect and steer jobs (as an operator: every tenant).")
 
@@ -143,8 +137,6 @@ def jobs_requeue(job_id: str) -> None:
     click.echo(json.dumps(requeue.requeue_job(job_id)))
 
 
-# --- maintenance ------------------------------------------------------------------
-
 maintenance = DomainGroup("maintenance", help="Run a maintenance pass now (what beat runs on its schedule).")
 
 
@@ -163,8 +155,6 @@ def m_runs(limit: int) -> None:
         click.echo(json.dumps(run))
 
 
-# --- worker-less deployment ----------------------------------------------------------------
-
 work = DomainGroup("work", help="Run jobs without resident workers (a Kubernetes CronJob, the seed's "
                   "upper scheduler); resident Celery workers may run beside it.")
 
@@ -176,8 +166,6 @@ work = DomainGroup("work", help="Run jobs without resident workers (a Kubernetes
 def work_run_once(max_tasks: int | None) -> None:
     click.echo(json.dumps(passes.run_work(max_tasks).as_dict()))
 
-
-# --- tenants ---------------------------------------------------------------------------
 
 tenants = DomainGroup("tenants", help="Tenants' limits: dispatch weight, request rate, long-polls, queue caps.")
 
@@ -207,8 +195,6 @@ def tenants_limits(tenant, weight, rate, burst, max_waiters, queue_limits) -> No
         view = limits.read(OPERATOR, tenant)
     _echo(view, indent=2)
 
-
-# --- callbacks and webhooks ---------------------------------------------------------
 
 callbacks = DomainGroup("callbacks", help="Callback and webhook deliveries.")
 
