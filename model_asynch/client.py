@@ -25,7 +25,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 from urllib.parse import quote
 
 import requests
@@ -209,14 +209,10 @@ class Call:
     result_call: bool = False
 
 
-@dataclass
-class Answer:
+class Answer(NamedTuple):
     status: int
     headers: Any  # case-insensitive, as the transport gave them
     content: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.content)
 
 
 class Api:
@@ -260,7 +256,7 @@ class Api:
                 return got
 
     def _job(self, method: str, path: str, model: str | None = None, **kw):
-        return Job.of((yield from self._answer(Call(method, path, **kw))).json(), model)
+        return Job.of(json.loads((yield from self._answer(Call(method, path, **kw))).content), model)
 
     def submit(self, model: str, payload: dict, *, idempotency_key: str | None = None, priority: int | None = None,
                wait: int | None = None, biz_name: str | None = None, callback_url: str | None = None,
@@ -275,7 +271,7 @@ class Api:
         headers.update((k, v) for k, v in optional.items() if v)
         answer = yield from self._answer(Call("POST", f"/v1/models/{q(model)}/jobs", payload, headers,
                                               timeout=self.timeout + (wait or 0)))
-        return Job.of(answer.json(), model, replayed=answer.headers.get("Idempotent-Replayed") == "true")
+        return Job.of(json.loads(answer.content), model, replayed=answer.headers.get("Idempotent-Replayed") == "true")
 
     def get(self, model: str, job_id: str) -> Job:
         return (yield from self._job("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}", model))
@@ -316,7 +312,7 @@ class Api:
         body = {"jobs": [j if isinstance(j, dict) and "payload" in j else {"payload": j} for j in jobs]}
         safe = all(j.get("idempotency_key") for j in body["jobs"])
         answer = yield from self._answer(Call("POST", f"/v1/models/{q(model)}/jobs:batch", body, safe=safe))
-        return BatchResult.of(answer.json(), model)
+        return BatchResult.of(json.loads(answer.content), model)
 
     def events(self, model: str, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
         """The job's events until its terminal one; reconnects with
