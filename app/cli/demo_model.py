@@ -106,9 +106,8 @@ def _handler(state: ModelState, webhook_secrets=None):
             pass
 
         def _payload(self, raw: bytes) -> dict:
-            parts = urlsplit(self.path)
             if self.command == "GET":
-                return dict(parse_qsl(parts.query))
+                return dict(parse_qsl(urlsplit(self.path).query))
             try:
                 data = json.loads(raw) if raw else {}
             except ValueError:
@@ -131,7 +130,7 @@ def _handler(state: ModelState, webhook_secrets=None):
             if webhook_secrets is not None and (path == RECEIVER or path.startswith(RECEIVER + "/")):
                 return self._receive(raw)
             payload = self._payload(raw)
-            call = {"path": urlsplit(self.path).path, "method": self.command,
+            call = {"path": path, "method": self.command,
                     "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
                     "payload": payload, "t": time.time()}
             group = self.headers.get("X-Stub-Tenant", "")

@@ -76,14 +76,6 @@ def die_with_parent(sig: int):
     return preexec
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 class _Server:
     name = "server"
     stop_signal = signal.SIGTERM
@@ -112,14 +104,19 @@ class _Server:
             if self.proc.poll() is not None:
                 tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no log"]
                 raise EngineError(f"{self.name} on 127.0.0.1:{self.port} exited at start: {tail[0]}")
-            if _listening(self.port) and self.ready():
+            if self.ready():
                 return self
             time.sleep(0.05)
         self.kill()
         raise EngineError(f"{self.name} on 127.0.0.1:{self.port} did not come up in {timeout:.0f} s ({self.log_path})")
 
     def ready(self) -> bool:
-        return True
+        """Answering on its port (each engine: with its own protocol, which refuses at once while it is down)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def stop(self, timeout: float = 30) -> None:
         """A clean shutdown (PostgreSQL: fast, clients cut; Valkey: as configured)."""
