@@ -4,31 +4,10 @@
 Independent of the server package (``app``): it talks HTTP only, so it can be
 used from anywhere the API is reachable.  docs/client.md shows each call.
 """
-from model_asynch.client import (
-    AsynchError,
-    BadRequest,
-    BatchItem,
-    BatchResult,
-    Client,
-    Conflict,
-    Event,
-    Forbidden,
-    Gone,
-    Job,
-    NotFinished,
-    NotFound,
-    PayloadTooLarge,
-    RateLimited,
-    Result,
-    ServerError,
-    Unauthorized,
-    Unavailable,
-    ValidationError,
-)
+from model_asynch import client as _client
+from model_asynch.client import *  # noqa: F403 - the public names, client.__all__
 
-__all__ = ["AsyncClient", "AsynchError", "BadRequest", "BatchItem", "BatchResult", "Client", "Conflict", "Event",
-           "Forbidden", "Gone", "Job", "NotFinished", "NotFound", "PayloadTooLarge", "RateLimited", "Result",
-           "ServerError", "Unauthorized", "Unavailable", "ValidationError"]
+__all__ = ["AsyncClient", *_client.__all__]
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
 """The blocking client, and what both clients share: the typed errors, the
-job/result/event shapes, the retry policy and the event-stream parser.
+job/result/event shapes, the calls, the retry policy and the event-stream parser.
 
 Invariants:
 - Every error answer becomes the ``AsynchError`` subclass of its status,
@@ -12,25 +12,30 @@ Invariants:
   none), so a retry after a lost answer returns the first job instead of
   admitting a second one.  Other non-idempotent calls (cancel) are retried
   only on answers the server gave (429/503: nothing was done).
+- Each call is written once (``Api``), as a generator of requests that the
+  blocking and the asyncio client (model_asynch/aio.py) drive with their
+  own transport: the two never differ in headers, bodies or retries.
 - Nothing here imports the server package: HTTP only.
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 from urllib.parse import quote
 
 import requests
 
+__all__ = ["AsynchError", "BadRequest", "BatchItem", "BatchResult", "Client", "Conflict", "Event", "Forbidden", "Gone",
+           "Job", "NotFinished", "NotFound", "PayloadTooLarge", "RateLimited", "Result", "ServerError", "Unauthorized",
+           "Unavailable", "ValidationError"]
 TERMINAL = frozenset({"done", "failed", "timeout", "canceled", "expired"})
 RETRY_STATUSES = frozenset({429, 503})
 
-
-# --- errors --------------------------------------------------------------------------
 
 class AsynchError(Exception):
     """An error answer of the API: ``status``, ``message`` (the API's error
@@ -66,28 +71,23 @@ _BY_STATUS = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
               413: PayloadTooLarge, 422: ValidationError, 429: RateLimited, 503: Unavailable}
 
 
-def retry_after_of(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
 def error_for(status: int, text: str, retry_after: str | None, result_call: bool = False) -> AsynchError:
     """The typed error of an error answer (its body is the API's JSON error)."""
     try:
         body = json.loads(text) if text else {}
     except ValueError:
         body = {"error": text}
+    try:
+        seconds = max(0.0, float(retry_after)) if retry_after is not None else None
+    except ValueError:
+        seconds = None
     if not isinstance(body, dict):
         body = {"error": str(body)}
     message = str(body.get("error") or body.get("message") or f"HTTP {status}")
     cls = NotFinished if (status == 409 and result_call) else _BY_STATUS.get(status, ServerError if status >= 500
                                                                              else AsynchError)
-    return cls(status, message, body.get("errors"), retry_after_of(retry_after), body)
+    return cls(status, message, body.get("errors"), seconds, body)
 
-
-# --- shapes --------------------------------------------------------------------------
 
 @dataclass
 class Job:
@@ -164,54 +164,15 @@ class BatchResult:
         return cls(body["admitted"], body["refused"], items)
 
 
-def batch_body(jobs: Iterable[dict]) -> dict:
-    """``jobs``: payload dicts, or items ``{"payload": ..., "idempotency_key": ..., ...}``."""
-    out = []
-    for j in jobs:
-        out.append(j if isinstance(j, dict) and "payload" in j else {"payload": j})
-    return {"jobs": out}
-
-
-def submit_headers(idempotency_key: str | None, priority: int | None, wait: int | None, biz_name: str | None,
-                   callback_url: str | None, model_key: str | None) -> dict[str, str]:
-    h = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4().hex}"}
-    if priority is not None:
-        h["X-Priority"] = str(priority)
-    if wait:
-        h["Prefer"] = f"wait={int(wait)}"
-    if biz_name:
-        h["X-Biz-Name"] = biz_name
-    if callback_url:
-        h["X-Callback-Url"] = callback_url
-    if model_key:
-        h["X-Model-Key"] = model_key
-    return h
-
-
-class Backoff:
-    """How long to wait before retry ``n`` (1-based)."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
-        self.base, self.cap = base, cap
-
-    def delay(self, n: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(self.cap, retry_after)
-        return min(self.cap, self.base * 2 ** (n - 1)) * (0.5 + random.random() / 2)
-
-
 class SSEParser:
     """text/event-stream lines in, events out (blocks without data dispatch nothing)."""
 
     def __init__(self) -> None:
         self._fields: dict[str, str] = {}
-        self.last_id: str | None = None
 
     def feed(self, line: str) -> Event | None:
         if line == "":
             f, self._fields = self._fields, {}
-            if "id" in f:
-                self.last_id = f["id"]
             if "data" not in f:
                 return None
             try:
@@ -231,20 +192,168 @@ def q(part: str) -> str:
     return quote(part, safe="")
 
 
+# --- the calls, written once for both clients ------------------------------------------
+
+@dataclass
+class Call:
+    """One request an operation needs; ``safe``: also retried after a
+    connection failure (the server may have done it: only idempotent calls)."""
+
+    method: str
+    path: str
+    body: Any = None
+    headers: dict | None = None
+    params: dict | None = None
+    timeout: float | None = None
+    safe: bool = True
+    result_call: bool = False
+
+
+class Answer(NamedTuple):
+    status: int
+    headers: Any  # case-insensitive, as the transport gave them
+    content: bytes
+
+
+class Api:
+    """What both clients share: the settings, the retry policy and the
+    operations.  Each operation is a generator: it yields a ``Call`` (the
+    client answers with an ``Answer``, or the connection failure it raised)
+    or a pause in seconds, and returns the method's value; ``Client`` runs
+    it blocking, ``AsyncClient`` as a coroutine (``driven``)."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 5,
+                 backoff: float = 0.5, max_backoff: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
+        self.auth = {"Authorization": f"Bearer {api_key}"}
+
+    def _pause(self, n: int, err: Exception, retry: bool) -> float:
+        """The wait before retry ``n`` (1-based) after ``err``; raises it when no retry is left."""
+        if not retry or n > self.retries:
+            raise err
+        retry_after = getattr(err, "retry_after", None)
+        if retry_after is not None:
+            return min(self.max_backoff, retry_after)
+        return min(self.max_backoff, self.backoff * 2 ** (n - 1)) * (0.5 + random.random() / 2)
+
+    def _refused(self, n: int, answer: Answer, result_call: bool = False) -> float:
+        err = error_for(answer.status, answer.content.decode(errors="replace"), answer.headers.get("Retry-After"),
+                        result_call)
+        return self._pause(n, err, answer.status in RETRY_STATUSES)
+
+    def _answer(self, call: Call):
+        """``call`` sent with the retry policy: its successful answer."""
+        n = 0
+        while True:
+            n += 1
+            got = yield call
+            if isinstance(got, Exception):
+                yield self._pause(n, got, call.safe)
+            elif got.status >= 400:
+                yield self._refused(n, got, call.result_call)
+            else:
+                return got
+
+    def _job(self, method: str, path: str, model: str | None = None, **kw):
+        return Job.of(json.loads((yield from self._answer(Call(method, path, **kw))).content), model)
+
+    def submit(self, model: str, payload: dict, *, idempotency_key: str | None = None, priority: int | None = None,
+               wait: int | None = None, biz_name: str | None = None, callback_url: str | None = None,
+               model_key: str | None = None) -> Job:
+        """Admit a job (202), or with ``wait=N`` seconds, sync mode: the
+        finished job (and a small JSON result in ``result``) if it ends in
+        time.  Retried with one Idempotency-Key (made here when not given)."""
+        headers = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4().hex}"}
+        optional = {"X-Priority": None if priority is None else str(priority),
+                    "Prefer": f"wait={int(wait)}" if wait else None, "X-Biz-Name": biz_name,
+                    "X-Callback-Url": callback_url, "X-Model-Key": model_key}
+        headers.update((k, v) for k, v in optional.items() if v)
+        answer = yield from self._answer(Call("POST", f"/v1/models/{q(model)}/jobs", payload, headers,
+                                              timeout=self.timeout + (wait or 0)))
+        return Job.of(json.loads(answer.content), model, replayed=answer.headers.get("Idempotent-Replayed") == "true")
+
+    def get(self, model: str, job_id: str) -> Job:
+        return (yield from self._job("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}", model))
+
+    def job(self, job_id: str) -> Job:
+        """A job by its id alone (``GET /v1/jobs/{id}``: the poll body and more, its ``model`` included)."""
+        return (yield from self._job("GET", f"/v1/jobs/{q(job_id)}"))
+
+    def wait(self, model: str, job_id: str, timeout: float | None = None, poll_ms: int = 30000) -> Job:
+        """Long-poll until the job is finished or ``timeout`` seconds (None:
+        no limit) have passed; returns the job as last seen."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = poll_ms if deadline is None else max(1, min(poll_ms, int((deadline - time.monotonic()) * 1000)))
+            job = yield from self._job("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}/wait", model,
+                                       params={"timeout": str(left)}, timeout=self.timeout + left / 1000)
+            if job.finished or (deadline is not None and time.monotonic() >= deadline):
+                return job
+
+    def result(self, model: str, job_id: str) -> Result:
+        """The stored result (NotFinished before the job is done, Gone once cleaned up)."""
+        answer = yield from self._answer(Call("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}/result",
+                                              result_call=True))
+        return Result(answer.content, answer.headers.get("Content-Type", "application/octet-stream"))
+
+    def run(self, model: str, payload: dict, *, timeout: float | None = None, **kw: Any) -> Job:
+        """Submit and wait for the end (sync mode first, then long-polls)."""
+        job = yield from Api.submit(self, model, payload, wait=int(min(timeout or 60, 60)), **kw)
+        return job if job.finished else (yield from Api.wait(self, model, job.job_id, timeout))
+
+    def cancel(self, model: str, job_id: str) -> Job:
+        return (yield from self._job("POST", f"/v1/models/{q(model)}/jobs/{q(job_id)}/cancel", model, safe=False))
+
+    def batch(self, model: str, jobs: Iterable[dict]) -> BatchResult:
+        """Up to 1,000 jobs (payload dicts, or items ``{"payload": ...,
+        "idempotency_key": ..., ...}``); each item is admitted or refused on
+        its own.  Retried after a lost answer only when every item has an idempotency_key."""
+        body = {"jobs": [j if isinstance(j, dict) and "payload" in j else {"payload": j} for j in jobs]}
+        safe = all(j.get("idempotency_key") for j in body["jobs"])
+        answer = yield from self._answer(Call("POST", f"/v1/models/{q(model)}/jobs:batch", body, safe=safe))
+        return BatchResult.of(json.loads(answer.content), model)
+
+    def events(self, model: str, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
+        """The job's events until its terminal one; reconnects with
+        Last-Event-ID when the connection drops, missing nothing."""
+        return self._stream(f"/v1/models/{q(model)}/jobs/{q(job_id)}/events", None, last_event_id, True)
+
+    def tenant_events(self, model: str | None = None, last_event_id: str | None = None) -> Iterator[Event]:
+        """Every change of the tenant's jobs (of ``model``), endlessly; resumes on reconnect."""
+        return self._stream("/v1/events", {"model": model} if model else None, last_event_id, False)
+
+    def _stream(self, path: str, params: dict | None, last: str | None, until_end: bool):
+        raise NotImplementedError
+
+
+OPERATIONS = ("submit", "get", "job", "wait", "result", "run", "cancel", "batch")
+
+
+def driven(wrap):
+    """A class decorator: each of ``OPERATIONS`` as ``wrap`` runs it."""
+    def decorate(cls):
+        for name in OPERATIONS:
+            setattr(cls, name, functools.wraps(getattr(Api, name))(wrap(getattr(Api, name))))
+        return cls
+    return decorate
+
+
+def stream_headers(last: str | None) -> dict[str, str]:
+    return {"Accept": "text/event-stream", **({"Last-Event-ID": last} if last is not None else {})}
+
+
 # --- the blocking client ---------------------------------------------------------------
 
-class Client:
+@driven(lambda op: lambda self, *a, **kw: self._drive(op(self, *a, **kw)))
+class Client(Api):
     """``Client("http://host:8000", "ak_...")``; every method raises an
     ``AsynchError`` subclass for an error answer (after its retries)."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 5,
-                 backoff: float = 0.5, max_backoff: float = 30.0, session: requests.Session | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.retries = retries
-        self.backoff = Backoff(backoff, max_backoff)
+    def __init__(self, base_url: str, api_key: str, *, session: requests.Session | None = None, **kw: Any) -> None:
+        super().__init__(base_url, api_key, **kw)
         self.session = session or requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {api_key}"
+        self.session.headers.update(self.auth)
 
     def close(self) -> None:
         self.session.close()
@@ -255,121 +364,43 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, *, json_body: Any = None, headers: dict | None = None,
-                 params: dict | None = None, timeout: float | None = None, safe: bool = True,
-                 result_call: bool = False) -> requests.Response:
-        """One call with the retry policy; ``safe``: also retried after a
-        connection failure (the server may have done it: only idempotent calls)."""
+    def _drive(self, op):
+        sent = None
+        try:
+            while True:
+                step = op.send(sent)
+                if isinstance(step, Call):
+                    sent = self._send(step)
+                else:
+                    time.sleep(step)
+                    sent = None
+        except StopIteration as stop:
+            return stop.value
+
+    def _send(self, call: Call) -> Answer | Exception:
+        try:
+            r = self.session.request(call.method, self.base_url + call.path, json=call.body, headers=call.headers,
+                                     params=call.params, timeout=call.timeout or self.timeout)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            return exc
+        return Answer(r.status_code, r.headers, r.content)
+
+    def _stream(self, path: str, params: dict | None, last: str | None, until_end: bool) -> Iterator[Event]:
         n = 0
         while True:
             try:
-                resp = self.session.request(method, self.base_url + path, json=json_body, headers=headers,
-                                            params=params, timeout=timeout or self.timeout)
-            except (requests.ConnectionError, requests.Timeout):
-                n += 1
-                if not safe or n > self.retries:
-                    raise
-                time.sleep(self.backoff.delay(n, None))
-                continue
-            if resp.status_code < 400:
-                return resp
-            err = error_for(resp.status_code, resp.text, resp.headers.get("Retry-After"), result_call)
-            n += 1
-            if resp.status_code in RETRY_STATUSES and n <= self.retries:
-                time.sleep(self.backoff.delay(n, err.retry_after))
-                continue
-            raise err
-
-    # -- jobs ---------------------------------------------------------------------------
-    def submit(self, model: str, payload: dict, *, idempotency_key: str | None = None, priority: int | None = None,
-               wait: int | None = None, biz_name: str | None = None, callback_url: str | None = None,
-               model_key: str | None = None) -> Job:
-        """Admit a job (202), or with ``wait=N`` seconds, sync mode: the
-        finished job (and a small JSON result in ``result``) if it ends in
-        time.  Retried with one Idempotency-Key (made here when not given)."""
-        headers = submit_headers(idempotency_key, priority, wait, biz_name, callback_url, model_key)
-        resp = self._request("POST", f"/v1/models/{q(model)}/jobs", json_body=payload, headers=headers,
-                             timeout=self.timeout + (wait or 0))
-        return Job.of(resp.json(), model, replayed=resp.headers.get("Idempotent-Replayed") == "true")
-
-    def get(self, model: str, job_id: str) -> Job:
-        return Job.of(self._request("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}").json(), model)
-
-    def job(self, job_id: str) -> Job:
-        """A job by its id alone (``GET /v1/jobs/{id}``: the poll body and more, its ``model`` included)."""
-        return Job.of(self._request("GET", f"/v1/jobs/{q(job_id)}").json())
-
-    def wait(self, model: str, job_id: str, timeout: float | None = None, poll_ms: int = 30000) -> Job:
-        """Long-poll until the job is finished or ``timeout`` seconds (None:
-        no limit) have passed; returns the job as last seen."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = poll_ms if deadline is None else max(1, min(poll_ms, int((deadline - time.monotonic()) * 1000)))
-            job = Job.of(self._request("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}/wait",
-                                       params={"timeout": left}, timeout=self.timeout + left / 1000).json(), model)
-            if job.finished or (deadline is not None and time.monotonic() >= deadline):
-                return job
-
-    def result(self, model: str, job_id: str) -> Result:
-        """The stored result (NotFinished before the job is done, Gone once cleaned up)."""
-        resp = self._request("GET", f"/v1/models/{q(model)}/jobs/{q(job_id)}/result", result_call=True)
-        return Result(resp.content, resp.headers.get("Content-Type", "application/octet-stream"))
-
-    def run(self, model: str, payload: dict, *, timeout: float | None = None, **kw: Any) -> Job:
-        """Submit and wait for the end (sync mode first, then long-polls)."""
-        job = self.submit(model, payload, wait=int(min(timeout or 60, 60)), **kw)
-        return job if job.finished else self.wait(model, job.job_id, timeout)
-
-    def cancel(self, model: str, job_id: str) -> Job:
-        return Job.of(self._request("POST", f"/v1/models/{q(model)}/jobs/{q(job_id)}/cancel", safe=False).json(),
-                      model)
-
-    def batch(self, model: str, jobs: Iterable[dict]) -> BatchResult:
-        """Up to 1,000 jobs; each item is admitted or refused on its own.
-        Retried after a lost answer only when every item has an idempotency_key."""
-        body = batch_body(jobs)
-        safe = all(j.get("idempotency_key") for j in body["jobs"])
-        return BatchResult.of(self._request("POST", f"/v1/models/{q(model)}/jobs:batch", json_body=body,
-                                            safe=safe).json(), model)
-
-    def events(self, model: str, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
-        """The job's events until its terminal one; reconnects with
-        Last-Event-ID when the connection drops, missing nothing."""
-        yield from self._stream(f"/v1/models/{q(model)}/jobs/{q(job_id)}/events", None, last_event_id, until_end=True)
-
-    def tenant_events(self, model: str | None = None, last_event_id: str | None = None) -> Iterator[Event]:
-        """Every change of the tenant's jobs (of ``model``), endlessly; resumes on reconnect."""
-        yield from self._stream("/v1/events", {"model": model} if model else None, last_event_id, until_end=False)
-
-    def _stream(self, path: str, params, last: str | None, until_end: bool) -> Iterator[Event]:
-        n = 0
-        while True:
-            headers = {"Accept": "text/event-stream"}
-            if last is not None:
-                headers["Last-Event-ID"] = last
-            try:
-                resp = self.session.get(self.base_url + path, params=params, headers=headers, stream=True,
-                                        timeout=(self.timeout, 120))
-                if resp.status_code >= 400:
-                    err = error_for(resp.status_code, resp.text, resp.headers.get("Retry-After"))
-                    n += 1
-                    if resp.status_code in RETRY_STATUSES and n <= self.retries:
-                        time.sleep(self.backoff.delay(n, err.retry_after))
+                with self.session.get(self.base_url + path, params=params, headers=stream_headers(last), stream=True,
+                                      timeout=(self.timeout, 120)) as resp:
+                    if resp.status_code >= 400:
+                        n += 1
+                        time.sleep(self._refused(n, Answer(resp.status_code, resp.headers, resp.content)))
                         continue
-                    raise err
-                parser = SSEParser()
-                with resp:
-                    for line in resp.iter_lines(decode_unicode=True):
-                        ev = parser.feed(line)
-                        if ev is None:
-                            continue
-                        n = 0
-                        last = ev.id or last
+                    parser = SSEParser()
+                    for ev in filter(None, map(parser.feed, resp.iter_lines(decode_unicode=True))):
+                        n, last = 0, ev.id or last
                         yield ev
                         if until_end and ev.id == "end":
                             return
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError):
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 n += 1
-                if n > self.retries:
-                    raise
-                time.sleep(self.backoff.delay(n, None))
+                time.sleep(self._pause(n, exc, True))

@@ -27,7 +27,6 @@ celery.conf.beat_schedule = __import__("beat_schedule").build_schedule(get_setti
 # Only the beat holding the Redis lock sends (workers/beat.py).
 celery.conf.beat_scheduler = "workers.beat:LeaderScheduler"
 celery.conf.imports = ("workers.tasks",)
-app = celery
 install_heartbeat(celery)
 
 

@@ -33,10 +33,7 @@ def identity(node: str) -> str:
 
 class ConsumingHeartbeat(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.tasks:Tasks",)
-
-    def __init__(self, parent, **kwargs):
-        super().__init__(parent, **kwargs)
-        self.tref = None
+    tref = None
 
     def start(self, c):
         self._beat(c)

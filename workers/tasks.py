@@ -38,26 +38,6 @@ def kick_model(model: str) -> int:
     return dispatch.kick(model)
 
 
-@celery.task(name="asynch.run_work", ignore_result=True)
-def run_work(fence: dict | None = None) -> dict:
-    return run_periodic("run_work", fence, maintenance.run_work)
-
-
-@celery.task(name="asynch.recover", ignore_result=True)
-def recover(fence: dict | None = None) -> dict:
-    return run_periodic("recover", fence, maintenance.recover)
-
-
-@celery.task(name="asynch.cleanup", ignore_result=True)
-def cleanup(fence: dict | None = None) -> dict:
-    return run_periodic("cleanup", fence, maintenance.cleanup)
-
-
-@celery.task(name="asynch.autotune", ignore_result=True)
-def autotune_models(fence: dict | None = None) -> dict:
-    return run_periodic("autotune", fence, autotune.autotune)
-
-
 # The outbox (app/delivery/outbox.py) runs on the delivery queue
 # (celery_config.queue_for / task_routes), consumed only by `asynch
 # callback-worker`: a stalling receiver never holds a job worker.  A token
@@ -67,6 +47,15 @@ def deliver(delivery_id: int | None = None) -> str:
     return outbox.pump(delivery_id)
 
 
-@celery.task(name=DELIVER_DUE_TASK, ignore_result=True)
-def deliver_due(fence: dict | None = None) -> dict:
-    return run_periodic("deliver", fence, outbox.deliver_due)
+def _periodic(task_name: str, run_name: str, run):
+    @celery.task(name=task_name, ignore_result=True)
+    def periodic(fence: dict | None = None) -> dict:
+        return run_periodic(run_name, fence, run)
+    return periodic
+
+
+run_work = _periodic("asynch.run_work", "run_work", maintenance.run_work)
+recover = _periodic("asynch.recover", "recover", maintenance.recover)
+cleanup = _periodic("asynch.cleanup", "cleanup", maintenance.cleanup)
+autotune_models = _periodic("asynch.autotune", "autotune", autotune.autotune)
+deliver_due = _periodic(DELIVER_DUE_TASK, "deliver", outbox.deliver_due)

@@ -44,18 +44,20 @@ from urllib.parse import parse_qsl, urlsplit
 class ModelState:
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.holds: dict[str, threading.Event] = {}
+        self.received: list[dict] = []  # the webhook receiver's deliveries (kept by reset)
+        # Calls still running from before a reset() must not touch the new counts.
+        self.generation = 0
+        self._counts()
+
+    def _counts(self) -> None:
         self.calls: list[dict] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
+        self.in_flight = self.max_in_flight = 0
         self.in_flight_by: dict[str, int] = {}
         self.max_in_flight_by: dict[str, int] = {}
         self.fail_counts: dict[str, int] = {}
-        self.holds: dict[str, threading.Event] = {}
         self.room_used: dict[str, int] = {}
         self.busy_answers = 0  # 429s sent for want of room
-        self.received: list[dict] = []  # the webhook receiver's deliveries
-        # Calls still running from before a reset() must not touch the new counts.
-        self.generation = 0
 
     def hold(self, name: str) -> threading.Event:
         with self.lock:
@@ -67,13 +69,7 @@ class ModelState:
     def reset(self) -> None:
         with self.lock:
             self.generation += 1
-            self.calls.clear()
-            self.in_flight = self.max_in_flight = 0
-            self.in_flight_by.clear()
-            self.max_in_flight_by.clear()
-            self.fail_counts.clear()
-            self.room_used.clear()
-            self.busy_answers = 0
+            self._counts()
             for ev in self.holds.values():
                 ev.set()  # nothing stays stuck from the previous test
             self.holds = {}
@@ -110,9 +106,8 @@ def _handler(state: ModelState, webhook_secrets=None):
             pass
 
         def _payload(self, raw: bytes) -> dict:
-            parts = urlsplit(self.path)
             if self.command == "GET":
-                return dict(parse_qsl(parts.query))
+                return dict(parse_qsl(urlsplit(self.path).query))
             try:
                 data = json.loads(raw) if raw else {}
             except ValueError:
@@ -135,7 +130,7 @@ def _handler(state: ModelState, webhook_secrets=None):
             if webhook_secrets is not None and (path == RECEIVER or path.startswith(RECEIVER + "/")):
                 return self._receive(raw)
             payload = self._payload(raw)
-            call = {"path": urlsplit(self.path).path, "method": self.command,
+            call = {"path": path, "method": self.command,
                     "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
                     "payload": payload, "t": time.time()}
             group = self.headers.get("X-Stub-Tenant", "")

