@@ -7,7 +7,7 @@ from app.config import Settings, get_settings, set_settings
 from app.infra.logs import configure_logging
 from app.infra.wakeups import hub
 from app.web import (
-    docs,
+    openapi,
     errors,
     health,
     input_guard,
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     request_log.register(flask_app)
     input_guard.register(flask_app)
     ratelimit.register(flask_app)  # anonymous requests, per client address
-    for module in (health, v1_jobs, v1_admin, v1_maintenance, seed_maintenance, v1_business, seed, docs, metrics,
+    for module in (health, v1_jobs, v1_admin, v1_maintenance, seed_maintenance, v1_business, seed, openapi, metrics,
                    v1_observe, v1_tenants, v1_webhooks):
         flask_app.register_blueprint(module.bp)
     flask_app.register_blueprint(console_bp)
