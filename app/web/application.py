@@ -6,24 +6,8 @@ from flask import Flask
 from app.config import Settings, get_settings, set_settings
 from app.infra.logs import configure_logging
 from app.infra.wakeups import hub
-from app.web import (
-    openapi,
-    errors,
-    health,
-    input_guard,
-    metrics,
-    ratelimit,
-    request_log,
-    seed,
-    seed_maintenance,
-    v1_admin,
-    v1_business,
-    v1_jobs,
-    v1_maintenance,
-    v1_observe,
-    v1_tenants,
-    v1_webhooks,
-)
+from app.web import body, errors, metrics, openapi, ratelimit, request_log, seed, v1_admin, v1_business, v1_jobs, \
+    v1_observe, v1_webhooks
 from app.web.console import bp as console_bp
 
 
@@ -40,10 +24,9 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     errors.register(flask_app)
     request_log.register(flask_app)
-    input_guard.register(flask_app)
+    body.register(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address
-    for module in (health, v1_jobs, v1_admin, v1_maintenance, seed_maintenance, v1_business, seed, openapi, metrics,
-                   v1_observe, v1_tenants, v1_webhooks):
+    for module in (metrics, v1_jobs, v1_admin, v1_business, seed, openapi, v1_observe, v1_webhooks):
         flask_app.register_blueprint(module.bp)
     flask_app.register_blueprint(console_bp)
 

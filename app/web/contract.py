@@ -23,10 +23,14 @@ from pydantic import BaseModel
 
 from app.contract import Face, dump, parse
 from app.errors import Forbidden
+from app.tenancy.schemas import TENANT_PATTERN
 from app.web.auth import current_principal, require_metrics_token
 from app.web.body import json_object
 
 Auth = Literal["none", "key", "admin", "metrics"]
+# Path parameters several routes share: {name: {"description", "schema"}}.
+TENANT_PATH = {"tenant": {"description": "tenant id", "schema": {"type": "string", "pattern": TENANT_PATTERN}}}
+JOB_ID_PATH = {"job_id": {"description": "job id (job_...)"}}
 
 
 @dataclass(frozen=True)

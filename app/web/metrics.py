@@ -1,5 +1,7 @@
-"""Prometheus endpoints, text format.  No API key; when ASYNCH_METRICS_TOKEN
-is set, the scraper must send it as a Bearer token (both paths).
+"""Operational endpoints.  Liveness (/healthz: no auth, no dependencies),
+readiness (/readyz: the database and Redis answer), and Prometheus text
+format: no API key; with ASYNCH_METRICS_TOKEN set, the scraper must send it
+as a Bearer token (both metrics paths).
 
 GET /metrics           this API server's counters and histograms (its gunicorn
                        workers summed): scrape every pod, sum in PromQL.
@@ -9,10 +11,14 @@ GET /metrics/cluster   gauges read from PostgreSQL and Redis, the same on every
 from __future__ import annotations
 
 from flask import Blueprint, Response
+from sqlalchemy import text
 
 from app.infra import metrics
+from app.infra.db import get_engine
+from app.infra.redis.client import get_redis
 from app.observe import cluster
 from app.web.contract import Ok, endpoint
+from app.web.schemas import Health, Ready
 
 bp = Blueprint("metrics", __name__)
 _TEXT = Ok({"type": "string"}, "metrics", media_type="text/plain")
@@ -41,3 +47,30 @@ def prometheus_cluster_metrics():
 def _text(rendered: tuple[bytes, str]) -> Response:
     body, ctype = rendered
     return Response(body, status=200, content_type=ctype)
+
+
+@bp.get("/healthz")
+@endpoint("Liveness: the process answers", tag="health", auth="none", ok=Ok(Health, "alive"))
+def healthz():
+    return Health(status="ok")
+
+
+@bp.get("/readyz")
+@endpoint("Readiness: PostgreSQL and Redis answer", tag="health", auth="none",
+          ok={200: Ok(Ready, "ready"), 503: Ok(Ready, "a dependency is down")})
+def readyz():
+    checks = {}
+    try:
+        with get_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}"
+    try:
+        get_redis().ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"error: {type(exc).__name__}"
+    if all(v == "ok" for v in checks.values()):
+        return Ready(status="ok", checks=checks)
+    return Ready(status="unavailable", checks=checks, error="not ready"), 503

@@ -1,21 +1,21 @@
-"""v1 administration: models (read for every key, write for admins) and
-API keys (admins)."""
+"""v1 administration: models (read for every key, write for admins), API keys
+(admins), tenant limits (docs/api.md, "Tenant limits": dispatch weight,
+request rate, long-poll cap, per-model queue caps; a tenant's own keys read
+them, admins change them), and the maintenance triggers (admins: run a pass
+now, get its report)."""
 from __future__ import annotations
 
 from flask import Blueprint
 
 from app.catalog import registry
 from app.catalog.schemas import ModelInput, ModelList, ModelPatch, model_view
-from app.tenancy import keys
-from app.tenancy.schemas import (
-    ApiKeyCreated,
-    ApiKeyInput,
-    ApiKeyList,
-    ApiKeyView,
-    KeysQuery,
-)
+from app.maintenance import autotune, passes, periodic
+from app.maintenance.schemas import AutotuneReport, AutotuneRequest, BeatRuns, Report, RunsQuery
+from app.tenancy import keys, limits
+from app.tenancy.schemas import ApiKeyCreated, ApiKeyInput, ApiKeyList, ApiKeyView, KeysQuery, TenantLimits, \
+    TenantLimitsInput
 from app.web.auth import current_principal
-from app.web.contract import Ok, endpoint
+from app.web.contract import TENANT_PATH, Ok, endpoint
 
 bp = Blueprint("v1_admin", __name__, url_prefix="/v1")
 
@@ -77,3 +77,45 @@ def list_keys(query: KeysQuery):
 @endpoint("Revoke an API key", tag="keys", auth="admin", ok=Ok(ApiKeyView, "revoked"))
 def revoke_key(key_id: int):
     return ApiKeyView.from_row(keys.revoke_key(key_id))
+
+
+@bp.get("/tenants/<tenant>/limits")
+@endpoint("A tenant's limits (its own keys, or an admin)", tag="tenants", path=TENANT_PATH, errors=(403, 422),
+          ok=Ok(TenantLimits, "the limits; null fields take the defaults"))
+def read_limits(tenant: str):
+    return limits.read(current_principal(), tenant)
+
+
+@bp.route("/tenants/<tenant>/limits", methods=["PUT", "PATCH"])
+@endpoint("Change a tenant's limits (only the fields given; null restores the default)", tag="tenants",
+          auth="admin", path=TENANT_PATH, body=TenantLimitsInput, errors=(422,), ok=Ok(TenantLimits, "the limits"))
+def update_limits(tenant: str, body: TenantLimitsInput):
+    return limits.update(tenant, body)
+
+
+_PASSES = {"retry": passes.run_work, "recover": passes.recover, "cleanup": passes.cleanup,
+           "reconcile": passes.reconcile_gates}
+
+
+@bp.post("/maintenance/<any(retry, recover, cleanup, reconcile):name>")
+@endpoint("Run a pass now: retry (due retries re-admitted, long-waiting retries promoted, lost messages re-sent), "
+          "recover (wiped Redis repaired, expired leases, overdue jobs, lost messages, gates, permits), cleanup "
+          "(expired claimed jobs and old terminal jobs deleted with their results; overdue jobs timed out), "
+          "reconcile (gate slot sets made equal to the pending/running rows)", tag="maintenance", auth="admin",
+          ok=Ok(Report, "its report"))
+def run_pass(name: str):
+    return _PASSES[name]().as_dict()
+
+
+@bp.post("/maintenance/autotune")
+@endpoint("Run autotune now", tag="maintenance", auth="admin", body=AutotuneRequest, body_required=False,
+          nul_allowed=("",), ok=Ok(AutotuneReport, "the decisions"))
+def run_autotune(body: AutotuneRequest):
+    return autotune.autotune(body.window, body.dry_run).as_dict()
+
+
+@bp.get("/maintenance/runs")
+@endpoint("The last periodic runs beat got done", tag="maintenance", auth="admin", query=RunsQuery,
+          ok=Ok(BeatRuns, "newest last"))
+def recent_runs(query: RunsQuery):
+    return {"runs": periodic.recent_runs(query.limit)}

@@ -18,14 +18,12 @@ from app.errors import NotFound
 from app.jobs import service as jobs
 from app.jobs import stats
 from app.jobs.usage_schemas import Usage, UsageQuery
-from app.tenancy.schemas import TENANT_PATTERN
 from app.web.auth import current_principal
-from app.web.contract import Ok, endpoint
+from app.web.contract import JOB_ID_PATH, Ok, TENANT_PATH, endpoint
 
 bp = Blueprint("v1_business", __name__, url_prefix="/v1")
 
 _TYPE_ID = {"type_id": {"schema": {"type": "integer", "minimum": 0}}}
-_TENANT = {"tenant": {"description": "tenant id", "schema": {"type": "string", "pattern": TENANT_PATTERN}}}
 
 
 @bp.get("/stats")
@@ -66,7 +64,7 @@ def delete_type(type_id: int):
 
 @bp.get("/jobs/<job_id>/callback")
 @endpoint("A job's callback and its delivery log", tag="callbacks", ok=Ok(CallbackDelivery, "the callback"),
-          path={"job_id": {"description": "job id (job_...)"}},
+          path=JOB_ID_PATH,
           description="404 for unknown jobs, other tenants' jobs and jobs without a callback.")
 def job_callback(job_id: str):
     principal = current_principal()
@@ -78,7 +76,7 @@ def job_callback(job_id: str):
 
 
 @bp.get("/tenants/<tenant>/callback-secret")
-@endpoint("A tenant's callback signing secret (created on first use)", tag="callbacks", path=_TENANT,
+@endpoint("A tenant's callback signing secret (created on first use)", tag="callbacks", path=TENANT_PATH,
           errors=(403, 422), ok=Ok(TenantSecret, "the secret"),
           description="A user key only for its own tenant (else 403); 422: not a tenant id.")
 def read_secret(tenant: str):
@@ -86,7 +84,7 @@ def read_secret(tenant: str):
 
 
 @bp.post("/tenants/<tenant>/callback-secret/rotate")
-@endpoint("Rotate a tenant's callback signing secret", tag="callbacks", auth="admin", path=_TENANT, errors=(422,),
+@endpoint("Rotate a tenant's callback signing secret", tag="callbacks", auth="admin", path=TENANT_PATH, errors=(422,),
           ok=Ok(TenantSecret, "the new secret"))
 def rotate_secret(tenant: str):
     return TenantSecret.model_construct(**tenant_secrets.rotate(tenant))

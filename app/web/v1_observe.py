@@ -9,15 +9,13 @@ from app.jobs.schemas import JobDetail
 from app.observe import live, ops
 from app.observe.schemas import MaintenanceState, Overview, Series, SeriesQuery, TenantList, TenantState, Workers
 from app.tenancy import keys
-from app.tenancy.schemas import TENANT_PATTERN
 from app.web import ratelimit
 from app.web.auth import current_principal
-from app.web.contract import Ok, endpoint
+from app.web.contract import JOB_ID_PATH, Ok, TENANT_PATH, endpoint
 from app.web.v1_jobs import job_urls
 
 bp = Blueprint("v1_observe", __name__, url_prefix="/v1")
 
-_TENANT = {"tenant": {"description": "tenant id", "schema": {"type": "string", "pattern": TENANT_PATTERN}}}
 
 
 @bp.get("/overview")
@@ -38,7 +36,7 @@ def overview_series(query: SeriesQuery):
 
 @bp.get("/jobs/<job_id>")
 @endpoint("A job with its timeline and its ended attempts (the console's job page)", tag="jobs",
-          ok=Ok(JobDetail, "the job"), path={"job_id": {"description": "job id (job_...)"}},
+          ok=Ok(JobDetail, "the job"), path=JOB_ID_PATH,
           description="The row keeps the latest attempt; `attempts` lists every attempt that ended, with its error.")
 def job_detail(job_id: str):
     p = current_principal()
@@ -70,7 +68,7 @@ def tenant_list():
 
 @bp.get("/tenants/<tenant>/state")
 @endpoint("A tenant's queue share in use per model and its keys' rate-limit buckets (its own keys, or an admin)",
-          tag="tenants", path=_TENANT, errors=(403, 422), ok=Ok(TenantState, "the state"))
+          tag="tenants", path=TENANT_PATH, errors=(403, 422), ok=Ok(TenantState, "the state"))
 def tenant_state(tenant: str):
     out = ops.tenant_state(current_principal(), tenant)
     key_ids = [k.id for k in keys.list_keys(tenant) if k.revoked_at is None]

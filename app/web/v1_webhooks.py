@@ -6,20 +6,19 @@ from __future__ import annotations
 from flask import Blueprint
 
 from app.errors import NotFound
-from app.tenancy.schemas import TENANT_PATTERN
 from app.web.auth import current_principal
-from app.web.contract import Ok, endpoint
+from app.web.contract import JOB_ID_PATH, Ok, TENANT_PATH, endpoint
 from app.delivery import outbox, subscriptions
 from app.delivery.schemas import WebhookDelivery, WebhookDeliveryList, WebhookInput, WebhookList, WebhookView
 
 bp = Blueprint("v1_webhooks", __name__, url_prefix="/v1")
 
-_TENANT = {"tenant": {"description": "tenant id", "schema": {"type": "string", "pattern": TENANT_PATTERN}}}
 _ID = {"schema": {"type": "integer", "minimum": 0, "maximum": outbox.MAX_ID}}
 
 
 @bp.get("/tenants/<tenant>/webhooks")
-@endpoint("A tenant's webhooks", tag="webhooks", path=_TENANT, errors=(403, 422), ok=Ok(WebhookList, "the webhooks"),
+@endpoint("A tenant's webhooks", tag="webhooks", path=TENANT_PATH, errors=(403, 422),
+          ok=Ok(WebhookList, "the webhooks"),
           description="A user key only for its own tenant (else 403); 422: not a tenant id.")
 def list_webhooks(tenant: str):
     return WebhookList.model_construct(
@@ -27,7 +26,7 @@ def list_webhooks(tenant: str):
 
 
 @bp.post("/tenants/<tenant>/webhooks")
-@endpoint("Subscribe a URL to the tenant's terminal job states", tag="webhooks", path=_TENANT, body=WebhookInput,
+@endpoint("Subscribe a URL to the tenant's terminal job states", tag="webhooks", path=TENANT_PATH, body=WebhookInput,
           errors=(403, 422), ok={201: Ok(WebhookView, "created, with its signing secret")},
           description="Each job of the tenant that reaches a state of `events` is POSTed to `url` "
                       "(Standard Webhooks, signed with the webhook's secret). 422: a URL the SSRF guard "
@@ -38,7 +37,7 @@ def create_webhook(tenant: str, body: WebhookInput):
 
 
 @bp.delete("/tenants/<tenant>/webhooks/<int:webhook_id>")
-@endpoint("Delete a tenant webhook", tag="webhooks", path={**_TENANT, "webhook_id": _ID}, errors=(403, 422),
+@endpoint("Delete a tenant webhook", tag="webhooks", path={**TENANT_PATH, "webhook_id": _ID}, errors=(403, 422),
           ok={204: Ok(description="deleted")})
 def delete_webhook(tenant: str, webhook_id: int):
     subscriptions.remove(current_principal(), tenant, webhook_id)
@@ -47,7 +46,7 @@ def delete_webhook(tenant: str, webhook_id: int):
 
 @bp.get("/jobs/<job_id>/webhooks")
 @endpoint("A job's webhook deliveries and their logs", tag="webhooks", ok=Ok(WebhookDeliveryList, "the deliveries"),
-          path={"job_id": {"description": "job id (job_...)"}},
+          path=JOB_ID_PATH,
           description="404 for unknown jobs and other tenants' jobs; an empty list before a terminal state.")
 def job_webhooks(job_id: str):
     views = outbox.job_deliveries(current_principal(), job_id)
