@@ -1,21 +1,15 @@
 """The building blocks every request and response shape is declared with.
 
-One declaration per contract: each feature declares its shapes once, as
-pydantic models in its own ``schemas.py``; validation, the OpenAPI document
-(app/web/openapi.py), the defaults and the console's forms all come from them.
-- ``Shape``: unknown fields refused; snake_case names (the v1 face) with
-  camelCase aliases (the seed-002 face): ``parse(Model, data, face="seed")``
-  validates by alias and its errors point at the camelCase names.
-- Value types keep JSON's rules: an integer may be written 2.0, never true or
-  "2"; booleans are true/false (0/1 where the seed says so); text never holds
-  NUL (PostgreSQL text cannot).  ``Timestamp``: UTC ISO 8601 with a ``Z``.
-- ``rule()``: a field's rule in words, both its description in the document
-  and the message of a 422 about it; ``pointer_errors()`` turns a pydantic
-  ValidationError into our 422 list of ``{"pointer", "message"}`` (RFC 6901).
-
-Pydantic v2 rather than marshmallow: its JSON Schema is draft 2020-12, what
-OpenAPI 3.1 uses, so a component is the model's own schema with no
-translation layer; and aliases give the camelCase face for free.
+Each feature declares its shapes once, as pydantic models in its own
+``schemas.py``; validation, the OpenAPI document, the defaults and the
+console's forms all come from them.  ``Shape``: unknown fields refused,
+snake_case names (v1) with camelCase aliases (the seed-002 face:
+``parse(Model, data, face="seed")`` validates and points errors by alias).
+Value types keep JSON's rules (2.0 is an integer, true and "2" are not; text
+never holds NUL, which PostgreSQL cannot store).  ``rule()``: a field's rule in
+words, its description and the message of a 422 about it.  Pydantic v2, not
+marshmallow: its draft 2020-12 JSON Schema is OpenAPI 3.1's, with no
+translation layer, and aliases give the camelCase face for free.
 """
 from __future__ import annotations
 
@@ -35,8 +29,7 @@ Face = Literal["v1", "seed"]
 
 
 class Shape(BaseModel):
-    """A request or response body: unknown fields refused, snake_case names,
-    camelCase aliases for the seed face."""
+    """A request or response body."""
 
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True,
                               validate_by_alias=True, serialize_by_alias=False, frozen=False)
@@ -53,8 +46,7 @@ class Shape(BaseModel):
 
 
 def _empty_text_default(info: Any) -> bool:
-    """A text field whose null means "none": its default is "", or a text
-    default from a setting (``default_factory``, e.g. model_key_headers)."""
+    """A text field whose null means "none": default "" or from a text setting."""
     if info is None:
         return False
     if info.default_factory is not None:
@@ -69,9 +61,8 @@ class Loose(Shape):
 
 
 class Params(BaseModel):
-    """Query or header parameters.  A field's name is its wire name, or its
-    alias where Python cannot spell it (``from``, ``Idempotency-Key``); the
-    same on both faces.  Unknown parameters are ignored, as HTTP does."""
+    """Query or header parameters, by name or by alias where Python cannot spell it
+    (``from``, ``Idempotency-Key``), on both faces; unknown ones ignored, as HTTP does."""
 
     model_config = ConfigDict(extra="ignore", validate_by_name=True, validate_by_alias=True)
 
@@ -93,8 +84,6 @@ def partial(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
         fields[fname] = (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation, copy)
     return create_model(name, __base__=model, __doc__=doc, **fields)
 
-
-# --- value types -----------------------------------------------------------------------
 
 _PATTERN_TEXT: dict[str, str] = {}
 
@@ -182,8 +171,6 @@ Day = Annotated[date, PlainSerializer(lambda d: d.isoformat(), return_type=str),
                 WithJsonSchema({"type": "string", "format": "date"})]
 
 
-# --- parsing --------------------------------------------------------------------------
-
 def _not_json(name: str):
     # Python's json takes NaN/Infinity, which JSON has not (and PostgreSQL's jsonb refuses).
     raise ValueError(f"{name} is not JSON")
@@ -193,9 +180,8 @@ def _not_json(name: str):
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 def parse_json(raw: str | bytes):
-    """Strict JSON; ValueError for anything else: NaN/Infinity, nesting too
-    deep for the parser (else a RecursionError and a 500), and strings with
-    an unpaired surrogate (not Unicode text: PostgreSQL cannot store it)."""
+    """Strict JSON, else ValueError: NaN/Infinity, nesting too deep (not a 500), an
+    unpaired surrogate (not Unicode text: PostgreSQL cannot store it)."""
     try:
         data = json.loads(raw, parse_constant=_not_json)
     except RecursionError as exc:
@@ -222,8 +208,7 @@ def parse(model: type[BaseModel], data: Any, *, face: Face = "v1", base: str = "
 
 
 def dump(obj: BaseModel, face: Face = "v1", **kw) -> dict:
-    """A response shape as JSON-ready data for one face."""
-    # v1: each shape's own setting (snake_case names unless it says otherwise).
+    """A response shape as JSON-ready data; v1: by each shape's own setting (snake_case unless it says)."""
     return obj.model_dump(mode="json", by_alias=True if face == "seed" else None, exclude_unset=True, **kw)
 
 
@@ -233,30 +218,23 @@ def pointer_token(token: str) -> str:
 
 def _field_rule(model: type[BaseModel] | None, loc: tuple) -> str | None:
     """The ``x-rule`` text of the field a location names, through nested models."""
-    current = model
-    info = None
+    current, info = model, None
     for part in loc:
         if isinstance(part, int) or current is None:
             continue
         fields = current.model_fields
-        info = fields.get(part) or next((f for n, f in fields.items() if f.alias == part), None)
+        info = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
         if info is None:
             return None
         current = _inner_model(info.annotation)
-    if info is None:
-        return None
-    extra = info.json_schema_extra
+    extra = info.json_schema_extra if info is not None else None
     return extra.get("x-rule") if isinstance(extra, dict) else None
 
 
 def _inner_model(annotation) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+    return next((m for a in getattr(annotation, "__args__", ()) or () if (m := _inner_model(a)) is not None), None)
 
 
 _GENERIC = {
@@ -312,8 +290,7 @@ def pointer_errors(exc: ValidationError, model: type[BaseModel] | None = None, b
     return out
 
 
-# One periodic task's recorded run: the maintenance runs list's and, as
-# PeriodicRun, the observe maintenance state's (no docstring: none in OpenAPI).
+# One periodic task's recorded run (no docstring: none in OpenAPI).
 class BeatRun(Shape):
     model_config = ConfigDict(alias_generator=None)
 

@@ -39,9 +39,8 @@ def _payload_object(v: Any) -> Any:
 
 
 class CreateTask(Shape):
-    """The seed's createTask body: the v1 submission's options as fields."""
-
-    # The options are judged by the submission rule (app/jobs/submission.py).
+    """The seed's createTask body: the v1 submission's options as fields
+    (judged by the submission rule, app/jobs/submission.py)."""
 
     invalid: ClassVar[str] = "invalid task"
 
@@ -80,17 +79,14 @@ def _cap_ids(ids: list[str]) -> list[str]:
     return ids
 
 
-# --- the seed face ---------------------------------------------------------------------
-
 _RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
 _ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT, JobState.EXPIRED)
 
 
 class SeedTask(Shape):
-    """A task as the seed-002 routes show it.  state is the seed's code: 0
-    queued, 1 running, 2 done, 3 failed/timeout/canceled/expired/waiting to retry, 4
-    claimed; null for an unknown id (or another tenant's), which also has
-    error 'task not found'.  Field names are the seed's own (snake_case)."""
+    """A task as the seed-002 routes show it (the seed's own snake_case names).  state:
+    0 queued, 1 running, 2 done, 3 failed/timeout/canceled/expired/waiting to retry,
+    4 claimed; null for an unknown id (or another tenant's), with 'task not found'."""
 
     model_config = {"alias_generator": None}
 
@@ -109,9 +105,8 @@ class SeedTask(Shape):
 
     @classmethod
     def from_row(cls, row, claimed: bool | None = None) -> "SeedTask":
-        """``claimed``: True on the getTaskBatch answer that moved the row
-        2 -> 4; that answer shows it as 2 (done, download it), as the seed's
-        flow expects ("download what is in 2"); every later read shows 4."""
+        """``claimed``: True on the getTaskBatch answer that moved the row 2 -> 4,
+        which shows it as 2 (the seed's flow: "download what is in 2"); later reads show 4."""
         state = JobState(row.state)
         result = state in _RESULT_STATES
         values = {"task_id": row.id, "state": 2 if claimed else seed_code(state),

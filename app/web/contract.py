@@ -2,15 +2,12 @@
 
 A view declares who may call it, the shapes of its query, headers and body
 (pydantic models, app/contract.py) and what it answers.  The decorator
-enforces it (authentication, parsing, validation into the one 422 form,
-serialising the answer, the seed face's envelope) and keeps the declaration
-on the view, where app/web/openapi.py reads it: the OpenAPI document is
-generated from the same objects that validate, so the two cannot disagree.
-
-A view receives its path parameters plus ``query``, ``headers`` and
-``body`` when it declared them, and returns a Shape (or a list of them, or
-plain JSON data), optionally with a status and headers, or a flask Response
-(results, pages) that is passed through as is.
+enforces it (authentication, parsing, the one 422 form, serialising, the seed
+envelope) and keeps the declaration on the view for app/web/openapi.py: the
+document comes from the objects that validate, so the two cannot disagree.
+A view gets its path parameters plus ``query``, ``headers`` and ``body`` as
+declared, and returns a Shape (a list of them, or JSON data), optionally with
+a status and headers, or a flask Response that is passed through as is.
 """
 from __future__ import annotations
 
@@ -64,10 +61,7 @@ class Endpoint:
 
 
 def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **kw: Any) -> Callable:
-    if ok is None:
-        ok = {200: Ok()}
-    elif isinstance(ok, Ok):
-        ok = {200: ok}
+    ok = {200: ok or Ok()} if not isinstance(ok, dict) else ok
     spec = Endpoint(summary=summary, tag=tag, ok=ok, **kw)
 
     def decorate(view: Callable) -> Callable:
@@ -76,13 +70,11 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
             if spec.auth == "metrics":
                 require_metrics_token()
             elif spec.auth in ("key", "admin"):
-                principal = current_principal()
-                if spec.auth == "admin" and not principal.is_admin:
+                if not current_principal().is_admin and spec.auth == "admin":
                     raise Forbidden("admin key required")
             extra = {}
             if spec.query is not None:
-                args = {k: request.args.get(k) for k in request.args}
-                extra["query"] = parse(spec.query, args, face=spec.face, message="invalid query")
+                extra["query"] = parse(spec.query, request.args.to_dict(), face=spec.face, message="invalid query")
             if spec.headers is not None:
                 extra["headers"] = parse(spec.headers, _declared_headers(spec.headers), face="seed",
                                          message="invalid headers")
@@ -98,20 +90,13 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
 
 def _declared_headers(model: type[BaseModel]) -> dict:
     """The request headers a model declares (by their HTTP names, its aliases)."""
-    out = {}
-    for name, info in model.model_fields.items():
-        value = request.headers.get(info.alias or name)
-        if value is not None:
-            out[info.alias or name] = value
-    return out
+    names = [info.alias or name for name, info in model.model_fields.items()]
+    return {n: request.headers[n] for n in names if n in request.headers}
 
 
 def _body(spec: Endpoint):
-    raw = request.get_data(cache=True)
-    if not spec.body_required and not raw.strip():
-        data: dict = {}
-    else:
-        data = json_object(nul_allowed=spec.nul_allowed)
+    empty = not spec.body_required and not request.get_data(cache=True).strip()
+    data = {} if empty else json_object(nul_allowed=spec.nul_allowed)
     if isinstance(spec.body, dict):
         return data  # a free-form object (a job's payload): the service judges it
     return parse(spec.body, data, face=spec.face)
@@ -141,6 +126,5 @@ def _answer(spec: Endpoint, out: Any):
         data = {"code": 0, "message": "ok", "data": data}
     resp = jsonify(data)
     resp.status_code = status
-    for k, v in headers.items():
-        resp.headers[k] = v
+    resp.headers.update(headers)
     return resp

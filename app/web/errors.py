@@ -20,12 +20,7 @@ from app.errors import DomainError, RateLimited, Throttled, Unauthorized, Valida
 
 log = logging.getLogger(__name__)
 
-_HTTP_TEXT = {
-    400: "bad request",
-    404: "not found",
-    405: "method not allowed",
-    415: "unsupported media type",
-}
+_HTTP_TEXT = {400: "bad request", 404: "not found", 405: "method not allowed", 415: "unsupported media type"}
 
 
 # URL prefixes of the seed routes: errors under them get the envelope form
@@ -34,9 +29,8 @@ PATH_PREFIXES = ("/model/", "/modelType/", "/task/", "/stat/")
 
 
 def camel_pointer(pointer: str) -> str:
-    """The seed face's names are the camelCase aliases of the v1 names
-    (app/contract.py): "/models_type" -> "/modelsType"; only the first segment
-    (a payload's own field names below /requestPayload stay as they are)."""
+    """The seed face's names are the v1 names' camelCase aliases: "/models_type" ->
+    "/modelsType"; only the first segment (a payload's own names stay as they are)."""
     if not pointer.startswith("/"):
         return pointer
     head, sep, rest = pointer[1:].partition("/")
@@ -59,8 +53,7 @@ def _json(status: int, body: dict, headers: dict | None = None):
     seed = _seed_face()
     resp = jsonify(_envelope(status, body) if seed else body)
     resp.status_code = 200 if seed and get_settings().seed_errors_http_200 else status
-    for k, v in (headers or {}).items():
-        resp.headers[k] = v
+    resp.headers.update(headers or {})
     return resp
 
 
@@ -113,12 +106,10 @@ def register(app: Flask) -> None:
         return _json(code, {"error": _HTTP_TEXT.get(code, exc.name.lower())})
 
     @app.errorhandler(OperationalError)
-    def db_down(_exc):
-        return _json(503, {"error": "database unavailable"}, {"Retry-After": "5"})
-
     @app.errorhandler(redis.RedisError)
-    def redis_down(_exc):
-        return _json(503, {"error": "redis unavailable"}, {"Retry-After": "5"})
+    def dependency_down(exc):
+        name = "redis" if isinstance(exc, redis.RedisError) else "database"
+        return _json(503, {"error": f"{name} unavailable"}, {"Retry-After": "5"})
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception):

@@ -1,18 +1,14 @@
 """The OpenAPI 3.1 document, generated from the routes' ``@endpoint``
-declarations (app/web/contract.py) and the pydantic shapes they name, and
-GET /openapi.json, which serves it (no key needed).  A component schema is
-the model's own JSON Schema (draft 2020-12, which OpenAPI 3.1 uses).
+declarations (app/web/contract.py) and the pydantic shapes they name (a
+component is the model's own draft 2020-12 schema), and GET /openapi.json.
 
 Invariants:
 - Every operation lists every status it can answer: the declared ones plus
-  those that follow from how it is reached (401/503 behind a key, 403 for
-  admins only, 404 for a path with parameters, 400/413/422 for a body, 422
-  for a query, 429 always).  A route without a declaration is an error here,
-  so an undocumented route cannot exist (tests/test_openapi.py).
-- A build costs ~80 ms of CPU, which under the gevent worker stalls every
-  request of the process: the document is built once per (app, settings),
-  under a lock (30 requests arriving together build it once; ``BUILDS``
-  counts builds), and served with a strong ETag (If-None-Match: 304).
+  those its way in implies (401/503 behind a key, 403 admin, 404 path
+  parameters, 400/413/422 a body, 422 a query, 429 always).  An undeclared
+  route is an error here, so an undocumented route cannot exist.
+- A build costs ~80 ms of CPU (under gevent it stalls the process): built once
+  per (app, settings) under a lock (``BUILDS`` counts), served with a strong ETag.
 """
 from __future__ import annotations
 
@@ -81,9 +77,9 @@ class _Shapes:
             defs = top.get("$defs", {})
             if face == "v1":
                 _wire_names(defs, {m for m, _ in items})
-            out.update({prefix + name: schema for name, schema in defs.items()})
-        # A seed-only shape already named Seed* is not prefixed twice.
-        return _rename(out, _S + "SeedSeed", _S + "Seed")
+            # A seed-only shape already named Seed* is not prefixed twice.
+            out.update({(name if name.startswith("Seed") else prefix + name): schema for name, schema in defs.items()})
+        return json.loads(json.dumps(out).replace(f'"{_S}SeedSeed', f'"{_S}Seed'))
 
 
 _SCHEMA_KEYS = ("type", "anyOf", "allOf", "oneOf", "properties", "$ref", "enum", "items", "const")
@@ -109,16 +105,6 @@ def _wire_names(defs: dict, models: set[type[BaseModel]]) -> None:
         schema["properties"] = {names.get(k, k): v for k, v in schema.get("properties", {}).items()}
         if "required" in schema:
             schema["required"] = [names.get(k, k) for k in schema["required"]]
-
-
-def _rename(node: Any, old: str, new: str) -> Any:
-    if isinstance(node, dict):
-        return {(k.replace("SeedSeed", "Seed", 1) if k.startswith("SeedSeed") else k):
-                (v.replace(old, new) if k == "$ref" and isinstance(v, str) else _rename(v, old, new))
-                for k, v in node.items()}
-    if isinstance(node, list):
-        return [_rename(v, old, new) for v in node]
-    return node
 
 
 def _clean(node: Any, settings) -> Any:

@@ -1,24 +1,18 @@
 """Request rate limits at the edge: token buckets in Redis (app/infra/redis/ratelimit.py).
 
 Invariants:
-- One take per request: ``check`` runs when ``auth.current_principal()`` first
-  establishes the principal (``g.principal`` short-circuits later calls).  The
-  bucket is the key's id; the bootstrap admin key (key_id None) has its own,
-  ``bootstrap``, under the same policy (a full admin credential must not be the
-  one unlimited key); a gateway user pays from ``gateway:<tenant>``.  A resolver
-  may exempt a principal by returning None; no policy costs no Redis round trip.
-- Anonymous requests (``auth="none"`` routes, static files, the metrics routes
-  without ASYNCH_METRICS_TOKEN, unmatched paths, a key that fails) pay from
-  ``anon:<address>`` (an IPv6 address by its /64: one host holds the whole /64).
-  The health routes pay from ``anon-health:<address>`` with HEALTH_FACTOR times
-  the rate and burst: one kubelet probes every pod of its node from one address,
-  and a flood of other anonymous routes must never starve its probes.
-- Refused: ``RateLimited`` (429, nothing done) with Retry-After and the
-  RateLimit fields; allowed: the same fields on whatever the request answers.
-  Every header string comes from ``header_fields``.
-- Redis unreachable: fail open (a rate limit protects capacity; it is not worth
-  refusing service over), stand aside ``BYPASS_SECONDS`` so an outage adds no
-  connect timeout to every request, warn at most once per ``WARN_EVERY_SECONDS``.
+- One take per request, when ``auth.current_principal()`` first establishes it,
+  from the key's bucket; the bootstrap admin key has its own (``bootstrap``: a
+  full admin credential must not be the one unlimited key), a gateway user its
+  tenant's (``gateway:<tenant>``).  No policy (None): no Redis round trip.
+- Anonymous requests (``auth="none"``, static files, metrics without a token,
+  unmatched paths, a key that fails) pay from ``anon:<address>`` (IPv6 by its
+  /64); health routes from ``anon-health:<address>`` with HEALTH_FACTOR times the
+  rate and burst, so a flood never starves a kubelet's probes from that address.
+- Refused: RateLimited (429, nothing done); the RateLimit fields (all from
+  ``header_fields``) go on every answer.  Redis unreachable: fail open (a limit
+  protects capacity, not worth refusing service over), stand aside
+  BYPASS_SECONDS, warn at most once per WARN_EVERY_SECONDS.
 """
 from __future__ import annotations
 
@@ -174,8 +168,6 @@ def tenant_rate_state(tenant: str, key_ids: list[int]) -> dict:
         out["keys"] = [{"key_id": k, "tokens": None} for k in key_ids]
     return out
 
-
-# --- fail open, and the hooks ---------------------------------------------------
 
 _lock = threading.Lock()
 _bypass_until = 0.0

@@ -15,8 +15,7 @@ from app.catalog import model_types, registry
 from app.catalog.schemas import (ModelInput, ModelNameBody, ModelTypeInput, ModelTypeView, SeedModelTypeUpdate,
                                  SeedModelUpdate, SeedModelView, TypeIdBody, model_view)
 from app.contract import NO_NUL, Int, Loose, Params, rule
-from app.jobs import claims, stats, submission
-from app.jobs import service as jobs
+from app.jobs import claims, service as jobs, stats, submission
 from app.jobs.seed_schemas import CreatedTask, CreateTask, SeedTask, TaskHeaders, TaskIds
 from app.jobs.usage_schemas import Usage, UsageQuery
 from app.maintenance import autotune, passes
@@ -42,8 +41,6 @@ class TaskQuery(Params):
 def _model(row) -> object:
     return model_view(row, current_principal().is_admin, face="seed")
 
-
-# --- models -------------------------------------------------------------------------
 
 @bp.post("/model/createModel")
 @endpoint("Create a model", auth="admin", body=ModelInput, errors=(409,), ok=Ok(SeedModelView, "the model"), **SEED)
@@ -79,8 +76,6 @@ def delete_model(body: ModelNameBody):
     return body
 
 
-# --- model types --------------------------------------------------------------------
-
 @bp.post("/modelType/create")
 @endpoint("Create a model type (without typeId: the next free id)", auth="admin", body=ModelTypeInput,
           errors=(409,), ok=Ok(ModelTypeView, "the type"), **SEED)
@@ -109,8 +104,6 @@ def delete_type(body: TypeIdBody):
     return body
 
 
-# --- tasks --------------------------------------------------------------------------
-
 @bp.post("/task/createTask")
 @endpoint("Submit a task (the v1 submit with the seed's fields)", body=CreateTask, headers=TaskHeaders,
           nul_allowed=("/requestPayload",), errors=(404, 429), ok=Ok(CreatedTask, "admitted"), **SEED,
@@ -136,15 +129,11 @@ def get_task_result(query: TaskQuery):
     return SeedTask.from_row(jobs.read_result_row(current_principal(), query.taskId))
 
 
-# --- stats --------------------------------------------------------------------------
-
 @bp.get("/stat/getModelStat")
 @endpoint("Usage counts (as /v1/stats)", query=UsageQuery, errors=(403,), ok=Ok(Usage, "counts"), **SEED)
 def model_stat(query: UsageQuery):
     return stats.usage(current_principal(), query)
 
-
-# --- maintenance triggers --------------------------------------------------------------
 
 class Ignored(Loose):
     """An optional body whose fields are ignored."""

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app.delivery import outbox
-from app.delivery import secrets as tenant_secrets
+from app.delivery import outbox, secrets as tenant_secrets
 from app.delivery.schemas import CallbackDelivery, TenantSecret
 from app.catalog import model_types
-from app.catalog.schemas import (
-    ModelTypeInput,
-    ModelTypeList,
-    ModelTypePatch,
-    ModelTypeView,
-)
+from app.catalog.schemas import ModelTypeInput, ModelTypeList, ModelTypePatch, ModelTypeView
 from app.errors import NotFound
-from app.jobs import service as jobs
-from app.jobs import stats
+from app.jobs import service as jobs, stats
 from app.jobs.usage_schemas import Usage, UsageQuery
 from app.web.auth import current_principal
 from app.web.contract import JOB_ID_PATH, Ok, TENANT_PATH, endpoint

@@ -9,11 +9,7 @@ from app.infra import parking
 from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, hub
 from app.infra.wakeup_snapshot import Snapshot
-from app.jobs import batch as batches
-from app.jobs import estimates
-from app.jobs import events as job_events
-from app.jobs import service as jobs
-from app.jobs import submission
+from app.jobs import batch as batches, estimates, events as job_events, service as jobs, submission
 from app.jobs.requests import (BATCH_MAX_JOBS, BatchHeaders, BatchSubmit, EventHeaders, FailRequest, JobListQuery,
                                SubmitHeaders, TenantEventsQuery, WaitQuery)
 from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync
