@@ -1,10 +1,7 @@
 """The one place errors become HTTP: every error body has an ``error`` string.
-
-Requests to the seed-002 routes get the seed's envelope instead:
-``{"code": <HTTP status>, "message": <the error text>, "data": null
-[, "errors": [...] with camelCase pointers]}`` with the same HTTP status
-(ASYNCH_SEED_ERRORS_HTTP_200: HTTP 200, the status only in ``code``, for
-clients that read nothing but the envelope)."""
+The seed-002 routes get the seed's envelope instead, with the same HTTP status
+(ASYNCH_SEED_ERRORS_HTTP_200: 200, the status only in ``code``):
+``{"code": <status>, "message": <text>, "data": null[, "errors": [...] camelCase]}``."""
 from __future__ import annotations
 
 import logging

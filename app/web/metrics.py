@@ -1,12 +1,8 @@
-"""Operational endpoints.  Liveness (/healthz: no auth, no dependencies),
+"""Operational endpoints, no API key: liveness (/healthz, no dependencies),
 readiness (/readyz: the database and Redis answer), and Prometheus text
-format: no API key; with ASYNCH_METRICS_TOKEN set, the scraper must send it
-as a Bearer token (both metrics paths).
-
-GET /metrics           this API server's counters and histograms (its gunicorn
-                       workers summed): scrape every pod, sum in PromQL.
-GET /metrics/cluster   gauges read from PostgreSQL and Redis, the same on every
-                       pod: scrape once per cluster (docs/operations.md).
+(with ASYNCH_METRICS_TOKEN set, the scraper sends it as a Bearer token):
+/metrics is this server's counters (scrape every pod, sum in PromQL),
+/metrics/cluster gauges from PostgreSQL and Redis (scrape once per cluster).
 """
 from __future__ import annotations
 

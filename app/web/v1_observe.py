@@ -17,7 +17,6 @@ from app.web.v1_jobs import job_urls
 bp = Blueprint("v1_observe", __name__, url_prefix="/v1")
 
 
-
 @bp.get("/overview")
 @endpoint("Live numbers per model: queue depth vs limit, running vs concurrency, runtime overrides",
           tag="observe", ok=Ok(Overview, "models (users: enabled ones, with their own tenant's jobs only)"))

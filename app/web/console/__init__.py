@@ -1,11 +1,8 @@
-"""The web console at /console: server-rendered page shells (Jinja) and one
-small vanilla-JS file that calls the JSON API.
-
-The API key lives in the tab's sessionStorage and goes out only as the
-``Authorization: Bearer`` header of fetch() calls; no cookie ever grants
-anything, so there is nothing for a cross-site request to ride on (no CSRF).
-Pages carry a strict Content-Security-Policy (no inline script, no third
-parties) and the JS builds the DOM with textContent only.
+"""The web console at /console: Jinja page shells and one vanilla-JS file
+that calls the JSON API.  The API key lives in the tab's sessionStorage and
+goes out only as the Authorization header of fetch() calls; no cookie grants
+anything (no CSRF).  Pages carry a strict Content-Security-Policy (no inline
+script, no third parties); the JS builds the DOM with textContent only.
 """
 from __future__ import annotations
 
