@@ -6,8 +6,7 @@ from flask import Flask
 from app.config import Settings, get_settings, set_settings
 from app.infra.logs import configure_logging
 from app.infra.wakeups import hub
-from app.web import body, errors, metrics, openapi, ratelimit, request_log, seed, v1_admin, v1_business, v1_jobs, \
-    v1_observe
+from app.web import body, errors, metrics, openapi, ratelimit, request_log, seed, v1_admin, v1_business, v1_jobs
 from app.web.console import bp as console_bp
 
 
@@ -26,7 +25,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     request_log.register(flask_app)
     body.register(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address
-    for module in (metrics, v1_jobs, v1_admin, v1_business, seed, openapi, v1_observe):
+    for module in (metrics, v1_jobs, v1_admin, v1_business, seed, openapi):
         flask_app.register_blueprint(module.bp)
     flask_app.register_blueprint(console_bp)
 
