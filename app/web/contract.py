@@ -8,6 +8,12 @@ document comes from the objects that validate, so the two cannot disagree.
 A view gets its path parameters plus ``query``, ``headers`` and ``body`` as
 declared, and returns a Shape (a list of them, or JSON data), optionally with
 a status and headers, or a flask Response that is passed through as is.
+
+Input rules: a JSON object body (413 before reading too much; 400 for empty,
+unparsable or non-object bodies).  NUL (U+0000): PostgreSQL text cannot hold
+it (the driver refuses such a parameter outright), so no stored name or id
+contains one: a path with it names nothing (404), a query value or a body
+field with it is refused (422) before any query is built.
 """
 from __future__ import annotations
 
@@ -15,14 +21,13 @@ from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any, Callable, Literal
 
-from flask import Response, jsonify, request
+from flask import Flask, Response, jsonify, request
 from pydantic import BaseModel
 
-from app.contract import Face, dump, parse
-from app.errors import Forbidden
+from app.contract import Face, dump, parse, parse_json, pointer_token
+from app.errors import BadRequest, Forbidden, NotFound, ValidationFailed
 from app.tenancy.schemas import TENANT_PATTERN
 from app.web.auth import current_principal, require_metrics_token
-from app.web.body import json_object
 
 Auth = Literal["none", "key", "admin", "metrics"]
 # Path parameters several routes share: {name: {"description", "schema"}}.
@@ -95,8 +100,24 @@ def _declared_headers(model: type[BaseModel]) -> dict:
 
 
 def _body(spec: Endpoint):
-    empty = not spec.body_required and not request.get_data(cache=True).strip()
-    data = {} if empty else json_object(nul_allowed=spec.nul_allowed)
+    """The body as a JSON object, parsed into the declared shape.  A NUL anywhere
+    but under ``spec.nul_allowed`` is a 422: those are a job's payload (stored
+    as JSON text, where NUL is escaped, and forwarded as data) and bodies that
+    are only read ("" for the whole body)."""
+    raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
+    if not raw.strip():
+        if not spec.body_required:
+            return {} if isinstance(spec.body, dict) else parse(spec.body, {}, face=spec.face)
+        raise BadRequest("request body is empty")
+    try:
+        data = parse_json(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    where = nul_pointer(data, raw, spec.nul_allowed)
+    if where is not None:
+        raise ValidationFailed("invalid request body", [{"pointer": where, "message": _NUL}])
     if isinstance(spec.body, dict):
         return data  # a free-form object (a job's payload): the service judges it
     return parse(spec.body, data, face=spec.face)
@@ -128,3 +149,41 @@ def _answer(spec: Endpoint, out: Any):
     resp.status_code = status
     resp.headers.update(headers)
     return resp
+
+
+_NUL = "must not contain NUL characters"
+
+
+def nul_pointer(data, raw: str | bytes, allowed: tuple[str, ...] = ()) -> str | None:
+    """The JSON pointer of the first key or string holding U+0000, outside the
+    subtrees at ``allowed``.  JSON can only carry it escaped, so bodies without
+    that escape are not walked."""
+    if "" in allowed or (b"\\u0000" if isinstance(raw, bytes) else "\\u0000") not in raw:
+        return None
+    stack = [("", data)]
+    while stack:
+        ptr, v = stack.pop()
+        if ptr in allowed:
+            continue
+        if isinstance(v, str):
+            if "\x00" in v:
+                return ptr
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if "\x00" in k:
+                    return ptr + "/" + pointer_token(k).replace("\x00", "")
+                stack.append((ptr + "/" + pointer_token(k), item))
+        elif isinstance(v, list):
+            stack.extend((f"{ptr}/{i}", item) for i, item in enumerate(v))
+    return None
+
+
+def register_nul_guard(app: Flask) -> None:
+    @app.before_request
+    def refuse_nul():
+        if "\x00" in request.path:
+            raise NotFound("not found")
+        bad = sorted({k for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v})
+        if bad:
+            raise ValidationFailed("invalid query", [{"pointer": "/" + k.replace("\x00", ""), "message": _NUL}
+                                                     for k in bad])
