@@ -6,10 +6,9 @@ from __future__ import annotations
 class DomainError(Exception):
     status = 400
 
-    def __init__(self, message: str, **extra):
+    def __init__(self, message: str):
         super().__init__(message)
         self.message = message
-        self.extra = extra
 
 
 class BadRequest(DomainError):
@@ -42,7 +41,7 @@ class ValidationFailed(DomainError):
     status = 422
 
     def __init__(self, message: str, errors: list[dict]):
-        super().__init__(message, errors=errors)
+        super().__init__(message)
         self.errors = errors
 
 

@@ -28,11 +28,10 @@ class TaskHeaders(CallerHeaders):
 
 def _payload_object(v: Any) -> Any:
     # The seed allows the payload as a string holding a JSON object.
-    if isinstance(v, str):
-        try:  # strict JSON (no NaN), as every body
-            v = parse_json(v)
-        except ValueError:
-            raise PydanticCustomError("payload", "must be a JSON object") from None
+    try:  # strict JSON (no NaN), as every body
+        v = parse_json(v) if isinstance(v, str) else v
+    except ValueError:
+        v = None
     if not isinstance(v, dict):
         raise PydanticCustomError("payload", "must be a JSON object")
     return v

@@ -33,9 +33,7 @@ from app.web import ratelimit
 
 def presented_key() -> str | None:
     h = request.headers.get("Authorization", "")
-    if h[:7].lower() == "bearer ":
-        return h[7:].strip() or None
-    return None
+    return (h[7:].strip() or None) if h[:7].lower() == "bearer " else None
 
 
 def current_principal() -> Principal:
@@ -99,11 +97,8 @@ def trusted_user_info() -> str | None:
     """X-User-Info if a trusted gateway vouches for it (a key-authenticated request
     too: the key says who pays, the proof whether the header is the gateway's);
     else None: a client cannot name itself someone else, here or at the OSS."""
-    info = request.headers.get("X-User-Info")
-    s = get_settings()
-    if not info or not (s.trusted_gateway or s.auth_mode == "gateway"):
-        return None
-    return info if gateway_proven() else None
+    info, s = request.headers.get("X-User-Info"), get_settings()
+    return info if info and (s.trusted_gateway or s.auth_mode == "gateway") and gateway_proven() else None
 
 
 def _gateway_principal() -> Principal:
@@ -125,6 +120,4 @@ def _gateway_principal() -> Principal:
 def gateway_oss_authorization() -> str | None:
     """A gateway request's Authorization: the user's OSS credential (None with our own key,
     which never leaves)."""
-    if getattr(g, "via_gateway", False):
-        return request.headers.get("Authorization") or None
-    return None
+    return (request.headers.get("Authorization") or None) if getattr(g, "via_gateway", False) else None

@@ -57,8 +57,7 @@ def _json(status: int, body: dict, headers: dict | None = None):
 def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
     """A domain error's status, v1 body and headers: the error handler's
     answer, and a batch item's (app/web/v1_jobs.py, jobs:batch)."""
-    body = {"error": exc.message}
-    headers = {}
+    body, headers = {"error": exc.message}, {}
     if isinstance(exc, ValidationFailed):
         body["errors"] = exc.errors
     if isinstance(exc, Throttled):
@@ -85,8 +84,7 @@ def item_answer(exc: BaseException) -> tuple[int, dict, dict]:
 def register(app: Flask) -> None:
     @app.errorhandler(DomainError)
     def domain_error(exc: DomainError):
-        status, body, headers = domain_answer(exc)
-        return _json(status, body, headers)
+        return _json(*domain_answer(exc))
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_exc):
@@ -94,13 +92,11 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(MethodNotAllowed)
     def not_allowed(exc: MethodNotAllowed):
-        headers = {"Allow": ", ".join(sorted(exc.valid_methods or []))}
-        return _json(405, {"error": "method not allowed"}, headers)
+        return _json(405, {"error": "method not allowed"}, {"Allow": ", ".join(sorted(exc.valid_methods or []))})
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        code = exc.code or 500
-        return _json(code, {"error": _HTTP_TEXT.get(code, exc.name.lower())})
+        return _json(exc.code or 500, {"error": _HTTP_TEXT.get(exc.code, exc.name.lower())})
 
     @app.errorhandler(OperationalError)
     @app.errorhandler(redis.RedisError)

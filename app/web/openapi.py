@@ -12,12 +12,11 @@ Invariants:
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from flask import Blueprint, Flask, Response, current_app, request
 from pydantic import BaseModel
@@ -107,22 +106,27 @@ def _wire_names(defs: dict, models: set[type[BaseModel]]) -> None:
             schema["required"] = [names.get(k, k) for k in schema["required"]]
 
 
-def _clean(node: Any, settings) -> Any:
-    """Settings fill in their bounds; our private keys and titles go."""
+def _walk(node: Any, on_dict: Callable[[dict], dict]) -> Any:
+    """A copy of a JSON tree with ``on_dict`` applied to every object, top-down."""
     if isinstance(node, dict):
-        out = {}
-        schema_like = any(k in node for k in _SCHEMA_KEYS)
-        for k, v in node.items():
-            if k == "x-rule" or (k == "title" and schema_like) or (k == "default" and v is None and schema_like):
-                continue  # (a null default of a field that may be absent says nothing, and is no value of its type)
-            if k.startswith("x-") and k.endswith("-setting"):
-                out[k[2:-8]] = getattr(settings, v)  # x-maximum-setting: name -> maximum: its value
-            else:
-                out[k] = _clean(v, settings)
-        return out
+        return {k: _walk(v, on_dict) for k, v in on_dict(node).items()}
     if isinstance(node, list):
-        return [_clean(v, settings) for v in node]
+        return [_walk(v, on_dict) for v in node]
     return node
+
+
+def _cleaned(node: dict, settings) -> dict:
+    """Settings fill in their bounds; our private keys and titles go."""
+    out = {}
+    schema_like = any(k in node for k in _SCHEMA_KEYS)
+    for k, v in node.items():
+        if k == "x-rule" or (k == "title" and schema_like) or (k == "default" and v is None and schema_like):
+            continue  # (a null default of a field that may be absent says nothing, and is no value of its type)
+        if k.startswith("x-") and k.endswith("-setting"):
+            out[k[2:-8]] = getattr(settings, v)  # x-maximum-setting: name -> maximum: its value
+        else:
+            out[k] = v
+    return out
 
 
 def _parameters(model: type[BaseModel], face: str, where: str) -> list[dict]:
@@ -134,7 +138,8 @@ def _parameters(model: type[BaseModel], face: str, where: str) -> list[dict]:
         wire = info.alias if (face == "seed" or model.__name__.endswith("Headers")) and info.alias else name
         prop = schema["properties"].get(info.alias if face == "seed" and info.alias else name) \
             or schema["properties"].get(wire, {})
-        prop = _not_null(_inline(prop, defs))
+        prop = _not_null(_walk(prop, lambda d: defs[d["$ref"].rsplit("/", 1)[1]]
+                                     if d.get("$ref", "").startswith("#/$defs/") else d))
         desc = prop.pop("description", "") or ""
         if prop.get("default") is None:
             prop.pop("default", None)
@@ -150,16 +155,6 @@ def _not_null(prop: dict) -> dict:
         return prop
     rest = {k: v for k, v in prop.items() if k != "anyOf"}
     return {**alts[0], **rest} if len(alts) == 1 else {**rest, "anyOf": alts}
-
-
-def _inline(node: Any, defs: dict) -> Any:
-    if isinstance(node, dict):
-        if "$ref" in node and node["$ref"].startswith("#/$defs/"):
-            return _inline(copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[1]]), defs)
-        return {k: _inline(v, defs) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_inline(v, defs) for v in node]
-    return node
 
 
 def _path_params(rule, spec: Endpoint, fixed: set[str]) -> list[dict]:
@@ -309,7 +304,8 @@ def document(app: Flask | None = None, server_url: str | None = None) -> dict:
     }
     if server_url:
         doc["servers"] = [{"url": server_url}]
-    return _clean(doc, get_settings())
+    settings = get_settings()
+    return _walk(doc, lambda d: _cleaned(d, settings))
 
 
 DESCRIPTION = (

@@ -109,22 +109,19 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
                       "and does not affect the others; the valid ones pass one gate step and one INSERT. A bad "
                       "key, body or model refuses the whole batch as for a submit.")
 def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
-    results, admitted = [], 0
-    outcomes = batches.submit_batch(current_principal(), model, body.jobs, **caller(headers))
-    for o in outcomes:
+    results = []
+    for o in batches.submit_batch(current_principal(), model, body.jobs, **caller(headers)):
         if o.submitted is not None:
-            row = o.submitted.row
-            state = JobStatus.from_row(row).state if o.submitted.replayed else "pending"
-            values = dict(status=202, job_id=row.id, state=state, **job_urls(row))
-            if o.submitted.replayed:
-                values["replayed"] = True
-            admitted += 1
+            row, replayed = o.submitted.row, o.submitted.replayed
+            values = dict(status=202, job_id=row.id, state=JobStatus.from_row(row).state if replayed else "pending",
+                          **job_urls(row), **({"replayed": True} if replayed else {}))
         else:
             status, err, hdrs = item_answer(o.error)
             values = dict(status=status, **err)
             if "Retry-After" in hdrs:
                 values["retry_after"] = int(hdrs["Retry-After"])
         results.append(BatchItemResult.model_construct(index=o.index, **values))
+    admitted = sum(r.status == 202 for r in results)
     return BatchAccepted.model_construct(admitted=admitted, refused=len(results) - admitted, results=results), 207
 
 
@@ -234,9 +231,8 @@ RESULT_CSP = "sandbox; default-src 'none'"
 def result_headers(content_type: str) -> dict[str, str]:
     out = {"Content-Security-Policy": RESULT_CSP}
     mime = content_type.split(";", 1)[0].strip().lower()
-    shown = (mime in ("application/json", "text/plain") or mime.endswith("+json")
-             or (mime.startswith("image/") and mime != "image/svg+xml"))
-    if not shown:
+    if not (mime in ("application/json", "text/plain") or mime.endswith("+json")
+            or (mime.startswith("image/") and mime != "image/svg+xml")):
         out["Content-Disposition"] = "attachment"
     return out
 
