@@ -38,8 +38,9 @@ def _payload_object(v: Any) -> Any:
 
 
 class CreateTask(Shape):
-    """The seed's createTask body: the v1 submission's options as fields
-    (judged by the submission rule, app/jobs/submission.py)."""
+    """The seed's createTask body: the v1 submission's options as fields."""
+
+    # The options are judged by the submission rule (app/jobs/submission.py).
 
     invalid: ClassVar[str] = "invalid task"
 
@@ -83,9 +84,10 @@ _ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.
 
 
 class SeedTask(Shape):
-    """A task as the seed-002 routes show it (the seed's own snake_case names).  state:
-    0 queued, 1 running, 2 done, 3 failed/timeout/canceled/expired/waiting to retry,
-    4 claimed; null for an unknown id (or another tenant's), with 'task not found'."""
+    """A task as the seed-002 routes show it.  state is the seed's code: 0
+    queued, 1 running, 2 done, 3 failed/timeout/canceled/expired/waiting to retry, 4
+    claimed; null for an unknown id (or another tenant's), which also has
+    error 'task not found'.  Field names are the seed's own (snake_case)."""
 
     model_config = {"alias_generator": None}
 

@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import signal
+import threading
 
 from app.config import get_settings
 from app.infra import serving
@@ -41,8 +42,6 @@ def post_worker_init(worker) -> None:
 
             gevent.spawn(hub.drain)
         else:
-            import threading
-
             threading.Thread(target=hub.drain, name="asynch-drain", daemon=True).start()
 
     worker.handle_exit = handle_exit
