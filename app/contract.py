@@ -79,8 +79,7 @@ def partial(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
     An absent field is not changed; an explicit null is judged by the field's type."""
     fields = {}
     for fname, info in model.model_fields.items():
-        copy = Field(None, description=info.description, json_schema_extra=info.json_schema_extra,
-                     exclude=info.exclude)
+        copy = Field(None, description=info.description, json_schema_extra=info.json_schema_extra, exclude=info.exclude)
         fields[fname] = (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation, copy)
     return create_model(name, __base__=model, __doc__=doc, **fields)
 

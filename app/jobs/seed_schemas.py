@@ -124,8 +124,7 @@ class SeedTask(Shape):
 
     @classmethod
     def not_found(cls, task_id: str) -> "SeedTask":
-        return cls.model_construct(task_id=task_id, state=None, oss_file=None, error="task not found",
-                                   claimed=False)
+        return cls.model_construct(task_id=task_id, state=None, oss_file=None, error="task not found", claimed=False)
 
 
 class CreatedTask(Shape):

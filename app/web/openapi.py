@@ -288,20 +288,11 @@ def document(app: Flask | None = None, server_url: str | None = None) -> dict:
                                                "content": {"application/json": {"schema": {"$ref": _S + schema}}}}
             if headers:
                 resp["headers"] = _headers(headers)
-    doc = {
-        "openapi": "3.1.0",
-        "info": {"title": "model-asynch", "version": "1.0.0", "description": DESCRIPTION},
-        "security": [{"bearerAuth": []}],
-        "paths": paths,
-        "components": {
-            "schemas": shapes.components(),
-            "responses": responses,
-            "securitySchemes": {
-                "bearerAuth": {"type": "http", "scheme": "bearer", "description": "an API key (ak_...)"},
-                "metricsToken": {"type": "http", "scheme": "bearer", "description": "ASYNCH_METRICS_TOKEN"},
-            },
-        },
-    }
+    schemes = {"bearerAuth": {"type": "http", "scheme": "bearer", "description": "an API key (ak_...)"},
+               "metricsToken": {"type": "http", "scheme": "bearer", "description": "ASYNCH_METRICS_TOKEN"}}
+    doc = {"openapi": "3.1.0", "info": {"title": "model-asynch", "version": "1.0.0", "description": DESCRIPTION},
+           "security": [{"bearerAuth": []}], "paths": paths,
+           "components": {"schemas": shapes.components(), "responses": responses, "securitySchemes": schemes}}
     if server_url:
         doc["servers"] = [{"url": server_url}]
     settings = get_settings()

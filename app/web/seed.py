@@ -148,8 +148,7 @@ class RunWorkRequest(Loose):
 
 @bp.post("/task/runWork")
 @endpoint("Run the worker pass now: the retry pass (as POST /v1/maintenance/retry), then up to maxTasks "
-          "pending jobs claimed and run by this call", body=RunWorkRequest, ok=Ok(Report, "its report"),
-          **MAINTENANCE)
+          "pending jobs claimed and run by this call", body=RunWorkRequest, ok=Ok(Report, "its report"), **MAINTENANCE)
 def run_work(body: RunWorkRequest):
     return passes.run_work(body.max_tasks).as_dict()
 

@@ -44,8 +44,7 @@ def create_model(body: ModelInput):
 
 
 @bp.get("/models/<name>")
-@endpoint("A model (users: enabled ones, fewer fields)", tag="models", path=_NAME,
-          ok=Ok(model_view.any, "the model"))
+@endpoint("A model (users: enabled ones, fewer fields)", tag="models", path=_NAME, ok=Ok(model_view.any, "the model"))
 def get_model(name: str):
     p = current_principal()
     return model_view(registry.get_model(p, name), p.is_admin)

@@ -61,8 +61,7 @@ def delete_type(type_id: int):
 
 @bp.get("/jobs/<job_id>/callback")
 @endpoint("A job's callback and its delivery log", tag="callbacks", ok=Ok(CallbackDelivery, "the callback"),
-          path=JOB_ID_PATH,
-          description="404 for unknown jobs, other tenants' jobs and jobs without a callback.")
+          path=JOB_ID_PATH, description="404 for unknown jobs, other tenants' jobs and jobs without a callback.")
 def job_callback(job_id: str):
     principal = current_principal()
     jobs.get_job(principal, job_id)  # 404 for unknown and other tenants' jobs

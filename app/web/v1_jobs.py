@@ -102,8 +102,7 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
 
 @bp.post("/models/<model>/jobs:batch")
 @endpoint("Submit a batch of jobs", tag="jobs", body=BatchSubmit, nul_allowed=("/jobs",), headers=BatchHeaders,
-          errors=(422,), path=_MODEL,
-          ok={207: Ok(BatchAccepted, "every item's own answer, in order")},
+          errors=(422,), path=_MODEL, ok={207: Ok(BatchAccepted, "every item's own answer, in order")},
           description=f"1 to {BATCH_MAX_JOBS} jobs of one model. Each item is judged as a submit of it alone would "
                       "be (202 admitted or replayed, 422 with pointers under /jobs/{index}, 429 with retry_after) "
                       "and does not affect the others; the valid ones pass one gate step and one INSERT. A bad "
@@ -133,8 +132,7 @@ def _list(model: str | None, query: JobListQuery) -> JobList:
 
 
 @bp.get("/models/<model>/jobs")
-@endpoint("List a model's jobs, newest first", tag="jobs", query=JobListQuery, path=_MODEL,
-          ok=Ok(JobList, "a page"))
+@endpoint("List a model's jobs, newest first", tag="jobs", query=JobListQuery, path=_MODEL, ok=Ok(JobList, "a page"))
 def list_model_jobs(model: str, query: JobListQuery):
     return _list(model, query)
 

@@ -56,8 +56,7 @@ def _add_page(name: str, path: str, title: str, summary: str) -> None:
         return Response(render_template(f"{name}.html", page=name, title=title, **path_args), mimetype="text/html")
 
     view.__name__ = f"{name}_page"
-    bp.add_url_rule(path, view.__name__, endpoint(summary, tag="console", auth="none", ok=_HTML)(view),
-                    methods=["GET"])
+    bp.add_url_rule(path, view.__name__, endpoint(summary, tag="console", auth="none", ok=_HTML)(view), methods=["GET"])
 
 
 for _spec in _PAGES:
