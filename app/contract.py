@@ -113,14 +113,13 @@ def _query_int(v: Any) -> Any:
     return _json_int(v)
 
 
+def Int(lo: int | None = None, hi: int | None = None, query: bool = False) -> Any:
+    """A JSON integer (or, ``query``, a query parameter's) within [lo, hi], shown as minimum/maximum."""
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_query_int if query else _json_int)]
+
+
 def QueryInt(lo: int | None = None, hi: int | None = None) -> Any:
-    """An integer query parameter within [lo, hi]."""
-    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_query_int)]
-
-
-def Int(lo: int | None = None, hi: int | None = None) -> Any:
-    """A JSON integer within [lo, hi] (shown as minimum/maximum in the schema)."""
-    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_json_int)]
+    return Int(lo, hi, query=True)
 
 
 def _bool_01(v: Any) -> Any:
