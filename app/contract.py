@@ -1,28 +1,15 @@
 """The building blocks every request and response shape is declared with.
 
-One declaration per contract: each feature declares its shapes once, as
-pydantic models in its own ``schemas.py``; validation, the OpenAPI document
-(app/web/openapi.py), the defaults and the console's forms all come from
-those declarations.  This module holds what they share:
-
-- ``Shape``: the base class.  Unknown fields are refused; every field has a
-  snake_case name (the v1 face) and a camelCase alias (the seed-002 face),
-  so the seed's camelCase API is an alias layer over the same models:
-  ``parse(Model, data, face="seed")`` validates by alias and its errors point
-  at the camelCase names.
-- value types for JSON's rules: an integer may be written 2.0 but never
-  true or "2"; booleans are true/false (and 0/1 where the seed says so);
-  text never holds NUL (PostgreSQL text cannot).
-- ``Timestamp``: the one wire format of a time, UTC ISO 8601 with a ``Z``.
-- ``rule()``: a field's rule in words.  The same text is the field's
-  description in the document and the message of a 422 about that field.
-- ``pointer_errors()``: a pydantic ValidationError as our 422 list of
-  ``{"pointer", "message"}`` (RFC 6901 pointers into the request).
-
-Pydantic v2 was chosen over marshmallow: its JSON Schema output is draft
-2020-12, which is what OpenAPI 3.1 uses, so a component schema is the
-model's own schema with no translation layer; and aliases give the camelCase
-face for free.
+Each feature declares its shapes once, as pydantic models in its own
+``schemas.py``; validation, the OpenAPI document, the defaults and the
+console's forms all come from them.  ``Shape``: unknown fields refused,
+snake_case names (v1) with camelCase aliases (the seed-002 face:
+``parse(Model, data, face="seed")`` validates and points errors by alias).
+Value types keep JSON's rules (2.0 is an integer, true and "2" are not; text
+never holds NUL, which PostgreSQL cannot store).  ``rule()``: a field's rule in
+words, its description and the message of a 422 about it.  Pydantic v2, not
+marshmallow: its draft 2020-12 JSON Schema is OpenAPI 3.1's, with no
+translation layer, and aliases give the camelCase face for free.
 """
 from __future__ import annotations
 
@@ -31,17 +18,8 @@ import re
 from datetime import date, datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    ValidationError,
-    WithJsonSchema,
-    create_model,
-)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError,
+                      WithJsonSchema, create_model)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
@@ -51,16 +29,14 @@ Face = Literal["v1", "seed"]
 
 
 class Shape(BaseModel):
-    """A request or response body: unknown fields refused, snake_case names,
-    camelCase aliases for the seed face."""
+    """A request or response body."""
 
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True,
                               validate_by_alias=True, serialize_by_alias=False, frozen=False)
 
     def values(self, only_given: bool = False) -> dict:
-        """The fields as column values (only those the request gave, for a
-        change).  null is the empty string for a text field whose declared
-        default is "" (the seed sends null for "none")."""
+        """The fields as column values (only those given, for a change); null is ""
+        for a text field whose default is "" (the seed sends null for "none")."""
         out = self.model_dump(exclude_unset=only_given)
         for k, v in out.items():
             if v is None and any(_empty_text_default(getattr(c, "model_fields", {}).get(k))
@@ -70,8 +46,7 @@ class Shape(BaseModel):
 
 
 def _empty_text_default(info: Any) -> bool:
-    """A text field whose null means "none": its default is "", or a text
-    default from a setting (``default_factory``, e.g. model_key_headers)."""
+    """A text field whose null means "none": default "" or from a text setting."""
     if info is None:
         return False
     if info.default_factory is not None:
@@ -86,59 +61,43 @@ class Loose(Shape):
 
 
 class Params(BaseModel):
-    """Query or header parameters.  A field's name is its wire name, or its
-    alias where Python cannot spell it (``from``, ``Idempotency-Key``); the
-    same on both faces.  Unknown parameters are ignored, as HTTP does."""
+    """Query or header parameters, by name or by alias where Python cannot spell it
+    (``from``, ``Idempotency-Key``), on both faces; unknown ones ignored, as HTTP does."""
 
     model_config = ConfigDict(extra="ignore", validate_by_name=True, validate_by_alias=True)
 
-    @classmethod
-    def wire_names(cls) -> dict[str, str]:
-        return {name: info.alias or name for name, info in cls.model_fields.items()}
-
 
 def rule(text: str, default: Any = PydanticUndefined, **extra: Any) -> Any:
-    """Field(description=text): the rule in words, which is also the message
-    of every 422 about the field (``must be`` + text, or ``is required: ``
-    + text when it is missing).  ``extra`` goes into the field's schema."""
+    """Field(description=text); every 422 about the field says ``must be`` + text
+    (``is required: `` + text when missing).  ``extra`` goes into its schema."""
     kw = {"default_factory": default} if callable(default) else {"default": default}
     return Field(description=text, json_schema_extra={"x-rule": text, **extra}, **kw)
 
 
 def partial(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
     """``model`` with every field optional: the shape of a change (PUT/PATCH).
-    Same types, rules and aliases; an absent field is simply not changed
-    (``model_dump(exclude_unset=True)``), and an explicit null is judged by
-    the field's own type (null is "empty" where the type says so)."""
+    An absent field is not changed; an explicit null is judged by the field's type."""
     fields = {}
     for fname, info in model.model_fields.items():
-        copy = Field(None, description=info.description, json_schema_extra=info.json_schema_extra,
-                     exclude=info.exclude)
+        copy = Field(None, description=info.description, json_schema_extra=info.json_schema_extra, exclude=info.exclude)
         fields[fname] = (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation, copy)
     return create_model(name, __base__=model, __doc__=doc, **fields)
 
-
-# --- value types -----------------------------------------------------------------------
 
 _PATTERN_TEXT: dict[str, str] = {}
 
 
 def pattern(regex: str, text: str, **kw: Any) -> Any:
-    """Field(pattern=regex) whose mismatch message is ``must be`` + text
-    (the same words as the field's description), wherever the type is used."""
+    """Field(pattern=regex) whose mismatch message is ``must be`` + text."""
     _PATTERN_TEXT[regex] = text
     return Field(pattern=regex, description=text, **kw)
 
 def _json_int(v: Any) -> Any:
     # JSON has one number type: 2.0 is the integer 2 (as JSON Schema says);
     # true is not a number and "2" is not an integer.
-    if isinstance(v, bool) or isinstance(v, str):
+    if isinstance(v, (bool, str)) or (isinstance(v, float) and not v.is_integer()):
         raise PydanticCustomError("int_type", "must be an integer")
-    if isinstance(v, float):
-        if not v.is_integer():
-            raise PydanticCustomError("int_type", "must be an integer")
-        return int(v)
-    return v
+    return int(v) if isinstance(v, float) else v
 
 
 JsonInt = Annotated[int, BeforeValidator(_json_int)]
@@ -154,21 +113,19 @@ def _query_int(v: Any) -> Any:
     return _json_int(v)
 
 
+def Int(lo: int | None = None, hi: int | None = None, query: bool = False) -> Any:
+    """A JSON integer (or, ``query``, a query parameter's) within [lo, hi], shown as minimum/maximum."""
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_query_int if query else _json_int)]
+
+
 def QueryInt(lo: int | None = None, hi: int | None = None) -> Any:
-    """An integer query parameter within [lo, hi]."""
-    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_query_int)]
-
-
-def Int(lo: int | None = None, hi: int | None = None) -> Any:
-    """A JSON integer within [lo, hi].  (The bounds sit inside the validator
-    so the schema shows them as minimum/maximum.)"""
-    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_json_int)]
+    return Int(lo, hi, query=True)
 
 
 def _bool_01(v: Any) -> Any:
     if isinstance(v, bool):
         return v
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and v in (0, 1):
+    if isinstance(v, (int, float)) and v in (0, 1):
         return bool(v)
     raise PydanticCustomError("bool_type", "must be true/false (or 1/0)")
 
@@ -198,14 +155,12 @@ Text = Annotated[str, AfterValidator(_no_nul), pattern(NO_NUL, "text without NUL
 
 
 def iso_z(dt: datetime | None) -> str | None:
-    """The wire format of every time: UTC, ISO 8601, ``Z``.  A naive time
-    is UTC (every stored time is)."""
+    """The wire format of every time: UTC, ISO 8601, ``Z`` (a naive time is UTC, as every stored one)."""
     if dt is None:
         return None
     if dt.tzinfo is None:
         return dt.isoformat() + "Z"
-    text = dt.astimezone(timezone.utc).isoformat()
-    return text[:-6] + "Z"
+    return dt.astimezone(timezone.utc).isoformat()[:-6] + "Z"
 
 
 Timestamp = Annotated[datetime, PlainSerializer(iso_z, return_type=str),
@@ -213,8 +168,6 @@ Timestamp = Annotated[datetime, PlainSerializer(iso_z, return_type=str),
 Day = Annotated[date, PlainSerializer(lambda d: d.isoformat(), return_type=str),
                 WithJsonSchema({"type": "string", "format": "date"})]
 
-
-# --- parsing --------------------------------------------------------------------------
 
 def _not_json(name: str):
     # Python's json takes NaN/Infinity, which JSON has not (and PostgreSQL's jsonb refuses).
@@ -225,9 +178,8 @@ def _not_json(name: str):
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 def parse_json(raw: str | bytes):
-    """Strict JSON; ValueError for anything else: NaN/Infinity, nesting too
-    deep for the parser (else a RecursionError and a 500), and strings with
-    an unpaired surrogate (not Unicode text: PostgreSQL cannot store it)."""
+    """Strict JSON, else ValueError: NaN/Infinity, nesting too deep (not a 500), an
+    unpaired surrogate (not Unicode text: PostgreSQL cannot store it)."""
     try:
         data = json.loads(raw, parse_constant=_not_json)
     except RecursionError as exc:
@@ -243,9 +195,8 @@ def parse_json(raw: str | bytes):
 
 def parse(model: type[BaseModel], data: Any, *, face: Face = "v1", base: str = "",
           message: str | None = None, context: dict | None = None):
-    """Validate ``data`` against ``model`` for one face; a ValidationFailed
-    (422) with a pointer per problem otherwise, whose text is ``message``, or
-    the shape's own ``invalid`` text."""
+    """``data`` validated for one face, else ValidationFailed (422) with a pointer per
+    problem and ``message`` (or the shape's own ``invalid`` text)."""
     message = message or getattr(model, "invalid", "invalid request body")
     by_alias, by_name = (True, True) if issubclass(model, Params) else (face == "seed", face == "v1")
     try:
@@ -255,58 +206,50 @@ def parse(model: type[BaseModel], data: Any, *, face: Face = "v1", base: str = "
 
 
 def dump(obj: BaseModel, face: Face = "v1", **kw) -> dict:
-    """A response shape as JSON-ready data for one face."""
-    # v1: each shape's own setting (snake_case names unless it says otherwise).
+    """A response shape as JSON-ready data; v1: by each shape's own setting (snake_case unless it says)."""
     return obj.model_dump(mode="json", by_alias=True if face == "seed" else None, exclude_unset=True, **kw)
 
 
-def _escape(token: str) -> str:
+def pointer_token(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
 def _field_rule(model: type[BaseModel] | None, loc: tuple) -> str | None:
     """The ``x-rule`` text of the field a location names, through nested models."""
-    current = model
-    info = None
+    current, info = model, None
     for part in loc:
         if isinstance(part, int) or current is None:
             continue
         fields = current.model_fields
-        info = fields.get(part) or next((f for n, f in fields.items() if f.alias == part), None)
+        info = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
         if info is None:
             return None
         current = _inner_model(info.annotation)
-    if info is None:
-        return None
-    extra = info.json_schema_extra
+    extra = info.json_schema_extra if info is not None else None
     return extra.get("x-rule") if isinstance(extra, dict) else None
 
 
 def _inner_model(annotation) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+    return next((m for a in getattr(annotation, "__args__", ()) or () if (m := _inner_model(a)) is not None), None)
 
 
 _GENERIC = {
-    "missing": "is required",
-    "extra_forbidden": "unknown field",
-    "string_type": "must be a string",
-    "int_type": "must be an integer",
-    "int_parsing": "must be an integer",
-    "int_from_float": "must be an integer",
-    "float_type": "must be a number",
-    "float_parsing": "must be a number",
-    "bool_type": "must be true or false",
-    "bool_parsing": "must be true or false",
-    "list_type": "must be an array",
-    "dict_type": "must be an object",
-    "model_type": "must be an object",
-    "model_attributes_type": "must be an object",
+    "missing": "is required", "extra_forbidden": "unknown field", "string_type": "must be a string",
+    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "float_type": "must be a number", "float_parsing": "must be a number", "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false", "list_type": "must be an array", "dict_type": "must be an object",
+    "model_type": "must be an object", "model_attributes_type": "must be an object",
+}
+# Messages from the error's context (pydantic's ``ctx``), by error type.
+_WITH_CTX = {
+    "greater_than_equal": "must be >= {ge}", "greater_than": "must be >= {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be <= {lt}",
+    "string_too_long": "must be at most {max_length} characters",
+    "string_too_short": "must be at least {min_length} characters",
+    "too_long": "must have at most {max_length} items", "too_short": "must have at least {min_length} items",
+    "literal_error": "must be one of {expected}", "enum": "must be one of {expected}",
 }
 
 
@@ -325,23 +268,11 @@ def _message(err: dict, model: type[BaseModel] | None) -> str:
     if kind in _GENERIC:
         return _GENERIC[kind]
     ctx = err.get("ctx") or {}
-    if kind in ("greater_than_equal", "greater_than"):
-        return f"must be >= {ctx.get('ge', ctx.get('gt'))}"
-    if kind in ("less_than_equal", "less_than"):
-        return f"must be <= {ctx.get('le', ctx.get('lt'))}"
-    if kind == "string_too_long":
-        return f"must be at most {ctx.get('max_length')} characters"
-    if kind == "string_too_short":
-        return f"must be at least {ctx.get('min_length')} characters"
-    if kind == "too_long":
-        return f"must have at most {ctx.get('max_length')} items"
-    if kind == "too_short":
-        return f"must have at least {ctx.get('min_length')} items"
+    if kind in _WITH_CTX:
+        return _WITH_CTX[kind].format_map(ctx)
     if kind == "string_pattern_mismatch":
         text = _PATTERN_TEXT.get(ctx.get("pattern"))
         return f"must be {text}" if text else f"must match {ctx.get('pattern')}"
-    if kind in ("literal_error", "enum"):
-        return f"must be one of {ctx.get('expected')}"
     return err["msg"]
 
 
@@ -350,15 +281,14 @@ def pointer_errors(exc: ValidationError, model: type[BaseModel] | None = None, b
     for err in exc.errors(include_url=True):
         # Union members add their type name to the location; it is not in the request.
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "json-or-"))))
-        pointer = base + "".join("/" + _escape(str(p)) for p in loc)
+        pointer = base + "".join("/" + pointer_token(str(p)) for p in loc)
         entry = {"pointer": pointer, "message": _message({**err, "loc": loc}, model)}
         if entry not in out:
             out.append(entry)
     return out
 
 
-# One periodic task's recorded run: the maintenance runs list's and, as
-# PeriodicRun, the observe maintenance state's (no docstring: none in OpenAPI).
+# One periodic task's recorded run (no docstring: none in OpenAPI).
 class BeatRun(Shape):
     model_config = ConfigDict(alias_generator=None)
 

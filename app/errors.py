@@ -6,10 +6,9 @@ from __future__ import annotations
 class DomainError(Exception):
     status = 400
 
-    def __init__(self, message: str, **extra):
+    def __init__(self, message: str):
         super().__init__(message)
         self.message = message
-        self.extra = extra
 
 
 class BadRequest(DomainError):
@@ -42,13 +41,12 @@ class ValidationFailed(DomainError):
     status = 422
 
     def __init__(self, message: str, errors: list[dict]):
-        super().__init__(message, errors=errors)
+        super().__init__(message)
         self.errors = errors
 
 
 class Throttled(DomainError):
-    """429 with a ``limit`` and the ``retry_after`` seconds the one error
-    handler sends as Retry-After."""
+    """429 with a ``limit``; ``retry_after`` goes out as Retry-After."""
 
     status = 429
 
@@ -63,9 +61,8 @@ class QueueFull(Throttled):
 
 
 class DeadlineUnmeetable(QueueFull):
-    """429 deadline_unmeetable: the queue's estimate ends after the job's
-    deadline (app/jobs/estimates.py); nothing was written, no slot taken.
-    ``body``: the estimate, added to the error body."""
+    """429 deadline_unmeetable: the queue's estimate (``body``, added to the error
+    body) ends after the job's deadline; nothing was written, no slot taken."""
 
     def __init__(self, estimate: dict, deadline_at, retry_after: int):
         Throttled.__init__(self, "deadline_unmeetable: the queue cannot finish this job by its deadline", 0,
@@ -74,9 +71,8 @@ class DeadlineUnmeetable(QueueFull):
 
 
 class RateLimited(DomainError):
-    """429: the key's request rate limit refused this request (nothing was
-    done).  ``headers`` carries Retry-After and the RateLimit fields, added by
-    the one error handler."""
+    """429 from the request rate limit (nothing was done); ``headers``: Retry-After
+    and the RateLimit fields."""
 
     status = 429
 
@@ -95,10 +91,8 @@ class TenantQueueFull(QueueFull):
 
 
 class TooManyWaiters(Throttled):
-    """429: this API process already holds as many concurrent long-polls as
-    the tenant (``cap="tenant"``) or the process (``cap="process"``) may
-    have; nothing was waited for.  The message names the cap and its value;
-    the one error handler adds Retry-After."""
+    """429: this API process holds as many long-polls as the tenant (``cap="tenant"``)
+    or the process (``cap="process"``) may have; nothing was waited for."""
 
     def __init__(self, message: str, cap: str, limit: int, retry_after: int):
         super().__init__(message, limit, retry_after)

@@ -70,7 +70,7 @@ def api_argv(bind: str = "0.0.0.0:8000", workers: int = 2, threads: int = 16, wo
     argv = [sys.executable, "-m", "gunicorn", "--config", f"python:{conf}", "--bind", bind,
             "--workers", str(workers), "--worker-class", worker_class,
             "--worker-connections", str(worker_connections)]
-    # No gunicorn access log: app/web/request_log.py already writes one JSON
+    # No gunicorn access log: app/web/application.py already writes one JSON
     # line per request (with model, job and tenant), and the duplicate line
     # cost ~16% of an API process's CPU under load (bench/bench_waiters.py
     # profile).  GUNICORN_CMD_ARGS="--access-logfile -" brings it back.

@@ -28,11 +28,10 @@ class TaskHeaders(CallerHeaders):
 
 def _payload_object(v: Any) -> Any:
     # The seed allows the payload as a string holding a JSON object.
-    if isinstance(v, str):
-        try:  # strict JSON (no NaN), as every body
-            v = parse_json(v)
-        except ValueError:
-            raise PydanticCustomError("payload", "must be a JSON object") from None
+    try:  # strict JSON (no NaN), as every body
+        v = parse_json(v) if isinstance(v, str) else v
+    except ValueError:
+        v = None
     if not isinstance(v, dict):
         raise PydanticCustomError("payload", "must be a JSON object")
     return v
@@ -80,8 +79,6 @@ def _cap_ids(ids: list[str]) -> list[str]:
     return ids
 
 
-# --- the seed face ---------------------------------------------------------------------
-
 _RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
 _ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT, JobState.EXPIRED)
 
@@ -109,9 +106,8 @@ class SeedTask(Shape):
 
     @classmethod
     def from_row(cls, row, claimed: bool | None = None) -> "SeedTask":
-        """``claimed``: True on the getTaskBatch answer that moved the row
-        2 -> 4; that answer shows it as 2 (done, download it), as the seed's
-        flow expects ("download what is in 2"); every later read shows 4."""
+        """``claimed``: True on the getTaskBatch answer that moved the row 2 -> 4,
+        which shows it as 2 (the seed's flow: "download what is in 2"); later reads show 4."""
         state = JobState(row.state)
         result = state in _RESULT_STATES
         values = {"task_id": row.id, "state": 2 if claimed else seed_code(state),
@@ -128,8 +124,7 @@ class SeedTask(Shape):
 
     @classmethod
     def not_found(cls, task_id: str) -> "SeedTask":
-        return cls.model_construct(task_id=task_id, state=None, oss_file=None, error="task not found",
-                                   claimed=False)
+        return cls.model_construct(task_id=task_id, state=None, oss_file=None, error="task not found", claimed=False)
 
 
 class CreatedTask(Shape):

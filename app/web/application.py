@@ -1,29 +1,18 @@
-"""The Flask application factory: settings, blueprints, one JSON error handler."""
+"""The Flask application factory: settings, blueprints, one JSON error handler,
+and one JSON log line per request carrying the model, job_id and tenant it is
+about (bound for everything logged while it runs), never its headers, query
+string or body: they may hold keys and secrets."""
 from __future__ import annotations
 
-from flask import Flask
+import logging
+import time
+
+from flask import Flask, g, request
 
 from app.config import Settings, get_settings, set_settings
-from app.infra.logs import configure_logging
+from app.infra.logs import bind, configure_logging, reset
 from app.infra.wakeups import hub
-from app.web import (
-    docs,
-    errors,
-    health,
-    input_guard,
-    metrics,
-    ratelimit,
-    request_log,
-    seed,
-    seed_maintenance,
-    v1_admin,
-    v1_business,
-    v1_jobs,
-    v1_maintenance,
-    v1_observe,
-    v1_tenants,
-    v1_webhooks,
-)
+from app.web import contract, errors, metrics, openapi, ratelimit, seed, v1_admin, v1_business, v1_jobs
 from app.web.console import bp as console_bp
 
 
@@ -39,11 +28,28 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.json.sort_keys = False
 
     errors.register(flask_app)
-    request_log.register(flask_app)
-    input_guard.register(flask_app)
+
+    @flask_app.before_request
+    def _log_start():
+        va = request.view_args or {}
+        g._log_token = bind(model=va.get("model") or va.get("name"), job_id=va.get("job_id"))
+        g._t0 = time.monotonic()
+
+    @flask_app.after_request
+    def _log_line(resp):
+        ms = int((time.monotonic() - g.get("_t0", time.monotonic())) * 1000)
+        logging.getLogger("asynch.request").info("%s %s %s %dms", request.method, request.path, resp.status_code, ms)
+        return resp
+
+    @flask_app.teardown_request
+    def _log_end(_exc):
+        token = g.pop("_log_token", None)
+        if token is not None:
+            reset(token)
+
+    contract.register_nul_guard(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address
-    for module in (health, v1_jobs, v1_admin, v1_maintenance, seed_maintenance, v1_business, seed, docs, metrics,
-                   v1_observe, v1_tenants, v1_webhooks):
+    for module in (metrics, v1_jobs, v1_admin, v1_business, seed, openapi):
         flask_app.register_blueprint(module.bp)
     flask_app.register_blueprint(console_bp)
 

@@ -2,23 +2,17 @@
 gateway); the principal lives in flask.g.  Which routes need a key (or an
 admin key) is part of each route's declaration (app/web/contract.py).
 
-Gateway mode invariants: a request without one of our API keys is accepted
-only if it proves it comes from the gateway -- the shared secret header,
-compared in constant time, and/or a source address in the configured CIDRs
-(both, when both are set); it then acts as a *user* of the tenant its
-X-User-Info names (never an admin: admin routes still need an admin key),
-and its Authorization is the caller's credential for the OSS file service,
-passed on unchanged (``gateway_oss_authorization``).  Its tenant must be a
-tenant name (app/tenancy/schemas.py TENANT_PATTERN: no ``~`` or ``:``, so
-it can never name an internal row such as a callback secret's ``~prev:``
-row or split a Redis key); anything else is a 401 that changes nothing.
-
-X-User-Info (the creator, and the identity passed to the OSS file service)
-is trusted only on a request that proves it comes from the gateway, by the
-same check (``gateway_proven``): in gateway mode, and in key mode with
-ASYNCH_TRUSTED_GATEWAY; on any other request it is dropped
-(``trusted_user_info``).  A trusted gateway with neither a secret nor CIDRs
-configured proves nothing, so its header is always dropped."""
+Invariants:
+- A request proves it comes from the gateway (``gateway_proven``) by the
+  shared secret header (constant-time compare) and/or a source address in the
+  configured CIDRs (both, when both are set); with neither set nothing is proven.
+- Gateway mode: a request without one of our keys is accepted only with that
+  proof; it acts as a *user* (never an admin) of the tenant its X-User-Info
+  names, which must be a tenant name (no ``~`` or ``:``: it can never name an
+  internal row or split a Redis key), else a 401 that changes nothing.  Its
+  Authorization is the caller's OSS credential, passed on unchanged.
+- X-User-Info is trusted only on a proven request, in gateway mode or with
+  ASYNCH_TRUSTED_GATEWAY; otherwise it is dropped (``trusted_user_info``)."""
 from __future__ import annotations
 
 import hmac
@@ -39,9 +33,7 @@ from app.web import ratelimit
 
 def presented_key() -> str | None:
     h = request.headers.get("Authorization", "")
-    if h[:7].lower() == "bearer ":
-        return h[7:].strip() or None
-    return None
+    return (h[7:].strip() or None) if h[:7].lower() == "bearer " else None
 
 
 def current_principal() -> Principal:
@@ -55,22 +47,17 @@ def current_principal() -> Principal:
             else:
                 p = authenticate(key)
         except Unauthorized:
-            # No working key: the client address pays (a wrong key costs a
-            # lookup); past its anonymous bucket this is a 429 instead.
+            # No working key: the client address pays (a wrong key costs a lookup).
             ratelimit.check_anonymous()
             raise
         g.principal = p
         bind(tenant=p.tenant_id)
-        # Once per request (g.principal answers every later call); may raise
-        # RateLimited.
-        ratelimit.check(p)
+        ratelimit.check(p)  # once per request (g.principal answers later calls)
     return p
 
 
 def require_metrics_token() -> None:
-    """The metrics endpoints need no API key; with ASYNCH_METRICS_TOKEN set,
-    the scraper must send it as a Bearer token (one rule, app/infra/metrics.py,
-    shared with the worker nodes' metrics port)."""
+    """ASYNCH_METRICS_TOKEN, when set, as a Bearer token (the rule of app/infra/metrics.py)."""
     problem = metrics.token_problem(request.headers.get("Authorization", ""))
     if problem:
         raise Unauthorized(problem)
@@ -82,9 +69,7 @@ def _networks(spec: str) -> tuple:
 
 
 def _proof_problem() -> str | None:
-    """Why this request does not prove it comes from the gateway, or None:
-    the shared secret (constant time) and/or a source address in the CIDRs,
-    both when both are set; with neither configured nothing is proven."""
+    """Why this request does not prove it comes from the gateway, or None."""
     s = get_settings()
     if not (s.gateway_secret or s.gateway_cidrs.strip()):
         return "no gateway secret or CIDRs are configured"
@@ -103,24 +88,17 @@ def _proof_problem() -> str | None:
 
 
 def gateway_proven() -> bool:
-    """This request passed the gateway's proof (once per request)."""
-    proven = getattr(g, "gateway_proven", None)
-    if proven is None:
-        proven = g.gateway_proven = _proof_problem() is None
-    return proven
+    if getattr(g, "gateway_proven", None) is None:  # once per request
+        g.gateway_proven = _proof_problem() is None
+    return g.gateway_proven
 
 
 def trusted_user_info() -> str | None:
-    """The request's X-User-Info if a trusted gateway vouches for it: gateway
-    auth mode or ASYNCH_TRUSTED_GATEWAY, and this request's gateway proof
-    passed (a key-authenticated request too: the key says who pays, the
-    proof whether the header is the gateway's).  None otherwise: a client
-    cannot name itself someone else, here or at the OSS file service."""
-    info = request.headers.get("X-User-Info")
-    s = get_settings()
-    if not info or not (s.trusted_gateway or s.auth_mode == "gateway"):
-        return None
-    return info if gateway_proven() else None
+    """X-User-Info if a trusted gateway vouches for it (a key-authenticated request
+    too: the key says who pays, the proof whether the header is the gateway's);
+    else None: a client cannot name itself someone else, here or at the OSS."""
+    info, s = request.headers.get("X-User-Info"), get_settings()
+    return info if info and (s.trusted_gateway or s.auth_mode == "gateway") and gateway_proven() else None
 
 
 def _gateway_principal() -> Principal:
@@ -140,9 +118,6 @@ def _gateway_principal() -> Principal:
 
 
 def gateway_oss_authorization() -> str | None:
-    """The Authorization a gateway request carries: the business user's
-    credential for the OSS file service, passed on unchanged (None for a
-    request authenticated by our own API key, whose key never leaves)."""
-    if getattr(g, "via_gateway", False):
-        return request.headers.get("Authorization") or None
-    return None
+    """A gateway request's Authorization: the user's OSS credential (None with our own key,
+    which never leaves)."""
+    return (request.headers.get("Authorization") or None) if getattr(g, "via_gateway", False) else None

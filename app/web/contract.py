@@ -2,15 +2,18 @@
 
 A view declares who may call it, the shapes of its query, headers and body
 (pydantic models, app/contract.py) and what it answers.  The decorator
-enforces it (authentication, parsing, validation into the one 422 form,
-serialising the answer, the seed face's envelope) and keeps the declaration
-on the view, where app/web/openapi.py reads it: the OpenAPI document is
-generated from the same objects that validate, so the two cannot disagree.
+enforces it (authentication, parsing, the one 422 form, serialising, the seed
+envelope) and keeps the declaration on the view for app/web/openapi.py: the
+document comes from the objects that validate, so the two cannot disagree.
+A view gets its path parameters plus ``query``, ``headers`` and ``body`` as
+declared, and returns a Shape (a list of them, or JSON data), optionally with
+a status and headers, or a flask Response that is passed through as is.
 
-A view receives its path parameters plus ``query``, ``headers`` and
-``body`` when it declared them, and returns a Shape (or a list of them, or
-plain JSON data), optionally with a status and headers, or a flask Response
-(results, pages) that is passed through as is.
+Input rules: a JSON object body (413 before reading too much; 400 for empty,
+unparsable or non-object bodies).  NUL (U+0000): PostgreSQL text cannot hold
+it (the driver refuses such a parameter outright), so no stored name or id
+contains one: a path with it names nothing (404), a query value or a body
+field with it is refused (422) before any query is built.
 """
 from __future__ import annotations
 
@@ -18,15 +21,18 @@ from dataclasses import dataclass, field
 from functools import wraps
 from typing import Any, Callable, Literal
 
-from flask import Response, jsonify, request
+from flask import Flask, Response, jsonify, request
 from pydantic import BaseModel
 
-from app.contract import Face, dump, parse
-from app.errors import Forbidden
+from app.contract import Face, dump, parse, parse_json, pointer_token
+from app.errors import BadRequest, Forbidden, NotFound, ValidationFailed
+from app.tenancy.schemas import TENANT_PATTERN
 from app.web.auth import current_principal, require_metrics_token
-from app.web.body import json_object
 
 Auth = Literal["none", "key", "admin", "metrics"]
+# Path parameters several routes share: {name: {"description", "schema"}}.
+TENANT_PATH = {"tenant": {"description": "tenant id", "schema": {"type": "string", "pattern": TENANT_PATTERN}}}
+JOB_ID_PATH = {"job_id": {"description": "job id (job_...)"}}
 
 
 @dataclass(frozen=True)
@@ -60,10 +66,7 @@ class Endpoint:
 
 
 def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **kw: Any) -> Callable:
-    if ok is None:
-        ok = {200: Ok()}
-    elif isinstance(ok, Ok):
-        ok = {200: ok}
+    ok = {200: ok or Ok()} if not isinstance(ok, dict) else ok
     spec = Endpoint(summary=summary, tag=tag, ok=ok, **kw)
 
     def decorate(view: Callable) -> Callable:
@@ -72,13 +75,11 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
             if spec.auth == "metrics":
                 require_metrics_token()
             elif spec.auth in ("key", "admin"):
-                principal = current_principal()
-                if spec.auth == "admin" and not principal.is_admin:
+                if not current_principal().is_admin and spec.auth == "admin":
                     raise Forbidden("admin key required")
             extra = {}
             if spec.query is not None:
-                args = {k: request.args.get(k) for k in request.args}
-                extra["query"] = parse(spec.query, args, face=spec.face, message="invalid query")
+                extra["query"] = parse(spec.query, request.args.to_dict(), face=spec.face, message="invalid query")
             if spec.headers is not None:
                 extra["headers"] = parse(spec.headers, _declared_headers(spec.headers), face="seed",
                                          message="invalid headers")
@@ -94,20 +95,29 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
 
 def _declared_headers(model: type[BaseModel]) -> dict:
     """The request headers a model declares (by their HTTP names, its aliases)."""
-    out = {}
-    for name, info in model.model_fields.items():
-        value = request.headers.get(info.alias or name)
-        if value is not None:
-            out[info.alias or name] = value
-    return out
+    names = [info.alias or name for name, info in model.model_fields.items()]
+    return {n: request.headers[n] for n in names if n in request.headers}
 
 
 def _body(spec: Endpoint):
-    raw = request.get_data(cache=True)
-    if not spec.body_required and not raw.strip():
-        data: dict = {}
-    else:
-        data = json_object(nul_allowed=spec.nul_allowed)
+    """The body as a JSON object, parsed into the declared shape.  A NUL anywhere
+    but under ``spec.nul_allowed`` is a 422: those are a job's payload (stored
+    as JSON text, where NUL is escaped, and forwarded as data) and bodies that
+    are only read ("" for the whole body)."""
+    raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
+    if not raw.strip():
+        if not spec.body_required:
+            return {} if isinstance(spec.body, dict) else parse(spec.body, {}, face=spec.face)
+        raise BadRequest("request body is empty")
+    try:
+        data = parse_json(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    where = nul_pointer(data, raw, spec.nul_allowed)
+    if where is not None:
+        raise ValidationFailed("invalid request body", [{"pointer": where, "message": _NUL}])
     if isinstance(spec.body, dict):
         return data  # a free-form object (a job's payload): the service judges it
     return parse(spec.body, data, face=spec.face)
@@ -137,6 +147,43 @@ def _answer(spec: Endpoint, out: Any):
         data = {"code": 0, "message": "ok", "data": data}
     resp = jsonify(data)
     resp.status_code = status
-    for k, v in headers.items():
-        resp.headers[k] = v
+    resp.headers.update(headers)
     return resp
+
+
+_NUL = "must not contain NUL characters"
+
+
+def nul_pointer(data, raw: str | bytes, allowed: tuple[str, ...] = ()) -> str | None:
+    """The JSON pointer of the first key or string holding U+0000, outside the
+    subtrees at ``allowed``.  JSON can only carry it escaped, so bodies without
+    that escape are not walked."""
+    if "" in allowed or (b"\\u0000" if isinstance(raw, bytes) else "\\u0000") not in raw:
+        return None
+    stack = [("", data)]
+    while stack:
+        ptr, v = stack.pop()
+        if ptr in allowed:
+            continue
+        if isinstance(v, str):
+            if "\x00" in v:
+                return ptr
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if "\x00" in k:
+                    return ptr + "/" + pointer_token(k).replace("\x00", "")
+                stack.append((ptr + "/" + pointer_token(k), item))
+        elif isinstance(v, list):
+            stack.extend((f"{ptr}/{i}", item) for i, item in enumerate(v))
+    return None
+
+
+def register_nul_guard(app: Flask) -> None:
+    @app.before_request
+    def refuse_nul():
+        if "\x00" in request.path:
+            raise NotFound("not found")
+        bad = sorted({k for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v})
+        if bad:
+            raise ValidationFailed("invalid query", [{"pointer": "/" + k.replace("\x00", ""), "message": _NUL}
+                                                     for k in bad])

@@ -1,10 +1,7 @@
 """The one place errors become HTTP: every error body has an ``error`` string.
-
-Requests to the seed-002 routes get the seed's envelope instead:
-``{"code": <HTTP status>, "message": <the error text>, "data": null
-[, "errors": [...] with camelCase pointers]}`` with the same HTTP status
-(ASYNCH_SEED_ERRORS_HTTP_200: HTTP 200, the status only in ``code``, for
-clients that read nothing but the envelope)."""
+The seed-002 routes get the seed's envelope instead, with the same HTTP status
+(ASYNCH_SEED_ERRORS_HTTP_200: 200, the status only in ``code``):
+``{"code": <status>, "message": <text>, "data": null[, "errors": [...] camelCase]}``."""
 from __future__ import annotations
 
 import logging
@@ -20,12 +17,7 @@ from app.errors import DomainError, RateLimited, Throttled, Unauthorized, Valida
 
 log = logging.getLogger(__name__)
 
-_HTTP_TEXT = {
-    400: "bad request",
-    404: "not found",
-    405: "method not allowed",
-    415: "unsupported media type",
-}
+_HTTP_TEXT = {400: "bad request", 404: "not found", 405: "method not allowed", 415: "unsupported media type"}
 
 
 # URL prefixes of the seed routes: errors under them get the envelope form
@@ -34,9 +26,8 @@ PATH_PREFIXES = ("/model/", "/modelType/", "/task/", "/stat/")
 
 
 def camel_pointer(pointer: str) -> str:
-    """The seed face's names are the camelCase aliases of the v1 names
-    (app/contract.py): "/models_type" -> "/modelsType"; only the first segment
-    (a payload's own field names below /requestPayload stay as they are)."""
+    """The seed face's names are the v1 names' camelCase aliases: "/models_type" ->
+    "/modelsType"; only the first segment (a payload's own names stay as they are)."""
     if not pointer.startswith("/"):
         return pointer
     head, sep, rest = pointer[1:].partition("/")
@@ -59,16 +50,14 @@ def _json(status: int, body: dict, headers: dict | None = None):
     seed = _seed_face()
     resp = jsonify(_envelope(status, body) if seed else body)
     resp.status_code = 200 if seed and get_settings().seed_errors_http_200 else status
-    for k, v in (headers or {}).items():
-        resp.headers[k] = v
+    resp.headers.update(headers or {})
     return resp
 
 
 def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
     """A domain error's status, v1 body and headers: the error handler's
     answer, and a batch item's (app/web/v1_jobs.py, jobs:batch)."""
-    body = {"error": exc.message}
-    headers = {}
+    body, headers = {"error": exc.message}, {}
     if isinstance(exc, ValidationFailed):
         body["errors"] = exc.errors
     if isinstance(exc, Throttled):
@@ -95,8 +84,7 @@ def item_answer(exc: BaseException) -> tuple[int, dict, dict]:
 def register(app: Flask) -> None:
     @app.errorhandler(DomainError)
     def domain_error(exc: DomainError):
-        status, body, headers = domain_answer(exc)
-        return _json(status, body, headers)
+        return _json(*domain_answer(exc))
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_exc):
@@ -104,21 +92,17 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(MethodNotAllowed)
     def not_allowed(exc: MethodNotAllowed):
-        headers = {"Allow": ", ".join(sorted(exc.valid_methods or []))}
-        return _json(405, {"error": "method not allowed"}, headers)
+        return _json(405, {"error": "method not allowed"}, {"Allow": ", ".join(sorted(exc.valid_methods or []))})
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        code = exc.code or 500
-        return _json(code, {"error": _HTTP_TEXT.get(code, exc.name.lower())})
+        return _json(exc.code or 500, {"error": _HTTP_TEXT.get(exc.code, exc.name.lower())})
 
     @app.errorhandler(OperationalError)
-    def db_down(_exc):
-        return _json(503, {"error": "database unavailable"}, {"Retry-After": "5"})
-
     @app.errorhandler(redis.RedisError)
-    def redis_down(_exc):
-        return _json(503, {"error": "redis unavailable"}, {"Retry-After": "5"})
+    def dependency_down(exc):
+        name = "redis" if isinstance(exc, redis.RedisError) else "database"
+        return _json(503, {"error": f"{name} unavailable"}, {"Retry-After": "5"})
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception):

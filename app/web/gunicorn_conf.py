@@ -3,25 +3,21 @@
 which patches first and then takes every hook from here).
 
 Invariants:
-- The metrics hooks of app/observe/gunicorn_conf.py run unchanged: the
-  master takes and empties the multiprocess directory before it forks,
-  marks dead workers, removes a temporary directory at exit.
+- The metrics hooks of app/observe/gunicorn_conf.py run unchanged.
 - The master raises RLIMIT_NOFILE before it forks (workers inherit it):
-  every connection a worker holds open -- a long-poll included -- is a
-  descriptor, plus its database and Redis pools.
-- A stopping worker drains its long-polls (app.infra.wakeups.hub.drain):
-  they answer at once with the state they have, so SIGTERM is not held up
-  by waits with minutes of budget left.
+  every connection a worker holds (a long-poll too) is a descriptor.
+- A stopping worker drains its long-polls (hub.drain): they answer at once
+  with the state they have, so SIGTERM is not held up by minutes of budget.
 """
 from __future__ import annotations
 
 import signal
+import threading
 
 from app.config import get_settings
 from app.infra import serving
 from app.infra.wakeups import hub
-from app.observe.gunicorn_conf import child_exit, on_exit  # noqa: F401  (gunicorn reads them here)
-from app.observe.gunicorn_conf import on_starting as _metrics_on_starting
+from app.observe.gunicorn_conf import child_exit, on_exit, on_starting as _metrics_on_starting  # noqa: F401
 
 # Descriptors a worker needs besides its client connections: database and
 # Redis pools, the listener, log and metrics files.
@@ -46,8 +42,6 @@ def post_worker_init(worker) -> None:
 
             gevent.spawn(hub.drain)
         else:
-            import threading
-
             threading.Thread(target=hub.drain, name="asynch-drain", daemon=True).start()
 
     worker.handle_exit = handle_exit
@@ -58,12 +52,11 @@ def post_worker_init(worker) -> None:
 
 
 def _park_waits(worker) -> None:
-    """Parked waits (app/infra/parking.py): the middleware keeps a parked
-    request's socket; the worker then writes nothing and closes only its own
-    descriptor (StopIteration ends gunicorn's keep-alive loop at once); and
-    before the worker exits, every parked wait is answered, since gunicorn's
-    graceful stop waits only for request greenlets, which parked waits no
-    longer have."""
+    """Parked waits (app/infra/parking.py): the middleware keeps a parked request's
+    socket; the worker writes nothing and closes only its own descriptor
+    (StopIteration ends gunicorn's keep-alive loop at once); every parked wait is
+    answered before the worker exits (a graceful stop waits only for request
+    greenlets, which parked waits no longer have)."""
     from gunicorn import SERVER
 
     from app.infra import parking

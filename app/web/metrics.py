@@ -1,18 +1,20 @@
-"""Prometheus endpoints, text format.  No API key; when ASYNCH_METRICS_TOKEN
-is set, the scraper must send it as a Bearer token (both paths).
-
-GET /metrics           this API server's counters and histograms (its gunicorn
-                       workers summed): scrape every pod, sum in PromQL.
-GET /metrics/cluster   gauges read from PostgreSQL and Redis, the same on every
-                       pod: scrape once per cluster (docs/operations.md).
+"""Operational endpoints, no API key: liveness (/healthz, no dependencies),
+readiness (/readyz: the database and Redis answer), and Prometheus text
+(with ASYNCH_METRICS_TOKEN set, the scraper sends it as a Bearer token):
+/metrics is this server's counters (scrape every pod, sum in PromQL),
+/metrics/cluster gauges from PostgreSQL and Redis (scrape once per cluster).
 """
 from __future__ import annotations
 
 from flask import Blueprint, Response
+from sqlalchemy import text
 
 from app.infra import metrics
+from app.infra.db import get_engine
+from app.infra.redis.client import get_redis
 from app.observe import cluster
 from app.web.contract import Ok, endpoint
+from app.web.schemas import Health, Ready
 
 bp = Blueprint("metrics", __name__)
 _TEXT = Ok({"type": "string"}, "metrics", media_type="text/plain")
@@ -25,7 +27,7 @@ _TEXT = Ok({"type": "string"}, "metrics", media_type="text/plain")
           "(not the cluster's): scrape every API pod and sum in PromQL. Worker nodes serve theirs on "
           "ASYNCH_WORKER_METRICS_PORT.")
 def prometheus_metrics():
-    return _text(metrics.render())
+    return _text(*metrics.render())
 
 
 @bp.get("/metrics/cluster")
@@ -35,9 +37,35 @@ def prometheus_metrics():
           "read from PostgreSQL and Redis at scrape time, the same on every API pod, so scrape it once per "
           "cluster (through the Service), not per pod. `asynch_metrics_source_up` says which source answered.")
 def prometheus_cluster_metrics():
-    return _text(cluster.render())
+    return _text(*cluster.render())
 
 
-def _text(rendered: tuple[bytes, str]) -> Response:
-    body, ctype = rendered
+def _text(body: bytes, ctype: str) -> Response:
     return Response(body, status=200, content_type=ctype)
+
+
+@bp.get("/healthz")
+@endpoint("Liveness: the process answers", tag="health", auth="none", ok=Ok(Health, "alive"))
+def healthz():
+    return Health(status="ok")
+
+
+@bp.get("/readyz")
+@endpoint("Readiness: PostgreSQL and Redis answer", tag="health", auth="none",
+          ok={200: Ok(Ready, "ready"), 503: Ok(Ready, "a dependency is down")})
+def readyz():
+    checks = {}
+    try:
+        with get_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}"
+    try:
+        get_redis().ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"error: {type(exc).__name__}"
+    if all(v == "ok" for v in checks.values()):
+        return Ready(status="ok", checks=checks)
+    return Ready(status="unavailable", checks=checks, error="not ready"), 503

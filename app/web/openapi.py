@@ -1,61 +1,57 @@
-"""The OpenAPI 3.1 document served at /openapi.json, generated from the
-routes' ``@endpoint`` declarations (app/web/contract.py) and the pydantic
-shapes they name.  Nothing here describes a field: a component schema is
-the model's own JSON Schema (draft 2020-12, which OpenAPI 3.1 uses).
+"""The OpenAPI 3.1 document, generated from the routes' ``@endpoint``
+declarations (app/web/contract.py) and the pydantic shapes they name (a
+component is the model's own draft 2020-12 schema), and GET /openapi.json.
 
-Every operation lists every status it can answer: the declared ones plus
-those that follow from how it is reached (401/503 behind a key, 403 for
-admins only, 404 for a path with parameters, 400/413/422 for a body, 422
-for a query).  A route without a declaration is an error here, so an
-undocumented route cannot exist (tests/test_openapi.py).
-
-Building the document costs ~80 ms of CPU, which under the gevent worker
-stalls every request of the process, and /openapi.json needs no key: it is
-built once per (app, settings) and served from that (``served``), with a
-strong ETag.  The build holds a lock, so 30 requests arriving together build
-it once; ``BUILDS`` counts builds (tests).
+Invariants:
+- Every operation lists every status it can answer: the declared ones plus
+  those its way in implies (401/503 behind a key, 403 admin, 404 path
+  parameters, 400/413/422 a body, 422 a query, 429 always).  An undeclared
+  route is an error here, so an undocumented route cannot exist.
+- A build costs ~80 ms of CPU (under gevent it stalls the process): built once
+  per (app, settings) under a lock (``BUILDS`` counts), served with a strong ETag.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
-from flask import Flask, current_app
+from flask import Blueprint, Flask, Response, current_app, request
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from werkzeug.routing import IntegerConverter
 
 from app.config import get_settings
-from app.web.contract import Endpoint, Ok
+from app.web.contract import Endpoint, Ok, endpoint
 from app.web.schemas import ERROR_SHAPES
+
+bp = Blueprint("docs", __name__)
 
 _S = "#/components/schemas/"
 _R = "#/components/responses/"
-_SKIP_METHODS = {"HEAD", "OPTIONS"}
+_RETRY = {"Retry-After": "seconds to wait before trying again"}
 
+# status: (response name, v1 schema, description, headers)
 _ERRORS = {
-    400: ("BadRequest", "Error", "the body is empty, not JSON, or not a JSON object"),
-    401: ("Unauthorized", "Error", "missing or invalid API key"),
-    403: ("Forbidden", "Error", "an admin key is required"),
-    404: ("NotFound", "Error", "no such resource (or it belongs to another tenant)"),
-    405: ("MethodNotAllowed", "Error", "the path does not take this method"),
-    409: ("Conflict", "Error", "the resource is in a state that refuses this"),
-    410: ("Gone", "Error", "the stored result has been cleaned up"),
-    413: ("TooLarge", "Error", "the body is over ASYNCH_MAX_BODY_BYTES"),
-    422: ("Invalid", "ValidationError", "invalid fields, each with a JSON pointer"),
-    429: ("TooMany", "Throttled", "a limit is reached (queue full, rate limit, waiters): try again after Retry-After"),
-    503: ("Unavailable", "Error", "a dependency (database, Redis) is down; nothing was changed"),
+    400: ("BadRequest", "Error", "the body is empty, not JSON, or not a JSON object", {}),
+    401: ("Unauthorized", "Error", "missing or invalid API key", {"WWW-Authenticate": 'Bearer realm="asynch"'}),
+    403: ("Forbidden", "Error", "an admin key is required", {}),
+    404: ("NotFound", "Error", "no such resource (or it belongs to another tenant)", {}),
+    405: ("MethodNotAllowed", "Error", "the path does not take this method", {"Allow": "the methods the path takes"}),
+    409: ("Conflict", "Error", "the resource is in a state that refuses this", {}),
+    410: ("Gone", "Error", "the stored result has been cleaned up", {}),
+    413: ("TooLarge", "Error", "the body is over ASYNCH_MAX_BODY_BYTES", {}),
+    422: ("Invalid", "ValidationError", "invalid fields, each with a JSON pointer", {}),
+    429: ("TooMany", "Throttled", "a limit is reached (queue full, rate limit, waiters): try again after Retry-After",
+          _RETRY),
+    503: ("Unavailable", "Error", "a dependency (database, Redis) is down; nothing was changed", _RETRY),
 }
-_ERROR_HEADERS = {
-    401: {"WWW-Authenticate": 'Bearer realm="asynch"'},
-    405: {"Allow": "the methods the path takes"},
-    429: {"Retry-After": "seconds to wait before trying again"},
-    503: {"Retry-After": "seconds to wait before trying again"},
-}
+
+
+def _headers(headers: dict[str, str]) -> dict:
+    return {k: {"description": v, "schema": {"type": "string"}} for k, v in headers.items()}
 
 
 class _Shapes:
@@ -72,20 +68,17 @@ class _Shapes:
 
     def components(self) -> dict:
         out: dict[str, Any] = {}
-        for face in ("v1", "seed"):
+        for face, prefix in (("v1", ""), ("seed", "Seed")):
             items = [(m, key.split("|")[1]) for (f, key), m in self.wanted.items() if f == face]
             if not items:
                 continue
-            prefix = "Seed" if face == "seed" else ""
-            _, top = models_json_schema(items, by_alias=face == "seed",
-                                        ref_template=_S + prefix + "{model}")
+            _, top = models_json_schema(items, by_alias=face == "seed", ref_template=_S + prefix + "{model}")
             defs = top.get("$defs", {})
             if face == "v1":
                 _wire_names(defs, {m for m, _ in items})
-            for name, schema in defs.items():
-                out[prefix + name] = schema
-        # A seed-only shape already named Seed* is not prefixed twice.
-        return _rename(out, _S + "SeedSeed", _S + "Seed")
+            # A seed-only shape already named Seed* is not prefixed twice.
+            out.update({(name if name.startswith("Seed") else prefix + name): schema for name, schema in defs.items()})
+        return json.loads(json.dumps(out).replace(f'"{_S}SeedSeed', f'"{_S}Seed'))
 
 
 _SCHEMA_KEYS = ("type", "anyOf", "allOf", "oneOf", "properties", "$ref", "enum", "items", "const")
@@ -102,9 +95,8 @@ def _wire_names(defs: dict, models: set[type[BaseModel]]) -> None:
             continue
         seen.add(m)
         for info in m.model_fields.values():
-            for arg in getattr(info.annotation, "__args__", ()) or (info.annotation,):
-                if isinstance(arg, type) and issubclass(arg, BaseModel):
-                    todo.append(arg)
+            todo += [a for a in getattr(info.annotation, "__args__", ()) or (info.annotation,)
+                     if isinstance(a, type) and issubclass(a, BaseModel)]
         if not m.model_config.get("serialize_by_alias") or m.__name__ not in defs:
             continue
         schema = defs[m.__name__]
@@ -114,36 +106,31 @@ def _wire_names(defs: dict, models: set[type[BaseModel]]) -> None:
             schema["required"] = [names.get(k, k) for k in schema["required"]]
 
 
-def _rename(node: Any, old: str, new: str) -> Any:
+def _walk(node: Any, on_dict: Callable[[dict], dict]) -> Any:
+    """A copy of a JSON tree with ``on_dict`` applied to every object, top-down."""
     if isinstance(node, dict):
-        return {(k.replace("SeedSeed", "Seed", 1) if k.startswith("SeedSeed") else k):
-                (v.replace(old, new) if k == "$ref" and isinstance(v, str) else _rename(v, old, new))
-                for k, v in node.items()}
+        return {k: _walk(v, on_dict) for k, v in on_dict(node).items()}
     if isinstance(node, list):
-        return [_rename(v, old, new) for v in node]
+        return [_walk(v, on_dict) for v in node]
     return node
 
 
-def _clean(node: Any, settings) -> Any:
+def _cleaned(node: dict, settings) -> dict:
     """Settings fill in their bounds; our private keys and titles go."""
-    if isinstance(node, dict):
-        out = {}
-        schema_like = any(k in node for k in _SCHEMA_KEYS)
-        for k, v in node.items():
-            if k == "x-rule" or (k == "title" and schema_like) or (k == "default" and v is None and schema_like):
-                continue  # (a null default of a field that may be absent says nothing, and is no value of its type)
-            if k.startswith("x-") and k.endswith("-setting"):
-                out[k[2:-8]] = getattr(settings, v)  # x-maximum-setting: name -> maximum: its value
-                continue
-            out[k] = _clean(v, settings)
-        return out
-    if isinstance(node, list):
-        return [_clean(v, settings) for v in node]
-    return node
+    out = {}
+    schema_like = any(k in node for k in _SCHEMA_KEYS)
+    for k, v in node.items():
+        if k == "x-rule" or (k == "title" and schema_like) or (k == "default" and v is None and schema_like):
+            continue  # (a null default of a field that may be absent says nothing, and is no value of its type)
+        if k.startswith("x-") and k.endswith("-setting"):
+            out[k[2:-8]] = getattr(settings, v)  # x-maximum-setting: name -> maximum: its value
+        else:
+            out[k] = v
+    return out
 
 
-def _field_schemas(model: type[BaseModel], face: str) -> list[tuple[str, dict, bool, str]]:
-    """(name on the wire, schema, required, description) of each field: query and header parameters."""
+def _parameters(model: type[BaseModel], face: str, where: str) -> list[dict]:
+    """The query or header parameters of a model, inlined (no $refs)."""
     schema = model.model_json_schema(by_alias=face == "seed")
     defs = schema.get("$defs", {})
     out = []
@@ -151,10 +138,12 @@ def _field_schemas(model: type[BaseModel], face: str) -> list[tuple[str, dict, b
         wire = info.alias if (face == "seed" or model.__name__.endswith("Headers")) and info.alias else name
         prop = schema["properties"].get(info.alias if face == "seed" and info.alias else name) \
             or schema["properties"].get(wire, {})
-        prop = _not_null(_inline(prop, defs))
+        prop = _not_null(_walk(prop, lambda d: defs[d["$ref"].rsplit("/", 1)[1]]
+                                     if d.get("$ref", "").startswith("#/$defs/") else d))
         desc = prop.pop("description", "") or ""
-        prop.pop("default", None) if prop.get("default") is None else None
-        out.append((wire, prop, info.is_required(), desc))
+        if prop.get("default") is None:
+            prop.pop("default", None)
+        out.append({"name": wire, "in": where, "required": info.is_required(), "schema": prop, "description": desc})
     return out
 
 
@@ -168,25 +157,13 @@ def _not_null(prop: dict) -> dict:
     return {**alts[0], **rest} if len(alts) == 1 else {**rest, "anyOf": alts}
 
 
-def _inline(node: Any, defs: dict) -> Any:
-    if isinstance(node, dict):
-        if "$ref" in node and node["$ref"].startswith("#/$defs/"):
-            return _inline(copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[1]]), defs)
-        return {k: _inline(v, defs) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_inline(v, defs) for v in node]
-    return node
-
-
 def _path_params(rule, spec: Endpoint, fixed: set[str]) -> list[dict]:
     out = []
     for name in sorted(rule.arguments - fixed):
-        conv = rule._converters.get(name)
-        schema: dict = {"type": "string"}
-        if isinstance(conv, IntegerConverter):
-            schema = {"type": "integer", "minimum": 0}
+        integer = isinstance(rule._converters.get(name), IntegerConverter)
         declared = spec.path.get(name, {})
-        out.append({"name": name, "in": "path", "required": True, "schema": declared.get("schema", schema),
+        schema = declared.get("schema", {"type": "integer", "minimum": 0} if integer else {"type": "string"})
+        out.append({"name": name, "in": "path", "required": True, "schema": schema,
                     "description": declared.get("description", "")})
     return out
 
@@ -202,7 +179,7 @@ def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
                 "code": {"const": 0}, "message": {"const": "ok"}, "data": schema}}
         resp["content"] = {ok.media_type: {"schema": schema}}
     if ok.headers:
-        resp["headers"] = {k: {"description": v, "schema": {"type": "string"}} for k, v in ok.headers.items()}
+        resp["headers"] = _headers(ok.headers)
     return resp
 
 
@@ -213,22 +190,18 @@ def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
     security: list = []
     if spec.auth in ("key", "admin"):
         security = [{"bearerAuth": []}]
-        codes |= {401, 503}
+        codes |= {401, 503} | ({403} if spec.auth == "admin" else set())
     elif spec.auth == "metrics":
         security = [{}, {"metricsToken": []}]
         codes.add(401)
-    if spec.auth == "admin":
-        codes.add(403)
     if rule.arguments - fixed:
         codes.add(404)
     params = _path_params(rule, spec, fixed)
-    for model, where in ((spec.query, "query"), (spec.headers, "header")):
-        if model is not None:
-            for wire, schema, required, desc in _field_schemas(model, spec.face):
-                params.append({"name": wire, "in": where, "required": required, "schema": schema,
-                               "description": desc})
-            if where == "query":
-                codes.add(422)
+    if spec.query is not None:
+        params += _parameters(spec.query, spec.face, "query")
+        codes.add(422)
+    if spec.headers is not None:
+        params += _parameters(spec.headers, spec.face, "header")
     op: dict[str, Any] = {"summary": spec.summary + (" (admin)" if spec.auth == "admin" else ""),
                           "tags": [spec.tag], "security": security, "responses": {}}
     if spec.description:
@@ -237,18 +210,16 @@ def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
         op["parameters"] = params
     if spec.body is not None:
         codes |= {400, 413}
+        schema = spec.body
         if isinstance(spec.body, type):
             codes.add(422)
             schema = shapes.ref(spec.body, spec.face, "validation")
-        else:
-            schema = spec.body
         op["requestBody"] = {"required": spec.body_required, "content": {"application/json": {"schema": schema}}}
     for status, ok in sorted(spec.ok.items()):
         op["responses"][str(status)] = _ok_response(ok, spec.face, shapes)
     prefix = "Seed" if spec.face == "seed" else ""
     for c in sorted(codes):
-        if str(c) not in op["responses"]:
-            op["responses"][str(c)] = {"$ref": _R + prefix + _ERRORS[c][0]}
+        op["responses"].setdefault(str(c), {"$ref": _R + prefix + _ERRORS[c][0]})
     if spec.auth == "admin":
         op["x-admin-only"] = True
     return op
@@ -283,17 +254,12 @@ def served(app: Flask) -> tuple[bytes, str]:
     """The document as served (JSON bytes) and its strong ETag, built at the
     first call for this app and settings, then reused."""
     settings = get_settings()
-    cached = app.extensions.get("asynch.openapi")
-    if cached is not None and cached[0] is settings:
-        return cached[1], cached[2]
     with _build_lock:
         cached = app.extensions.get("asynch.openapi")
-        if cached is not None and cached[0] is settings:
-            return cached[1], cached[2]
-        body = json.dumps(document(app), separators=(",", ":")).encode()
-        etag = hashlib.sha256(body).hexdigest()[:32]
-        app.extensions["asynch.openapi"] = (settings, body, etag)
-        return body, etag
+        if cached is None or cached[0] is not settings:
+            body = json.dumps(document(app), separators=(",", ":")).encode()
+            cached = app.extensions["asynch.openapi"] = (settings, body, hashlib.sha256(body).hexdigest()[:32])
+        return cached[1], cached[2]
 
 
 def document(app: Flask | None = None, server_url: str | None = None) -> dict:
@@ -310,37 +276,27 @@ def document(app: Flask | None = None, server_url: str | None = None) -> dict:
             continue
         spec: Endpoint = app.view_functions[rule.endpoint].endpoint
         for path, fixed in _concrete_paths(rule):
-            item = paths.setdefault(path, {})
-            for method in sorted(rule.methods - _SKIP_METHODS):
-                item[method.lower()] = _operation(rule, spec, shapes, fixed)
+            for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+                paths.setdefault(path, {})[method.lower()] = _operation(rule, spec, shapes, fixed)
     for model in ERROR_SHAPES:
         shapes.ref(model, "v1", "serialization")
     responses = {}
-    for code, (name, shape, description) in _ERRORS.items():
-        headers = {k: {"description": v, "schema": {"type": "string"}} for k, v in _ERROR_HEADERS.get(code, {}).items()}
-        for prefix, schema in (("", shape), ("Seed", "SeedValidationError" if shape == "ValidationError" else "SeedError")):
-            resp: dict[str, Any] = {"description": description,
-                                    "content": {"application/json": {"schema": {"$ref": _S + schema}}}}
+    for name, shape, description, headers in _ERRORS.values():
+        seed_shape = "SeedValidationError" if shape == "ValidationError" else "SeedError"
+        for prefix, schema in (("", shape), ("Seed", seed_shape)):
+            resp = responses[prefix + name] = {"description": description,
+                                               "content": {"application/json": {"schema": {"$ref": _S + schema}}}}
             if headers:
-                resp["headers"] = headers
-            responses[prefix + name] = resp
-    doc = {
-        "openapi": "3.1.0",
-        "info": {"title": "model-asynch", "version": "1.0.0", "description": DESCRIPTION},
-        "security": [{"bearerAuth": []}],
-        "paths": paths,
-        "components": {
-            "schemas": shapes.components(),
-            "responses": responses,
-            "securitySchemes": {
-                "bearerAuth": {"type": "http", "scheme": "bearer", "description": "an API key (ak_...)"},
-                "metricsToken": {"type": "http", "scheme": "bearer", "description": "ASYNCH_METRICS_TOKEN"},
-            },
-        },
-    }
+                resp["headers"] = _headers(headers)
+    schemes = {"bearerAuth": {"type": "http", "scheme": "bearer", "description": "an API key (ak_...)"},
+               "metricsToken": {"type": "http", "scheme": "bearer", "description": "ASYNCH_METRICS_TOKEN"}}
+    doc = {"openapi": "3.1.0", "info": {"title": "model-asynch", "version": "1.0.0", "description": DESCRIPTION},
+           "security": [{"bearerAuth": []}], "paths": paths,
+           "components": {"schemas": shapes.components(), "responses": responses, "securitySchemes": schemes}}
     if server_url:
         doc["servers"] = [{"url": server_url}]
-    return _clean(doc, get_settings())
+    settings = get_settings()
+    return _walk(doc, lambda d: _cleaned(d, settings))
 
 
 DESCRIPTION = (
@@ -350,3 +306,17 @@ DESCRIPTION = (
     "No string may hold NUL (U+0000): in a path that is 404, in a query value or a JSON body 422 (a job's "
     "payload may: it is data for the model); unpaired surrogates in a JSON body are 400. JSON numbers with "
     "no fraction (2.0) are integers. Times are UTC ISO 8601 with a Z.")
+
+_ETAG = {"ETag": "the document's strong validator"}
+
+
+@bp.get("/openapi.json")
+@endpoint("This document", tag="meta", auth="none",
+          ok={200: Ok({"type": "object"}, "OpenAPI 3.1", _ETAG), 304: Ok(None, "If-None-Match names the current ETag",
+                                                                          _ETAG)})
+def openapi_json():
+    body, etag = served(current_app)
+    headers = {"ETag": f'"{etag}"', "Cache-Control": "no-cache"}
+    if request.if_none_match.contains_weak(etag):  # RFC 9110 13.1.2: weak comparison
+        return Response(status=304, headers=headers)
+    return Response(body, status=200, mimetype="application/json", headers=headers)

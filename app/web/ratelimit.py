@@ -1,36 +1,18 @@
-"""Request rate limits per API key, at the edge.
+"""Request rate limits at the edge: token buckets in Redis (app/infra/redis/ratelimit.py).
 
 Invariants:
-- One take per request, from ``auth.current_principal()`` the first time a
-  request establishes its principal (``g.principal`` short-circuits every
-  later call).  Unauthenticated requests are not limited here (they have no
-  key to charge).
-- The bucket is the key's: ``Principal.key_id``; the bootstrap admin key
-  (key_id None, from the environment) has its own bucket ``bootstrap`` under
-  the same policy -- it is a full admin credential and must not be the one
-  unlimited key.  A resolver may exempt it (or any key) by returning None.
-  A gateway request (ASYNCH_AUTH_MODE=gateway: a user without a key) is
-  charged to its tenant's bucket ``gateway:<tenant>``.
-- A key without a policy (limits off) costs no Redis round trip.
-- Refused: ``RateLimited`` (429, nothing else done) with Retry-After and the
-  RateLimit fields; the one error handler adds them.  Allowed: the same
-  RateLimit fields on whatever the request answers (200s, 4xx, 5xx).
-- Redis unreachable: the request passes unlimited (fail open); the limiter
-  then stands aside for ``BYPASS_SECONDS`` so an outage does not add a
-  connect timeout to every request, and warns at most once per
-  ``WARN_EVERY_SECONDS`` per process.  A rate limit protects capacity; it is
-  not worth refusing service over.
-- Every header string comes from ``header_fields`` (one place).
-- Anonymous requests (a route declared ``auth="none"``, static files, the
-  metrics routes while ASYNCH_METRICS_TOKEN is empty, a path no route
-  matches, and a presented key that fails to authenticate) are charged to
-  their client address's bucket ``anon:<address>`` (an IPv6 address by its
-  /64: one host holds the whole /64), under ASYNCH_ANON_RATE_LIMIT_PER_SECOND
-  / _BURST, by ``check_anonymous`` from a before-request hook.  The health
-  routes take from a separate bucket ``anon-health:<address>`` with
-  ``HEALTH_FACTOR`` times the rate and burst: one kubelet probes every pod
-  of its node from one address, and a flood of other anonymous routes from
-  that address never starves its probes.  Same Redis script, same fail open.
+- One take per request, when ``auth.current_principal()`` first establishes it,
+  from the key's bucket; the bootstrap admin key has its own (``bootstrap``: a
+  full admin credential must not be the one unlimited key), a gateway user its
+  tenant's (``gateway:<tenant>``).  No policy (None): no Redis round trip.
+- Anonymous requests (``auth="none"``, static files, metrics without a token,
+  unmatched paths, a key that fails) pay from ``anon:<address>`` (IPv6 by its
+  /64); health routes from ``anon-health:<address>`` with HEALTH_FACTOR times the
+  rate and burst, so a flood never starves a kubelet's probes from that address.
+- Refused: RateLimited (429, nothing done); the RateLimit fields (all from
+  ``header_fields``) go on every answer.  Redis unreachable: fail open (a limit
+  protects capacity, not worth refusing service over), stand aside
+  BYPASS_SECONDS, warn at most once per WARN_EVERY_SECONDS.
 """
 from __future__ import annotations
 
@@ -56,6 +38,7 @@ log = logging.getLogger(__name__)
 
 BYPASS_SECONDS = 5.0
 WARN_EVERY_SECONDS = 60.0
+HEALTH_FACTOR = 10
 MAX_FILL_SECONDS = 1e9  # ~31 years; the Lua script caps a bucket's TTL there too
 # Policy names go out as Structured Field Strings; this set needs no escaping.
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
@@ -81,8 +64,7 @@ class RatePolicy:
         if not (isinstance(self.burst, int) and self.burst >= 1):
             raise ValueError(f"burst must be an integer >= 1, got {self.burst!r}")
         if self.burst / self.rate > MAX_FILL_SECONDS or self.burst > MAX_FILL_SECONDS:
-            # Keeps w and q within Structured Field Integers and the bucket's
-            # TTL under the script's cap.
+            # Keeps w and q within Structured Field Integers and the bucket's TTL under the script's cap.
             raise ValueError(f"burst / rate must be at most {MAX_FILL_SECONDS:g} s, and burst at most "
                              f"{MAX_FILL_SECONDS:g}, got {self.burst} / {self.rate}")
         if not _NAME.match(self.name):
@@ -90,35 +72,46 @@ class RatePolicy:
 
     @property
     def window(self) -> int:
-        """Seconds an empty bucket takes to fill: the policy is advertised as
-        ``burst`` requests per ``window`` s (rounded up, so the advertised
+        """Seconds an empty bucket takes to fill, rounded up (the advertised
         average never exceeds the real rate)."""
         return max(1, _ceil(self.burst / self.rate))
 
 
 # A resolver maps a principal to its policy (None: not limited).  It runs on
-# every authenticated request: one backed by a table should cache, e.g. a
-# TTLCache (app/infra/caches.py) keyed by principal.tenant_id or by the
-# (frozen, hashable) principal itself.
+# every authenticated request: one backed by a table should cache (a TTLCache
+# of app/infra/caches.py keyed by the tenant or the frozen principal).
 Resolver = Callable[[Principal], Optional[RatePolicy]]
+
+
+def _default_burst(rate: float) -> int:
+    return max(1, _ceil(2 * rate))
+
+
+def _settings_policy(rate: float, burst: int, names: str, factor: int = 1, name: str = "default"):
+    if not rate > 0:
+        return None
+    try:
+        return RatePolicy(rate * factor, (burst if burst > 0 else _default_burst(rate)) * factor, name)
+    except ValueError as exc:  # a configuration error: say which variables
+        raise ValueError(f"{names}: {exc}") from None
 
 
 def default_policy(principal: Principal) -> RatePolicy | None:
     """Every key gets ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST."""
     s = get_settings()
-    rate = s.rate_limit_per_second
-    if not rate > 0:
-        return None
-    burst = s.rate_limit_burst if s.rate_limit_burst > 0 else max(1, _ceil(2 * rate))
-    try:
-        return RatePolicy(rate, burst)
-    except ValueError as exc:  # a configuration error: say which variables
-        raise ValueError(f"ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST: {exc}") from None
+    return _settings_policy(s.rate_limit_per_second, s.rate_limit_burst,
+                            "ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST")
+
+
+def anonymous_policy(health: bool = False) -> RatePolicy | None:
+    s = get_settings()
+    return _settings_policy(s.anon_rate_limit_per_second, s.anon_rate_limit_burst,
+                            "ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST",
+                            HEALTH_FACTOR if health else 1, "anon-health" if health else "anon")
 
 
 def tenant_policy(principal: Principal) -> RatePolicy | None:
-    """A key's policy: its tenant's rate and burst (asynch_tenant_limits,
-    through the per-process cache), else the settings' defaults."""
+    """The tenant's rate and burst (asynch_tenant_limits, cached), else the settings'."""
     own = limits.limits_of(principal.tenant_id)
     base = default_policy(principal)
     if own.rate_per_second is None and own.burst is None:
@@ -126,21 +119,16 @@ def tenant_policy(principal: Principal) -> RatePolicy | None:
     rate = own.rate_per_second if own.rate_per_second is not None else (base.rate if base else None)
     if rate is None:
         return None
-    burst = own.burst if own.burst is not None else max(1, _ceil(2 * rate))
-    return RatePolicy(rate, burst)
+    return RatePolicy(rate, own.burst if own.burst is not None else _default_burst(rate))
 
 
 _resolver: Resolver = tenant_policy
 
 
 def set_policy_resolver(fn: Resolver | None) -> None:
-    """Install a resolver (tests); None restores the default, tenant_policy."""
+    """Install a resolver (tests); None restores tenant_policy."""
     global _resolver
-    _resolver = fn if fn is not None else tenant_policy
-
-
-def policy_for(principal: Principal) -> RatePolicy | None:
-    return _resolver(principal)
+    _resolver = fn or tenant_policy
 
 
 def bucket_id(principal: Principal) -> str:
@@ -150,24 +138,14 @@ def bucket_id(principal: Principal) -> str:
 
 
 def header_fields(policy: RatePolicy, took: Take) -> dict[str, str]:
-    """Response header fields for one take.
-
-    Per draft-ietf-httpapi-ratelimit-headers-11 (23 May 2026), sections 3-4
-    and 6: both fields are Structured Field Lists of one String item with
-    Integer parameters.
-    - ``RateLimit-Policy: "default";q=<burst>;w=<window>`` -- the quota
-      ``q`` and the time window ``w`` (whole seconds, non-zero).
-    - ``RateLimit: "default";r=<available>;t=<seconds>`` -- ``r`` the whole
-      tokens left; ``t`` the effective window: the seconds within which the
-      client can use no more than ``r``, i.e. until the next whole token
-      (rounded up; 0 only for a full bucket).
-    - Refused: ``Retry-After`` (delay-seconds, at least 1) and ``t`` equal to
-      it -- section 6: Retry-After SHOULD NOT point earlier than the end of
-      the effective window.
-    """
+    """Response header fields for one take, per draft-ietf-httpapi-ratelimit-headers-11
+    (sections 3-4, 6): Structured Field Lists of one String item with Integer parameters.
+    ``RateLimit-Policy``: quota ``q`` (burst) per window ``w`` (whole seconds, non-zero).
+    ``RateLimit``: ``r`` whole tokens left, ``t`` seconds until the next whole token
+    (rounded up; 0 only for a full bucket).  Refused: ``Retry-After`` (at least 1) and
+    ``t`` equal to it (Retry-After SHOULD NOT point earlier than the effective window's end)."""
     avail = max(0, math.floor(took.remaining))
-    nxt = min(policy.burst, avail + 1)
-    t = max(0, _ceil((nxt - took.remaining) / policy.rate))
+    t = max(0, _ceil((min(policy.burst, avail + 1) - took.remaining) / policy.rate))
     out = {"RateLimit-Policy": f'"{policy.name}";q={policy.burst};w={policy.window}'}
     if not took.allowed:
         t = max(1, t, _ceil(took.retry_after))
@@ -176,31 +154,10 @@ def header_fields(policy: RatePolicy, took: Take) -> dict[str, str]:
     return out
 
 
-# --- fail open ---------------------------------------------------------------
-
-_lock = threading.Lock()
-_bypass_until = 0.0
-_warned_at: float | None = None
-
-
-def _fail_open(exc: Exception) -> None:
-    global _bypass_until, _warned_at
-    now = time.monotonic()
-    with _lock:
-        _bypass_until = now + BYPASS_SECONDS
-        warn = _warned_at is None or now - _warned_at >= WARN_EVERY_SECONDS
-        if warn:
-            _warned_at = now
-    if warn:
-        log.warning("rate limiter cannot reach Redis (%s): requests pass unlimited, next try in %.0f s",
-                    exc, BYPASS_SECONDS)
-
-
 def tenant_rate_state(tenant: str, key_ids: list[int]) -> dict:
-    """The policy a tenant's keys get and each key's bucket now (tokens
-    left, refilled to Redis time; read only).  Redis unreachable: buckets
-    null, as the limiter then lets requests through."""
-    policy = policy_for(Principal(tenant_id=tenant, role="user", key_id=None))
+    """The policy a tenant's keys get and each key's tokens now (read only;
+    null while Redis is unreachable, as the limiter then lets requests through)."""
+    policy = _resolver(Principal(tenant_id=tenant, role="user", key_id=None))
     out: dict = {"limited": policy is not None, "rate_per_second": policy.rate if policy else None,
                  "burst": policy.burst if policy else None, "keys": []}
     if policy is None:
@@ -212,30 +169,34 @@ def tenant_rate_state(tenant: str, key_ids: list[int]) -> dict:
     return out
 
 
+_lock = threading.Lock()
+_bypass_until = 0.0
+_warned_at: float | None = None
+
+
 def reset() -> None:
     """Forget a recent Redis failure (tests)."""
     global _bypass_until, _warned_at
     with _lock:
-        _bypass_until = 0.0
-        _warned_at = None
-
-
-# --- the hooks ---------------------------------------------------------------
-
-def check(principal: Principal) -> None:
-    """Take one token for this request from the principal's bucket.  Raises
-    ``RateLimited`` when the bucket is empty; otherwise the RateLimit fields
-    go on this request's response.  Must run inside a request."""
-    _charge(bucket_id(principal), policy_for(principal), "this key")
+        _bypass_until, _warned_at = 0.0, None
 
 
 def _charge(bucket: str, policy: RatePolicy | None, who: str) -> None:
+    global _bypass_until, _warned_at
     if policy is None or time.monotonic() < _bypass_until:
         return
     try:
         took = take(bucket, policy.rate, policy.burst)
     except redis.RedisError as exc:
-        _fail_open(exc)
+        now = time.monotonic()
+        with _lock:
+            _bypass_until = now + BYPASS_SECONDS
+            warn = _warned_at is None or now - _warned_at >= WARN_EVERY_SECONDS
+            if warn:
+                _warned_at = now
+        if warn:
+            log.warning("rate limiter cannot reach Redis (%s): requests pass unlimited, next try in %.0f s",
+                        exc, BYPASS_SECONDS)
         return
     fields = header_fields(policy, took)
     if not took.allowed:
@@ -244,29 +205,13 @@ def _charge(bucket: str, policy: RatePolicy | None, who: str) -> None:
 
     @after_this_request
     def _add_fields(resp):
-        for k, v in fields.items():
-            resp.headers[k] = v
+        resp.headers.update(fields)
         return resp
 
 
-# --- anonymous requests, per client address ------------------------------------
-
-HEALTH_FACTOR = 10
-
-
-def anonymous_policy(health: bool = False) -> RatePolicy | None:
-    """ASYNCH_ANON_RATE_LIMIT_PER_SECOND / _BURST (None: off); the health
-    routes' bucket gets HEALTH_FACTOR times both."""
-    s = get_settings()
-    rate = s.anon_rate_limit_per_second
-    if not rate > 0:
-        return None
-    burst = s.anon_rate_limit_burst if s.anon_rate_limit_burst > 0 else max(1, _ceil(2 * rate))
-    f = HEALTH_FACTOR if health else 1
-    try:
-        return RatePolicy(rate * f, burst * f, "anon-health" if health else "anon")
-    except ValueError as exc:
-        raise ValueError(f"ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST: {exc}") from None
+def check(principal: Principal) -> None:
+    """One token from the principal's bucket (inside a request); RateLimited when empty."""
+    _charge(bucket_id(principal), _resolver(principal), "this key")
 
 
 def client_address() -> str:
@@ -284,29 +229,20 @@ def client_address() -> str:
 
 
 def check_anonymous(health: bool = False) -> None:
-    """Take one token from this client address's anonymous bucket (raises
-    ``RateLimited`` when it is empty).  Must run inside a request."""
+    """One token from this client address's anonymous bucket; RateLimited when empty."""
     name = "anon-health" if health else "anon"
     _charge(f"{name}:{client_address()}", anonymous_policy(health), "anonymous requests from this address")
-
-
-def _anonymous_kind() -> str | None:
-    """"health", "other" or None (the route authenticates: a key's own
-    bucket, or a failed key through ``check_anonymous``, app/web/auth.py)."""
-    if request.url_rule is None or request.endpoint is None:
-        return "other"  # no route matched: 404 / 405
-    view = current_app.view_functions.get(request.endpoint)
-    spec = getattr(view, "endpoint", None)
-    if spec is None or spec.auth == "none":  # static files have no declaration
-        return "health" if spec is not None and spec.tag == "health" else "other"
-    if spec.auth == "metrics" and not get_settings().metrics_token:
-        return "other"
-    return None
 
 
 def register(app: Flask) -> None:
     @app.before_request
     def _anonymous_limit():
-        kind = _anonymous_kind()
-        if kind is not None:
-            check_anonymous(health=kind == "health")
+        # Routes that authenticate pay from their key's bucket (a failed key
+        # through check_anonymous, app/web/auth.py).
+        if request.url_rule is None or request.endpoint is None:
+            return check_anonymous()  # no route matched: 404 / 405
+        spec = getattr(current_app.view_functions.get(request.endpoint), "endpoint", None)
+        if spec is None or spec.auth == "none":  # static files have no declaration
+            return check_anonymous(health=spec is not None and spec.tag == "health")
+        if spec.auth == "metrics" and not get_settings().metrics_token:
+            return check_anonymous()

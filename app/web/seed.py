@@ -2,8 +2,8 @@
 services and the same declarations as v1: the shapes are validated by their
 camelCase aliases (``face="seed"``), answers come in the envelope
 {"code": 0, "message": "ok", "data": ...}, and errors are enveloped by the
-one handler (app/web/errors.py).  Model and model-type writes need an admin
-key."""
+one handler (app/web/errors.py).  Model and model-type writes and the
+maintenance triggers (runWork, cleanWork, autoTune) need an admin key."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -12,34 +12,22 @@ from flask import Blueprint
 from pydantic import Field
 
 from app.catalog import model_types, registry
-from app.catalog.schemas import (
-    ModelInput,
-    ModelNameBody,
-    ModelTypeInput,
-    ModelTypeView,
-    SeedModelTypeUpdate,
-    SeedModelUpdate,
-    SeedModelView,
-    TypeIdBody,
-    model_view,
-)
-from app.contract import NO_NUL, Params, rule
-from app.jobs import claims, stats, submission
-from app.jobs import service as jobs
-from app.jobs.seed_schemas import (
-    CreatedTask,
-    CreateTask,
-    SeedTask,
-    TaskHeaders,
-    TaskIds,
-)
+from app.catalog.schemas import (ModelInput, ModelNameBody, ModelTypeInput, ModelTypeView, SeedModelTypeUpdate,
+                                 SeedModelUpdate, SeedModelView, TypeIdBody, model_view)
+from app.contract import NO_NUL, Int, Loose, Params, rule
+from app.jobs import claims, service as jobs, stats, submission
+from app.jobs.seed_schemas import CreatedTask, CreateTask, SeedTask, TaskHeaders, TaskIds
 from app.jobs.usage_schemas import Usage, UsageQuery
+from app.maintenance import autotune, passes
+from app.maintenance.schemas import AutotuneReport, AutotuneRequest, Report
 from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint
 from app.web.v1_jobs import caller
 
 bp = Blueprint("seed", __name__)
 SEED = {"face": "seed", "tag": "seed"}
+# The maintenance triggers: admins only, optional bodies that are only read.
+MAINTENANCE = {**SEED, "auth": "admin", "body_required": False, "nul_allowed": ("",)}
 
 
 class ModelQuery(Params):
@@ -53,8 +41,6 @@ class TaskQuery(Params):
 def _model(row) -> object:
     return model_view(row, current_principal().is_admin, face="seed")
 
-
-# --- models -------------------------------------------------------------------------
 
 @bp.post("/model/createModel")
 @endpoint("Create a model", auth="admin", body=ModelInput, errors=(409,), ok=Ok(SeedModelView, "the model"), **SEED)
@@ -90,8 +76,6 @@ def delete_model(body: ModelNameBody):
     return body
 
 
-# --- model types --------------------------------------------------------------------
-
 @bp.post("/modelType/create")
 @endpoint("Create a model type (without typeId: the next free id)", auth="admin", body=ModelTypeInput,
           errors=(409,), ok=Ok(ModelTypeView, "the type"), **SEED)
@@ -120,8 +104,6 @@ def delete_type(body: TypeIdBody):
     return body
 
 
-# --- tasks --------------------------------------------------------------------------
-
 @bp.post("/task/createTask")
 @endpoint("Submit a task (the v1 submit with the seed's fields)", body=CreateTask, headers=TaskHeaders,
           nul_allowed=("/requestPayload",), errors=(404, 429), ok=Ok(CreatedTask, "admitted"), **SEED,
@@ -147,9 +129,38 @@ def get_task_result(query: TaskQuery):
     return SeedTask.from_row(jobs.read_result_row(current_principal(), query.taskId))
 
 
-# --- stats --------------------------------------------------------------------------
-
 @bp.get("/stat/getModelStat")
 @endpoint("Usage counts (as /v1/stats)", query=UsageQuery, errors=(403,), ok=Ok(Usage, "counts"), **SEED)
 def model_stat(query: UsageQuery):
     return stats.usage(current_principal(), query)
+
+
+class Ignored(Loose):
+    """An optional body whose fields are ignored."""
+
+
+class RunWorkRequest(Loose):
+    """runWork's optional body; other fields are ignored."""
+
+    max_tasks: Int(0, 10000) | None = rule(
+        "pending jobs to claim and run in this call, 0-10000 (absent: ASYNCH_RUN_WORK_MAX_TASKS)", None)
+
+
+@bp.post("/task/runWork")
+@endpoint("Run the worker pass now: the retry pass (as POST /v1/maintenance/retry), then up to maxTasks "
+          "pending jobs claimed and run by this call", body=RunWorkRequest, ok=Ok(Report, "its report"), **MAINTENANCE)
+def run_work(body: RunWorkRequest):
+    return passes.run_work(body.max_tasks).as_dict()
+
+
+@bp.post("/task/cleanWork")
+@endpoint("Run cleanup, due retries, then recovery, now", body=Ignored,
+          ok=Ok(Report, "{cleanup: {...}, recover: {...}}"), **MAINTENANCE)
+def clean_work(body: Ignored):
+    return passes.clean_work().as_dict()
+
+
+@bp.post("/model/autoTune")
+@endpoint("Run autotune now", body=AutotuneRequest, ok=Ok(AutotuneReport, "the decisions"), **MAINTENANCE)
+def auto_tune(body: AutotuneRequest):
+    return autotune.autotune(body.window, body.dry_run).as_dict()

@@ -9,31 +9,19 @@ from app.infra import parking
 from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, hub
 from app.infra.wakeup_snapshot import Snapshot
-from app.jobs import batch as batches
-from app.jobs import estimates
-from app.jobs import events as job_events
-from app.jobs import service as jobs
-from app.jobs import submission
-from app.jobs.requests import (
-    BATCH_MAX_JOBS,
-    BatchHeaders,
-    BatchSubmit,
-    EventHeaders,
-    FailRequest,
-    JobListQuery,
-    SubmitHeaders,
-    TenantEventsQuery,
-    WaitQuery,
-)
+from app.jobs import batch as batches, estimates, events as job_events, service as jobs, submission
+from app.jobs.requests import (BATCH_MAX_JOBS, BatchHeaders, BatchSubmit, EventHeaders, FailRequest, JobListQuery,
+                               SubmitHeaders, TenantEventsQuery, WaitQuery)
 from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync
 from app.tenancy.identity import creator_for, oss_passthrough
 from app.web.auth import current_principal, gateway_oss_authorization, trusted_user_info
-from app.web.contract import Ok, endpoint
+from app.web.contract import JOB_ID_PATH, Ok, endpoint
 from app.web.errors import item_answer
 
 bp = Blueprint("v1_jobs", __name__, url_prefix="/v1")
 
-_JOB_PATH = {"model": {"description": "model_name"}, "job_id": {"description": "job id (job_...)"}}
+_MODEL = {"model": {"description": "model_name"}}
+_JOB_PATH = {**_MODEL, **JOB_ID_PATH}
 _PAYLOAD = {"type": "object", "description": "the JSON object forwarded to the model service"}
 
 
@@ -43,15 +31,11 @@ def job_urls(row) -> dict:
 
 
 def caller(headers, creator: str | None = None) -> dict:
-    """The option values a request derives rather than carries: its creator
-    (``creator`` or X-Creator; X-User-Info wins only when a proven gateway
-    vouches for it) and the headers for the OSS file service.  Our own
-    Authorization header is the middleware's API key and never leaves the
-    middleware: the caller's credential for the file service comes as
-    X-Oss-Authorization -- or, for a request through the gateway
-    (ASYNCH_AUTH_MODE=gateway), it is that request's own Authorization,
-    unchanged; X-User-Info only when a proven gateway vouches for it
-    (app/web/auth.py trusted_user_info)."""
+    """The options a request derives: its creator (``creator`` or X-Creator;
+    X-User-Info only when a proven gateway vouches for it) and the headers for
+    the OSS file service.  Our own Authorization (the API key) never leaves:
+    the caller's credential is X-Oss-Authorization, or a gateway request's own
+    Authorization, unchanged."""
     trusted = trusted_user_info()
     return {"creator": creator_for(creator or headers.creator, trusted),
             "passthrough": oss_passthrough(headers.oss_authorization or gateway_oss_authorization(), trusted)}
@@ -71,10 +55,10 @@ def prefer_wait(prefer: str | None) -> int | None:
 
 @bp.post("/models/<model>/jobs")
 @endpoint("Submit a job", tag="jobs", body=_PAYLOAD, nul_allowed=("",), headers=SubmitHeaders, errors=(422, 429),
-          path={"model": {"description": "model_name"}},
-          ok={202: Ok(JobAccepted, "admitted", {"Location": "the poll_url",
-                                                "Idempotent-Replayed": "true on a replay",
-                                                "Preference-Applied": "wait=N when a Prefer: wait was honoured"}),
+          path=_MODEL, ok={202: Ok(JobAccepted, "admitted", {"Location": "the poll_url",
+                                                             "Idempotent-Replayed": "true on a replay",
+                                                             "Preference-Applied": "wait=N when a Prefer: wait was "
+                                                                                   "honoured"}),
               200: Ok(JobSync, "sync mode (Prefer: wait=N): the job ended within N seconds",
                       {"Location": "the poll_url", "Preference-Applied": "wait=N",
                        "Idempotent-Replayed": "true on a replay"})},
@@ -91,57 +75,52 @@ def submit_job(model: str, body: dict, headers: SubmitHeaders):
     out = jobs.submit_and_wait(current_principal(), model, body, opts, wait_s, watch=client_watch(request.environ))
     if not out.finished:
         return _accepted(out.submitted, out.waited_s, out.row)
-    extra = {"Location": job_urls(out.row)["poll_url"], "Preference-Applied": f"wait={out.waited_s}"}
-    if out.submitted.replayed:
-        extra["Idempotent-Replayed"] = "true"
     values = {**JobStatus.values_of(out.row), **job_urls(out.row)}
     if out.has_result:
         values["result"] = out.result
-    return JobSync.model_construct(**values), 200, extra
+    return JobSync.model_construct(**values), 200, _headers(out.row, out.submitted.replayed, out.waited_s)
+
+
+def _headers(row, replayed: bool, waited_s: int | None) -> dict:
+    extra = {"Location": job_urls(row)["poll_url"]}
+    if replayed:
+        extra["Idempotent-Replayed"] = "true"
+    if waited_s is not None:
+        extra["Preference-Applied"] = f"wait={waited_s}"
+    return extra
 
 
 def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
     """The 202: ``seen`` is a newer copy than the admitted row (after a
     sync-mode wait that ran out), ``waited_s`` the wait honoured."""
-    urls = job_urls(out.row)
-    if seen is not None:
-        state = JobStatus.from_row(seen).state
-    else:
-        state = JobStatus.from_row(out.row).state if out.replayed else "pending"
-    extra = {"Location": urls["poll_url"]}
-    if out.replayed:
-        extra["Idempotent-Replayed"] = "true"
-    if waited_s is not None:
-        extra["Preference-Applied"] = f"wait={waited_s}"
+    state = "pending" if seen is None and not out.replayed else JobStatus.from_row(
+        out.row if seen is None else seen).state
     est = out.estimate.fields() if out.estimate is not None and state == "pending" else {}
-    return JobAccepted.model_construct(job_id=out.row.id, state=state, **urls, **est), 202, extra
+    return (JobAccepted.model_construct(job_id=out.row.id, state=state, **job_urls(out.row), **est), 202,
+            _headers(out.row, out.replayed, waited_s))
 
 
 @bp.post("/models/<model>/jobs:batch")
 @endpoint("Submit a batch of jobs", tag="jobs", body=BatchSubmit, nul_allowed=("/jobs",), headers=BatchHeaders,
-          errors=(422,), path={"model": {"description": "model_name"}},
-          ok={207: Ok(BatchAccepted, "every item's own answer, in order")},
+          errors=(422,), path=_MODEL, ok={207: Ok(BatchAccepted, "every item's own answer, in order")},
           description=f"1 to {BATCH_MAX_JOBS} jobs of one model. Each item is judged as a submit of it alone would "
                       "be (202 admitted or replayed, 422 with pointers under /jobs/{index}, 429 with retry_after) "
                       "and does not affect the others; the valid ones pass one gate step and one INSERT. A bad "
                       "key, body or model refuses the whole batch as for a submit.")
 def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
-    results, admitted = [], 0
-    outcomes = batches.submit_batch(current_principal(), model, body.jobs, **caller(headers))
-    for o in outcomes:
+    results = []
+    for o in batches.submit_batch(current_principal(), model, body.jobs, **caller(headers)):
         if o.submitted is not None:
-            row = o.submitted.row
-            state = JobStatus.from_row(row).state if o.submitted.replayed else "pending"
-            values = dict(status=202, job_id=row.id, state=state, **job_urls(row))
-            if o.submitted.replayed:
-                values["replayed"] = True
-            admitted += 1
+            row, replayed = o.submitted.row, o.submitted.replayed
+            values = dict(status=202, job_id=row.id, state=JobStatus.from_row(row).state if replayed else "pending",
+                          **job_urls(row), **({"replayed": True} if replayed else {}))
         else:
             status, err, hdrs = item_answer(o.error)
             values = dict(status=status, **err)
             if "Retry-After" in hdrs:
                 values["retry_after"] = int(hdrs["Retry-After"])
         results.append(BatchItemResult.model_construct(index=o.index, **values))
+    admitted = sum(r.status == 202 for r in results)
     return BatchAccepted.model_construct(admitted=admitted, refused=len(results) - admitted, results=results), 207
 
 
@@ -153,8 +132,7 @@ def _list(model: str | None, query: JobListQuery) -> JobList:
 
 
 @bp.get("/models/<model>/jobs")
-@endpoint("List a model's jobs, newest first", tag="jobs", query=JobListQuery, path={"model": _JOB_PATH["model"]},
-          ok=Ok(JobList, "a page"))
+@endpoint("List a model's jobs, newest first", tag="jobs", query=JobListQuery, path=_MODEL, ok=Ok(JobList, "a page"))
 def list_model_jobs(model: str, query: JobListQuery):
     return _list(model, query)
 
@@ -251,9 +229,8 @@ RESULT_CSP = "sandbox; default-src 'none'"
 def result_headers(content_type: str) -> dict[str, str]:
     out = {"Content-Security-Policy": RESULT_CSP}
     mime = content_type.split(";", 1)[0].strip().lower()
-    shown = (mime in ("application/json", "text/plain") or mime.endswith("+json")
-             or (mime.startswith("image/") and mime != "image/svg+xml"))
-    if not shown:
+    if not (mime in ("application/json", "text/plain") or mime.endswith("+json")
+            or (mime.startswith("image/") and mime != "image/svg+xml")):
         out["Content-Disposition"] = "attachment"
     return out
 

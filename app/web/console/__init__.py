@@ -1,11 +1,8 @@
-"""The web console at /console: server-rendered page shells (Jinja) and one
-small vanilla-JS file that calls the JSON API.
-
-The API key lives in the tab's sessionStorage and goes out only as the
-``Authorization: Bearer`` header of fetch() calls; no cookie ever grants
-anything, so there is nothing for a cross-site request to ride on (no CSRF).
-Pages carry a strict Content-Security-Policy (no inline script, no third
-parties) and the JS builds the DOM with textContent only.
+"""The web console at /console: Jinja page shells and one vanilla-JS file
+that calls the JSON API.  The API key lives in the tab's sessionStorage and
+goes out only as the Authorization header of fetch() calls; no cookie grants
+anything (no CSRF).  Pages carry a strict Content-Security-Policy (no inline
+script, no third parties); the JS builds the DOM with textContent only.
 """
 from __future__ import annotations
 
@@ -22,23 +19,13 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 @bp.after_request
 def _headers(resp):
-    resp.headers["Content-Security-Policy"] = CSP
-    resp.headers["X-Content-Type-Options"] = "nosniff"
-    resp.headers["Referrer-Policy"] = "no-referrer"
-    resp.headers["Cache-Control"] = "no-store"
+    resp.headers.update({"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                         "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
     return resp
-
-
-def _page(name: str, title: str, **ctx) -> Response:
-    return Response(render_template(f"{name}.html", page=name, title=title, **ctx), mimetype="text/html")
 
 
 _HTML = Ok({"type": "string"}, "the page shell; its script calls the JSON API with the key from sessionStorage",
            media_type="text/html")
-
-
-def page(summary: str):
-    return endpoint(summary, tag="console", auth="none", ok=_HTML)
 
 
 @bp.get("/")
@@ -66,10 +53,10 @@ _PAGES = (
 
 def _add_page(name: str, path: str, title: str, summary: str) -> None:
     def view(**path_args) -> Response:
-        return _page(name, title, **path_args)
+        return Response(render_template(f"{name}.html", page=name, title=title, **path_args), mimetype="text/html")
 
     view.__name__ = f"{name}_page"
-    bp.add_url_rule(path, view.__name__, page(summary)(view), methods=["GET"])
+    bp.add_url_rule(path, view.__name__, endpoint(summary, tag="console", auth="none", ok=_HTML)(view), methods=["GET"])
 
 
 for _spec in _PAGES:
