@@ -1,23 +1,15 @@
 """Calls a configured model service exactly as its row says: base_url+route,
 GET with the payload as query parameters or POST with it as JSON, head_msg
-headers merged with the job's modelKey (only the names the model's
-model_key_headers allows, app/infra/http/headers.py), and a cap on the
-response size.
+merged with the job's modelKey headers (headers.py), a cap on the response
+size, connections kept alive per thread and process, and ``timeout_seconds``
+as a hard deadline for the whole call (deadline.py).
 
-``timeout_seconds`` is a hard wall-clock deadline for the whole call:
-connect, sending, waiting for the status line and headers, and the body
-(app/infra/http/deadline.py).  A model that trickles its answer costs the
-worker ``timeout_seconds``, not more.
-
-Errors (ModelCallError): ``code`` and ``public`` are what the job's tenant
-sees (a stable code, a short message without the model's body, addresses
-or exception text); ``str(exc)`` is the whole story, for logs and admins.
-``permanent`` ones are not retried (other 3xx/4xx,
-an oversize answer, a request we cannot send); 5xx, 408, 429, timeouts and
-network failures are transient.  ``called`` says whether the request
-reached the model service (a byte of it was sent): only those count in
-the call stats.  A 429 or 503 is also ``busy`` (the upstream is full), with
-its Retry-After in seconds.  Connections are kept alive per thread and per process.
+Errors (ModelCallError): ``code`` and ``public`` are what the tenant sees
+(no model body, addresses or exception text); ``str(exc)`` is for logs and
+admins.  ``permanent`` ones are not retried (other 3xx/4xx, an oversize
+answer, a request we cannot send); 5xx, 408, 429, timeouts and network
+failures are.  ``called``: a byte reached the model (only those count in the
+stats).  A 429 or 503 is also ``busy``, with its Retry-After in seconds.
 """
 from __future__ import annotations
 
@@ -33,9 +25,6 @@ USER_AGENT = "model-asynch/1"
 
 
 class ModelCallError(Exception):
-    """The call failed.  ``permanent`` errors are not retried; ``called`` says
-    whether the request reached the model service (it counts in the stats)."""
-
     def __init__(self, message: str, *, permanent: bool, called: bool, code: str = "model_request_invalid",
                  public: str | None = None, status: int | None = None, retry_after: float | None = None):
         super().__init__(message)
@@ -76,12 +65,6 @@ class ModelResponse:
     status: int
 
 
-def model_url(base_url: str, route: str) -> str:
-    if not route:
-        return base_url
-    return base_url.rstrip("/") + "/" + route.lstrip("/")
-
-
 def query_params(payload: dict) -> dict[str, str]:
     out = {}
     for k, v in payload.items():
@@ -96,15 +79,11 @@ def query_params(payload: dict) -> dict[str, str]:
     return out
 
 
-# Sent with every call (JOB_HEADER, ATTEMPT_HEADER): the job and its attempt,
-# so a model (or a proxy in front of it) can deduplicate; an attempt calls
-# the model at most once.  No job may set them (headers.py, reserved).
-
-
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
                job: tuple[str, int] | None = None, model_key_headers: str = "") -> ModelResponse:
-    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt.
+    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt
+    so a model (or a proxy) can deduplicate: an attempt calls it at most once.
     ``model_key_headers``: the names ``model_key`` may set."""
     try:
         configured = job_headers(head_msg, model_key, model_key_headers)
@@ -118,8 +97,9 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
         headers = merge_headers(headers, {JOB_HEADER: job[0], ATTEMPT_HEADER: str(job[1])})
     method = http_method.upper()
     kw: dict = {"params": query_params(payload)} if method == "GET" else {"json": payload}
+    url = base_url.rstrip("/") + "/" + route.lstrip("/") if route else base_url
     try:
-        resp = deadline.request(method, model_url(base_url, route), headers=headers, timeout=timeout_seconds,
+        resp = deadline.request(method, url, headers=headers, timeout=timeout_seconds,
                                 connect_timeout=min(10.0, timeout_seconds), max_bytes=max_bytes,
                                 keep_alive=True, **kw)
     except deadline.DeadlineExceeded as exc:

@@ -1,18 +1,13 @@
 """Token buckets in Redis, for request rate limits (app/web/ratelimit.py).
 
 Invariants:
-- A take is ONE Lua script (ratelimit_token_bucket.lua): read the bucket,
-  refill it, take, write it back.  Redis runs a script alone, so any number
-  of API threads, processes and hosts taking from one bucket at once admit
-  at most ``burst + rate * t`` requests over any span ``t``: there is no
-  read-then-write window between them.
-- Time is the Redis server's (``TIME``), never the caller's: API hosts with
-  skewed clocks share one bucket.  A clock that steps back refills nothing
-  (elapsed time is clamped at 0) and never freezes a bucket.
-- A bucket is one hash ``{prefix}:ratelimit:{bucket_id}`` (fields ``tk``
-  tokens left, ``ts`` Redis time of the last take) that expires once it would
-  be full again: an absent bucket IS a full bucket, so idle buckets vanish
-  and forgetting them loses nothing.
+- A take is ONE Lua script (ratelimit_token_bucket.lua: refill, take, write
+  back), so any number of takers admit at most ``burst + rate * t`` over
+  any span ``t``.
+- Time is the Redis server's (``TIME``): skewed API hosts share a bucket; a
+  clock stepping back refills nothing and never freezes a bucket.
+- A bucket is one hash (``tk`` tokens, ``ts`` last take) that expires once
+  it would be full again: an absent bucket IS a full one.
 """
 from __future__ import annotations
 
