@@ -36,8 +36,7 @@ import socket
 import ssl
 import threading
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
@@ -150,7 +149,7 @@ def _default_tls_context() -> ssl.SSLContext:
 def _resolve(host: str, port: int, clock: _Clock) -> list[str]:
     """getaddrinfo on a daemon thread, waited for at most the time left: a
     stuck resolver costs the deadline, never more (the thread ends on its own)."""
-    box: Future = Future()
+    box: futures.Future = futures.Future()
 
     def run():
         try:
@@ -161,7 +160,7 @@ def _resolve(host: str, port: int, clock: _Clock) -> list[str]:
     threading.Thread(target=run, name="asynch-resolve", daemon=True).start()
     try:
         infos = box.result(clock.left(False))
-    except FuturesTimeout:
+    except futures.TimeoutError:
         raise clock.exceeded(False, f" resolving {host}") from None
     except OSError as exc:
         raise ConnectFailed(f"{host} does not resolve: {exc}", reached=False) from None
@@ -309,9 +308,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
         req = h11.Request(method=method.upper(), target=t.target.encode("ascii"), headers=hdrs)
     except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
         raise InvalidRequest(f"cannot send this request: {exc}", reached=False) from exc
-    conn = _pool.get(key) if keep_alive else None
-    if conn is None:
-        conn = _Conn(_connect(t, address, clock, connect_timeout, tls_context))
+    conn = (_pool.get(key) if keep_alive else None) or _Conn(_connect(t, address, clock, connect_timeout, tls_context))
     try:
         resp = _exchange(conn, req, body, clock, max_bytes, truncate)
     except BaseException:
@@ -340,22 +337,17 @@ def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, 
         length = next((v for k, v in headers if k == "content-length"), None)
         if not truncate and length is not None and length.isdigit() and int(length) > max_bytes:
             raise ResponseTooLarge(f"response of {length} bytes exceeds {max_bytes} bytes", reached=True)
-        chunks, size = [], 0
-        while True:
-            part = conn.next_event(clock)
-            if isinstance(part, h11.Data):
-                size += len(part.data)
-                if size > max_bytes:
-                    if not truncate:
-                        raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)
-                    chunks.append(part.data[:len(part.data) - (size - max_bytes)])
-                    break  # the connection is not at a message boundary: request() closes it
-                chunks.append(part.data)
-            elif isinstance(part, h11.EndOfMessage):
-                break
-            else:  # ConnectionClosed before the framing said the body ended
+        got = bytearray()
+        while not isinstance(part := conn.next_event(clock), h11.EndOfMessage):
+            if not isinstance(part, h11.Data):  # ConnectionClosed before the framing said the body ended
                 raise BrokenResponse("connection closed mid-response", reached=True)
-        return Response(ev.status_code, headers, b"".join(chunks))
+            got += part.data
+            if len(got) > max_bytes:
+                if not truncate:
+                    raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)
+                del got[max_bytes:]
+                break  # the connection is not at a message boundary: request() closes it
+        return Response(ev.status_code, headers, bytes(got))
     except socket.timeout:
         raise clock.exceeded(True) from None
     except h11.RemoteProtocolError as exc:

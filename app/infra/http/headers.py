@@ -21,11 +21,8 @@ import re
 _TOKEN_CHARS = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _TOKEN = re.compile(_TOKEN_CHARS)
 REDACTED = "***"
-# The rule, once: comma-separated parts, each blank or "name:value" (a token,
-# optional blanks, a colon, then tab, printable ASCII but the comma, or the
-# rest of Latin-1: nothing a header line cannot carry).  The JSON Schema of
-# head_msg / modelKey carries this same pattern (ECMA-262 and Python read it
-# alike); parse_header_spec refuses what it does not match.
+# The rule, once (the JSON Schema of head_msg / modelKey carries it too): comma-separated parts, each blank or
+# "token:value", a value being tab, printable ASCII but the comma, or the rest of Latin-1.
 _VALUE_CHARS = r"[\t\x20-\x2b\x2d-\x7e\x80-\xff]*"
 HEADER_SPEC_PATTERN = (r"^[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*:" + _VALUE_CHARS + r")?"
                        r"(?:,[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*:" + _VALUE_CHARS + r")?)*$")
@@ -56,12 +53,8 @@ def parse_header_spec(spec: str | None) -> dict[str, str]:
         raise HeaderSpecError("must be a string of Key:Value pairs")
     if not _SPEC.fullmatch(spec):
         raise HeaderSpecError(_diagnose(spec))
-    out: dict[str, str] = {}
-    for part in spec.split(","):
-        if part.strip(" \t"):
-            name, value = part.split(":", 1)
-            out[name.strip(" \t")] = value.strip(" \t")
-    return out
+    pairs = (part.split(":", 1) for part in spec.split(",") if part.strip(" \t"))
+    return {name.strip(" \t"): value.strip(" \t") for name, value in pairs}
 
 
 def _diagnose(spec: str) -> str:
@@ -69,9 +62,7 @@ def _diagnose(spec: str) -> str:
     pattern decides; this only explains)."""
     if any(c in spec for c in "\r\n\x00"):
         return "must not contain CR, LF or NUL characters"
-    for part in spec.split(","):
-        if not part.strip(" \t"):
-            continue
+    for part in (p for p in spec.split(",") if p.strip(" \t")):
         if ":" not in part:
             return f"{part.strip()!r} is not Key:Value"
         name, value = part.split(":", 1)

@@ -64,9 +64,7 @@ class Target:
 @lru_cache(maxsize=16)
 def _allowlist(raw: str) -> tuple[tuple, frozenset]:
     nets, names = [], set()
-    for entry in (e.strip() for e in raw.split(",")):
-        if not entry:
-            continue
+    for entry in filter(None, (e.strip() for e in raw.split(","))):
         try:
             nets.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
         except ValueError:
@@ -76,27 +74,20 @@ def _allowlist(raw: str) -> tuple[tuple, frozenset]:
 
 def _embedded(ip: IPAddress) -> list[IPAddress]:
     """The address and every IPv4 address an IPv6 address carries."""
-    out: list[IPAddress] = [ip]
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped:
-            out.append(ip.ipv4_mapped)
-        if ip.sixtofour:
-            out.append(ip.sixtofour)
-        if ip.teredo:
-            out.extend(ip.teredo)
-        if ip in _NAT64 or ip in _TRANSLATED or ip in _COMPATIBLE:
-            out.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-        if ip in _NAT64_LOCAL:
-            # RFC 6052 /48: the IPv4 address is split around the u octet (bits 64-71).
-            n = int(ip)
-            out.append(ipaddress.IPv4Address(((n >> 64) & 0xFFFF) << 16 | ((n >> 40) & 0xFFFF)))
-    return out
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return [ip]
+    n = int(ip)
+    out = [ip, ip.ipv4_mapped, ip.sixtofour, *(ip.teredo or ())]
+    if ip in _NAT64 or ip in _TRANSLATED or ip in _COMPATIBLE:
+        out.append(ipaddress.IPv4Address(n & 0xFFFFFFFF))
+    if ip in _NAT64_LOCAL:  # RFC 6052 /48: the IPv4 address is split around the u octet (bits 64-71)
+        out.append(ipaddress.IPv4Address(((n >> 64) & 0xFFFF) << 16 | ((n >> 40) & 0xFFFF)))
+    return [a for a in out if a is not None]
 
 
 def address_refused(ip: IPAddress) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None and ip not in _GLOBAL_UNICAST:
-        return True
-    return any(not a.is_global or a.is_multicast for a in _embedded(ip))
+    return (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None and ip not in _GLOBAL_UNICAST) \
+        or any(not a.is_global or a.is_multicast for a in _embedded(ip))
 
 
 def _resolve(host: str, tenant: str | None = None, deadline: float | None = None) -> list[IPAddress]:
@@ -113,8 +104,7 @@ class Lookups:
     free); the names past it are refused, not looked up."""
 
     def __init__(self, tenant: str | None = None, max_names: int | None = None) -> None:
-        self.tenant = tenant
-        self.max_names = max_names
+        self.tenant, self.max_names = tenant, max_names
         self.deadline = time.monotonic() + get_settings().resolve_timeout_seconds
         self._seen: dict[str, list[IPAddress] | UrlRefused] = {}
 

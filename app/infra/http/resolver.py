@@ -27,6 +27,7 @@ import threading
 import time
 from collections import Counter
 from functools import lru_cache
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import dns.exception
@@ -81,22 +82,18 @@ def _stamp(path: str) -> tuple:
 def _hosts_table(path: str, stamp: tuple) -> dict[str, list[IPAddress]]:
     table: dict[str, list[IPAddress]] = {}
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return table
     for line in lines:
-        fields = line.split("#", 1)[0].split()
-        if len(fields) < 2:
-            continue
+        ip, *names = line.split("#", 1)[0].split() or ["-"]
         try:
-            ip = ipaddress.ip_address(fields[0].split("%", 1)[0])
+            addr = ipaddress.ip_address(ip.split("%", 1)[0])
         except ValueError:
-            continue
-        for name in fields[1:]:
-            got = table.setdefault(normal(name), [])
-            if ip not in got:
-                got.append(ip)
+            continue  # blank, a comment, or not an address
+        for name in names:
+            if addr not in (got := table.setdefault(normal(name), [])):
+                got.append(addr)
     return table
 
 
@@ -171,10 +168,8 @@ def lookup(host: str, tenant: str | None = None, deadline: float | None = None) 
     raises NotResolved.  ``deadline`` (monotonic) may only shorten the
     ``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` budget."""
     s = get_settings()
-    got = literal(host)
-    if got is None:
-        got = _from_hosts_file(host)
-    if got is not None:
+    got = literal(host) or _from_hosts_file(host)  # never an empty list
+    if got:
         return got
     key = normal(host)
     hit = _answers.get(key, None) if s.resolve_cache_seconds > 0 else None

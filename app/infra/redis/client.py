@@ -29,16 +29,10 @@ def cluster_nodes(url: str) -> tuple[list[ClusterNode], dict]:
     parts = urlsplit(url)
     auth, _, hosts = parts.netloc.rpartition("@")
     user, _, password = auth.partition(":") if auth else ("", "", "")
-    nodes = []
-    for hp in hosts.split(","):
-        host, _, port = hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "6379")
-        nodes.append(ClusterNode(host.strip("[]"), int(port or 6379)))
-    opts: dict = {"ssl": parts.scheme.startswith("rediss")}
-    if user:
-        opts["username"] = unquote(user)
-    if password:
-        opts["password"] = unquote(password)
-    return nodes, opts
+    pairs = [hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "") for hp in hosts.split(",")]
+    creds = {"username": unquote(user), "password": unquote(password)}
+    return ([ClusterNode(host.strip("[]"), int(port or 6379)) for host, _, port in pairs],
+            {"ssl": parts.scheme.startswith("rediss"), **{k: v for k, v in creds.items() if v}})
 
 
 def _gate_client() -> redis.Redis | RedisCluster:
@@ -95,8 +89,7 @@ def broker_redis() -> redis.Redis | None:
     """A client on the broker's own Redis database when the broker is Redis
     and not the same database as the gate (else None): a wipe of either one
     must be noticed (app/infra/redis/epoch.py)."""
-    b = _broker.get()
-    return b or None
+    return _broker.get() or None
 
 
 def reset_redis() -> None:

@@ -51,9 +51,8 @@ def _triples(flat: list) -> list[tuple[str, str, str]]:
 
 def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int]], *, cap: int | None = None,
             mode: str = "", most: int | None = None) -> list[tuple[str, str, str]]:
-    """Queue (tenant, job_id, order score, attempt) entries and dispatch
-    (attempt: n, or "<n>h" for a retry at the head); returns the (tenant,
-    job_id, attempt) of each job dispatched."""
+    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry
+    at the head) entries and dispatch."""
     flat = [x for t, job, score, attempt in entries for x in (t, job, repr(float(score)), str(attempt))]
     return _triples(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat, most=most))
 
@@ -65,11 +64,9 @@ def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
 
 def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
            cap: int | None = None, ran: float | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
-    """(whether the gate slot was still held, the jobs dispatched).
-    ``message``: what the wake-up carries (app/infra/wakeups.py
-    snapshot_message); empty, the job id.  ``ran``: a done attempt's run
-    time (seconds), into the model's EWMA and the upstream controller's
-    sample (upstream.py) in the same step."""
+    """(whether the gate slot was still held, the jobs dispatched).  ``message``:
+    the wake-up's (wakeups.py snapshot_message; empty: the job id).  ``ran``: a
+    done attempt's run seconds, for the model's EWMA and the upstream controller."""
     released, *rest = _step(
         scripts.get("dispatch_finish"), model, cap, tenant, job_id, keys.tenant_gate(model, ""),
         keys.terminal_channel() if wake else "", message if wake else "", "" if ran is None else f"{ran:.6f}",
@@ -79,11 +76,10 @@ def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: str, started: float,
              retry_after: float | None, cap: int | None = None) -> tuple[float, list[tuple[str, str, str]]]:
-    """A job whose upstream answered busy is pending again (dispatch_return.lua):
-    the controller's decrease and pause, its permit back, queued at ``score``
-    with ``attempt`` ("<n>h"), dispatch.  ``started``: when the busy call
-    began (unix s).  Returns (the pause's end if this answer moved it, else
-    0; the jobs dispatched)."""
+    """A job whose upstream answered busy (a call ``started`` at unix s) is
+    pending again at ``score`` with ``attempt`` ("<n>h"), its permit back, the
+    controller decreased and paused; returns (the pause's end if this moved
+    it, else 0; the jobs dispatched)."""
     till, *rest = _step(scripts.get("dispatch_return"), model, cap, tenant, job_id, repr(float(score)), attempt,
                         f"{started:.3f}", f"{retry_after or 0:.3f}", upstream.params())
     return float(till), _triples(rest)
@@ -94,17 +90,15 @@ def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) 
 
 
 def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None) -> list:
-    """Where jobs of ``tenant`` at ``scores`` stand (dispatch_position.lua,
-    read only): [cap, running, the tenant's permits, tenants, EWMA seconds
-    or '', samples, then (own ahead, all ahead) per score; -1 -1 for a
-    queued ``job_id`` already dispatched]."""
+    """Where jobs of ``tenant`` at ``scores`` stand (read only): [cap, running,
+    the tenant's permits, tenants, EWMA seconds or '', samples, then (own
+    ahead, all ahead) per score; -1 -1 for a queued ``job_id`` dispatched]."""
     return _step(scripts.get("dispatch_position"), model, cap, tenant, job_id, *[repr(float(x)) for x in scores],
                  gate=True)
 
 
 def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
-    """(tenant, job_id, lease expiry as unix time) of running jobs: their
-    permits, rebuilt from the rows after a wipe."""
+    """Running jobs' permits (tenant, job_id, lease expiry, unix s), rebuilt from the rows after a wipe."""
     pipe = get_redis().pipeline(transaction=False)
     for tenant, job_id, until in held:
         pipe.zadd(keys.semaphore(model, tenant), {job_id: until})
@@ -113,28 +107,23 @@ def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
 
 def models() -> set[str]:
     """Models with dispatch state in Redis (for the periodic kick)."""
-    found = set()
+    found: set = set()
     for kind in ("dq:ring", "dq:inflight", "dq:blocked"):
-        for k in get_redis().scan_iter(match=keys.model_pattern(kind), count=500):
-            name = keys.model_of(k, kind)
-            if name:
-                found.add(name)
-    return found
+        found.update(keys.model_of(k, kind) for k in get_redis().scan_iter(match=keys.model_pattern(kind), count=500))
+    return found - {None, ""}
 
 
 def set_cap(model: str, max_concurrency: int, expected_seconds: float | None = None) -> None:
-    """The model's max_concurrency, for dispatch steps whose caller does not
-    know it (a cancel, a timeout); the periodic kick dispatches what a raised
-    limit now allows.  ``expected_seconds``: the charge of a tenant's jobs
+    """The model's max_concurrency, for steps whose caller does not know it (a
+    cancel, a timeout).  ``expected_seconds``: a tenant's charge per job
     before one of them finished."""
     conf = {"mc": int(max_concurrency), **({"es": float(expected_seconds)} if expected_seconds else {})}
     get_redis().hset(keys.dispatch_conf(model), mapping=conf)
 
 
 def set_shares(model: str, shares: dict[str, tuple[int | None, int | None]]) -> None:
-    """tenant -> (guaranteed minimum, burst ceiling) of concurrent jobs on
-    ``model`` (None: none); a tenant with neither is dropped.  Replaces the
-    model's whole map in one MULTI of its slot."""
+    """tenant -> (guaranteed minimum, burst ceiling) of concurrent jobs (None:
+    none), replacing the model's whole map in one MULTI."""
     pipe = get_redis().pipeline(transaction=True)
     pipe.delete(keys.dispatch_shares(model))
     kept = {t: f"{'' if lo is None else lo} {'' if hi is None else hi}" for t, (lo, hi) in shares.items()
@@ -145,14 +134,12 @@ def set_shares(model: str, shares: dict[str, tuple[int | None, int | None]]) -> 
 
 
 def ring(model: str) -> list[tuple[str, float]]:
-    """The ring in dispatch order, (tenant, pass) lowest pass first (a tenant
-    below its guaranteed minimum goes before it; blocked tenants are not in it)."""
+    """(tenant, pass), lowest first (blocked tenants are not in it; one below its minimum goes first)."""
     return [(t, float(p)) for t, p in get_redis().zrange(keys.dispatch_ring(model), 0, -1, withscores=True)]
 
 
 def set_weight(tenant: str, weight: int, models_: Iterable[str] = ()) -> None:
-    """The tenant's weight, in the global hash and in the copy of every
-    model with dispatch state (and of ``models_``): at once where it matters."""
+    """The tenant's weight, in the global hash and the copy of every model with dispatch state (and ``models_``)."""
     get_redis().hset(keys.tenant_weights(), tenant, int(weight))
     copy_weights(set(models_) | models())
 
@@ -167,9 +154,9 @@ def replace_weights(weights: dict[str, int], models_: Iterable[str] = ()) -> Non
 
 
 def copy_weights(model_names: Iterable[str]) -> None:
-    """Make each model's copy of the weights (what its dispatch steps read)
-    equal the global hash.  Each copy is replaced in one MULTI of its own
-    slot; a step between two copies sees the old or the new weights whole."""
+    """Make each model's copy of the weights (what its steps read) equal the
+    global hash.  Each copy is replaced in one MULTI of its own slot; a step
+    between two copies sees the old or the new weights whole."""
     names = sorted(set(model_names))
     if not names:
         return

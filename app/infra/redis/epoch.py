@@ -1,13 +1,10 @@
 """Wipe detection: every Redis we depend on (the gate's, and the broker's
-when it is a Redis database of its own) carries an epoch mark.  A store
-where ``SET NX`` of the mark succeeds has lost everything (or this is the
-first start, or the key layout changed: the mark's name carries its
-version), so recovery rebuilds what it held from the rows.
-
-Under Redis Cluster a node can lose its data alone (a master restarted
-without persistence and no replica to fail over to), so the mark is kept
-on every master: one key per master, hash-tagged into a slot that master
-serves.  A resharding that moves such a slot only costs one rebuild.
+when it is a database of its own) carries an epoch mark.  Where ``SET NX``
+of the mark succeeds the store lost everything (or first start, or a layout
+change: the mark's name carries its version), so recovery rebuilds it from
+the rows.  Under Redis Cluster a master can lose its data alone, so each
+master has its own mark, hash-tagged into a slot it serves (a resharding
+that moves that slot costs one rebuild).
 """
 from __future__ import annotations
 
@@ -17,6 +14,7 @@ import redis
 
 from app.infra.redis import keys, scripts
 from app.infra.redis.client import broker_redis, get_redis, is_cluster
+
 
 def _stores() -> list[tuple[str, redis.Redis, str]]:
     """(name, client, epoch key) of every mark we keep."""
@@ -43,9 +41,8 @@ def _node_tags(r) -> list[str]:
 
 
 def claim_epochs(token: str) -> list[str]:
-    """Mark every Redis we depend on with ``token`` where no mark is present.
-    Returns the names of the stores that had none: they were wiped (or this
-    is the first start), so whatever they held derived state for is gone."""
+    """Mark every Redis we depend on with ``token`` where no mark is present;
+    returns the names of those that had none (wiped, or the first start)."""
     return [name for name, client, key in _stores() if client.set(key, token, nx=True)]
 
 

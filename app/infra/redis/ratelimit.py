@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis
-
 from app.infra.redis import keys, scripts
 from app.infra.redis.client import get_redis
 
@@ -29,7 +27,7 @@ class Take:
     full_after: float    # seconds until the bucket is full again
 
 
-def take(bucket_id: str, rate: float, burst: int, cost: int = 1, client: redis.Redis | None = None) -> Take:
+def take(bucket_id: str, rate: float, burst: int, cost: int = 1) -> Take:
     """Take ``cost`` tokens from the bucket (one round trip).  Raises
     ``redis.RedisError`` when Redis cannot be reached; the caller decides."""
     if not rate > 0:
@@ -38,17 +36,15 @@ def take(bucket_id: str, rate: float, burst: int, cost: int = 1, client: redis.R
         raise ValueError(f"burst must be >= 1, got {burst!r}")
     if not 0 <= cost <= burst:
         raise ValueError(f"cost must be within 0..burst ({burst}), got {cost!r}")
-    r = client if client is not None else get_redis()
-    allowed, tokens, wait, full = scripts.get("ratelimit_token_bucket", r)(
+    allowed, tokens, wait, full = scripts.get("ratelimit_token_bucket")(
         keys=[bucket_key(bucket_id)], args=[repr(float(rate)), int(burst), int(cost)])
     return Take(bool(allowed), float(tokens), float(wait), float(full))
 
 
-def peek(bucket_id: str, rate: float, burst: int, client: redis.Redis | None = None) -> float:
+def peek(bucket_id: str, rate: float, burst: int) -> float:
     """Tokens the bucket holds now, refilled to the Redis server's time (a
     read: nothing is taken or written).  A missing bucket is full."""
-    r = client if client is not None else get_redis()
-    pipe = r.pipeline(transaction=False)
+    pipe = get_redis().pipeline(transaction=False)
     pipe.time()
     pipe.hmget(bucket_key(bucket_id), "tk", "ts")
     (sec, usec), (tk, ts) = pipe.execute()

@@ -24,13 +24,9 @@ import redis
 
 from app.infra.redis.client import get_redis
 
-NAMES = (
-    "gate_admit", "gate_reconcile",
-    "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick", "dispatch_return",
-    "dispatch_position",
-    "epoch_compare_delete", "leader_acquire", "leader_release",
-    "ratelimit_token_bucket", "runtime_limits_cas",
-)
+NAMES = ("gate_admit", "gate_reconcile", "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick",
+         "dispatch_return", "dispatch_position", "epoch_compare_delete", "leader_acquire", "leader_release",
+         "ratelimit_token_bucket", "runtime_limits_cas")
 # Files only ever included by others, never run alone.
 LIBRARIES = ("dispatch_lib", "upstream_lib")
 
@@ -43,14 +39,12 @@ def _read(name: str) -> str:
 
 
 def _load(name: str) -> str:
-    text = _read(name)
-
     def include(m: re.Match) -> str:
         lib = _read(m.group(1))
         if _INCLUDE.search(lib):
             raise ValueError(f"{m.group(1)}.lua: an included file includes nothing")
         return lib.rstrip("\n")
-    return _INCLUDE.sub(include, text)
+    return _INCLUDE.sub(include, _read(name))
 
 
 SOURCES: dict[str, str] = {name: _load(name) for name in NAMES}
@@ -61,7 +55,6 @@ def get(name: str, client: redis.Redis | None = None):
     call it as ``get(name)(keys=[...], args=[...], client=pipeline?)``."""
     r = client if client is not None else get_redis()
     cache = r.__dict__.setdefault(_ATTR, {})
-    s = cache.get(name)
-    if s is None:
-        s = cache[name] = r.register_script(SOURCES[name])
-    return s
+    if name not in cache:
+        cache[name] = r.register_script(SOURCES[name])
+    return cache[name]
