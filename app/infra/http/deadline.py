@@ -84,14 +84,12 @@ class Response:
     body: bytes
 
     def header(self, name: str) -> str | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k == name), None)
+        return next((v for k, v in self.headers if k == name.lower()), None)
 
 
 class _Clock:
     def __init__(self, timeout: float):
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
+        self.timeout, self.deadline = timeout, time.monotonic() + timeout
 
     def exceeded(self, reached: bool, where: str = "") -> DeadlineExceeded:
         return DeadlineExceeded(f"deadline of {self.timeout:g}s exceeded{where}", reached=reached)
@@ -120,18 +118,16 @@ def _target(url: str, params: Mapping[str, str] | None) -> _Target:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidRequest(f"not an http(s) URL with a host: {url[:200]!r}", reached=False)
     default = 443 if parts.scheme == "https" else 80
-    port, host, query = port or default, parts.hostname, parts.query
+    port, host = port or default, parts.hostname
     shown = f"[{host}]" if ":" in host else host
-    if params:
-        query = (query + "&" if query else "") + urlencode(params)
+    query = "&".join(filter(None, (parts.query, urlencode(params or {}))))
     target = quote((parts.path or "/") + (f"?{query}" if query else ""), safe=_SAFE_URL_CHARS)
     return _Target(parts.scheme, host, port, target, shown if port == default else f"{shown}:{port}")
 
 
 def request_target(url: str) -> str:
-    """The request target ``request`` sends for ``url`` (path and query,
-    exactly as on the request line): what a callback's signature covers.
-    Raises InvalidRequest for a URL ``request`` would refuse."""
+    """The request target (path and query) ``request`` sends for ``url``: what a
+    callback's signature covers.  Raises InvalidRequest where ``request`` would."""
     return _target(url, None).target
 
 
@@ -275,8 +271,7 @@ def _header_list(t: _Target, headers: Mapping[str, str] | Iterable[tuple[str, st
                  content_type: str | None, keep_alive: bool) -> list[tuple[bytes, bytes]]:
     given = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
     names = {k.lower() for k, _ in given}
-    out = [] if "host" in names else [("Host", t.host_header)]
-    out += given
+    out = ([] if "host" in names else [("Host", t.host_header)]) + given
     if "accept-encoding" not in names:
         out.append(("Accept-Encoding", "identity"))  # the cap counts the bytes we store; no decompression bombs
     if content_type and "content-type" not in names:
@@ -297,8 +292,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
             connect_timeout: float | None = None, keep_alive: bool = False, truncate: bool = False,
             tls_context: ssl.SSLContext | None = None) -> Response:
     """One exchange, finished or failed within ``timeout`` seconds of the call."""
-    clock = _Clock(timeout)
-    t = _target(url, params)
+    clock, t = _Clock(timeout), _target(url, params)
     ctype = None
     if json is not None:
         body, ctype = jsonlib.dumps(json, allow_nan=False).encode(), "application/json"

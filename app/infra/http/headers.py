@@ -58,8 +58,7 @@ def parse_header_spec(spec: str | None) -> dict[str, str]:
 
 
 def _diagnose(spec: str) -> str:
-    """Why ``spec`` does not match HEADER_SPEC_PATTERN, in words (the
-    pattern decides; this only explains)."""
+    """Why ``spec`` does not match HEADER_SPEC_PATTERN, in words (the pattern decides)."""
     if any(c in spec for c in "\r\n\x00"):
         return "must not contain CR, LF or NUL characters"
     for part in (p for p in spec.split(",") if p.strip(" \t")):
@@ -76,8 +75,7 @@ def _diagnose(spec: str) -> str:
 
 
 def merge_headers(base: dict[str, str], override: dict[str, str]) -> dict[str, str]:
-    """A job's modelKey overrides or extends the model's head_msg
-    (header names compare case-insensitively, as HTTP does)."""
+    """A job's modelKey overrides or extends the model's head_msg (names compare case-insensitively)."""
     merged = dict(base)
     for k, v in override.items():
         merged = {e: x for e, x in merged.items() if e.lower() != k.lower()} | {k: v}
@@ -114,9 +112,8 @@ def override_problem(override: dict[str, str], head_msg: str | None, allowed_spe
 
 
 def job_headers(head_msg: str | None, model_key: str | None, allowed_spec: str | None) -> dict[str, str]:
-    """The headers a call sends: head_msg, overridden by the modelKey headers
-    the model allows.  Raises HeaderSpecError, never UnicodeEncodeError (the
-    pattern admits Latin-1 values only)."""
+    """The headers a call sends: head_msg, overridden by the modelKey headers the model allows.  Raises
+    HeaderSpecError, never UnicodeEncodeError (the pattern admits Latin-1 values only)."""
     base, override = parse_header_spec(head_msg), parse_header_spec(model_key)
     problem = override_problem(override, head_msg, allowed_spec)
     if problem:

@@ -40,8 +40,7 @@ class ModelCallError(Exception):
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """A Retry-After header (RFC 9110: delay-seconds or an HTTP date) as
-    seconds from ``now`` (default: the clock); None if absent or unreadable."""
+    """Retry-After (RFC 9110: seconds or an HTTP date) as seconds from ``now``; None if absent or unreadable."""
     value = (value or "").strip()
     if value.isdigit():
         return float(value)

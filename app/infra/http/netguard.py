@@ -44,8 +44,7 @@ MAX_URL_LENGTH = 2048
 
 
 class UrlRefused(ValueError):
-    """The URL may not be called.  ``transient``: resolution failed, a later
-    try may succeed; otherwise the target itself is refused."""
+    """``transient``: resolution failed, a later try may succeed; else the target itself is refused."""
 
     def __init__(self, message: str, transient: bool = False):
         super().__init__(message)
@@ -98,10 +97,8 @@ def _resolve(host: str, tenant: str | None = None, deadline: float | None = None
 
 
 class Lookups:
-    """The URL checks of one request: each host looked up once, a batch's
-    lookups under one deadline (``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` for them
-    all) and at most ``max_names`` distinct host names (IP literals are
-    free); the names past it are refused, not looked up."""
+    """The URL checks of one request: each host looked up once, all under one deadline, and at most
+    ``max_names`` distinct host names (IP literals are free); the names past it are refused, not looked up."""
 
     def __init__(self, tenant: str | None = None, max_names: int | None = None) -> None:
         self.tenant, self.max_names = tenant, max_names
@@ -151,15 +148,13 @@ def _parse(url: str) -> tuple[str, str, int, str]:
 
 
 def _allowed(ip: IPAddress, nets: tuple) -> bool:
-    """On the operator's allowlist; an IPv4-mapped address is judged as the
-    IPv4 address the kernel connects to."""
+    """On the operator's allowlist (an IPv4-mapped address as the IPv4 address the kernel connects to)."""
     candidates = [ip] + ([ip.ipv4_mapped] if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else [])
     return any(c in n for c in candidates for n in nets if n.version == c.version)
 
 
 def check_url(url: str, lookups: Lookups | None = None) -> Target:
-    """Parse, resolve and judge ``url``; raises UrlRefused.  ``lookups``:
-    the request's (its tenant's cap on lookups, a batch's dedupe)."""
+    """Parse, resolve and judge ``url`` (with the request's ``lookups``); raises UrlRefused."""
     scheme, host, port, pq = _parse(url)
     nets, names = _allowlist(get_settings().delivery_allow_hosts)
     addresses = lookups.resolve(host) if lookups is not None else _resolve(host)

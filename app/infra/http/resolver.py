@@ -41,7 +41,6 @@ from app.infra import caches
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 HOSTS_PATH = "/etc/hosts"
 RESOLV_CONF = "/etc/resolv.conf"
-_CACHE_SIZE = 4096
 
 
 class NotResolved(Exception):
@@ -97,11 +96,6 @@ def _hosts_table(path: str, stamp: tuple) -> dict[str, list[IPAddress]]:
     return table
 
 
-def _from_hosts_file(host: str) -> list[IPAddress] | None:
-    stamp = _stamp(HOSTS_PATH)
-    return _hosts_table(HOSTS_PATH, stamp).get(normal(host)) if stamp else None
-
-
 def _nameserver(entry: str) -> dns.nameserver.Do53Nameserver:
     """``ip``, ``ip:port``, ``ipv6`` or ``[ipv6]:port``."""
     host, port = entry, 53
@@ -114,20 +108,11 @@ def _nameserver(entry: str) -> dns.nameserver.Do53Nameserver:
 
 @lru_cache(maxsize=4)
 def _resolver(nameservers: str, _conf_stamp: tuple) -> dns.resolver.Resolver:
+    r = dns.resolver.Resolver(configure=not nameservers.strip())  # configured: /etc/resolv.conf, search, ndots
     if nameservers.strip():
-        r = dns.resolver.Resolver(configure=False)
         r.nameservers = [_nameserver(e.strip()) for e in nameservers.split(",") if e.strip()]
-    else:
-        r = dns.resolver.Resolver(configure=True)  # /etc/resolv.conf: servers, search, ndots
     r.cache = None  # ours (below) also keeps names that did not resolve
     return r
-
-
-def _current_resolver() -> dns.resolver.Resolver:
-    try:
-        return _resolver(get_settings().resolve_nameservers, _stamp(RESOLV_CONF))
-    except (dns.exception.DNSException, ValueError, OSError) as exc:
-        raise NotResolved(f"no usable DNS configuration ({type(exc).__name__})") from exc
 
 
 class _InFlight:
@@ -159,16 +144,15 @@ class _InFlight:
 
 in_flight = _InFlight()
 # name -> addresses, or the NotResolved it raised; cleared with the other process caches.
-_answers = caches.register(lambda: TTLCache(maxsize=_CACHE_SIZE, ttl=max(get_settings().resolve_cache_seconds, 0.001)),
+_answers = caches.register(lambda: TTLCache(maxsize=4096, ttl=max(get_settings().resolve_cache_seconds, 0.001)),
                            enabled=lambda: get_settings().resolve_cache_seconds > 0)
 
 
 def lookup(host: str, tenant: str | None = None, deadline: float | None = None) -> list[IPAddress]:
-    """The addresses of ``host`` (literal, hosts file, DNS), A before AAAA;
-    raises NotResolved.  ``deadline`` (monotonic) may only shorten the
-    ``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` budget."""
+    """The addresses of ``host`` (literal, hosts file, DNS), A before AAAA; raises NotResolved.
+    ``deadline`` (monotonic) may only shorten the ``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` budget."""
     s = get_settings()
-    got = literal(host) or _from_hosts_file(host)  # never an empty list
+    got = literal(host) or _hosts_table(HOSTS_PATH, _stamp(HOSTS_PATH)).get(normal(host))  # never an empty list
     if got:
         return got
     key = normal(host)
@@ -201,7 +185,10 @@ def _ask_dns(host: str, end: float, budget: float) -> list[IPAddress]:
     left = end - time.monotonic()
     if left <= 0:
         raise NotResolved(f"host {host!r} did not resolve within {budget:g}s", timed_out=True)
-    r = _current_resolver()
+    try:
+        r = _resolver(get_settings().resolve_nameservers, _stamp(RESOLV_CONF))
+    except (dns.exception.DNSException, ValueError, OSError) as exc:
+        raise NotResolved(f"no usable DNS configuration ({type(exc).__name__})") from exc
     try:
         answers = r.resolve_name(host, search=True, lifetime=left)
     except dns.exception.Timeout:

@@ -71,9 +71,8 @@ def is_cluster(client: redis.Redis | None = None) -> bool:
 
 
 def pubsub_client(client_name: str) -> redis.Redis:
-    """A dedicated connection for a pub/sub listener.  Under Redis Cluster,
-    a PUBLISH reaches the subscribers on every node, so the listener takes
-    one node, the next one on each reconnect (a dead node is left behind)."""
+    """A dedicated connection for a pub/sub listener.  Under Redis Cluster a PUBLISH reaches every node's
+    subscribers, so it takes one node, the next on each reconnect (a dead node is left behind)."""
     url = get_settings().redis_url
     opts = {**_common(), "socket_timeout": None, "health_check_interval": 15, "client_name": client_name}
     if not is_cluster_url(url):
@@ -86,9 +85,8 @@ def pubsub_client(client_name: str) -> redis.Redis:
 
 
 def broker_redis() -> redis.Redis | None:
-    """A client on the broker's own Redis database when the broker is Redis
-    and not the same database as the gate (else None): a wipe of either one
-    must be noticed (app/infra/redis/epoch.py)."""
+    """A client on the broker's own Redis database, if it has one (else None):
+    a wipe of either must be noticed (epoch.py)."""
     return _broker.get() or None
 
 

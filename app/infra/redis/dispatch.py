@@ -32,8 +32,7 @@ from app.infra.redis.client import get_redis
 
 
 def _step(script, model: str, cap: int | None, *args, most: int | None = None, gate: bool = False) -> list:
-    """Run a dispatch_*.lua step: the model's keys (``gate``: then its gate and
-    run time) and the ARGV every step opens with, then ``args``."""
+    """A dispatch_*.lua step: the model's keys (``gate``: and its gate, run time), the common ARGV, ``args``."""
     s = get_settings()
     k = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
          keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_conf(model),
@@ -64,9 +63,8 @@ def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
 
 def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
            cap: int | None = None, ran: float | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
-    """(whether the gate slot was still held, the jobs dispatched).  ``message``:
-    the wake-up's (wakeups.py snapshot_message; empty: the job id).  ``ran``: a
-    done attempt's run seconds, for the model's EWMA and the upstream controller."""
+    """(whether the gate slot was still held, the jobs dispatched).  ``message``: the wake-up's (wakeups.py
+    snapshot_message; empty: the job id).  ``ran``: a done attempt's seconds, for the EWMA and upstream.py."""
     released, *rest = _step(
         scripts.get("dispatch_finish"), model, cap, tenant, job_id, keys.tenant_gate(model, ""),
         keys.terminal_channel() if wake else "", message if wake else "", "" if ran is None else f"{ran:.6f}",
@@ -76,10 +74,9 @@ def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: str, started: float,
              retry_after: float | None, cap: int | None = None) -> tuple[float, list[tuple[str, str, str]]]:
-    """A job whose upstream answered busy (a call ``started`` at unix s) is
-    pending again at ``score`` with ``attempt`` ("<n>h"), its permit back, the
-    controller decreased and paused; returns (the pause's end if this moved
-    it, else 0; the jobs dispatched)."""
+    """A job whose upstream answered busy (a call ``started`` at unix s) is pending again at ``score`` with
+    ``attempt`` ("<n>h"), its permit back, the controller decreased and paused; returns (the pause's end if
+    this moved it, else 0; the jobs dispatched)."""
     till, *rest = _step(scripts.get("dispatch_return"), model, cap, tenant, job_id, repr(float(score)), attempt,
                         f"{started:.3f}", f"{retry_after or 0:.3f}", upstream.params())
     return float(till), _triples(rest)
@@ -90,9 +87,8 @@ def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) 
 
 
 def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None) -> list:
-    """Where jobs of ``tenant`` at ``scores`` stand (read only): [cap, running,
-    the tenant's permits, tenants, EWMA seconds or '', samples, then (own
-    ahead, all ahead) per score; -1 -1 for a queued ``job_id`` dispatched]."""
+    """Where jobs of ``tenant`` at ``scores`` stand (read only): [cap, running, the tenant's permits, tenants,
+    EWMA seconds or '', samples, then (own ahead, all ahead) per score; -1 -1 for a queued ``job_id`` dispatched]."""
     return _step(scripts.get("dispatch_position"), model, cap, tenant, job_id, *[repr(float(x)) for x in scores],
                  gate=True)
 
@@ -114,9 +110,8 @@ def models() -> set[str]:
 
 
 def set_cap(model: str, max_concurrency: int, expected_seconds: float | None = None) -> None:
-    """The model's max_concurrency, for steps whose caller does not know it (a
-    cancel, a timeout).  ``expected_seconds``: a tenant's charge per job
-    before one of them finished."""
+    """The model's max_concurrency, for steps whose caller does not know it (a cancel, a timeout).
+    ``expected_seconds``: a tenant's charge per job before one of them finished."""
     conf = {"mc": int(max_concurrency), **({"es": float(expected_seconds)} if expected_seconds else {})}
     get_redis().hset(keys.dispatch_conf(model), mapping=conf)
 

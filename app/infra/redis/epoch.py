@@ -20,24 +20,18 @@ def _stores() -> list[tuple[str, redis.Redis, str]]:
     """(name, client, epoch key) of every mark we keep."""
     r = get_redis()
     stores = [(f"redis:{tag}" if tag else "redis", r, keys.epoch(tag)) for tag in _node_tags(r)]
-    b = broker_redis()
-    if b is not None:
+    if (b := broker_redis()) is not None:
         stores.append(("broker", b, keys.epoch()))
     return stores
 
 
 def _node_tags(r) -> list[str]:
-    """One hash tag per cluster master ("n<i>", the first that lands in a
-    slot it serves); [""] for a single Redis."""
+    """One hash tag per cluster master ("n<i>", the first in a slot it serves); [""] for a single Redis."""
     if not is_cluster(r):
         return [""]
-    tags = []
-    for node in r.get_primaries():
-        for i in range(100_000):
-            if r.get_node_from_key(keys.epoch(f"n{i}")) == node:
-                tags.append(f"n{i}")
-                break
-    return tags
+    found = (next((f"n{i}" for i in range(100_000) if r.get_node_from_key(keys.epoch(f"n{i}")) == node), None)
+             for node in r.get_primaries())
+    return [tag for tag in found if tag]
 
 
 def claim_epochs(token: str) -> list[str]:

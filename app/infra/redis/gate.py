@@ -31,8 +31,7 @@ def gate_admit(model: str, tenant: str, job_id: str, cap: int, tenant_cap: int |
 
 
 def gate_admit_many(items: list[tuple[str, str, str, int, int]]) -> list[GateDecision]:
-    """(model, tenant, job_id, cap, tenant_cap) items, decided in order: one
-    gate_admit.lua step per model, all in one round trip (a pipeline)."""
+    """(model, tenant, job_id, cap, tenant_cap) items, decided in order: one step per model, one round trip."""
     by_model: dict[str, list[int]] = {}
     for i, (model, *_rest) in enumerate(items):
         by_model.setdefault(model, []).append(i)
@@ -55,11 +54,9 @@ def gate_admit_many(items: list[tuple[str, str, str, int, int]]) -> list[GateDec
     results = [scripts.get("gate_admit")(keys=k, args=a, client=pipe) for k, a in steps]
     if pipe is not None:
         results = pipe.execute()
-    out: list[GateDecision | None] = [None] * len(items)
-    for (model, idx), res in zip(by_model.items(), results):
-        for i, (admitted, limit, depth, by) in zip(idx, res):
-            out[i] = GateDecision(bool(admitted), int(limit), int(depth), by or "")
-    return out  # type: ignore[return-value]
+    decided = {i: GateDecision(bool(admitted), int(limit), int(depth), by or "")
+               for idx, res in zip(by_model.values(), results) for i, (admitted, limit, depth, by) in zip(idx, res)}
+    return [decided[i] for i in range(len(items))]
 
 
 def gate_release(model: str, tenant: str, job_id: str) -> bool:
@@ -91,8 +88,7 @@ def gate_members(model: str) -> set[str]:
 
 def gate_reconcile(model: str, active_ids: Iterable[str], grace_seconds: float,
                    key: str | None = None) -> tuple[list[str], list[str]]:
-    """Make the model's gate (or ``key``, one tenant's gate of it) hold
-    exactly ``active_ids``, sparing members younger than the grace."""
+    """Make the model's gate (or ``key``, a tenant's) hold exactly ``active_ids``, sparing younger members."""
     now = time.time()
     added, removed = scripts.get("gate_reconcile")(keys=[key or keys.gate(model)],
                                                    args=[f"{now:.6f}", f"{now - grace_seconds:.6f}", *active_ids])

@@ -53,9 +53,8 @@ def model_pattern(kind: str) -> str:
 
 
 def epoch(tag: str = "") -> str:
-    """Present while this Redis (under Redis Cluster: this node, whose slots
-    ``tag`` hashes into) has not lost its data since recovery last looked;
-    absent after a wipe, on first start, and after a layout change."""
+    """Present while this Redis (under Redis Cluster: the node ``tag`` hashes into) has kept its data since
+    recovery last looked; absent after a wipe, on first start, and after a layout change."""
     return f"{_p()}:epoch:{LAYOUT}" + (f":{{{tag}}}" if tag else "")
 
 
@@ -78,22 +77,17 @@ dispatch_inflight_info = partial(_m, "dq:info")
 dispatch_conf = partial(_m, "dq:conf")
 dispatch_attempts = partial(_m, "dq:attempt")  # hash: job -> the attempt it is queued for (its run_job message's)
 dispatch_cost = partial(_m, "dq:cost")  # hash: tenant -> EWMA of its attempts' run seconds (dispatch by cost)
-# Hash: job -> "estimate charge [claim time]", what its dispatch added to its tenant's pass.
-dispatch_charges = partial(_m, "dq:charge")
-# Hash: tenant -> "min burst", its guaranteed and most concurrent jobs (asynch_tenant_limits' per-model rows).
-dispatch_shares = partial(_m, "dq:shares")
-# Hash: tenant -> dispatch weight, the copy the model's dispatch steps read (one slot with its other keys),
-# written from ``tenant_weights()`` by every change and every periodic kick.
+dispatch_charges = partial(_m, "dq:charge")  # hash: job -> "estimate charge [claim time]" added to the pass
+dispatch_shares = partial(_m, "dq:shares")  # hash: tenant -> "min burst" concurrent jobs (per-model tenant limits)
+# Hash: tenant -> weight, the model's copy of ``tenant_weights()`` its steps read (refreshed on changes and kicks).
 dispatch_weights = partial(_m, "dq:weights")
-# Hash: the model's measured run time (s: EWMA seconds, n: samples; app/jobs/estimates.py).
-dispatch_run_time = partial(_m, "dq:runtime")
+dispatch_run_time = partial(_m, "dq:runtime")  # hash: s (EWMA run seconds), n (samples): app/jobs/estimates.py
 
 # Global keys.
 terminal_channel = partial(_g, "events:terminal")  # pub/sub: a job id, after its terminal commit (wake-ups)
 invalidate_channel = partial(_g, "events:invalidate")  # pub/sub: drop your cached keys/models now
 beat_lock = partial(_g, "{beat}:leader")
-# Monotonic fencing counter: every new leadership gets a larger token (the lock's slot: leader_acquire.lua).
-beat_token = partial(_g, "{beat}:token")
+beat_token = partial(_g, "{beat}:token")  # fencing counter, larger for every new leadership (leader_acquire.lua)
 beat_history = partial(_g, "{beat}:history")
 tenant_weights = partial(_g, "tenant:weights")  # hash: tenant -> dispatch weight, the source of every model's copy
 liveness_since = partial(_g, "liveness:since")  # Redis time from which this Redis has held worker liveness

@@ -28,8 +28,7 @@ class Take:
 
 
 def take(bucket_id: str, rate: float, burst: int, cost: int = 1) -> Take:
-    """Take ``cost`` tokens from the bucket (one round trip).  Raises
-    ``redis.RedisError`` when Redis cannot be reached; the caller decides."""
+    """Take ``cost`` tokens (one round trip); ``redis.RedisError`` without Redis: the caller decides."""
     if not rate > 0:
         raise ValueError(f"rate must be > 0, got {rate!r}")
     if burst < 1:
@@ -42,8 +41,7 @@ def take(bucket_id: str, rate: float, burst: int, cost: int = 1) -> Take:
 
 
 def peek(bucket_id: str, rate: float, burst: int) -> float:
-    """Tokens the bucket holds now, refilled to the Redis server's time (a
-    read: nothing is taken or written).  A missing bucket is full."""
+    """Tokens the bucket holds now at the Redis server's time (a read only; a missing bucket is full)."""
     pipe = get_redis().pipeline(transaction=False)
     pipe.time()
     pipe.hmget(bucket_key(bucket_id), "tk", "ts")

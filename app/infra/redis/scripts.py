@@ -51,8 +51,7 @@ SOURCES: dict[str, str] = {name: _load(name) for name in NAMES}
 
 
 def get(name: str, client: redis.Redis | None = None):
-    """Script ``name`` registered on ``client`` (default: the gate's), once;
-    call it as ``get(name)(keys=[...], args=[...], client=pipeline?)``."""
+    """Script ``name`` registered once on ``client`` (default: the gate's): ``get(name)(keys=, args=, client=)``."""
     r = client if client is not None else get_redis()
     cache = r.__dict__.setdefault(_ATTR, {})
     if name not in cache:

@@ -27,14 +27,12 @@ def params() -> str:
 
 
 def finish_arg() -> str:
-    """dispatch_finish.lua's ARGV 15: the parameters, or "-" with the
-    controller off (the step forgets its state)."""
+    """dispatch_finish.lua's ARGV 15: the parameters, or "-" with the controller off (forget its state)."""
     return params() if get_settings().upstream_control else "-"
 
 
 def snapshot(model_names: Iterable[str]) -> dict[str, tuple[int | None, float | None]]:
-    """model -> (the controller's limit, None at the ceiling; paused until,
-    unix s, None if not paused), in one round trip."""
+    """model -> (the limit, None at the ceiling; paused until, unix s, or None), in one round trip."""
     names = list(model_names)
     pipe = get_redis().pipeline(transaction=False)
     for n in names:
