@@ -1,48 +1,34 @@
-"""HTTP/1.1 requests with a HARD wall-clock deadline over the whole exchange:
-name resolution, connect, TLS handshake, sending, status line + headers and
-body.  A peer that accepts and never answers, or trickles one byte every
-half second anywhere in its answer, costs at most ``timeout`` (plus a few
-milliseconds of scheduling), never ``n_bytes * read_timeout``.
-
-Mechanism: h11 (the sans-IO HTTP/1.1 parser under httpcore/httpx/uvicorn)
-on a socket we own, and EVERY blocking socket call is given the time left
-until the deadline as its timeout (``_Clock.left`` raises once it is gone).
-That bounds each phase because every call that may block is bounded as a
-whole, not per byte: ``recv`` returns as soon as any byte arrives and is
-re-armed with the smaller remainder; our send loop re-arms before every
-``send``; CPython's ``SSLSocket.do_handshake`` and ``SSLSocket.recv``
-compute one deadline from the socket timeout for all their internal
-WANT_READ/WANT_WRITE waits (Modules/_ssl.c, ``_PyDeadline_Init``), so a
-handshake or a TLS record trickled byte by byte is bounded too; DNS
-(``getaddrinfo`` has no timeout at all) runs on a helper daemon thread we
-wait for at most the time left.  urllib3's timeouts, by contrast, are per
-read: a delivery had no total bound (issue "Capacity isolation").  The
-watchdog alternative (urllib3 plus a thread that shuts sockets down at
-their deadline) needs a thread per process, a fork hook and a race between
-the shutdown and a socket being returned to a pool; here the bound is a
-property of each call, with no shared state but the per-thread pool.
+"""HTTP/1.1 requests with a HARD wall-clock deadline over the whole exchange
+(resolution, connect, TLS, sending, status line, headers, body): a peer that
+never answers, or trickles a byte every half second, costs at most
+``timeout``, never ``n_bytes * read_timeout`` (urllib3's timeouts are per
+read: issue "Capacity isolation").  Mechanism: h11 on a socket we own, and
+EVERY blocking socket call gets the time left as its timeout (``_Clock.left``
+raises once it is gone): ``recv`` returns on any byte and is re-armed with
+the remainder, the send loop re-arms before every ``send``, CPython's SSL
+handshake and recv take one deadline for all their WANT_READ/WANT_WRITE
+waits (Modules/_ssl.c ``_PyDeadline_Init``), and ``getaddrinfo`` (no timeout
+of its own) runs on a daemon thread waited for at most the time left.  No
+watchdog thread, so no fork hook and no race with the pool.
 
 Invariants:
   * ``request`` raises or returns by the deadline; failures are
-    ``RequestError`` subclasses whose ``reached`` says whether the request
-    may have reached the server: False for resolution, connect and TLS
-    failures (nothing was sent), True from the first byte sent on.
-  * ``address=`` connects to that (already checked) IP only, never
-    resolving the URL's host, while Host and TLS verification (SNI,
-    certificate name) use the URL's host: a DNS answer that changes after
-    the check cannot redirect the request (app/infra/http/netguard.py).
-  * Redirects are never followed (a 3xx is returned like any status); the
-    body is capped at ``max_bytes``: a larger one fails (a larger
-    Content-Length before reading it), or with ``truncate=True`` is cut
-    there and the connection closed; header blocks are capped by h11
-    (``MAX_HEADER_BYTES``).
+    ``RequestError``s whose ``reached`` says whether a byte was sent (False
+    for resolution, connect and TLS failures).
+  * ``address=`` connects to that (checked) IP only, never resolving the
+    URL's host, while Host and TLS (SNI, certificate name) use the URL's
+    host: a DNS answer that changes after the check cannot redirect it.
+  * Redirects are never followed; a body over ``max_bytes`` (or such a
+    Content-Length) fails, or with ``truncate=True`` is cut there and the
+    connection closed; h11 caps header blocks (``MAX_HEADER_BYTES``).
   * ``keep_alive=True`` reuses connections from a per-thread, per-process
-    pool (a forked child never touches its parent's sockets); a pooled
-    connection idle too long or readable (closed by the peer) is dropped
-    before use.  Otherwise the connection is closed after the exchange.
+    pool (a forked child never touches its parent's sockets), dropping one
+    idle too long or readable (closed by the peer).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json as jsonlib
 import os
 import select
@@ -50,8 +36,9 @@ import socket
 import ssl
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 import h11
@@ -63,8 +50,7 @@ _SAFE_URL_CHARS = "/?#[]@!$&'()*+,;=%:-._~"  # RFC 3986 reserved + unreserved + 
 
 
 class RequestError(Exception):
-    """The exchange failed.  ``reached``: the request may have reached the
-    server (a byte of it was sent)."""
+    """The exchange failed.  ``reached``: a byte of the request was sent."""
 
     def __init__(self, message: str, *, reached: bool):
         super().__init__(message)
@@ -98,24 +84,24 @@ class Response:
     body: bytes
 
     def header(self, name: str) -> str | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k == name), None)
+        return next((v for k, v in self.headers if k == name.lower()), None)
 
 
 class _Clock:
     def __init__(self, timeout: float):
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
+        self.timeout, self.deadline = timeout, time.monotonic() + timeout
+
+    def exceeded(self, reached: bool, where: str = "") -> DeadlineExceeded:
+        return DeadlineExceeded(f"deadline of {self.timeout:g}s exceeded{where}", reached=reached)
 
     def left(self, reached: bool) -> float:
         rest = self.deadline - time.monotonic()
         if rest <= 0:
-            raise DeadlineExceeded(f"deadline of {self.timeout:g}s exceeded", reached=reached)
+            raise self.exceeded(reached)
         return rest
 
 
-@dataclass(frozen=True)
-class _Target:
+class _Target(NamedTuple):
     scheme: str
     host: str
     port: int
@@ -132,67 +118,49 @@ def _target(url: str, params: Mapping[str, str] | None) -> _Target:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidRequest(f"not an http(s) URL with a host: {url[:200]!r}", reached=False)
     default = 443 if parts.scheme == "https" else 80
-    port = port or default
-    host = parts.hostname
+    port, host = port or default, parts.hostname
     shown = f"[{host}]" if ":" in host else host
-    query = parts.query
-    if params:
-        query = (query + "&" if query else "") + urlencode(params)
+    query = "&".join(filter(None, (parts.query, urlencode(params or {}))))
     target = quote((parts.path or "/") + (f"?{query}" if query else ""), safe=_SAFE_URL_CHARS)
     return _Target(parts.scheme, host, port, target, shown if port == default else f"{shown}:{port}")
 
 
 def request_target(url: str) -> str:
-    """The request target ``request`` sends for ``url`` (path and query,
-    exactly as on the request line): what a callback's signature covers.
-    Raises InvalidRequest for a URL ``request`` would refuse."""
+    """The request target (path and query) ``request`` sends for ``url``: what a
+    callback's signature covers.  Raises InvalidRequest where ``request`` would."""
     return _target(url, None).target
 
 
-_tls_lock = threading.Lock()
-_tls_default: ssl.SSLContext | None = None
-
-
-def default_tls_context() -> ssl.SSLContext:
+@functools.cache
+def _default_tls_context() -> ssl.SSLContext:
     """The system's trust store plus certifi's (what requests trusted)."""
-    global _tls_default
-    with _tls_lock:
-        if _tls_default is None:
-            ctx = ssl.create_default_context()
-            try:
-                import certifi
+    ctx = ssl.create_default_context()
+    with contextlib.suppress(ImportError, OSError):
+        import certifi
 
-                ctx.load_verify_locations(certifi.where())
-            except (ImportError, OSError):
-                pass
-            _tls_default = ctx
-        return _tls_default
+        ctx.load_verify_locations(certifi.where())
+    return ctx
 
 
 def _resolve(host: str, port: int, clock: _Clock) -> list[str]:
     """getaddrinfo on a daemon thread, waited for at most the time left: a
     stuck resolver costs the deadline, never more (the thread ends on its own)."""
-    box: dict = {}
-    done = threading.Event()
+    box: futures.Future = futures.Future()
 
     def run():
         try:
-            box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            box.set_result(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
         except OSError as exc:
-            box["error"] = exc
-        finally:
-            done.set()
+            box.set_exception(exc)
 
     threading.Thread(target=run, name="asynch-resolve", daemon=True).start()
-    if not done.wait(clock.left(False)):
-        raise DeadlineExceeded(f"deadline of {clock.timeout:g}s exceeded resolving {host}", reached=False)
-    if "error" in box:
-        raise ConnectFailed(f"{host} does not resolve: {box['error']}", reached=False)
-    out = []
-    for info in box["infos"]:
-        if info[4][0] not in out:
-            out.append(info[4][0])
-    return out
+    try:
+        infos = box.result(clock.left(False))
+    except futures.TimeoutError:
+        raise clock.exceeded(False, f" resolving {host}") from None
+    except OSError as exc:
+        raise ConnectFailed(f"{host} does not resolve: {exc}", reached=False) from None
+    return list(dict.fromkeys(info[4][0] for info in infos))
 
 
 def _is_ip(host: str) -> bool:
@@ -220,15 +188,14 @@ def _connect(t: _Target, address: str | None, clock: _Clock, connect_timeout: fl
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if t.scheme == "https":
-            ctx = tls or default_tls_context()  # the first call loads the trust store: before the timer is armed
+            ctx = tls or _default_tls_context()  # the first call loads the trust store: before the timer is armed
             sock.settimeout(clock.left(False))
             # SNI and certificate name from the URL, whatever address we connected to.
             sock = ctx.wrap_socket(sock, server_hostname=t.host)
         return sock
     except socket.timeout:
         sock.close()
-        raise DeadlineExceeded(f"deadline of {clock.timeout:g}s exceeded in the TLS handshake",
-                               reached=False) from None
+        raise clock.exceeded(False, " in the TLS handshake") from None
     except OSError as exc:  # ssl.SSLError (certificate, protocol) included
         sock.close()
         raise ConnectFailed(f"TLS with {t.host} failed: {type(exc).__name__}: {exc}", reached=False) from exc
@@ -244,10 +211,8 @@ class _Conn:
         self.idle_since = 0.0
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     def dropped(self) -> bool:
         """Readable while idle means the peer closed it (or sent garbage)."""
@@ -306,8 +271,7 @@ def _header_list(t: _Target, headers: Mapping[str, str] | Iterable[tuple[str, st
                  content_type: str | None, keep_alive: bool) -> list[tuple[bytes, bytes]]:
     given = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
     names = {k.lower() for k, _ in given}
-    out = [] if "host" in names else [("Host", t.host_header)]
-    out += given
+    out = ([] if "host" in names else [("Host", t.host_header)]) + given
     if "accept-encoding" not in names:
         out.append(("Accept-Encoding", "identity"))  # the cap counts the bytes we store; no decompression bombs
     if content_type and "content-type" not in names:
@@ -328,8 +292,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
             connect_timeout: float | None = None, keep_alive: bool = False, truncate: bool = False,
             tls_context: ssl.SSLContext | None = None) -> Response:
     """One exchange, finished or failed within ``timeout`` seconds of the call."""
-    clock = _Clock(timeout)
-    t = _target(url, params)
+    clock, t = _Clock(timeout), _target(url, params)
     ctype = None
     if json is not None:
         body, ctype = jsonlib.dumps(json, allow_nan=False).encode(), "application/json"
@@ -339,9 +302,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
         req = h11.Request(method=method.upper(), target=t.target.encode("ascii"), headers=hdrs)
     except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
         raise InvalidRequest(f"cannot send this request: {exc}", reached=False) from exc
-    conn = _pool.get(key) if keep_alive else None
-    if conn is None:
-        conn = _Conn(_connect(t, address, clock, connect_timeout, tls_context))
+    conn = (_pool.get(key) if keep_alive else None) or _Conn(_connect(t, address, clock, connect_timeout, tls_context))
     try:
         resp = _exchange(conn, req, body, clock, max_bytes, truncate)
     except BaseException:
@@ -370,24 +331,19 @@ def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, 
         length = next((v for k, v in headers if k == "content-length"), None)
         if not truncate and length is not None and length.isdigit() and int(length) > max_bytes:
             raise ResponseTooLarge(f"response of {length} bytes exceeds {max_bytes} bytes", reached=True)
-        chunks, size = [], 0
-        while True:
-            part = conn.next_event(clock)
-            if isinstance(part, h11.Data):
-                size += len(part.data)
-                if size > max_bytes:
-                    if not truncate:
-                        raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)
-                    chunks.append(part.data[:len(part.data) - (size - max_bytes)])
-                    break  # the connection is not at a message boundary: request() closes it
-                chunks.append(part.data)
-            elif isinstance(part, h11.EndOfMessage):
-                break
-            else:  # ConnectionClosed before the framing said the body ended
+        got = bytearray()
+        while not isinstance(part := conn.next_event(clock), h11.EndOfMessage):
+            if not isinstance(part, h11.Data):  # ConnectionClosed before the framing said the body ended
                 raise BrokenResponse("connection closed mid-response", reached=True)
-        return Response(ev.status_code, headers, b"".join(chunks))
+            got += part.data
+            if len(got) > max_bytes:
+                if not truncate:
+                    raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)
+                del got[max_bytes:]
+                break  # the connection is not at a message boundary: request() closes it
+        return Response(ev.status_code, headers, bytes(got))
     except socket.timeout:
-        raise DeadlineExceeded(f"deadline of {clock.timeout:g}s exceeded", reached=True) from None
+        raise clock.exceeded(True) from None
     except h11.RemoteProtocolError as exc:
         raise BrokenResponse(f"not a valid HTTP response: {exc}", reached=True) from exc
     except OSError as exc:  # reset, broken pipe, ssl.SSLError

@@ -1,26 +1,18 @@
 """head_msg / modelKey: "Key:Value,Key2:Value2" header lists (seed 002).
 
-Values are sent as strings (booleans and numbers too).  A header name must be
-an HTTP token; CR, LF and NUL anywhere are refused so a configured header can
-never split a request, and a value is Latin-1 text (what HTTP/1.1 can carry),
-so a spec that validated can always be sent.  Values are secrets: only names
-are shown back.
+Values are sent as strings.  A name is an HTTP token, a value Latin-1 text;
+CR, LF and NUL are refused anywhere, so a spec that validated can always be
+sent and never splits a request.  Values are secrets: only names are shown.
 
 A job's modelKey may set only the headers its model allows
-(``model_key_headers``: names, or ``*`` for any name but the protected ones;
-empty, the default, allows none).  Protected -- framing, routing and
-credentials a proxy or the model trusts (Host, Content-Length,
-Transfer-Encoding, TE, Connection, Keep-Alive, Trailer, Upgrade, Expect,
-Proxy-*, Cookie, Forwarded, X-Forwarded-*, X-Real-IP, Via) and every header
-the model's head_msg sets -- pass only when the model names them
-explicitly.  Reserved -- the headers the middleware itself sends with every
-call (X-Asynch-*: the job id and attempt a model deduplicates by) -- never
-pass.  ``override_problem`` judges at submit (a 422), ``job_headers`` again
-at call time (the model may have changed since).
-
-Header names compare case-insensitively everywhere, as HTTP does: in the
-allowlist, the protected and reserved names, and when the call's headers
-are merged (``merge_headers``), so a request never carries one name twice.
+(``model_key_headers``: names, or ``*`` for any but the protected ones; empty
+allows none).  Protected -- framing, routing and credentials (Host,
+Content-Length, Transfer-Encoding, TE, Connection, Keep-Alive, Trailer,
+Upgrade, Expect, Proxy-*, Cookie, Forwarded, X-Forwarded-*, X-Real-IP, Via)
+and every header head_msg sets -- pass only when named explicitly; reserved
+(X-Asynch-*, the middleware's own) never.  ``override_problem`` judges at
+submit (a 422), ``job_headers`` again at call time.  Names compare
+case-insensitively everywhere: a request never carries one name twice.
 """
 from __future__ import annotations
 
@@ -28,15 +20,9 @@ import re
 
 _TOKEN_CHARS = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _TOKEN = re.compile(_TOKEN_CHARS)
-_FORBIDDEN = ("\r", "\n", "\x00")
 REDACTED = "***"
-# The rule, once: comma-separated parts, each blank or "name:value" (an HTTP
-# token, optional blanks, a colon, then text without commas or control
-# characters other than tab).  The JSON Schema of head_msg / modelKey
-# carries this same pattern (ECMA-262 and Python read it alike), and
-# parse_header_spec refuses what it does not match.
-# Value characters: tab, printable ASCII but the comma, and the rest of
-# Latin-1 (\x80-\xff); nothing a header line cannot carry.
+# The rule, once (the JSON Schema of head_msg / modelKey carries it too): comma-separated parts, each blank or
+# "token:value", a value being tab, printable ASCII but the comma, or the rest of Latin-1.
 _VALUE_CHARS = r"[\t\x20-\x2b\x2d-\x7e\x80-\xff]*"
 HEADER_SPEC_PATTERN = (r"^[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*:" + _VALUE_CHARS + r")?"
                        r"(?:,[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*:" + _VALUE_CHARS + r")?)*$")
@@ -67,22 +53,15 @@ def parse_header_spec(spec: str | None) -> dict[str, str]:
         raise HeaderSpecError("must be a string of Key:Value pairs")
     if not _SPEC.fullmatch(spec):
         raise HeaderSpecError(_diagnose(spec))
-    out: dict[str, str] = {}
-    for part in spec.split(","):
-        if part.strip(" \t"):
-            name, value = part.split(":", 1)
-            out[name.strip(" \t")] = value.strip(" \t")
-    return out
+    pairs = (part.split(":", 1) for part in spec.split(",") if part.strip(" \t"))
+    return {name.strip(" \t"): value.strip(" \t") for name, value in pairs}
 
 
 def _diagnose(spec: str) -> str:
-    """Why ``spec`` does not match HEADER_SPEC_PATTERN, in words (the
-    pattern decides; this only explains)."""
-    if any(c in spec for c in _FORBIDDEN):
+    """Why ``spec`` does not match HEADER_SPEC_PATTERN, in words (the pattern decides)."""
+    if any(c in spec for c in "\r\n\x00"):
         return "must not contain CR, LF or NUL characters"
-    for part in spec.split(","):
-        if not part.strip(" \t"):
-            continue
+    for part in (p for p in spec.split(",") if p.strip(" \t")):
         if ":" not in part:
             return f"{part.strip()!r} is not Key:Value"
         name, value = part.split(":", 1)
@@ -96,13 +75,10 @@ def _diagnose(spec: str) -> str:
 
 
 def merge_headers(base: dict[str, str], override: dict[str, str]) -> dict[str, str]:
-    """A job's modelKey overrides or extends the model's head_msg
-    (header names compare case-insensitively, as HTTP does)."""
+    """A job's modelKey overrides or extends the model's head_msg (names compare case-insensitively)."""
     merged = dict(base)
     for k, v in override.items():
-        for existing in [e for e in merged if e.lower() == k.lower()]:
-            del merged[existing]
-        merged[k] = v
+        merged = {e: x for e, x in merged.items() if e.lower() != k.lower()} | {k: v}
     return merged
 
 
@@ -115,19 +91,9 @@ def redact(spec: str | None) -> str:
     return ",".join(f"{k}:{REDACTED}" for k in names)
 
 
-def allowed_names(spec: str | None) -> frozenset[str]:
-    """model_key_headers "X-A, X-B" -> {"x-a", "x-b"} (``*`` kept as is)."""
-    return frozenset(n.strip(" \t").lower() for n in (spec or "").split(",") if n.strip(" \t"))
-
-
-def _protected(name: str, head_msg_names: frozenset[str]) -> bool:
-    n = name.lower()
-    return n in PROTECTED or n.startswith(PROTECTED_PREFIXES) or n in head_msg_names
-
-
 def override_problem(override: dict[str, str], head_msg: str | None, allowed_spec: str | None) -> str | None:
     """Why a job's modelKey headers may not be sent to this model, or None."""
-    allowed = allowed_names(allowed_spec)
+    allowed = {n.strip(" \t").lower() for n in (allowed_spec or "").split(",")}  # "*" kept as is
     try:
         base = frozenset(n.lower() for n in parse_header_spec(head_msg))
     except HeaderSpecError:
@@ -138,7 +104,7 @@ def override_problem(override: dict[str, str], head_msg: str | None, allowed_spe
             return f"header {name} may not be set by a job (reserved: the middleware sends it)"
         if n in allowed:
             continue
-        if _protected(name, base):
+        if n in PROTECTED or n.startswith(PROTECTED_PREFIXES) or n in base:
             return f"header {name} may not be set by a job (protected; the model must name it in model_key_headers)"
         if "*" not in allowed:
             return f"header {name} may not be set by a job (not in the model's model_key_headers)"
@@ -146,17 +112,10 @@ def override_problem(override: dict[str, str], head_msg: str | None, allowed_spe
 
 
 def job_headers(head_msg: str | None, model_key: str | None, allowed_spec: str | None) -> dict[str, str]:
-    """The headers a call sends: head_msg, overridden by the modelKey headers
-    the model allows.  Raises HeaderSpecError (never UnicodeEncodeError)."""
-    base = parse_header_spec(head_msg)
-    override = parse_header_spec(model_key)
+    """The headers a call sends: head_msg, overridden by the modelKey headers the model allows.  Raises
+    HeaderSpecError, never UnicodeEncodeError (the pattern admits Latin-1 values only)."""
+    base, override = parse_header_spec(head_msg), parse_header_spec(model_key)
     problem = override_problem(override, head_msg, allowed_spec)
     if problem:
         raise HeaderSpecError(problem)
-    out = merge_headers(base, override)
-    for k, v in out.items():
-        try:
-            v.encode("latin-1")
-        except UnicodeEncodeError:
-            raise HeaderSpecError(f"value of {k} is not Latin-1 text") from None
-    return out
+    return merge_headers(base, override)

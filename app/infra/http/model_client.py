@@ -1,23 +1,15 @@
 """Calls a configured model service exactly as its row says: base_url+route,
 GET with the payload as query parameters or POST with it as JSON, head_msg
-headers merged with the job's modelKey (only the names the model's
-model_key_headers allows, app/infra/http/headers.py), and a cap on the
-response size.
+merged with the job's modelKey headers (headers.py), a cap on the response
+size, connections kept alive per thread and process, and ``timeout_seconds``
+as a hard deadline for the whole call (deadline.py).
 
-``timeout_seconds`` is a hard wall-clock deadline for the whole call:
-connect, sending, waiting for the status line and headers, and the body
-(app/infra/http/deadline.py).  A model that trickles its answer costs the
-worker ``timeout_seconds``, not more.
-
-Errors (ModelCallError): ``code`` and ``public`` are what the job's tenant
-sees (a stable code, a short message without the model's body, addresses
-or exception text); ``str(exc)`` is the whole story, for logs and admins.
-``permanent`` ones are not retried (other 3xx/4xx,
-an oversize answer, a request we cannot send); 5xx, 408, 429, timeouts and
-network failures are transient.  ``called`` says whether the request
-reached the model service (a byte of it was sent): only those count in
-the call stats.  A 429 or 503 is also ``busy`` (the upstream is full), with
-its Retry-After in seconds.  Connections are kept alive per thread and per process.
+Errors (ModelCallError): ``code`` and ``public`` are what the tenant sees
+(no model body, addresses or exception text); ``str(exc)`` is for logs and
+admins.  ``permanent`` ones are not retried (other 3xx/4xx, an oversize
+answer, a request we cannot send); 5xx, 408, 429, timeouts and network
+failures are.  ``called``: a byte reached the model (only those count in the
+stats).  A 429 or 503 is also ``busy``, with its Retry-After in seconds.
 """
 from __future__ import annotations
 
@@ -33,15 +25,10 @@ USER_AGENT = "model-asynch/1"
 
 
 class ModelCallError(Exception):
-    """The call failed.  ``permanent`` errors are not retried; ``called`` says
-    whether the request reached the model service (it counts in the stats)."""
-
     def __init__(self, message: str, *, permanent: bool, called: bool, code: str = "model_request_invalid",
                  public: str | None = None, status: int | None = None, retry_after: float | None = None):
         super().__init__(message)
-        self.permanent = permanent
-        self.called = called
-        self.code = code
+        self.permanent, self.called, self.code = permanent, called, code
         self.public = public if public is not None else message
         self.status = status            # the model's HTTP status, if it answered
         self.retry_after = retry_after  # its Retry-After, in seconds from now
@@ -53,20 +40,15 @@ class ModelCallError(Exception):
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """A Retry-After header (RFC 9110: delay-seconds or an HTTP date) as
-    seconds from ``now`` (default: the clock); None if absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
+    """Retry-After (RFC 9110: seconds or an HTTP date) as seconds from ``now``; None if absent or unreadable."""
+    value = (value or "").strip()
     if value.isdigit():
         return float(value)
     try:
         at = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
-    if at.tzinfo is None:
-        return None
-    return max(0.0, at.timestamp() - (time.time() if now is None else now))
+    return None if at.tzinfo is None else max(0.0, at.timestamp() - (time.time() if now is None else now))
 
 
 @dataclass(frozen=True)
@@ -76,35 +58,11 @@ class ModelResponse:
     status: int
 
 
-def model_url(base_url: str, route: str) -> str:
-    if not route:
-        return base_url
-    return base_url.rstrip("/") + "/" + route.lstrip("/")
-
-
-def query_params(payload: dict) -> dict[str, str]:
-    out = {}
-    for k, v in payload.items():
-        if v is None:
-            continue
-        if isinstance(v, bool):
-            out[k] = "true" if v else "false"
-        elif isinstance(v, (dict, list)):
-            out[k] = json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-        else:
-            out[k] = str(v)
-    return out
-
-
-# Sent with every call (JOB_HEADER, ATTEMPT_HEADER): the job and its attempt,
-# so a model (or a proxy in front of it) can deduplicate; an attempt calls
-# the model at most once.  No job may set them (headers.py, reserved).
-
-
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
                job: tuple[str, int] | None = None, model_key_headers: str = "") -> ModelResponse:
-    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt.
+    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt
+    so a model (or a proxy) can deduplicate: an attempt calls it at most once.
     ``model_key_headers``: the names ``model_key`` may set."""
     try:
         configured = job_headers(head_msg, model_key, model_key_headers)
@@ -117,26 +75,25 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
     if job is not None:
         headers = merge_headers(headers, {JOB_HEADER: job[0], ATTEMPT_HEADER: str(job[1])})
     method = http_method.upper()
-    kw: dict = {"params": query_params(payload)} if method == "GET" else {"json": payload}
+    kw: dict = {"json": payload} if method != "GET" else {"params": {  # booleans, objects and arrays as JSON
+        k: json.dumps(v, separators=(",", ":"), ensure_ascii=False) if isinstance(v, (bool, dict, list)) else str(v)
+        for k, v in payload.items() if v is not None}}
+    url = base_url.rstrip("/") + "/" + route.lstrip("/") if route else base_url
     try:
-        resp = deadline.request(method, model_url(base_url, route), headers=headers, timeout=timeout_seconds,
+        resp = deadline.request(method, url, headers=headers, timeout=timeout_seconds,
                                 connect_timeout=min(10.0, timeout_seconds), max_bytes=max_bytes,
                                 keep_alive=True, **kw)
-    except deadline.DeadlineExceeded as exc:
-        raise ModelCallError(f"model call timed out after {timeout_seconds}s", permanent=False,
-                             called=exc.reached, code="model_timeout") from exc
-    except deadline.ConnectFailed as exc:
-        raise ModelCallError(f"model unreachable: {exc}", permanent=False, called=False, code="model_unreachable",
-                             public="model unreachable") from exc
-    except deadline.ResponseTooLarge as exc:
-        raise ModelCallError(f"model response exceeds {max_bytes} bytes", permanent=True, called=True,
-                             code="model_response_too_large") from exc
-    except deadline.InvalidRequest as exc:
-        raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False,
-                             public="model call could not be sent") from exc
-    except deadline.RequestError as exc:  # BrokenResponse: reset, closed early, not HTTP
-        raise ModelCallError(f"model response broken: {exc}", permanent=False, called=exc.reached,
-                             code="model_response_broken", public="model response broken") from exc
+    except deadline.RequestError as exc:  # ``reached``: False for ConnectFailed and InvalidRequest
+        message, permanent, code, public = {
+            deadline.DeadlineExceeded: (f"model call timed out after {timeout_seconds}s", False, "model_timeout", None),
+            deadline.ConnectFailed: (f"model unreachable: {exc}", False, "model_unreachable", "model unreachable"),
+            deadline.ResponseTooLarge: (f"model response exceeds {max_bytes} bytes", True,
+                                        "model_response_too_large", None),
+            deadline.InvalidRequest: (f"model call failed: {exc}", True, "model_request_invalid",
+                                      "model call could not be sent"),
+        }.get(type(exc), (f"model response broken: {exc}", False, "model_response_broken",  # reset, closed, not HTTP
+                          "model response broken"))
+        raise ModelCallError(message, permanent=permanent, called=exc.reached, code=code, public=public) from exc
     except (TypeError, ValueError) as exc:  # a payload JSON cannot carry (NaN)
         raise ModelCallError(f"model call failed: {exc}", permanent=True, called=False,
                              public="model call could not be sent (payload not encodable)") from exc
@@ -147,5 +104,4 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
         raise ModelCallError(f"model returned HTTP {resp.status}: {snippet}", permanent=not transient, called=True,
                              code="model_http_error", public=f"model returned HTTP {resp.status}",
                              status=resp.status, retry_after=retry_after_seconds(resp.header("Retry-After")))
-    ctype = resp.header("Content-Type") or "application/octet-stream"
-    return ModelResponse(body=resp.body, content_type=ctype, status=resp.status)
+    return ModelResponse(resp.body, resp.header("Content-Type") or "application/octet-stream", resp.status)

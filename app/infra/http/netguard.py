@@ -1,38 +1,25 @@
-"""Which client-supplied URLs the middleware may call (callbacks, webhooks):
-SSRF guard.  Every face that takes such a URL (v1 submit headers, batch
-items, seed createTask, webhook subscriptions) and every delivery attempt
-checks it here, so they all refuse the same URLs.
+"""SSRF guard: which client-supplied URLs (callbacks, webhooks) may be
+called.  Every face that takes one (v1 submit headers, batch items, seed
+createTask, webhook subscriptions) and every delivery attempt checks it here.
 
-A URL is checked on the addresses its host resolves to, not on its text:
-app/infra/http/resolver.py turns every spelling of an address
-(``0x7f000001``, ``2130706433``, ``0177.0.0.1``, ``[::ffff:127.0.0.1]``, a
-DNS name) into the address the kernel would connect to, and ``ipaddress``
-judges that.  Only
-globally routable unicast addresses pass; loopback, private, link-local
-(169.254.169.254, the cloud metadata service), CGNAT, unspecified,
-multicast and reserved ranges are refused, also when wrapped in IPv6
-(IPv4-mapped ``::ffff:a.b.c.d``, IPv4-translated ``::ffff:0:a.b.c.d``,
-IPv4-compatible ``::a.b.c.d``, 6to4, Teredo, NAT64 ``64:ff9b::/96`` and
-``64:ff9b:1::/48``); and any IPv6 address outside global unicast
-``2000::/3`` (site-local ``fec0::/10``, ULA, NAT64 ...) is refused unless
-allowlisted.  Every resolved address must pass, and
-the caller connects to one of the checked addresses rather than resolving
-again, so a DNS answer that changes between check and connect (rebinding)
-cannot redirect the request.
+A URL is judged on the addresses its host resolves to (resolver.py turns
+every spelling, ``0x7f000001``, ``0177.0.0.1``, ``[::ffff:127.0.0.1]``, a DNS
+name, into the address the kernel would connect to).  Only globally routable
+unicast passes: loopback, private, link-local (169.254.169.254, the metadata
+service), CGNAT, unspecified, multicast and reserved ranges are refused, also
+wrapped in IPv6 (mapped, translated ``::ffff:0:a.b.c.d``, compatible
+``::a.b.c.d``, 6to4, Teredo, NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48``),
+as is IPv6 outside ``2000::/3``, unless on ``ASYNCH_DELIVERY_ALLOW_HOSTS``
+(IPs, CIDRs or host names).  Every address must pass, and the caller connects
+to a checked one instead of resolving again (no DNS rebinding).  Ports: 80,
+443 and 1024-65535, another only for an allowlisted target (its name, or
+each address in a listed network); ``:0`` never.
 
-``ASYNCH_DELIVERY_ALLOW_HOSTS`` (comma list of IPs, CIDRs or host names) lets
-an operator admit internal receivers.
-
-Ports: 80, 443 and 1024-65535; another port only for an allowlisted
-target (its host name listed, or each of its addresses in a listed
-network), and ``:0`` never (it used to mean "the default port").
-
-The refusal text never names the resolved address (a caller must not learn
-what an internal name resolves to); the log line does.  A lookup costs its
-caller at most ``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` and holds nothing past it
-(resolver.py); a request's lookups go through one ``Lookups`` (its tenant's
-cap on lookups in flight; a batch's hosts looked up once, under one
-deadline, at most ``ASYNCH_BATCH_MAX_URL_HOSTS`` names).
+The refusal never names the resolved address (only the log line does).  A
+lookup costs at most ``ASYNCH_RESOLVE_TIMEOUT_SECONDS``; a request's lookups
+go through one ``Lookups`` (its tenant's cap on lookups in flight; a batch's
+hosts looked up once, under one deadline, at most
+``ASYNCH_BATCH_MAX_URL_HOSTS`` names).
 """
 from __future__ import annotations
 
@@ -57,8 +44,7 @@ MAX_URL_LENGTH = 2048
 
 
 class UrlRefused(ValueError):
-    """The URL may not be called.  ``transient``: resolution failed, a later
-    try may succeed; otherwise the target itself is refused."""
+    """``transient``: resolution failed, a later try may succeed; else the target itself is refused."""
 
     def __init__(self, message: str, transient: bool = False):
         super().__init__(message)
@@ -77,44 +63,33 @@ class Target:
 @lru_cache(maxsize=16)
 def _allowlist(raw: str) -> tuple[tuple, frozenset]:
     nets, names = [], set()
-    for entry in (e.strip() for e in raw.split(",")):
-        if not entry:
-            continue
+    for entry in filter(None, (e.strip() for e in raw.split(","))):
         try:
             nets.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
         except ValueError:
-            names.add(entry.lower().rstrip("."))
+            names.add(resolver.normal(entry))
     return tuple(nets), frozenset(names)
 
 
 def _embedded(ip: IPAddress) -> list[IPAddress]:
     """The address and every IPv4 address an IPv6 address carries."""
-    out: list[IPAddress] = [ip]
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped:
-            out.append(ip.ipv4_mapped)
-        if ip.sixtofour:
-            out.append(ip.sixtofour)
-        if ip.teredo:
-            out.extend(ip.teredo)
-        if ip in _NAT64 or ip in _TRANSLATED or ip in _COMPATIBLE:
-            out.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-        if ip in _NAT64_LOCAL:
-            # RFC 6052 /48: the IPv4 address is split around the u octet (bits 64-71).
-            n = int(ip)
-            out.append(ipaddress.IPv4Address(((n >> 64) & 0xFFFF) << 16 | ((n >> 40) & 0xFFFF)))
-    return out
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return [ip]
+    n = int(ip)
+    out = [ip, ip.ipv4_mapped, ip.sixtofour, *(ip.teredo or ())]
+    if ip in _NAT64 or ip in _TRANSLATED or ip in _COMPATIBLE:
+        out.append(ipaddress.IPv4Address(n & 0xFFFFFFFF))
+    if ip in _NAT64_LOCAL:  # RFC 6052 /48: the IPv4 address is split around the u octet (bits 64-71)
+        out.append(ipaddress.IPv4Address(((n >> 64) & 0xFFFF) << 16 | ((n >> 40) & 0xFFFF)))
+    return [a for a in out if a is not None]
 
 
 def address_refused(ip: IPAddress) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None and ip not in _GLOBAL_UNICAST:
-        return True
-    return any(not a.is_global or a.is_multicast for a in _embedded(ip))
+    return (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None and ip not in _GLOBAL_UNICAST) \
+        or any(not a.is_global or a.is_multicast for a in _embedded(ip))
 
 
-def resolve(host: str, port: int, tenant: str | None = None, deadline: float | None = None) -> list[IPAddress]:
-    """The host's addresses (app/infra/http/resolver.py: literals and the
-    hosts file without DNS, DNS bounded by ASYNCH_RESOLVE_TIMEOUT_SECONDS)."""
+def _resolve(host: str, tenant: str | None = None, deadline: float | None = None) -> list[IPAddress]:
     try:
         return resolver.lookup(host, tenant, deadline)
     except resolver.NotResolved as exc:
@@ -122,32 +97,27 @@ def resolve(host: str, port: int, tenant: str | None = None, deadline: float | N
 
 
 class Lookups:
-    """The URL checks of one request: each host looked up once, a batch's
-    lookups under one deadline (``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` for them
-    all) and at most ``max_names`` distinct host names (IP literals are
-    free); the names past it are refused, not looked up."""
+    """The URL checks of one request: each host looked up once, all under one deadline, and at most
+    ``max_names`` distinct host names (IP literals are free); the names past it are refused, not looked up."""
 
     def __init__(self, tenant: str | None = None, max_names: int | None = None) -> None:
-        self.tenant = tenant
-        self.max_names = max_names
+        self.tenant, self.max_names = tenant, max_names
         self.deadline = time.monotonic() + get_settings().resolve_timeout_seconds
         self._seen: dict[str, list[IPAddress] | UrlRefused] = {}
 
-    def resolve(self, host: str, port: int) -> list[IPAddress]:
-        key = resolver.normal(host)
-        got = self._seen.get(key)
-        if got is None:
-            got = resolver.literal(host)
-            if got is not None:
-                return got
+    def resolve(self, host: str) -> list[IPAddress]:
+        got, key = resolver.literal(host), resolver.normal(host)
+        if got is not None:
+            return got
+        if key not in self._seen:
             if self.max_names is not None and len(self._seen) >= self.max_names:
                 raise UrlRefused(f"a batch may name at most {self.max_names} distinct callback/webhook "
                                  f"host names (IP addresses do not count)")
             try:
-                got = resolve(host, port, self.tenant, self.deadline)
+                self._seen[key] = _resolve(host, self.tenant, self.deadline)
             except UrlRefused as exc:
-                got = exc
-            self._seen[key] = got
+                self._seen[key] = exc
+        got = self._seen[key]
         if isinstance(got, UrlRefused):
             raise UrlRefused(str(got), got.transient)
         return list(got)
@@ -174,37 +144,29 @@ def _parse(url: str) -> tuple[str, str, int, str]:
     if parts.fragment:
         raise UrlRefused("must not have a #fragment")
     port = port or (443 if parts.scheme == "https" else 80)
-    path = parts.path or "/"
-    return parts.scheme, parts.hostname, port, path + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, parts.hostname, port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 def _allowed(ip: IPAddress, nets: tuple) -> bool:
-    """On the operator's allowlist; an IPv4-mapped address is judged as the
-    IPv4 address the kernel connects to."""
+    """On the operator's allowlist (an IPv4-mapped address as the IPv4 address the kernel connects to)."""
     candidates = [ip] + ([ip.ipv4_mapped] if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else [])
     return any(c in n for c in candidates for n in nets if n.version == c.version)
 
 
-def port_allowed(port: int) -> bool:
-    """The web's ports and the unprivileged range: a client's URL may not
-    aim a delivery at SSH, SMTP or another well-known service's port."""
-    return port in (80, 443) or 1024 <= port <= 65535
-
-
 def check_url(url: str, lookups: Lookups | None = None) -> Target:
-    """Parse, resolve and judge ``url``; raises UrlRefused.  ``lookups``:
-    the request's (its tenant's cap on lookups, a batch's dedupe)."""
+    """Parse, resolve and judge ``url`` (with the request's ``lookups``); raises UrlRefused."""
     scheme, host, port, pq = _parse(url)
     nets, names = _allowlist(get_settings().delivery_allow_hosts)
-    addresses = lookups.resolve(host, port) if lookups is not None else resolve(host, port)
-    listed = host.lower().rstrip(".") in names
+    addresses = lookups.resolve(host) if lookups is not None else _resolve(host)
+    listed = resolver.normal(host) in names
     if not listed:
         for ip in addresses:
             if address_refused(ip) and not _allowed(ip, nets):
                 log.info("callback target refused: %s resolves to %s", host, ip)
                 raise UrlRefused("resolves to a refused address: loopback, private, link-local, metadata "
                                  "and other non-public targets are not allowed")
-    if not port_allowed(port) and not (listed or all(_allowed(ip, nets) for ip in addresses)):
+    # The web's ports and the unprivileged range (urlsplit refuses > 65535): never SSH, SMTP and the like.
+    if port < 1024 and port not in (80, 443) and not (listed or all(_allowed(ip, nets) for ip in addresses)):
         raise UrlRefused(f"port {port} is not allowed: use 80, 443 or 1024-65535 "
                          "(other ports only for hosts on the operator's ASYNCH_DELIVERY_ALLOW_HOSTS)")
     return Target(scheme, host, port, pq, tuple(addresses))

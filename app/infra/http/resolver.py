@@ -1,30 +1,21 @@
-"""Host -> addresses for the SSRF guard (app/infra/http/netguard.py), bounded
-in time and per tenant.
+"""Host -> addresses for the SSRF guard (netguard.py), bounded in time and
+per tenant.
 
 Invariants:
 - An IP literal, in every spelling the C library takes (``0x7f000001``,
-  ``2130706433``, ``0177.0.0.1``, ``::ffff:127.0.0.1``), is parsed, never
-  looked up: the unpatched C ``getaddrinfo`` with ``AI_NUMERICHOST`` (no
-  DNS, no thread, no trip through gevent's resolver).
-- A name in /etc/hosts (``localhost`` ...) is answered from that file, as
-  the C library's "files" source answers it first; dnspython does not read
-  it.  The file is parsed again when it changes.
-- Any other name is asked of DNS with dnspython: the nameservers, search
-  list and ndots of /etc/resolv.conf (or ``ASYNCH_RESOLVE_NAMESERVERS``), A
-  and AAAA under one overall ``lifetime`` of at most
-  ``ASYNCH_RESOLVE_TIMEOUT_SECONDS``.  The lookup runs on the caller's own
-  thread or greenlet and holds nothing past that deadline: there is no pool
-  that a few slow names can fill.  dnspython makes its sockets with
-  ``socket.socket`` and waits with ``selectors.DefaultSelector``, both read
-  at call time, so under gevent's monkey patching a lookup parks its
-  greenlet instead of blocking the process.
+  ``2130706433``, ``0177.0.0.1``, ``::ffff:127.0.0.1``), is parsed by the
+  unpatched C ``getaddrinfo`` with ``AI_NUMERICHOST``: no DNS, no thread.
+- A name in /etc/hosts is answered from that file (re-read when it changes),
+  as the C library's "files" source goes first; dnspython does not read it.
+- Other names go to DNS with dnspython (/etc/resolv.conf or
+  ``ASYNCH_RESOLVE_NAMESERVERS``), A and AAAA under one lifetime of at most
+  ``ASYNCH_RESOLVE_TIMEOUT_SECONDS``, on the caller's own thread or greenlet
+  (dnspython reads ``socket.socket`` and the selector at call time, so under
+  gevent it parks the greenlet): no pool that slow names can fill.
 - At most ``ASYNCH_RESOLVE_TENANT_INFLIGHT`` DNS lookups per tenant are in
-  flight in this process; one that gets no place before its deadline counts
-  as not resolving.  Literals and hosts-file names take no place.
-- DNS answers, and names that did not resolve, are kept
-  ``ASYNCH_RESOLVE_CACHE_SECONDS`` (shared by every tenant: it is the same
-  answer).  A cache never widens what passes: the guard judges cached
-  addresses as it judges fresh ones, and the caller connects only to them.
+  flight in this process; one with no place before its deadline fails.
+- DNS answers and failures are kept ``ASYNCH_RESOLVE_CACHE_SECONDS`` for
+  every tenant; the guard judges cached addresses as fresh ones.
 """
 from __future__ import annotations
 
@@ -34,7 +25,10 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import dns.exception
 import dns.nameserver
@@ -47,7 +41,6 @@ from app.infra import caches
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 HOSTS_PATH = "/etc/hosts"
 RESOLV_CONF = "/etc/resolv.conf"
-_CACHE_SIZE = 4096
 
 
 class NotResolved(Exception):
@@ -72,80 +65,54 @@ def literal(host: str) -> list[IPAddress] | None:
 
 
 def _unique(raw) -> list[IPAddress]:
-    out: list[IPAddress] = []
-    for text in raw:
-        ip = ipaddress.ip_address(text.split("%", 1)[0])
-        if ip not in out:
-            out.append(ip)
-    return out
+    return list(dict.fromkeys(ipaddress.ip_address(text.split("%", 1)[0]) for text in raw))
+
+
+def _stamp(path: str) -> tuple:
+    """What changes when the file does (an lru_cache key); () if unreadable."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 @lru_cache(maxsize=4)
 def _hosts_table(path: str, stamp: tuple) -> dict[str, list[IPAddress]]:
     table: dict[str, list[IPAddress]] = {}
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return table
     for line in lines:
-        fields = line.split("#", 1)[0].split()
-        if len(fields) < 2:
-            continue
+        ip, *names = line.split("#", 1)[0].split() or ["-"]
         try:
-            ip = ipaddress.ip_address(fields[0].split("%", 1)[0])
+            addr = ipaddress.ip_address(ip.split("%", 1)[0])
         except ValueError:
-            continue
-        for name in fields[1:]:
-            got = table.setdefault(normal(name), [])
-            if ip not in got:
-                got.append(ip)
+            continue  # blank, a comment, or not an address
+        for name in names:
+            if addr not in (got := table.setdefault(normal(name), [])):
+                got.append(addr)
     return table
 
 
-def from_hosts_file(host: str) -> list[IPAddress] | None:
-    try:
-        st = os.stat(HOSTS_PATH)
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-    except OSError:
-        return None
-    return _hosts_table(HOSTS_PATH, stamp).get(normal(host))
-
-
 def _nameserver(entry: str) -> dns.nameserver.Do53Nameserver:
-    """``ip``, ``ip:port`` or ``[ipv6]:port``."""
+    """``ip``, ``ip:port``, ``ipv6`` or ``[ipv6]:port``."""
     host, port = entry, 53
-    if entry.startswith("["):
-        host, _, rest = entry[1:].partition("]")
-        port = int(rest[1:]) if rest.startswith(":") else 53
-    elif entry.count(":") == 1:
-        host, _, p = entry.partition(":")
-        port = int(p)
+    if entry.count(":") < 2 or entry.startswith("["):
+        parts = urlsplit("//" + entry)
+        host, port = parts.hostname, parts.port or 53  # ValueError for a port that is not one
     ipaddress.ip_address(host)  # ValueError for a name: a nameserver is an address
     return dns.nameserver.Do53Nameserver(host, port)
 
 
 @lru_cache(maxsize=4)
-def _resolver(nameservers: str, conf_stamp: tuple) -> dns.resolver.Resolver:
+def _resolver(nameservers: str, _conf_stamp: tuple) -> dns.resolver.Resolver:
+    r = dns.resolver.Resolver(configure=not nameservers.strip())  # configured: /etc/resolv.conf, search, ndots
     if nameservers.strip():
-        r = dns.resolver.Resolver(configure=False)
         r.nameservers = [_nameserver(e.strip()) for e in nameservers.split(",") if e.strip()]
-    else:
-        r = dns.resolver.Resolver(configure=True)  # /etc/resolv.conf: servers, search, ndots
     r.cache = None  # ours (below) also keeps names that did not resolve
     return r
-
-
-def _current_resolver() -> dns.resolver.Resolver:
-    try:
-        st = os.stat(RESOLV_CONF)
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-    except OSError:
-        stamp = ()
-    try:
-        return _resolver(get_settings().resolve_nameservers, stamp)
-    except (dns.exception.DNSException, ValueError, OSError) as exc:
-        raise NotResolved(f"no usable DNS configuration ({type(exc).__name__})") from exc
 
 
 class _InFlight:
@@ -153,62 +120,43 @@ class _InFlight:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._count: dict[str, int] = {}
+        self._count: Counter[str] = Counter()
 
     def acquire(self, tenant: str, cap: int, deadline: float) -> bool:
         with self._cond:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False  # a place now would leave no time to look up
-                if self._count.get(tenant, 0) < cap:
-                    break
-                self._cond.wait(left)
-            self._count[tenant] = self._count.get(tenant, 0) + 1
+            free = self._cond.wait_for(lambda: self._count[tenant] < cap, deadline - time.monotonic())
+            if not free or deadline <= time.monotonic():
+                return False  # no place, or one that would leave no time to look up
+            self._count[tenant] += 1
             return True
 
     def release(self, tenant: str) -> None:
         with self._cond:
-            n = self._count.get(tenant, 1) - 1
-            if n > 0:
-                self._count[tenant] = n
-            else:
-                self._count.pop(tenant, None)  # an idle tenant keeps no entry
+            self._count[tenant] -= 1
+            if self._count[tenant] <= 0:
+                del self._count[tenant]  # an idle tenant keeps no entry
             self._cond.notify_all()
 
     def count(self, tenant: str) -> int:
         with self._cond:
-            return self._count.get(tenant, 0)
+            return self._count[tenant]
 
 
 in_flight = _InFlight()
 # name -> addresses, or the NotResolved it raised; cleared with the other process caches.
-_answers = caches.register(lambda: TTLCache(maxsize=_CACHE_SIZE, ttl=max(get_settings().resolve_cache_seconds, 0.001)),
+_answers = caches.register(lambda: TTLCache(maxsize=4096, ttl=max(get_settings().resolve_cache_seconds, 0.001)),
                            enabled=lambda: get_settings().resolve_cache_seconds > 0)
 
 
-def _cached(key: str):
-    if get_settings().resolve_cache_seconds <= 0:
-        return None
-    return _answers.get(key, None)
-
-
-def _keep(key: str, value) -> None:
-    _answers.set(key, value)
-
-
 def lookup(host: str, tenant: str | None = None, deadline: float | None = None) -> list[IPAddress]:
-    """The addresses of ``host`` (literal, hosts file, DNS), A before AAAA;
-    raises NotResolved.  ``deadline`` (monotonic) may only shorten the
-    ``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` budget."""
+    """The addresses of ``host`` (literal, hosts file, DNS), A before AAAA; raises NotResolved.
+    ``deadline`` (monotonic) may only shorten the ``ASYNCH_RESOLVE_TIMEOUT_SECONDS`` budget."""
     s = get_settings()
-    got = literal(host)
-    if got is None:
-        got = from_hosts_file(host)
-    if got is not None:
+    got = literal(host) or _hosts_table(HOSTS_PATH, _stamp(HOSTS_PATH)).get(normal(host))  # never an empty list
+    if got:
         return got
     key = normal(host)
-    hit = _cached(key)
+    hit = _answers.get(key, None) if s.resolve_cache_seconds > 0 else None
     if isinstance(hit, NotResolved):
         raise NotResolved(str(hit), hit.timed_out)
     if hit is not None:
@@ -224,12 +172,12 @@ def lookup(host: str, tenant: str | None = None, deadline: float | None = None) 
         addresses = _ask_dns(host, end, s.resolve_timeout_seconds)
     except NotResolved as exc:
         if not (shortened and exc.timed_out):  # a caller's shorter budget says nothing about the name
-            _keep(key, exc)
+            _answers.set(key, exc)
         raise
     finally:
         if tenant is not None:
             in_flight.release(tenant)
-    _keep(key, tuple(addresses))
+    _answers.set(key, tuple(addresses))
     return addresses
 
 
@@ -237,16 +185,17 @@ def _ask_dns(host: str, end: float, budget: float) -> list[IPAddress]:
     left = end - time.monotonic()
     if left <= 0:
         raise NotResolved(f"host {host!r} did not resolve within {budget:g}s", timed_out=True)
-    r = _current_resolver()
+    try:
+        r = _resolver(get_settings().resolve_nameservers, _stamp(RESOLV_CONF))
+    except (dns.exception.DNSException, ValueError, OSError) as exc:
+        raise NotResolved(f"no usable DNS configuration ({type(exc).__name__})") from exc
     try:
         answers = r.resolve_name(host, search=True, lifetime=left)
     except dns.exception.Timeout:
         raise NotResolved(f"host {host!r} did not resolve within {budget:g}s", timed_out=True) from None
     except (dns.exception.DNSException, ValueError, UnicodeError, OSError) as exc:
         raise NotResolved(f"host {host!r} does not resolve") from exc
-    v4 = [a for a in answers.addresses() if ":" not in a]
-    v6 = [a for a in answers.addresses() if ":" in a]
-    out = _unique(v4 + v6)
+    out = _unique(sorted(answers.addresses(), key=lambda a: ":" in a))  # A before AAAA, stable
     if not out:
         raise NotResolved(f"host {host!r} does not resolve")
     return out

@@ -1,13 +1,12 @@
-"""The process's Redis clients (fork-safe: app/infra/process.py); the Lua
-scripts they run are registered by app/infra/redis/scripts.py.
+"""The process's Redis clients (fork-safe: app/infra/process.py).
 
 ``ASYNCH_REDIS_URL`` is one Redis (``redis://``, ``rediss://``, ``unix://``)
 or a Redis Cluster (``redis+cluster://host:port[,host:port...]``,
 ``rediss+cluster://`` with TLS): then the gate's client is redis-py's
-``RedisCluster``, which routes each command and each script by its keys'
-hash slot (app/infra/redis/keys.py gives every model's keys one slot).  The
-Celery broker is never a cluster (kombu cannot use one): app/config.py
-refuses a cluster URL without an ASYNCH_BROKER_URL of its own."""
+``RedisCluster``, which routes each command and script by its keys' hash
+slot (keys.py gives every model's keys one slot).  The Celery broker is
+never a cluster (kombu cannot use one): app/config.py refuses a cluster URL
+without an ASYNCH_BROKER_URL of its own."""
 from __future__ import annotations
 
 import itertools
@@ -30,16 +29,10 @@ def cluster_nodes(url: str) -> tuple[list[ClusterNode], dict]:
     parts = urlsplit(url)
     auth, _, hosts = parts.netloc.rpartition("@")
     user, _, password = auth.partition(":") if auth else ("", "", "")
-    nodes = []
-    for hp in hosts.split(","):
-        host, _, port = hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "6379")
-        nodes.append(ClusterNode(host.strip("[]"), int(port or 6379)))
-    opts: dict = {"ssl": parts.scheme.startswith("rediss")}
-    if user:
-        opts["username"] = unquote(user)
-    if password:
-        opts["password"] = unquote(password)
-    return nodes, opts
+    pairs = [hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "") for hp in hosts.split(",")]
+    creds = {"username": unquote(user), "password": unquote(password)}
+    return ([ClusterNode(host.strip("[]"), int(port or 6379)) for host, _, port in pairs],
+            {"ssl": parts.scheme.startswith("rediss"), **{k: v for k, v in creds.items() if v}})
 
 
 def _gate_client() -> redis.Redis | RedisCluster:
@@ -78,9 +71,8 @@ def is_cluster(client: redis.Redis | None = None) -> bool:
 
 
 def pubsub_client(client_name: str) -> redis.Redis:
-    """A dedicated connection for a pub/sub listener.  Under Redis Cluster,
-    a PUBLISH reaches the subscribers on every node, so the listener takes
-    one node, the next one on each reconnect (a dead node is left behind)."""
+    """A dedicated connection for a pub/sub listener.  Under Redis Cluster a PUBLISH reaches every node's
+    subscribers, so it takes one node, the next on each reconnect (a dead node is left behind)."""
     url = get_settings().redis_url
     opts = {**_common(), "socket_timeout": None, "health_check_interval": 15, "client_name": client_name}
     if not is_cluster_url(url):
@@ -93,11 +85,9 @@ def pubsub_client(client_name: str) -> redis.Redis:
 
 
 def broker_redis() -> redis.Redis | None:
-    """A client on the broker's own Redis database when the broker is Redis
-    and not the same database as the gate (else None): a wipe of either one
-    must be noticed (app/infra/redis/epoch.py)."""
-    b = _broker.get()
-    return b or None
+    """A client on the broker's own Redis database, if it has one (else None):
+    a wipe of either must be noticed (epoch.py)."""
+    return _broker.get() or None
 
 
 def reset_redis() -> None:

@@ -1,13 +1,10 @@
 """Wipe detection: every Redis we depend on (the gate's, and the broker's
-when it is a Redis database of its own) carries an epoch mark.  A store
-where ``SET NX`` of the mark succeeds has lost everything (or this is the
-first start, or the key layout changed: the mark's name carries its
-version), so recovery rebuilds what it held from the rows.
-
-Under Redis Cluster a node can lose its data alone (a master restarted
-without persistence and no replica to fail over to), so the mark is kept
-on every master: one key per master, hash-tagged into a slot that master
-serves.  A resharding that moves such a slot only costs one rebuild.
+when it is a database of its own) carries an epoch mark.  Where ``SET NX``
+of the mark succeeds the store lost everything (or first start, or a layout
+change: the mark's name carries its version), so recovery rebuilds it from
+the rows.  Under Redis Cluster a master can lose its data alone, so each
+master has its own mark, hash-tagged into a slot it serves (a resharding
+that moves that slot costs one rebuild).
 """
 from __future__ import annotations
 
@@ -18,34 +15,28 @@ import redis
 from app.infra.redis import keys, scripts
 from app.infra.redis.client import broker_redis, get_redis, is_cluster
 
+
 def _stores() -> list[tuple[str, redis.Redis, str]]:
     """(name, client, epoch key) of every mark we keep."""
     r = get_redis()
     stores = [(f"redis:{tag}" if tag else "redis", r, keys.epoch(tag)) for tag in _node_tags(r)]
-    b = broker_redis()
-    if b is not None:
+    if (b := broker_redis()) is not None:
         stores.append(("broker", b, keys.epoch()))
     return stores
 
 
 def _node_tags(r) -> list[str]:
-    """One hash tag per cluster master ("n<i>", the first that lands in a
-    slot it serves); [""] for a single Redis."""
+    """One hash tag per cluster master ("n<i>", the first in a slot it serves); [""] for a single Redis."""
     if not is_cluster(r):
         return [""]
-    tags = []
-    for node in r.get_primaries():
-        for i in range(100_000):
-            if r.get_node_from_key(keys.epoch(f"n{i}")) == node:
-                tags.append(f"n{i}")
-                break
-    return tags
+    found = (next((f"n{i}" for i in range(100_000) if r.get_node_from_key(keys.epoch(f"n{i}")) == node), None)
+             for node in r.get_primaries())
+    return [tag for tag in found if tag]
 
 
 def claim_epochs(token: str) -> list[str]:
-    """Mark every Redis we depend on with ``token`` where no mark is present.
-    Returns the names of the stores that had none: they were wiped (or this
-    is the first start), so whatever they held derived state for is gone."""
+    """Mark every Redis we depend on with ``token`` where no mark is present;
+    returns the names of those that had none (wiped, or the first start)."""
     return [name for name, client, key in _stores() if client.set(key, token, nx=True)]
 
 

@@ -14,8 +14,7 @@ def publish_terminal(job_id: str) -> None:
 
 
 def publish_invalidate(what: str) -> None:
-    """Tell every API process to drop its cached keys/models now (they
-    would expire within their TTL anyway).  Best effort."""
+    """Tell every API process to drop its cached keys/models now (else: within their TTL).  Best effort."""
     try:
         get_redis().publish(keys.invalidate_channel(), what)
     except redis.RedisError:

@@ -26,51 +26,41 @@ class GateDecision:
 
 
 def gate_admit(model: str, tenant: str, job_id: str, cap: int, tenant_cap: int | None = None) -> GateDecision:
-    """One job: a batch of one (the rule is written once, in gate_admit.lua).
-    ``tenant_cap``: the tenant's share of the model's queue (None: the whole queue)."""
+    """One job: a batch of one.  ``tenant_cap``: the tenant's share of the model's queue (None: all of it)."""
     return gate_admit_many([(model, tenant, job_id, cap, cap if tenant_cap is None else tenant_cap)])[0]
 
 
 def gate_admit_many(items: list[tuple[str, str, str, int, int]]) -> list[GateDecision]:
-    """(model, tenant, job_id, cap, tenant_cap) items, decided in order: one
-    gate_admit.lua step per model, all in one round trip (a pipeline)."""
+    """(model, tenant, job_id, cap, tenant_cap) items, decided in order: one step per model, one round trip."""
     by_model: dict[str, list[int]] = {}
     for i, (model, *_rest) in enumerate(items):
         by_model.setdefault(model, []).append(i)
     now = f"{time.time():.6f}"
     s = get_settings()
     reserve = s.queue_newcomer_reserve if s.queue_fair_share else -1
-    run = scripts.get("gate_admit")
-    # One model (the usual batch): one EVALSHA.  Several: a pipeline (redis-py
-    # checks SCRIPT EXISTS first, so two round trips for the whole batch).
-    pipe = get_redis().pipeline(transaction=False) if len(by_model) > 1 else None
-    results = []
+    steps = []
     for model, idx in by_model.items():
-        tenant_keys: dict[str, int] = {}
+        tenant_keys: dict[str, int] = {}  # tenant -> its gate's KEYS index
         args: list = [int(items[idx[0]][3]), now, reserve, keys.tenant_gate(model, "")]
         for i in idx:
             _m, tenant, job_id, _cap, tenant_cap = items[i]
-            pos = tenant_keys.setdefault(tenant, 6 + len(tenant_keys))
-            args += [job_id, pos, int(tenant_cap)]
-        keys_ = [keys.gate(model), keys.runtime_queue_limit(model), keys.runtime_tenant_queue_limit(model),
-                 keys.gate_tenants(model), keys.dispatch_weights(model),
-                 *[keys.tenant_gate(model, t) for t in tenant_keys]]
-        if pipe is None:
-            results.append(run(keys=keys_, args=args))
-        else:
-            run(keys=keys_, args=args, client=pipe)
+            args += [job_id, tenant_keys.setdefault(tenant, 6 + len(tenant_keys)), int(tenant_cap)]
+        steps.append(([keys.gate(model), keys.runtime_queue_limit(model), keys.runtime_tenant_queue_limit(model),
+                       keys.gate_tenants(model), keys.dispatch_weights(model),
+                       *[keys.tenant_gate(model, t) for t in tenant_keys]], args))
+    # One model (the usual batch): one EVALSHA.  Several: a pipeline (redis-py
+    # checks SCRIPT EXISTS first, so two round trips for the whole batch).
+    pipe = get_redis().pipeline(transaction=False) if len(steps) > 1 else None
+    results = [scripts.get("gate_admit")(keys=k, args=a, client=pipe) for k, a in steps]
     if pipe is not None:
         results = pipe.execute()
-    out: list[GateDecision | None] = [None] * len(items)
-    for (model, idx), res in zip(by_model.items(), results):
-        for i, (admitted, limit, depth, by) in zip(idx, res):
-            out[i] = GateDecision(bool(admitted), int(limit), int(depth), by or "")
-    return out  # type: ignore[return-value]
+    decided = {i: GateDecision(bool(admitted), int(limit), int(depth), by or "")
+               for idx, res in zip(by_model.values(), results) for i, (admitted, limit, depth, by) in zip(idx, res)}
+    return [decided[i] for i in range(len(items))]
 
 
 def gate_release(model: str, tenant: str, job_id: str) -> bool:
-    """Give a slot back (the model's and the tenant's).  Idempotent:
-    releasing twice removes nothing more."""
+    """Give a slot back (the model's and the tenant's); idempotent."""
     pipe = get_redis().pipeline(transaction=True)  # one slot: both keys carry the model's tag
     pipe.zrem(keys.gate(model), job_id)
     pipe.zrem(keys.tenant_gate(model, tenant), job_id)
@@ -98,20 +88,16 @@ def gate_members(model: str) -> set[str]:
 
 def gate_reconcile(model: str, active_ids: Iterable[str], grace_seconds: float,
                    key: str | None = None) -> tuple[list[str], list[str]]:
-    """Make the model's gate (or ``key``, one tenant's gate of it) hold
-    exactly ``active_ids``, sparing members younger than the grace."""
+    """Make the model's gate (or ``key``, a tenant's) hold exactly ``active_ids``, sparing younger members."""
     now = time.time()
-    added, removed = scripts.get("gate_reconcile")(
-        keys=[key or keys.gate(model)],
-        args=[f"{now:.6f}", f"{now - grace_seconds:.6f}", *active_ids],
-    )
+    added, removed = scripts.get("gate_reconcile")(keys=[key or keys.gate(model)],
+                                                   args=[f"{now:.6f}", f"{now - grace_seconds:.6f}", *active_ids])
     return list(added), list(removed)
 
 
 def note_holders(model: str, tenants: Iterable[str]) -> None:
     """Put tenants that hold slots of ``model`` into its index (reconcile, after a wipe)."""
-    found = list(tenants)
-    if found:
+    if found := list(tenants):
         get_redis().sadd(keys.gate_tenants(model), *found)
 
 
@@ -130,8 +116,5 @@ def gate_snapshot(model_names: Iterable[str]) -> dict[str, tuple[int, int | None
         pipe.get(keys.runtime_queue_limit(n))
         pipe.get(keys.runtime_max_concurrency(n))
     res = pipe.execute()
-    out = {}
-    for i, n in enumerate(names):
-        depth, ql, mc = res[3 * i:3 * i + 3]
-        out[n] = (int(depth), int(ql) if ql is not None else None, int(mc) if mc is not None else None)
-    return out
+    return {n: (int(depth), None if ql is None else int(ql), None if mc is None else int(mc))
+            for n, depth, ql, mc in zip(names, res[0::3], res[1::3], res[2::3])}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.infra.redis import keys, scripts
 from app.infra.redis.client import get_redis
 
+
 def leader_acquire(owner: str, ttl_seconds: float) -> int:
     """Fencing token (> 0) while ``owner`` holds the beat lock, else 0."""
     return int(scripts.get("leader_acquire")(keys=[keys.beat_lock(), keys.beat_token()],
@@ -17,11 +18,8 @@ def leader_release(owner: str) -> bool:
 
 def leader_current() -> tuple[int, str] | None:
     """(token, owner) of the current beat leader, if any."""
-    v = get_redis().get(keys.beat_lock())
-    if not v or " " not in v:
-        return None
-    token, owner = v.split(" ", 1)
-    return int(token), owner
+    token, sep, owner = (get_redis().get(keys.beat_lock()) or "").partition(" ")
+    return (int(token), owner) if sep else None
 
 
 def leader_ttl_ms() -> int | None:

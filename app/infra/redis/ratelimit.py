@@ -1,24 +1,17 @@
 """Token buckets in Redis, for request rate limits (app/web/ratelimit.py).
 
 Invariants:
-- A take is ONE Lua script (ratelimit_token_bucket.lua): read the bucket,
-  refill it, take, write it back.  Redis runs a script alone, so any number
-  of API threads, processes and hosts taking from one bucket at once admit
-  at most ``burst + rate * t`` requests over any span ``t``: there is no
-  read-then-write window between them.
-- Time is the Redis server's (``TIME``), never the caller's: API hosts with
-  skewed clocks share one bucket.  A clock that steps back refills nothing
-  (elapsed time is clamped at 0) and never freezes a bucket.
-- A bucket is one hash ``{prefix}:ratelimit:{bucket_id}`` (fields ``tk``
-  tokens left, ``ts`` Redis time of the last take) that expires once it would
-  be full again: an absent bucket IS a full bucket, so idle buckets vanish
-  and forgetting them loses nothing.
+- A take is ONE Lua script (ratelimit_token_bucket.lua: refill, take, write
+  back), so any number of takers admit at most ``burst + rate * t`` over
+  any span ``t``.
+- Time is the Redis server's (``TIME``): skewed API hosts share a bucket; a
+  clock stepping back refills nothing and never freezes a bucket.
+- A bucket is one hash (``tk`` tokens, ``ts`` last take) that expires once
+  it would be full again: an absent bucket IS a full one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import redis
 
 from app.infra.redis import keys, scripts
 from app.infra.redis.client import get_redis
@@ -34,26 +27,22 @@ class Take:
     full_after: float    # seconds until the bucket is full again
 
 
-def take(bucket_id: str, rate: float, burst: int, cost: int = 1, client: redis.Redis | None = None) -> Take:
-    """Take ``cost`` tokens from the bucket (one round trip).  Raises
-    ``redis.RedisError`` when Redis cannot be reached; the caller decides."""
+def take(bucket_id: str, rate: float, burst: int, cost: int = 1) -> Take:
+    """Take ``cost`` tokens (one round trip); ``redis.RedisError`` without Redis: the caller decides."""
     if not rate > 0:
         raise ValueError(f"rate must be > 0, got {rate!r}")
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst!r}")
     if not 0 <= cost <= burst:
         raise ValueError(f"cost must be within 0..burst ({burst}), got {cost!r}")
-    r = client if client is not None else get_redis()
-    allowed, tokens, wait, full = scripts.get("ratelimit_token_bucket", r)(
+    allowed, tokens, wait, full = scripts.get("ratelimit_token_bucket")(
         keys=[bucket_key(bucket_id)], args=[repr(float(rate)), int(burst), int(cost)])
     return Take(bool(allowed), float(tokens), float(wait), float(full))
 
 
-def peek(bucket_id: str, rate: float, burst: int, client: redis.Redis | None = None) -> float:
-    """Tokens the bucket holds now, refilled to the Redis server's time (a
-    read: nothing is taken or written).  A missing bucket is full."""
-    r = client if client is not None else get_redis()
-    pipe = r.pipeline(transaction=False)
+def peek(bucket_id: str, rate: float, burst: int) -> float:
+    """Tokens the bucket holds now at the Redis server's time (a read only; a missing bucket is full)."""
+    pipe = get_redis().pipeline(transaction=False)
     pipe.time()
     pipe.hmget(bucket_key(bucket_id), "tk", "ts")
     (sec, usec), (tk, ts) = pipe.execute()

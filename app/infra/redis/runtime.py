@@ -7,6 +7,7 @@ from __future__ import annotations
 from app.infra.redis import keys, scripts
 from app.infra.redis.client import get_redis
 
+
 def runtime_limits_raw(model: str) -> tuple[str | None, str | None]:
     """The stored (max_concurrency, queue_limit) overrides as strings."""
     mc, ql = get_redis().mget(keys.runtime_max_concurrency(model), keys.runtime_queue_limit(model))

@@ -1,27 +1,19 @@
-"""The registry of our Lua scripts: every script is a ``<name>.lua`` file in
-this package, next to the module that owns its keys (``gate_*`` for gate.py,
-``dispatch_*`` for dispatch.py, ...), and is run through ``get(name)``.
+"""The registry of our Lua scripts, each a ``<module>_<name>.lua`` file in
+this package beside the module that owns its keys, run through ``get(name)``.
 
 Invariants:
 - Each script is written once, in its file, which opens with a comment
   stating its KEYS and ARGV (tests/test_redis_scripts.py checks both, and
   that no Python module in app/ holds Lua).
-- ``NAMES`` lists every script; all are read at import, so a missing file
-  (a broken install: pyproject.toml ships them as package data) fails at
-  start, not on the first request that needs it.
+- All of ``NAMES`` are read at import: a missing file (a broken install;
+  pyproject.toml ships them as package data) fails at start.
 - A line ``--@include <file>.lua`` is replaced by that file's text (the
-  dispatch steps share dispatch_lib.lua's functions, and those that update
-  the upstream controller upstream_lib.lua's).  One level: an included
-  file includes nothing.
-- Scripts run by EVALSHA, loaded on NOSCRIPT (redis-py's ``Script``, from
-  ``register_script``).  Under Redis Cluster, redis-py routes a script by
-  its keys' hash slot; every script here touches the keys of one slot (the
-  model's hash tag, or a single key: app/infra/redis/keys.py), and a key a
-  script builds inside (dispatch's per-tenant keys) starts with a prefix
-  from ARGV that carries the same tag.
-- A script is registered once per client: the ``Script`` objects live on
-  the client itself, so they die with it (reset_redis, fork: the clients
-  are per process) and never outlive or confuse a replaced one.
+  dispatch steps share dispatch_lib.lua, the upstream controller's
+  upstream_lib.lua); one level: an included file includes nothing.
+- Scripts run by EVALSHA, loaded on NOSCRIPT (redis-py's ``Script``); under
+  Redis Cluster each touches the keys of one slot (keys.py), routed by them.
+- A script is registered once per client, its ``Script`` kept on the client
+  itself: it dies with it (reset_redis, fork) and never outlives it.
 """
 from __future__ import annotations
 
@@ -32,13 +24,9 @@ import redis
 
 from app.infra.redis.client import get_redis
 
-NAMES = (
-    "gate_admit", "gate_reconcile",
-    "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick", "dispatch_return",
-    "dispatch_position",
-    "epoch_compare_delete", "leader_acquire", "leader_release",
-    "ratelimit_token_bucket", "runtime_limits_cas",
-)
+NAMES = ("gate_admit", "gate_reconcile", "dispatch_enqueue", "dispatch_claimed", "dispatch_finish", "dispatch_kick",
+         "dispatch_return", "dispatch_position", "epoch_compare_delete", "leader_acquire", "leader_release",
+         "ratelimit_token_bucket", "runtime_limits_cas")
 # Files only ever included by others, never run alone.
 LIBRARIES = ("dispatch_lib", "upstream_lib")
 
@@ -51,25 +39,21 @@ def _read(name: str) -> str:
 
 
 def _load(name: str) -> str:
-    text = _read(name)
-
     def include(m: re.Match) -> str:
         lib = _read(m.group(1))
         if _INCLUDE.search(lib):
             raise ValueError(f"{m.group(1)}.lua: an included file includes nothing")
         return lib.rstrip("\n")
-    return _INCLUDE.sub(include, text)
+    return _INCLUDE.sub(include, _read(name))
 
 
 SOURCES: dict[str, str] = {name: _load(name) for name in NAMES}
 
 
 def get(name: str, client: redis.Redis | None = None):
-    """Script ``name`` registered on ``client`` (default: the gate's), once;
-    call it as ``get(name)(keys=[...], args=[...], client=pipeline?)``."""
+    """Script ``name`` registered once on ``client`` (default: the gate's): ``get(name)(keys=, args=, client=)``."""
     r = client if client is not None else get_redis()
     cache = r.__dict__.setdefault(_ATTR, {})
-    s = cache.get(name)
-    if s is None:
-        s = cache[name] = r.register_script(SOURCES[name])
-    return s
+    if name not in cache:
+        cache[name] = r.register_script(SOURCES[name])
+    return cache[name]

@@ -2,16 +2,13 @@
 an upstream that pushes back (docs/architecture.md, "Upstream backpressure").
 
 Invariants:
-- One state per model in Redis, shared by every worker: fields of the
-  model's dispatch conf hash (``keys.dispatch_conf``), written only inside
-  the dispatch steps by upstream_lib.lua (a done job's run time in
-  dispatch_finish.lua, a busy answer in dispatch_return.lua), so an update
-  is one atomic step that costs no round trip of its own.
-- The limit is never above the ceiling (the model's max_concurrency, or
-  autotune's lower runtime override) and never below 1; at the ceiling it is
-  absent.  dispatch_lib.lua's ``limit()`` takes min(ceiling, limit) as every
-  tenant's permit cap on the model, and 0 while the model is paused.
-- Derived state: a wiped Redis starts again at the ceiling; with
+- One state per model, fields of its dispatch conf hash, written only by
+  upstream_lib.lua inside the dispatch steps (dispatch_finish.lua,
+  dispatch_return.lua): an update is atomic and costs no round trip.
+- The limit is within [1, the ceiling (max_concurrency or autotune's lower
+  override)] and absent at the ceiling; dispatch_lib.lua caps every tenant's
+  permits at it, and at 0 while the model is paused.
+- Derived state: a wiped Redis starts at the ceiling; with
   ASYNCH_UPSTREAM_CONTROL off the next finish forgets it.
 """
 from __future__ import annotations
@@ -30,14 +27,12 @@ def params() -> str:
 
 
 def finish_arg() -> str:
-    """dispatch_finish.lua's ARGV 15: the parameters, or "-" with the
-    controller off (the step forgets its state)."""
+    """dispatch_finish.lua's ARGV 15: the parameters, or "-" with the controller off (forget its state)."""
     return params() if get_settings().upstream_control else "-"
 
 
 def snapshot(model_names: Iterable[str]) -> dict[str, tuple[int | None, float | None]]:
-    """model -> (the controller's limit, None at the ceiling; paused until,
-    unix s, None if not paused), in one round trip."""
+    """model -> (the limit, None at the ceiling; paused until, unix s, or None), in one round trip."""
     names = list(model_names)
     pipe = get_redis().pipeline(transaction=False)
     for n in names:
