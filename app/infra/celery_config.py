@@ -1,11 +1,8 @@
-"""Celery settings shared by the publisher (API side) and the workers, so
-both agree on the broker, the queues and their options.
+"""Celery settings shared by the publisher (API side) and the workers: one broker, queues, options.
 
-Two queues: the job queue (run_job and maintenance; `asynch worker`) and
-the delivery queue (the outbox's pump tokens and its sweep; `asynch
-callback-worker`).  A receiver that stalls ties up delivery processes only:
-job workers never take a delivery.  ``queue_for`` is the one routing rule; task_routes says
-the same to Celery itself (retries, beat)."""
+Two queues: the job queue (run_job and maintenance; `asynch worker`) and the delivery queue (the
+outbox; `asynch callback-worker`): a stalling receiver ties up delivery processes only.
+``queue_for`` is the one routing rule; task_routes says the same to Celery (retries, beat)."""
 from __future__ import annotations
 
 from kombu import Queue
@@ -13,8 +10,7 @@ from kombu import Queue
 from app.config import Settings
 
 RUN_JOB_TASK = "asynch.run_job"
-# The outbox (app/delivery/outbox.py): a pump token (delivers the fairest
-# due row, then the next, until none is), and the sweep.
+# The outbox (app/delivery/outbox.py): a pump token (delivers due rows, fairest first), the sweep.
 DELIVER_TASK = "asynch.deliver"
 DELIVER_DUE_TASK = "asynch.deliver_due"
 # Dispatch one model again when its upstream's Retry-After pause ends (app/jobs/dispatch.py).
@@ -32,8 +28,7 @@ def celery_settings(s: Settings) -> dict:
     return {
         "broker_url": s.effective_broker_url,
         "broker_connection_retry_on_startup": True,
-        # Redis: a message not acked within this many seconds is handed to
-        # another worker.  It must exceed the longest model call.
+        # Redis: a message not acked within this many seconds goes to another worker (> the longest call).
         "broker_transport_options": {
             "visibility_timeout": s.broker_visibility_timeout,
             "priority_steps": list(range(MAX_PRIORITY + 1)),

@@ -1,11 +1,8 @@
-"""Logging: one line of JSON per record, with job_id/model/tenant/attempt
-when the caller passed them as ``extra`` or bound them for the current
-request/task with ``bind()`` (a context variable, so threads and requests do
-not mix).
+"""Logging: one line of JSON per record, with job_id/model/tenant/attempt passed as ``extra`` or
+bound for the current request/task with ``bind()`` (a context variable: requests do not mix).
 
-Secrets never reach a log line by construction (nothing logs headers,
-head_msg or modelKey); as a second line of defence anything shaped like an
-API key or a Bearer credential is masked in the final line.
+Secrets never reach a log line by construction (nothing logs headers, head_msg or modelKey); as
+a second line of defence anything shaped like an API key or a Bearer credential is masked.
 """
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ _ctx: ContextVar[dict] = ContextVar("asynch_log_context", default={})
 _SECRET_SHAPES = [
     (re.compile(r"\b(ak_[a-z0-9]{12})_[A-Za-z0-9_-]{8,}"), r"\1_***"),
     (re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+"), r"\1 ***"),
-    # PostgreSQL quotes the failing statement, with psycopg2's interpolated
-    # values (payloads, modelKey), in its error text; the engine already
-    # hides SQLAlchemy's own parameter dump (app/db.py hide_parameters).
+    # PostgreSQL quotes the failing statement, with psycopg2's interpolated values (payloads,
+    # modelKey), in its error text (the engine hides SQLAlchemy's own: hide_parameters).
     (re.compile(r"(?m)^LINE \d+: .*$"), "LINE n: [statement hidden]"),
 ]
 

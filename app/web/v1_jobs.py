@@ -8,7 +8,7 @@ from app.config import get_settings
 from app.infra import parking
 from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, hub
-from app.infra.wakeup_snapshot import Snapshot
+from app.infra.wakeups import Snapshot
 from app.jobs import batch as batches
 from app.jobs import estimates
 from app.jobs import events as job_events
