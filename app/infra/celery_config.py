@@ -20,7 +20,6 @@ DELIVERY_TASKS = frozenset({DELIVER_TASK, DELIVER_DUE_TASK})
 
 
 def queue_for(task: str, s: Settings) -> str:
-    """The queue a task's messages go to."""
     return s.delivery_queue_name if task in DELIVERY_TASKS else s.queue_name
 
 
@@ -42,16 +41,11 @@ def celery_settings(s: Settings) -> dict:
                         for t in sorted(DELIVERY_TASKS)},
         "task_queue_max_priority": MAX_PRIORITY,
         # Invariant 6: at-least-once delivery, one message in hand at a time.
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        "task_ignore_result": True,
-        "result_backend": None,
-        "task_serializer": "json",
-        "accept_content": ["json"],
+        "task_acks_late": True, "task_reject_on_worker_lost": True, "worker_prefetch_multiplier": 1,
+        "task_ignore_result": True, "result_backend": None,
+        "task_serializer": "json", "accept_content": ["json"],
         "task_publish_retry": True,
         "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0,
                                       "interval_step": 0.2, "interval_max": 0.5},
-        "worker_hijack_root_logger": False,
-        "enable_utc": True,
+        "worker_hijack_root_logger": False, "enable_utc": True,
     }

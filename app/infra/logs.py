@@ -38,20 +38,15 @@ def mask_secrets(text: str) -> str:
     return text
 
 
-class ContextFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        for k, v in _ctx.get().items():
-            if getattr(record, k, None) is None:
-                setattr(record, k, v)
-        return True
-
-
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
                "logger": record.name, "msg": mask_secrets(record.getMessage())}
+        bound = _ctx.get()  # formatted in the logging thread: its request's or task's fields
         for k in _FIELDS:
             v = getattr(record, k, None)
+            if v is None:
+                v = bound.get(k)
             if v is not None:
                 out[k] = v
         if record.exc_info:
@@ -62,7 +57,6 @@ class JsonFormatter(logging.Formatter):
 def json_handler(stream=None) -> logging.Handler:
     h = logging.StreamHandler(stream or sys.stderr)
     h.setFormatter(JsonFormatter())
-    h.addFilter(ContextFilter())
     return h
 
 

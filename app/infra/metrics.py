@@ -1,28 +1,23 @@
 """Prometheus counters and histograms of ONE scrape target, and worker liveness stamps.
 
-A scrape target is a process group: an API server (a gunicorn master and its workers) or a
-worker node (a Celery main process and its pool).  Each reports only the events its own
-processes recorded; Prometheus sums the targets.  The cluster's gauges (jobs by state, gates,
-worker liveness), the same whichever process computes them, are app/observe/cluster.py's.
+A scrape target is a process group: an API server (gunicorn's master and workers) or a worker
+node (a Celery main process and its pool), reporting only what its processes recorded.  The
+cluster's gauges (jobs by state, gates, liveness) are app/observe/cluster.py's.
 
 Invariants:
-- Recording never raises and never leaves the host: a write to process memory or, in a process
-  group, to an mmap'd file in the group's directory (prometheus_client's multiprocess mode).
-  A lost metric must not fail a job.
-- Multiprocess mode is on when PROMETHEUS_MULTIPROC_DIR was set before prometheus_client was
-  imported: `asynch api` / `asynch worker` set it (``group_env``) before exec'ing gunicorn /
-  Celery.  The group's main process takes the directory with ``prepare_group_dir`` (an
-  exclusive lock, then it deletes the previous run's files) before any child exists.  Without
-  it (tests' in-process app, `asynch dev`'s API) the metrics live in this process's memory.
-- Counters of a dead process stay in its files and keep counting in the group's sum (a counter
-  never goes backwards while its target lives); ``process_dead`` drops only the live gauge.
-- The first scrape lists every documented family (docs/operations.md, Metrics, ``FAMILIES``)
-  with a 0 for each label set known in advance (``seed``), so a scraper tells "no traffic" from
-  "broken": written by the rendering process like any value it records (in multiprocess mode to
-  its own file: a 0 adds nothing to the sum), once per process and label set.  A family whose
-  labels come only with traffic (dispatched: the tenants) is listed by HELP and TYPE alone.  A
-  database that does not answer costs the per-model zeros of that scrape, never the scrape.
-- This module imports nothing above app/infra: no jobs, no observe.
+- Recording never raises and never leaves the host: a write to memory or, in a group, to an
+  mmap'd file in the group's directory (prometheus_client's multiprocess mode, on when
+  PROMETHEUS_MULTIPROC_DIR was set, by ``group_env``, before the import).  The group's main
+  process takes the directory (``prepare_group_dir``: a lock, the previous run's files deleted)
+  before any child exists.  A lost metric must not fail a job.
+- A dead process's counters keep counting in the group's sum (a counter never goes backwards);
+  ``process_dead`` drops only the live gauge.
+- The first scrape lists every documented family (``FAMILIES``, docs/operations.md) with a 0 for
+  each label set known in advance (``seed``: "no traffic" is not "broken"), written by the
+  rendering process like any value (a 0 adds nothing to the sum); a family whose labels come
+  only with traffic (dispatched: the tenants) by HELP and TYPE alone.  A database that does not
+  answer costs the per-model zeros of that scrape, never the scrape.
+- This module imports nothing above app/infra.
 """
 from __future__ import annotations
 
@@ -41,12 +36,15 @@ from itertools import product
 import redis
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest, multiprocess, values)
+from sqlalchemy import select
 
 from app.clock import as_utc
 from app.config import get_settings, prometheus_multiproc_dir
 from app.errors import (BadRequest, DeadlineUnmeetable, NotFound, QueueFull, TenantQueueFull, Unavailable,
                         ValidationFailed)
+from app.infra.db import transaction
 from app.infra.redis import liveness
+from app.infra.tables import models
 from app.states import JobState
 
 log = logging.getLogger(__name__)
@@ -63,10 +61,9 @@ MULTIPROCESS = values.ValueClass is not values.MutexValue
 disable_created_metrics()
 _REGISTRY = CollectorRegistry()  # memory mode's; in multiprocess mode the files are the truth
 
-_ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by submit", ["model"],
-                      registry=_REGISTRY)
-_REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason "
-                      "(queue_full, invalid, not_found, unavailable, error)", ["model", "reason"], registry=_REGISTRY)
+_ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by submit", ["model"], registry=_REGISTRY)
+_REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason (queue_full, invalid, not_found, "
+                      "unavailable, error)", ["model", "reason"], registry=_REGISTRY)
 _DELIVERIES = Counter("asynch_deliveries", "outbox deliveries settled, by kind (callback / webhook) and outcome "
                       "(delivered / failed for good)", ["kind", "model", "outcome"], registry=_REGISTRY)
 _DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit taken, a run_job message "
@@ -118,8 +115,6 @@ def _never_raise(record):
     wrapper.__name__, wrapper.__doc__ = record.__name__, record.__doc__
     return wrapper
 
-
-# --- recording ----------------------------------------------------------------------
 
 @_never_raise
 def job_admitted(model: str) -> None:
@@ -183,8 +178,6 @@ def delivery_settled(kind: str, model: str, ok: bool) -> None:
     _DELIVERIES.labels(kind, model, "delivered" if ok else "failed").inc()
 
 
-# --- worker liveness (Redis; rendered by app/observe/cluster.py) ------------------------
-
 def worker_ttl() -> int:
     return max(3, int(3 * get_settings().worker_heartbeat_seconds))
 
@@ -221,13 +214,9 @@ def worker_stopped(node: str) -> None:
         liveness.worker_forget(node)
 
 
-# --- a process group's directory ---------------------------------------------------------
-
 def group_env(metrics_dir: str | None = None) -> dict[str, str]:
     """What a launcher sets before it execs a group: ASYNCH_METRICS_DIR, else a fresh temp dir."""
-    path = get_settings().metrics_dir if metrics_dir is None else metrics_dir
-    if not path:
-        path = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+    path = (get_settings().metrics_dir if metrics_dir is None else metrics_dir) or tempfile.mkdtemp(prefix=TEMP_PREFIX)
     return {"PROMETHEUS_MULTIPROC_DIR": os.path.abspath(path)}
 
 
@@ -273,8 +262,6 @@ def cleanup_group_dir() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# --- exposition ---------------------------------------------------------------------------
-
 def render(target: str = "api") -> tuple[bytes, str]:
     """This scrape target's counters and histograms (target "api" or "node"):
     the sum over the group's processes' files, or this process's memory."""
@@ -297,12 +284,8 @@ def token_problem(authorization: str) -> str | None:
     given = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
     if not given:
         return "missing metrics token"
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        return "invalid metrics token"
-    return None
+    return None if hmac.compare_digest(given.encode(), token.encode()) else "invalid metrics token"
 
-
-# --- the zeros of the first scrape ----------------------------------------------------------
 
 # What each scrape target documents (docs/operations.md, "Metrics"; a test compares the table).
 FAMILIES = {
@@ -317,22 +300,7 @@ RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale", "expired", 
 _seeded: set[tuple[str, str]] = set()  # (target, model or "") this process wrote zeros for
 
 
-def seed(target: str, model_names: list[str] | None = None) -> None:
-    """Write this target's zeros ("api" or "node") for the label sets known now: per configured
-    model its final states, rejection reasons, call and delivery outcomes; per target the caps
-    and the run_job outcomes."""
-    try:
-        _seed(target, _configured_models() if model_names is None else model_names)
-    except Exception as exc:  # as any recording: a metric never fails a request
-        log.warning("metrics: zero series not written: %s", exc)
-
-
 def _configured_models() -> list[str]:
-    from sqlalchemy import select
-
-    from app.infra.db import transaction
-    from app.infra.tables import models
-
     try:
         with transaction() as conn:
             return list(conn.execute(select(models.c.model_name)).scalars())
@@ -341,7 +309,11 @@ def _configured_models() -> list[str]:
         return []
 
 
-def _seed(target: str, model_names: list[str]) -> None:
+@_never_raise  # as any recording: a metric never fails a request
+def seed(target: str) -> None:
+    """Write this target's zeros ("api" or "node") for the label sets known now: per configured
+    model its final states, rejection reasons, call and delivery outcomes; per target the caps
+    and the run_job outcomes."""
     if (target, "") not in _seeded:
         if target == "api":
             _REJECTIONS.labels("_unknown", "not_found")
@@ -353,7 +325,7 @@ def _seed(target: str, model_names: list[str]) -> None:
             for outcome in RUN_JOB_OUTCOMES:
                 _RUN_JOB.labels(outcome)
         _seeded.add((target, ""))
-    for name in model_names:
+    for name in _configured_models():
         if (target, name) in _seeded:
             continue
         for state in FINAL_STATES:

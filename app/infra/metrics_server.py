@@ -115,13 +115,13 @@ class _Handler(WSGIRequestHandler):
 _node_server: _Server | None = None
 
 
-def serve_node(port: int, host: str | None = None) -> _Server | None:
-    """Serve the node's port from a thread of this process; host: ASYNCH_WORKER_METRICS_BIND."""
+def serve_node(port: int) -> _Server | None:
+    """Serve the node's port on ASYNCH_WORKER_METRICS_BIND from a thread of this process."""
     global _node_server
     if port <= 0:
         return None
     s = get_settings()
-    host = s.worker_metrics_bind if host is None else host
+    host = s.worker_metrics_bind
     try:
         _node_server = _Server((host, port), s.worker_metrics_max_connections, s.worker_metrics_timeout_seconds)
     except OSError as exc:

@@ -2,9 +2,8 @@
 waiter, a timer) instead of a request greenlet, and is answered by the wake-up hub with bytes
 rendered once per job.
 
-Why (docs/architecture.md, "Serving"): a waiting request greenlet keeps ~60 objects (environ,
-Flask request, frames, watchers) in an API worker's heap; at 10,000 waits the collector's
-pauses were another tenant's submit p99.  A parked wait is ~6 objects, its answer one ``send``.
+Why (docs/architecture.md, "Serving"): a waiting greenlet keeps ~60 objects in the heap, and at
+10,000 waits the collector's pauses were another tenant's submit p99; a parked wait is ~6.
 
 How, under gunicorn's gevent worker (app/web/gunicorn_conf.py installs ``ParkingMiddleware``):
 the route does the first half as usual (auth, caps, the first read: app/infra/wakeups.py
@@ -71,7 +70,6 @@ class ParkedWait:
         self.timer = self.watcher = None
         self.done = False
 
-    # -- the three ways in --------------------------------------------------
     def start(self, budget_seconds: float) -> None:
         from gevent import get_hub
 
@@ -115,7 +113,6 @@ class ParkedWait:
         elif there is False:
             self._close()  # the client hung up: its place comes back now
 
-    # -- the one way out ----------------------------------------------------
     def _answer(self, rendered: tuple[str, bytes]) -> None:
         if self.done:
             return

@@ -48,11 +48,9 @@ _KOMBU_VIRTUAL = {Priority.HIGH: 0, Priority.NORMAL: (MAX_PRIORITY + 1) // 2}
 
 
 def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
-    """The number the configured broker needs for ``priority``."""
     url = broker_url if broker_url is not None else get_settings().effective_broker_url
     scheme = urlparse(url).scheme.split("+")[0].lower()
-    table = _AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL
-    return table[priority]
+    return (_AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL)[priority]
 
 
 @dataclass(frozen=True)
@@ -119,10 +117,8 @@ def publish_run_job(job_id: str, attempt: int, priority: Priority = Priority.NOR
 
 
 def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.NORMAL) -> int:
-    """Publish the run_job messages of many jobs: one LPUSH of all of them on
-    Redis (in order: kombu pops the list's tail, so the first job is served
-    first).  Returns how many were handed over; never raises (recovery
-    re-publishes what was refused)."""
+    """Publish many jobs' run_job messages: one LPUSH on Redis (kombu pops the tail, so the first
+    job is served first).  How many were handed over; never raises (recovery re-publishes)."""
     if not jobs:
         return 0
     try:
@@ -143,9 +139,8 @@ def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.
 
 
 def publish_task(name: str, args: list, countdown: float | None = None) -> bool:
-    """Publish any task by name on its queue (deliveries on theirs), due in
-    ``countdown`` seconds; False (logged) if the broker refused.  For work
-    whose durable record is a row that a sweep re-publishes."""
+    """Publish any task by name on its queue, due in ``countdown`` seconds; False (logged) if the
+    broker refused: for work whose durable record is a row that a sweep re-publishes."""
     try:
         producer_app().send_task(name, args=args, queue=queue_for(name, get_settings()), countdown=countdown)
         return True

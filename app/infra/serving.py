@@ -27,7 +27,6 @@ POLL_CLIENT_SECONDS = 1.0
 
 
 def is_green() -> bool:
-    """True when this process runs on gevent with the socket module patched."""
     if "gevent" not in sys.modules:
         return False
     from gevent import monkey
@@ -51,14 +50,11 @@ GC_THRESHOLDS = (10_000, 2, 100)
 
 
 def tune_gc() -> None:
-    """Make full collections rare and young ones short in an API worker, after its app is loaded.
-
-    10,000 waits are hundreds of thousands of long-lived objects per process; with CPython's
-    default thresholds a full collection ran at each 25% growth, 0.2-0.5 s in which no greenlet
-    runs.  ``gc.freeze()`` hides everything loaded so far; full collections follow every 200
-    young ones.  The young threshold is a pause length: at 50,000 a gen-0 collection took
-    30-120 ms (another tenant's submit p99), at 10,000 under 10 ms (bench/bench_waiters.py,
-    docs/architecture.md "Serving").  Cycles are still collected."""
+    """Make full collections rare and young ones short in an API worker, after its app is loaded:
+    10,000 waits are hundreds of thousands of long-lived objects, and CPython's defaults ran a
+    full collection (0.2-0.5 s, no greenlet runs) at each 25% growth.  ``gc.freeze()`` hides what
+    is loaded; the young threshold is a pause length: at 10,000 under 10 ms, at 50,000 30-120 ms,
+    another tenant's submit p99 (bench/bench_waiters.py, docs/architecture.md "Serving")."""
     import gc
 
     gc.collect()

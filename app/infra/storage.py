@@ -1,19 +1,14 @@
 """Result storage behind one small interface.
 
-``put`` returns a location string that ``get`` and ``delete`` accept and that
-is shown to callers as ``oss_file``.  Deleting what is already gone is fine.
-``delete_many`` (cleanup: one request per 1,000 objects on S3) answers which
-locations it could not delete (location -> reason) instead of raising, so one
-bad object does not hold back a batch.  Backends: a local directory
-(default), S3 via boto3, and the seed's OSS file service
-(``oss+http(s)://host:port/base``; only it uses ``put``'s ``context``: the
-job's headers to pass through).
+``put`` returns a location that ``get`` and ``delete`` accept, shown to callers as ``oss_file``.
+Deleting what is gone is fine; ``delete_many`` (one request per 1,000 objects on S3) answers what
+it could not delete (location -> reason) instead of raising.  Backends: a local directory
+(default), S3, and the seed's OSS file service (``oss+http(s)://host:port/base``; only it uses
+``put``'s ``context``: the job's headers to pass through).
 
-``stream`` is how results are served: it raises ObjectMissing/StorageError
-before it returns (the caller can still answer 410/503), then yields CHUNK-byte
-pieces, never the whole object.  ``presign`` (S3 only; None elsewhere) gives a
-time-limited GET URL.  OSS downloads follow no redirects and stop at
-ASYNCH_MAX_RESULT_BYTES (the most a result can be).
+``stream`` raises ObjectMissing/StorageError before it returns (the caller can still answer
+410/503), then yields CHUNK-byte pieces, never the whole object.  ``presign`` (S3 only) gives a
+time-limited GET URL.  OSS downloads follow no redirects and stop at ASYNCH_MAX_RESULT_BYTES.
 """
 from __future__ import annotations
 
@@ -132,15 +127,11 @@ class S3Storage(Storage):
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        kw = {"region_name": settings.s3_region,
-              "config": Config(retries={"max_attempts": 3, "mode": "standard"},
-                               connect_timeout=5, read_timeout=60)}
-        if settings.s3_endpoint_url:
-            kw["endpoint_url"] = settings.s3_endpoint_url
-        if settings.s3_access_key:
-            kw["aws_access_key_id"] = settings.s3_access_key
-            kw["aws_secret_access_key"] = settings.s3_secret_key
-        self.client = boto3.client("s3", **kw)
+        key = settings.s3_access_key or None  # None: boto3's own credential chain
+        self.client = boto3.client("s3", region_name=settings.s3_region, endpoint_url=settings.s3_endpoint_url or None,
+                                   aws_access_key_id=key, aws_secret_access_key=settings.s3_secret_key if key else None,
+                                   config=Config(retries={"max_attempts": 3, "mode": "standard"},
+                                                 connect_timeout=5, read_timeout=60))
 
     def _key(self, location: str) -> str:
         head = f"s3://{self.bucket}/"
@@ -261,11 +252,8 @@ class OssStorage(Storage):
                 raise ObjectMissing(location)
             raise StorageError(f"oss download failed: HTTP {resp.status_code}"
                                + (" (redirects are not followed)" if 300 <= resp.status_code < 400 else ""))
-        try:
-            declared = int(resp.headers.get("Content-Length", "0"))
-        except ValueError:
-            declared = 0
-        if declared > self.max_bytes:
+        declared = resp.headers.get("Content-Length", "").strip()
+        if declared.isdigit() and int(declared) > self.max_bytes:
             resp.close()
             raise StorageError(f"oss download exceeds {self.max_bytes} bytes")
         return resp
@@ -323,7 +311,6 @@ _storage: tuple[str, Storage] | None = None
 
 
 def get_storage() -> Storage:
-    """The storage of the configured URL, rebuilt when the setting changes (tests)."""
     global _storage
     s = get_settings()
     with _lock:

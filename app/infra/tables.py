@@ -19,7 +19,6 @@ def _in(*states: S) -> str:
 
 
 def _cols(type_, *names: str, **kw) -> list[Column]:
-    """Columns of one type and options, in this order."""
     return [Column(name, type_, **kw) for name in names]
 
 
@@ -49,11 +48,9 @@ models = Table(
     Column("auto_clean_seconds", Integer, nullable=False, server_default="3600"),
     Column("remark", Text, nullable=False, server_default=""),
     Column("tenant_queue_limit", Integer),  # one tenant's slots; NULL: ASYNCH_TENANT_QUEUE_SHARE of queue_limit
-    # Header names a job's modelKey may set ("*": any unprotected one); '' none.
-    Column("model_key_headers", Text, nullable=False, server_default=""),
+    Column("model_key_headers", Text, nullable=False, server_default=""),  # what a modelKey sets; "*": any unprotected
     Column("max_completed", Integer, nullable=False, server_default="0"),  # done/claimed jobs kept; 0: no cap
-    Column("created_at", TS, nullable=False),
-    Column("updated_at", TS, nullable=False),
+    *_cols(TS, "created_at", "updated_at", nullable=False),
 )
 
 model_types = Table(
@@ -78,8 +75,7 @@ tasks = Table(
     Column("passthrough_headers", Text),
     # JSON text as received: jsonb would refuse \u0000, which JSON allows.
     Column("request_payload", Text, nullable=False),
-    # sha256 of the canonical payload + options: idempotent replays compare it.
-    Column("request_hash", String(64), nullable=False),
+    Column("request_hash", String(64), nullable=False),  # sha256 of payload + options: replays compare it
     Column("idempotency_key", String(255)),
     Column("state", SmallInteger, nullable=False),
     Column("attempt", Integer, nullable=False, server_default="0"),  # claims so far, the CAS token
@@ -93,16 +89,13 @@ tasks = Table(
     Column("result_content_type", String(255)),
     Column("result_size", BigInteger),
     Column("result_inline", LargeBinary),  # a small result kept in the row (location ``inline:``)
-    # The node running the current attempt: recovery fails it as soon as that node's heartbeat is gone.
-    Column("worker", String(255)),
+    Column("worker", String(255)),  # the node of the current attempt: recovery fails it when its heartbeat goes
     Column("created_at", TS, nullable=False),
     Column("enqueue_at", TS, nullable=False),  # queue order; a retry resets it (tail) or backdates it (head)
     *_cols(TS, "started_at", "finished_at", "lease_expires_at", "next_retry_at"),
     Column("deadline_at", TS),  # the job's budget: pending/running past it becomes timeout
     Column("caller_deadline_at", TS),  # X-Deadline: still pending past it becomes expired
-    Column("claimed_at", TS),
-    Column("last_read_at", TS),  # max_completed evicts the least recently read
-    Column("expire_at", TS),
+    *_cols(TS, "claimed_at", "last_read_at", "expire_at"),  # last read: max_completed evicts the oldest
     Column("updated_at", TS, nullable=False),
     Column("promoted_at", TS),  # when a pending retry was published at high priority
     # The job's own webhook: a JSON POST on each terminal state whose bit is in webhook_events.
@@ -115,10 +108,8 @@ tasks = Table(
     Index("ix_asynch_task_created", "created_at", "id"),
     Index("ix_asynch_task_tenant_created", "tenant_id", "created_at"),
     Index("ix_asynch_task_tenant_model_created", "tenant_id", "model_name", "created_at"),
-    # Gate reconcile / depth: active rows of a model.
-    Index("ix_asynch_task_model_state", "model_name", "state"),
-    # A tenant's event stream (GET /v1/events): its jobs changed since a time.
-    Index("ix_asynch_task_tenant_updated", "tenant_id", "updated_at"),
+    Index("ix_asynch_task_model_state", "model_name", "state"),  # gate reconcile / depth: a model's active rows
+    Index("ix_asynch_task_tenant_updated", "tenant_id", "updated_at"),  # a tenant's event stream (GET /v1/events)
     # Maintenance scans: a partial index per state, so a row version enters only its state's index.
     _partial("ix_asynch_task_retry_due", ["next_retry_at"], _in(S.RETRY_WAIT)),
     _partial("ix_asynch_task_running_lease", ["lease_expires_at"], _in(S.RUNNING)),
@@ -130,8 +121,7 @@ tasks = Table(
     # The expiry pass: pending jobs with a caller's deadline.
     _partial("ix_asynch_task_pending_caller_deadline", ["caller_deadline_at"],
              f"{_in(S.PENDING)} AND caller_deadline_at IS NOT NULL"),
-    # Autotune reads a model's recently finished jobs.
-    _partial("ix_asynch_task_finished_by_model", ["model_name", "finished_at"], "finished_at IS NOT NULL"),
+    _partial("ix_asynch_task_finished_by_model", ["model_name", "finished_at"], "finished_at IS NOT NULL"),  # autotune
     # Retries waiting at the tail of a model's queue (the promotion scan).
     _partial("ix_asynch_task_retry_promote", ["model_name", "enqueue_at"],
              f"{_in(S.PENDING)} AND retry_count > 0 AND promoted_at IS NULL"),
@@ -206,8 +196,7 @@ deliveries = Table(
     Column("lease_until", TS),
     Column("last_error", Text),
     Column("delivered_at", TS),
-    Column("created_at", TS, nullable=False),
-    Column("updated_at", TS, nullable=False),
+    *_cols(TS, "created_at", "updated_at", nullable=False),
     UniqueConstraint("job_id", "kind", "subscription_id", name="uq_asynch_delivery_receiver"),
     # The claim and the sweep: due pending rows, sending rows by lease (a tenant's in-flight count).
     Index("ix_asynch_delivery_status_next", "status", "next_attempt_at"),

@@ -11,15 +11,13 @@ Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
   terminal state is taken (absorbing, so final): it is handed to every waiter of the job at once,
   with no read, and its v1 body is rendered once for all (``Snapshot.v1_body``).
 - Single flight, for a bare job id (an older publisher) and after a reconnect: the fetcher reads
-  the fetch set in one SELECT per ``FETCH_BATCH`` ids, from a read that started after the
-  message arrived, and hands each row to every waiter of that job (10,000 waiters, one read).
-  By id only: tenant and model never change on a row; a job gone is handed over as GONE and
-  the waiter re-reads it itself (its own read says 404).
+  the fetch set (``FETCH_BATCH`` ids per SELECT, started after the message arrived) and hands
+  each row to every waiter of that job, by id only (tenant and model never change on a row); a
+  job gone is handed over as GONE and the waiter re-reads it itself (its own read says 404).
 - On every (re)subscribe all waited jobs are fetched; while unsubscribed, and after a failed
-  fetch, the fetcher re-reads them every ``DEGRADED_POLL_SECONDS``.
+  fetch, the fetcher re-reads them every ``DEGRADED_POLL_SECONDS``, on its own connection.
 - Caps: a register past the tenant's or the process's cap raises ``TooManyWaiters`` and counts
   nothing; every register is matched by one unregister (``finally``), a client gone included.
-- The fetcher reads on a connection of its own (``fetch_engine``), never behind the requests.
 - Fork: the whole state is per process (app/infra/process.py).
 """
 from __future__ import annotations
@@ -30,6 +28,7 @@ import math
 import os
 import threading
 import time
+from collections import Counter
 from contextlib import suppress
 from datetime import datetime
 from typing import Callable
@@ -122,11 +121,9 @@ class Waiter:
     __slots__ = ("job_id", "tenant", "seq", "event", "row", "on_wake")
 
     def __init__(self, job_id: str, tenant: str, seq: int) -> None:
-        self.job_id = job_id
-        self.tenant = tenant
+        self.job_id, self.tenant = job_id, tenant
         self.seq = seq  # registration order: a fetch started before it is not delivered to it
-        self.event = threading.Event()
-        self.row = None
+        self.event, self.row = threading.Event(), None
         # A parked wait (app/infra/parking.py) blocks nothing on ``event``: this is called instead.
         self.on_wake: Callable[["Waiter"], None] | None = None
 
@@ -146,7 +143,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.jobs: dict[str, set[Waiter]] = {}
-        self.per_tenant: dict[str, int] = {}
+        self.per_tenant: Counter[str] = Counter()  # a tenant's count may stay at 0
         self.total = 0
         self.seq = 0  # registrations so far
         self.to_fetch: set[str] = set()
@@ -168,7 +165,6 @@ class _State:
     def healthy(self) -> bool:
         return self.subscribed.is_set()
 
-    # -- listener ---------------------------------------------------------
     def _listen(self) -> None:
         inval = invalidate_channel()
         backoff = 0.1
@@ -190,7 +186,9 @@ class _State:
                 # healthy, so nothing cached after ensure_started() returns is lost to them.
                 clear_caches()
                 self.subscribed.set()
-                self.fetch_all()  # wake-ups may have been missed too
+                with self.lock:  # wake-ups may have been missed too
+                    self.to_fetch.update(self.jobs)
+                self.fetch_now.set()
                 backoff = 0.1
                 while True:
                     m = ps.get_message(timeout=1.0)
@@ -219,17 +217,11 @@ class _State:
         else:  # final: for every waiter, whenever it registered
             self._deliver({snap.id}, {snap.id: snap}, math.inf)
 
-    # -- fetcher ----------------------------------------------------------
     def fetch(self, job_id: str) -> None:
         with self.lock:
             if job_id not in self.jobs:
                 return  # nobody here waits for it
             self.to_fetch.add(job_id)
-        self.fetch_now.set()
-
-    def fetch_all(self) -> None:
-        with self.lock:
-            self.to_fetch.update(self.jobs)
         self.fetch_now.set()
 
     def _fetch_forever(self) -> None:
@@ -267,7 +259,6 @@ class _State:
         for w in woken:
             w.wake()
 
-    # -- waiters ----------------------------------------------------------
     def register(self, job_id: str, tenant: str, tenant_cap: int | None = None,
                  process_cap: int | None = None) -> Waiter:
         """The hub started, then a place under the caps (None: the settings'), TooManyWaiters past
@@ -278,7 +269,7 @@ class _State:
         tenant_cap = settings.waiters_per_tenant if tenant_cap is None else tenant_cap
         process_cap = settings.waiters_max if process_cap is None else process_cap
         with self.lock:
-            n = self.per_tenant.get(tenant, 0)
+            n = self.per_tenant[tenant]
             for cap, used, limit, whose in (("tenant", n, tenant_cap, "for this tenant "),
                                             ("process", self.total, process_cap, "")):
                 if used >= limit:
@@ -303,14 +294,12 @@ class _State:
             if not s:
                 del self.jobs[w.job_id]
             self.per_tenant[w.tenant] -= 1
-            if not self.per_tenant[w.tenant]:
-                del self.per_tenant[w.tenant]
             self.total -= 1
         metrics.waiters(-1)
 
     def waiter_count(self, tenant: str | None = None) -> int:
         with self.lock:
-            return self.total if tenant is None else self.per_tenant.get(tenant, 0)
+            return self.total if tenant is None else self.per_tenant[tenant]
 
     def drain(self) -> None:
         """The server stops: every current and later wait answers at once with what it has."""
