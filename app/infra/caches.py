@@ -20,8 +20,7 @@ MISSING = object()
 
 class ProcessCache:
     def __init__(self, factory: Callable[[], Cache], enabled: Callable[[], bool]) -> None:
-        self._factory = factory
-        self._enabled = enabled
+        self._factory, self._enabled = factory, enabled
         self._lock = threading.Lock()
         self._cache: Cache | None = None
         self._generation = 0  # bumped by every invalidation

@@ -28,12 +28,9 @@ def celery_settings(s: Settings) -> dict:
         "broker_url": s.effective_broker_url,
         "broker_connection_retry_on_startup": True,
         # Redis: a message not acked within this many seconds goes to another worker (> the longest call).
-        "broker_transport_options": {
-            "visibility_timeout": s.broker_visibility_timeout,
-            "priority_steps": list(range(MAX_PRIORITY + 1)),
-            "sep": ":",
-            "queue_order_strategy": "priority",
-        },
+        "broker_transport_options": {"visibility_timeout": s.broker_visibility_timeout, "sep": ":",
+                                     "priority_steps": list(range(MAX_PRIORITY + 1)),
+                                     "queue_order_strategy": "priority"},
         "task_default_queue": s.queue_name,
         "task_queues": [Queue(q, routing_key=q, queue_arguments={"x-max-priority": MAX_PRIORITY})
                         for q in (s.queue_name, s.delivery_queue_name)],

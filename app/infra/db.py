@@ -30,9 +30,8 @@ def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engi
         url,
         pool_size=max(1, pool_size),
         max_overflow=max(1, pool_size),
-        # No pre-ping: it costs a round trip per checkout.  A connection that
-        # died with the server fails its first statement (a 503) and
-        # SQLAlchemy then invalidates the whole pool.
+        # No pre-ping (a round trip per checkout): a connection that died with the server fails its
+        # first statement (a 503) and SQLAlchemy then invalidates the whole pool.
         pool_recycle=1800,
         # A statement's parameters (payloads, modelKey) never appear in an
         # exception message, so a logged database error cannot leak them.
@@ -65,10 +64,8 @@ def reset_engine() -> None:
 def _lost_database_is_unavailable() -> Iterator[None]:
     try:
         yield
-    except OperationalError as exc:
-        raise Unavailable("database unavailable") from exc
-    except DBAPIError as exc:
-        if exc.connection_invalidated:
+    except DBAPIError as exc:  # OperationalError is one
+        if isinstance(exc, OperationalError) or exc.connection_invalidated:
             raise Unavailable("database unavailable") from exc
         raise
 

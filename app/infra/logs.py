@@ -28,8 +28,7 @@ def bind(**fields) -> Token:
     return _ctx.set({**_ctx.get(), **{k: v for k, v in fields.items() if v is not None}})
 
 
-def reset(token: Token) -> None:
-    _ctx.reset(token)
+reset = _ctx.reset  # undoes a bind(), given its token
 
 
 def mask_secrets(text: str) -> str:

@@ -83,24 +83,21 @@ _lazy_lock = threading.Lock()
 _lazy_made: dict[str, Counter | Gauge] = {}
 
 
-def _lazy(kind, name: str, doc: str, **kw):
+# asynch_waiters is a live gauge: the sum over the group's living processes (a dead one's waits are gone).
+_LAZY = {"asynch_waiters": (Gauge, "long-polls parked on this API server now", {"multiprocess_mode": "livesum"}),
+         "asynch_waits_parked": (Counter, "long-polls parked as a small record, no greenlet held "
+                                 "(app/infra/parking.py)", {})}
+
+
+def _lazy(name: str):
     """A metric without labels, made on first use: it opens its mmap file when it is made, and
     at import time the group's directory may not exist yet (a Celery node imports this first)
     or be emptied later (an import in the gunicorn master, before on_starting)."""
     with _lazy_lock:
         if name not in _lazy_made:
+            kind, doc, kw = _LAZY[name]
             _lazy_made[name] = kind(name, doc, registry=_REGISTRY, **kw)
         return _lazy_made[name]
-
-
-def _waiters() -> Gauge:
-    # A live gauge: the sum over the group's living processes (a dead worker's waits are gone).
-    return _lazy(Gauge, "asynch_waiters", "long-polls parked on this API server now", multiprocess_mode="livesum")
-
-
-def _parked() -> Counter:
-    return _lazy(Counter, "asynch_waits_parked", "long-polls parked as a small record, no greenlet held "
-                 "(app/infra/parking.py)")
 
 
 def _never_raise(record):
@@ -154,7 +151,7 @@ def run_job_message(outcome: str) -> None:
 
 @_never_raise
 def waiters(delta: int) -> None:
-    _waiters().inc(delta)
+    _lazy("asynch_waiters").inc(delta)
 
 
 @_never_raise
@@ -164,7 +161,7 @@ def wait_refused(cap: str) -> None:
 
 @_never_raise
 def wait_parked() -> None:
-    _parked().inc()
+    _lazy("asynch_waits_parked").inc()
 
 
 @_never_raise
@@ -190,8 +187,7 @@ def _touch(node: str, fields: dict, what: str) -> None:
 
 
 def worker_heartbeat(node: str, queues: str = "", instance: str = "") -> None:
-    """The worker's consumer is connected and its event loop is turning.
-    ``instance``: this start of the node (claims record node#instance)."""
+    """The worker's consumer is connected and its loop turns; ``instance``: this start of the node."""
     _touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues, "instance": instance}, "heartbeat")
 
 
@@ -319,8 +315,8 @@ def seed(target: str) -> None:
             _REJECTIONS.labels("_unknown", "not_found")
             for cap in ("tenant", "process"):
                 _WAITS_REFUSED.labels(cap)
-            _waiters().inc(0)
-            _parked()
+            _lazy("asynch_waiters").inc(0)
+            _lazy("asynch_waits_parked")
         else:
             for outcome in RUN_JOB_OUTCOMES:
                 _RUN_JOB.labels(outcome)

@@ -3,8 +3,7 @@
 token, no data: for probes).
 
 Invariants:
-- It binds ASYNCH_WORKER_METRICS_BIND, 127.0.0.1 unless a deployment says otherwise (the port
-  is plain HTTP; compose and Kubernetes scrape it over the private network: 0.0.0.0).
+- It binds ASYNCH_WORKER_METRICS_BIND, 127.0.0.1 unless a deployment says otherwise (plain HTTP).
 - At most ASYNCH_WORKER_METRICS_MAX_CONNECTIONS at once: one beyond is closed on accept.
 - A connection has ASYNCH_WORKER_METRICS_TIMEOUT_SECONDS in all to send its request head (one
   deadline: a client dribbling a byte at a time is cut too), then as long for each write of the
@@ -69,8 +68,7 @@ def _read_head(sock: socket.socket, timeout: float) -> bytes:
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     block_on_close = False
-    # Connections refused over the cap are accepted and closed at once; a
-    # deep backlog keeps a burst from stalling the scraper's SYN instead.
+    # Connections over the cap are accepted and closed at once: a deep backlog keeps a burst from stalling SYNs.
     request_queue_size = 128
 
     def __init__(self, address, max_connections: int, timeout: float):
@@ -103,8 +101,7 @@ class _Handler(WSGIRequestHandler):
         super().setup()
         head = _read_head(self.connection, self.server.read_timeout)
         self.connection.settimeout(self.server.read_timeout)  # bounds each write of the answer
-        # The head read so far is all a GET has; an empty one ends the
-        # connection unanswered (parse_request refuses an empty request line).
+        # The head is all a GET has; an empty one ends the connection unanswered (an empty request line).
         self.rfile.close()
         self.rfile = io.BufferedReader(io.BytesIO(head))
 

@@ -6,10 +6,9 @@ Why (docs/architecture.md, "Serving"): a waiting greenlet keeps ~60 objects in t
 10,000 waits the collector's pauses were another tenant's submit p99; a parked wait is ~6.
 
 How, under gunicorn's gevent worker (app/web/gunicorn_conf.py installs ``ParkingMiddleware``):
-the route does the first half as usual (auth, caps, the first read: app/infra/wakeups.py
-``begin_wait``), renders its response through every after-request hook and, if the job is not
-terminal, calls ``park``.  The middleware keeps the status line and headers, duplicates the
-client socket and returns ``PARKED`` (gunicorn closes its own descriptor; the greenlet ends).
+the route does the first half (auth, caps, the first read: app/infra/wakeups.py ``begin_wait``),
+renders its response through every after-request hook and, if the job is not terminal, calls
+``park``.  The middleware keeps the headers, duplicates the client socket, returns ``PARKED``.
 The record is answered once by the first of: a delivered terminal row (``Waiter.on_wake``),
 its budget's end (a libev timer: the last row seen), a row gone (404, rendered by the route),
 the server draining (``drain``), or the client hanging up (a libev io watcher: no answer).
@@ -64,31 +63,22 @@ def park(environ: dict, waiter, row, budget_seconds: float, render: Callable, re
 class ParkedWait:
     __slots__ = ("waiter", "sock", "head", "row", "render", "release", "timer", "watcher", "done", "__weakref__")
 
-    def __init__(self, waiter, sock, head: bytes, row, render, release) -> None:
+    def __init__(self, waiter, sock, head: bytes, row, render, release, budget_seconds: float) -> None:
+        import gevent
+
         self.waiter, self.sock, self.head, self.row = waiter, sock, head, row
         self.render, self.release = render, release
-        self.timer = self.watcher = None
         self.done = False
-
-    def start(self, budget_seconds: float) -> None:
-        from gevent import get_hub
-
-        loop = get_hub().loop
+        loop = gevent.get_hub().loop
         _open.add(self)
+        # libev callbacks run in the hub, which must never block: each hands over to a greenlet.
         self.timer = loop.timer(max(0.0, budget_seconds))
-        self.timer.start(self._in_hub, self._expired)
+        self.timer.start(gevent.spawn, self._expired)
         self.watcher = loop.io(self.sock.fileno(), 1)
-        self.watcher.start(self._in_hub, self._client_readable)
+        self.watcher.start(gevent.spawn, self._client_readable)
         self.waiter.on_wake = self._woken
         if self.waiter.row is not None:  # delivered between the first read and now
             self._woken(self.waiter)
-
-    @staticmethod
-    def _in_hub(fn: Callable[[], None]) -> None:
-        # libev callbacks run in the hub, which must never block: hand over.
-        import gevent
-
-        gevent.spawn(fn)
 
     def _woken(self, waiter) -> None:
         from app.infra.wakeups import GONE, hub
@@ -159,8 +149,7 @@ class ParkingMiddleware:
 
     def __init__(self, app, server: str = "") -> None:
         self.app = app
-        # The headers the server adds to every response it writes itself.
-        self.server_header = b"Server: %s\r\n" % server.encode("latin-1") if server else b""
+        self.server_header = b"Server: %s\r\n" % server.encode("latin-1") if server else b""  # as the server's own
 
     def __call__(self, environ: dict, start_response):
         environ[CAN_PARK_KEY] = "gunicorn.socket" in environ
@@ -197,9 +186,8 @@ class ParkingMiddleware:
         except (KeyError, OSError):
             release(waiter)
             raise
-        _status, headers = captured
         head = self.server_header + b"".join(b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
-                        for k, v in headers if k.lower() not in _OWN_HEADERS)
-        ParkedWait(waiter, sock, head, row, render, release).start(budget)
+                                             for k, v in captured[1] if k.lower() not in _OWN_HEADERS)
+        ParkedWait(waiter, sock, head, row, render, release, budget)
         metrics.wait_parked()
         return PARKED

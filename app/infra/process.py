@@ -39,7 +39,6 @@ class PerProcess(Generic[T]):
         return value
 
     def peek(self) -> T | None:
-        """The value if this process has built it, else None."""
         return self._value
 
     def reset(self) -> None:

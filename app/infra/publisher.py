@@ -79,8 +79,7 @@ def producer_app() -> Celery:
     return _current.get().app
 
 
-def reset_producer() -> None:
-    _current.reset()
+reset_producer = _current.reset
 
 
 def redis_message(task: str, args: list, queue: str, priority: int | None) -> tuple[str, bytes]:

@@ -13,6 +13,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import select
@@ -55,8 +56,6 @@ def tune_gc() -> None:
     full collection (0.2-0.5 s, no greenlet runs) at each 25% growth.  ``gc.freeze()`` hides what
     is loaded; the young threshold is a pause length: at 10,000 under 10 ms, at 50,000 30-120 ms,
     another tenant's submit p99 (bench/bench_waiters.py, docs/architecture.md "Serving")."""
-    import gc
-
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -110,8 +109,7 @@ class ClientWatch:
         self._fd = sock.fileno()
         self._watcher = None
         self._wake: Callable[[], None] | None = None
-        self._readable = False
-        self._disarmed = False
+        self._readable = self._disarmed = False
         self.poll_seconds: float | None = POLL_CLIENT_SECONDS
 
     def arm(self, wake: Callable[[], None]) -> None:
@@ -131,12 +129,9 @@ class ClientWatch:
             self._wake()
 
     def gone(self) -> bool:
-        if self._disarmed:
-            return False
-        if self.poll_seconds is None:
-            if not self._readable:
-                return False  # the hub has reported nothing: still connected
-        else:
+        if self._disarmed or (self.poll_seconds is None and not self._readable):
+            return False  # disarmed, or the hub has reported nothing: still connected
+        if self.poll_seconds is not None:
             p = select.poll()  # not select(): descriptors above 1023 are normal here
             p.register(self._fd, select.POLLIN)
             if not p.poll(0):
@@ -158,11 +153,8 @@ class ClientWatch:
 def client_watch(environ: dict) -> ClientWatch | None:
     """A watch on the request's client socket, when the server exposes it (gunicorn, werkzeug)."""
     sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
-    if sock is None:
-        return None
     try:
-        sock.fileno()
-    except (OSError, ValueError):
+        return None if sock is None else ClientWatch(sock)
+    except (OSError, ValueError):  # closed already
         return None
-    return ClientWatch(sock)
 

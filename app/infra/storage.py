@@ -125,8 +125,7 @@ class S3Storage(Storage):
         import boto3
         from botocore.config import Config
 
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
         key = settings.s3_access_key or None  # None: boto3's own credential chain
         self.client = boto3.client("s3", region_name=settings.s3_region, endpoint_url=settings.s3_endpoint_url or None,
                                    aws_access_key_id=key, aws_secret_access_key=settings.s3_secret_key if key else None,
@@ -198,8 +197,7 @@ class OssStorage(Storage):
 
     def __init__(self, base_url: str, settings: Settings):
         self.base = base_url.rstrip("/")
-        self.timeout = settings.oss_timeout_seconds
-        self.default_auth = settings.oss_authorization
+        self.timeout, self.default_auth = settings.oss_timeout_seconds, settings.oss_authorization
         self.max_bytes = settings.max_result_bytes
         self.session = requests.Session()
         self.session.trust_env = False
@@ -294,9 +292,7 @@ def public_location(location: str | None, model_name: str, job_id: str) -> str |
 def storage_from_url(url: str, settings: Settings) -> Storage:
     parsed = urlparse(url)
     if parsed.scheme == "file":
-        # file:///abs/path or file://relative/path
-        path = parsed.netloc + parsed.path if parsed.netloc else parsed.path
-        return LocalStorage(path)
+        return LocalStorage(parsed.netloc + parsed.path)  # file:///abs/path or file://relative/path
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"storage URL needs a bucket: {url}")

@@ -50,12 +50,9 @@ from app.states import is_terminal
 
 log = logging.getLogger(__name__)
 
-# While the listener is down, the fetcher re-reads every waited job this often.
-DEGRADED_POLL_SECONDS = 0.5
-# Job ids per SELECT ... WHERE id IN (...).
-FETCH_BATCH = 500
-# A 429's Retry-After for too many waiters: waits end when jobs end, unpredictable per tenant.
-RETRY_AFTER_SECONDS = 1
+DEGRADED_POLL_SECONDS = 0.5  # while the listener is down, the fetcher re-reads every waited job this often
+FETCH_BATCH = 500  # job ids per SELECT ... WHERE id IN (...)
+RETRY_AFTER_SECONDS = 1  # a 429's for too many waiters: waits end when jobs end, unpredictable per tenant
 LISTENER_NAME = "asynch-wait-listener"
 
 GONE = object()  # the job's row no longer exists: the waiter re-reads it itself
@@ -67,10 +64,8 @@ SNAPSHOT_TIMES = ("created_at", "started_at", "finished_at", "updated_at")
 
 def snapshot_message(row) -> str:
     """The wake-up message (JSON) for a row that just became terminal, after its commit."""
-    out = {f: getattr(row, f, None) for f in SNAPSHOT_FIELDS}
-    for f in SNAPSHOT_TIMES:
-        t = getattr(row, f, None)
-        out[f] = t.isoformat() if t is not None else None
+    out = {f: getattr(row, f, None) for f in (*SNAPSHOT_FIELDS, *SNAPSHOT_TIMES)}
+    out.update((f, out[f].isoformat()) for f in SNAPSHOT_TIMES if out[f] is not None)
     return json.dumps(out, separators=(",", ":"))
 
 
@@ -84,8 +79,7 @@ class Snapshot:
         for f in SNAPSHOT_FIELDS:
             setattr(self, f, data.get(f))
         for f in SNAPSHOT_TIMES:
-            t = data.get(f)
-            setattr(self, f, datetime.fromisoformat(t) if t else None)
+            setattr(self, f, datetime.fromisoformat(data[f]) if data.get(f) else None)
         self.v1_body = None
 
 
@@ -147,8 +141,7 @@ class _State:
         self.total = 0
         self.seq = 0  # registrations so far
         self.to_fetch: set[str] = set()
-        self.fetch_now = threading.Event()
-        self.subscribed = threading.Event()
+        self.fetch_now, self.subscribed = threading.Event(), threading.Event()
         self.threads: list[threading.Thread] = []
         self.draining = False  # the server is stopping: every wait answers now
 
@@ -212,16 +205,13 @@ class _State:
     def wake(self, data: str) -> None:
         """A terminal message: its snapshot goes to the job's waiters now; a bare job id is fetched."""
         snap = parse_snapshot(data)
-        if snap is None:
-            self.fetch(data)
-        else:  # final: for every waiter, whenever it registered
+        if snap is not None:  # final: for every waiter, whenever it registered
             self._deliver({snap.id}, {snap.id: snap}, math.inf)
-
-    def fetch(self, job_id: str) -> None:
+            return
         with self.lock:
-            if job_id not in self.jobs:
+            if data not in self.jobs:
                 return  # nobody here waits for it
-            self.to_fetch.add(job_id)
+            self.to_fetch.add(data)
         self.fetch_now.set()
 
     def _fetch_forever(self) -> None:
