@@ -42,9 +42,8 @@ def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engi
     )
 
 
-# One pool for transactions, one whose connections are always in autocommit
-# mode (single_statement()).  A forked child drops the parent's pools without
-# closing their sockets (the parent still uses them) and opens its own.
+# One pool for transactions, one always in autocommit mode (single_statement()).  A forked child
+# drops the parent's pools without closing their sockets (the parent uses them) and opens its own.
 _engines = {flag: PerProcess(lambda flag=flag: make_engine(get_settings().database_url, flag,
                                                            get_settings().db_pool_size),
                              on_fork=lambda e: e.dispose(close=False), on_reset=lambda e: e.dispose())

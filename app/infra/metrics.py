@@ -57,8 +57,7 @@ TEMP_PREFIX = "asynch-metrics-"
 # imported; ask it rather than the environment, which may have changed since.
 MULTIPROCESS = values.ValueClass is not values.MutexValue
 
-# `_created` series exist only in memory mode; the same names in both modes.
-disable_created_metrics()
+disable_created_metrics()  # `_created` series exist only in memory mode: the same names in both
 _REGISTRY = CollectorRegistry()  # memory mode's; in multiprocess mode the files are the truth
 
 _ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by submit", ["model"], registry=_REGISTRY)

@@ -45,8 +45,7 @@ class _Parked(tuple):
 
 PARKED = _Parked()
 
-# Every open parked wait of this process (drain answers them all).
-_open: set["ParkedWait"] = set()
+_open: set["ParkedWait"] = set()  # every open parked wait of this process (drain answers them all)
 
 
 def can_park(environ: dict) -> bool:
@@ -139,8 +138,7 @@ def drain() -> None:
             p._close()
 
 
-# Response headers the parked answer sets itself.
-_OWN_HEADERS = {"content-length", "connection", "transfer-encoding", "date", "server"}
+_OWN_HEADERS = {"content-length", "connection", "transfer-encoding", "date", "server"}  # the answer sets them
 
 
 class ParkingMiddleware:

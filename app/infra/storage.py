@@ -118,8 +118,7 @@ class LocalStorage(Storage):
 class S3Storage(Storage):
     """An S3 bucket (or MinIO, or moto) with an optional key prefix."""
 
-    # DeleteObjects takes at most 1,000 keys per request.
-    BULK = 1000
+    BULK = 1000  # the most keys a DeleteObjects request takes
 
     def __init__(self, bucket: str, prefix: str, settings: Settings):
         import boto3

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 DEGRADED_POLL_SECONDS = 0.5  # while the listener is down, the fetcher re-reads every waited job this often
 FETCH_BATCH = 500  # job ids per SELECT ... WHERE id IN (...)
-RETRY_AFTER_SECONDS = 1  # a 429's for too many waiters: waits end when jobs end, unpredictable per tenant
+RETRY_AFTER_SECONDS = 1  # a 429's Retry-After at a waiter cap: waits end when jobs end, unpredictable
 LISTENER_NAME = "asynch-wait-listener"
 
 GONE = object()  # the job's row no longer exists: the waiter re-reads it itself
