@@ -287,7 +287,7 @@ def check_text_format(text: str) -> list:
 def test_the_first_scrape_lists_every_documented_family_with_zeros(test_env, make_model, tmp_path):
     make_model("echo")
     make_model("pic")
-    from app.infra.metrics_zeros import FAMILIES
+    from app.infra.metrics import FAMILIES
     assert documented_families("API server") == set(FAMILIES["api"])
     assert documented_families("worker node") == set(FAMILIES["node"])
     api = ApiServer(test_env, tmp_path, "fresh")

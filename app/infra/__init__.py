@@ -1,4 +1,2 @@
-"""Adapters with no business rules: the database (db, tables), Redis by
-concept (redis/), storage, the broker (celery_config, publisher, outbox),
-HTTP clients (http/), metrics recording, logs, caches, wake-ups, and
-fork safety (process)."""
+"""Adapters with no business rules: the database (db, tables), Redis (redis/), storage, the broker
+(celery_config, publisher), HTTP clients (http/), metrics, logs, caches, wake-ups, fork safety."""

@@ -1,18 +1,12 @@
-"""The per-process TTL caches of the admission path (API keys, model rows),
-on cachetools, and the one switch that clears them all.
+"""The per-process TTL caches of the admission path (API keys, model rows), on cachetools, and
+the one switch that clears them all.
 
-What a cached entry may hide is bounded by its TTL: a revoked key or a
-changed model is seen by every API process within that many seconds (at
-once by the process that changed it, and by the others as soon as the
-invalidation message reaches their listener: app/infra/wakeups.py).
-A lookup that raced an invalidation never re-caches what it read: a
-reader takes ``token()`` before it reads the database and passes it to
-``set``, which drops the value if a ``clear``/``pop`` happened in between
-(else a key revoked while another thread was looking it up would be cached
-again for a whole TTL).
-cachetools' caches are not thread-safe, so each has a lock; its TTL is read
-from the settings when the cache is first used in a process (tests change
-settings between runs: ``clear_all`` rebuilds them).
+Invariants: a revoked key or a changed model is seen by every API process within the TTL (at
+once by the process that changed it, and by the others when the invalidation message reaches
+their listener: app/infra/wakeups.py).  A lookup that raced an invalidation never re-caches what
+it read: a reader takes ``token()`` before it reads and passes it to ``set``, which drops the
+value if a ``clear``/``pop`` came in between.  Each cache has a lock (cachetools' are not
+thread-safe) and is built from the settings on first use (``clear_all`` rebuilds them).
 """
 from __future__ import annotations
 
@@ -26,8 +20,7 @@ MISSING = object()
 
 class ProcessCache:
     def __init__(self, factory: Callable[[], Cache], enabled: Callable[[], bool]) -> None:
-        self._factory = factory
-        self._enabled = enabled
+        self._factory, self._enabled = factory, enabled
         self._lock = threading.Lock()
         self._cache: Cache | None = None
         self._generation = 0  # bumped by every invalidation

@@ -1,11 +1,8 @@
-"""Celery settings shared by the publisher (API side) and the workers, so
-both agree on the broker, the queues and their options.
+"""Celery settings shared by the publisher (API side) and the workers: one broker, queues, options.
 
-Two queues: the job queue (run_job and maintenance; `asynch worker`) and
-the delivery queue (the outbox's pump tokens and its sweep; `asynch
-callback-worker`).  A receiver that stalls ties up delivery processes only:
-job workers never take a delivery.  ``queue_for`` is the one routing rule; task_routes says
-the same to Celery itself (retries, beat)."""
+Two queues: the job queue (run_job and maintenance; `asynch worker`) and the delivery queue (the
+outbox; `asynch callback-worker`): a stalling receiver ties up delivery processes only.
+``queue_for`` is the one routing rule; task_routes says the same to Celery (retries, beat)."""
 from __future__ import annotations
 
 from kombu import Queue
@@ -13,8 +10,7 @@ from kombu import Queue
 from app.config import Settings
 
 RUN_JOB_TASK = "asynch.run_job"
-# The outbox (app/delivery/outbox.py): a pump token (delivers the fairest
-# due row, then the next, until none is), and the sweep.
+# The outbox (app/delivery/outbox.py): a pump token (delivers due rows, fairest first), the sweep.
 DELIVER_TASK = "asynch.deliver"
 DELIVER_DUE_TASK = "asynch.deliver_due"
 # Dispatch one model again when its upstream's Retry-After pause ends (app/jobs/dispatch.py).
@@ -24,7 +20,6 @@ DELIVERY_TASKS = frozenset({DELIVER_TASK, DELIVER_DUE_TASK})
 
 
 def queue_for(task: str, s: Settings) -> str:
-    """The queue a task's messages go to."""
     return s.delivery_queue_name if task in DELIVERY_TASKS else s.queue_name
 
 
@@ -32,14 +27,10 @@ def celery_settings(s: Settings) -> dict:
     return {
         "broker_url": s.effective_broker_url,
         "broker_connection_retry_on_startup": True,
-        # Redis: a message not acked within this many seconds is handed to
-        # another worker.  It must exceed the longest model call.
-        "broker_transport_options": {
-            "visibility_timeout": s.broker_visibility_timeout,
-            "priority_steps": list(range(MAX_PRIORITY + 1)),
-            "sep": ":",
-            "queue_order_strategy": "priority",
-        },
+        # Redis: a message not acked within this many seconds goes to another worker (> the longest call).
+        "broker_transport_options": {"visibility_timeout": s.broker_visibility_timeout, "sep": ":",
+                                     "priority_steps": list(range(MAX_PRIORITY + 1)),
+                                     "queue_order_strategy": "priority"},
         "task_default_queue": s.queue_name,
         "task_queues": [Queue(q, routing_key=q, queue_arguments={"x-max-priority": MAX_PRIORITY})
                         for q in (s.queue_name, s.delivery_queue_name)],
@@ -47,16 +38,11 @@ def celery_settings(s: Settings) -> dict:
                         for t in sorted(DELIVERY_TASKS)},
         "task_queue_max_priority": MAX_PRIORITY,
         # Invariant 6: at-least-once delivery, one message in hand at a time.
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        "task_ignore_result": True,
-        "result_backend": None,
-        "task_serializer": "json",
-        "accept_content": ["json"],
+        "task_acks_late": True, "task_reject_on_worker_lost": True, "worker_prefetch_multiplier": 1,
+        "task_ignore_result": True, "result_backend": None,
+        "task_serializer": "json", "accept_content": ["json"],
         "task_publish_retry": True,
         "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0,
                                       "interval_step": 0.2, "interval_max": 0.5},
-        "worker_hijack_root_logger": False,
-        "enable_utc": True,
+        "worker_hijack_root_logger": False, "enable_utc": True,
     }

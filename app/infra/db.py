@@ -1,10 +1,9 @@
 """Engine and connection handling.
 
-PostgreSQL is the one SQL dialect.  No ASYNCH_DATABASE_URL (the default)
-is NotConfigured, one line, never a file created somewhere.  One engine per process (created lazily; app/infra/process.py drops it in a
-forked child, so pooled connections are never shared between a parent and
-its children).  Service functions open their own unit of work:
- ``transaction()`` gives one inside BEGIN/COMMIT.
+PostgreSQL is the one SQL dialect; no ASYNCH_DATABASE_URL (the default) is NotConfigured, never
+a file created somewhere.  One engine per process, created lazily (app/infra/process.py drops it
+in a forked child: pooled connections are never shared with children).  Service functions open
+their own unit of work: ``transaction()`` (BEGIN/COMMIT) or ``single_statement()``.
 """
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engi
         url,
         pool_size=max(1, pool_size),
         max_overflow=max(1, pool_size),
-        # No pre-ping: it costs a round trip per checkout.  A connection that
-        # died with the server fails its first statement (a 503) and
-        # SQLAlchemy then invalidates the whole pool.
+        # No pre-ping (a round trip per checkout): a connection that died with the server fails its
+        # first statement (a 503) and SQLAlchemy then invalidates the whole pool.
         pool_recycle=1800,
         # A statement's parameters (payloads, modelKey) never appear in an
         # exception message, so a logged database error cannot leak them.
@@ -44,16 +42,12 @@ def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engi
     )
 
 
-def _engine(autocommit: bool) -> Engine:
-    s = get_settings()
-    return make_engine(s.database_url, autocommit, s.db_pool_size)
-
-
-# One pool for transactions, one whose connections are always in autocommit
-# mode (single_statement()).  A forked child drops the parent's pools without
-# closing their sockets (the parent still uses them) and opens its own.
-_engines = {flag: PerProcess(lambda flag=flag: _engine(flag), on_fork=lambda e: e.dispose(close=False),
-                             on_reset=lambda e: e.dispose()) for flag in (False, True)}
+# One pool for transactions, one always in autocommit mode (single_statement()).  A forked child
+# drops the parent's pools without closing their sockets (the parent uses them) and opens its own.
+_engines = {flag: PerProcess(lambda flag=flag: make_engine(get_settings().database_url, flag,
+                                                           get_settings().db_pool_size),
+                             on_fork=lambda e: e.dispose(close=False), on_reset=lambda e: e.dispose())
+            for flag in (False, True)}
 
 
 def get_engine(autocommit: bool = False) -> Engine:
@@ -69,10 +63,8 @@ def reset_engine() -> None:
 def _lost_database_is_unavailable() -> Iterator[None]:
     try:
         yield
-    except OperationalError as exc:
-        raise Unavailable("database unavailable") from exc
-    except DBAPIError as exc:
-        if exc.connection_invalidated:
+    except DBAPIError as exc:  # OperationalError is one
+        if isinstance(exc, OperationalError) or exc.connection_invalidated:
             raise Unavailable("database unavailable") from exc
         raise
 
@@ -93,10 +85,7 @@ def single_statement() -> Iterator[Connection]:
     with _lost_database_is_unavailable(), get_engine(autocommit=True).connect() as conn:
         yield conn
 
-@contextmanager
-def atomic_statement() -> Iterator[Connection]:
-    """For a write that is ONE statement (a transition with its side write
-    in one CTE, app/transitions.py ``alongside``): an autocommit
-    connection, one round trip."""
-    with _lost_database_is_unavailable(), get_engine(autocommit=True).connect() as conn:
-        yield conn
+
+# A write that is ONE statement (a transition with its side write in one CTE,
+# app/transitions.py ``alongside``) is the same thing under its own name.
+atomic_statement = single_statement

@@ -1,11 +1,8 @@
-"""Logging: one line of JSON per record, with job_id/model/tenant/attempt
-when the caller passed them as ``extra`` or bound them for the current
-request/task with ``bind()`` (a context variable, so threads and requests do
-not mix).
+"""Logging: one line of JSON per record, with job_id/model/tenant/attempt passed as ``extra`` or
+bound for the current request/task with ``bind()`` (a context variable: requests do not mix).
 
-Secrets never reach a log line by construction (nothing logs headers,
-head_msg or modelKey); as a second line of defence anything shaped like an
-API key or a Bearer credential is masked in the final line.
+Secrets never reach a log line by construction (nothing logs headers, head_msg or modelKey); as
+a second line of defence anything shaped like an API key or a Bearer credential is masked.
 """
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ _ctx: ContextVar[dict] = ContextVar("asynch_log_context", default={})
 _SECRET_SHAPES = [
     (re.compile(r"\b(ak_[a-z0-9]{12})_[A-Za-z0-9_-]{8,}"), r"\1_***"),
     (re.compile(r"(?i)\b(bearer)\s+[^\s\"',]+"), r"\1 ***"),
-    # PostgreSQL quotes the failing statement, with psycopg2's interpolated
-    # values (payloads, modelKey), in its error text; the engine already
-    # hides SQLAlchemy's own parameter dump (app/db.py hide_parameters).
+    # PostgreSQL quotes the failing statement, with psycopg2's interpolated values (payloads,
+    # modelKey), in its error text (the engine hides SQLAlchemy's own: hide_parameters).
     (re.compile(r"(?m)^LINE \d+: .*$"), "LINE n: [statement hidden]"),
 ]
 
@@ -32,8 +28,7 @@ def bind(**fields) -> Token:
     return _ctx.set({**_ctx.get(), **{k: v for k, v in fields.items() if v is not None}})
 
 
-def reset(token: Token) -> None:
-    _ctx.reset(token)
+reset = _ctx.reset  # undoes a bind(), given its token
 
 
 def mask_secrets(text: str) -> str:
@@ -42,20 +37,15 @@ def mask_secrets(text: str) -> str:
     return text
 
 
-class ContextFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        for k, v in _ctx.get().items():
-            if getattr(record, k, None) is None:
-                setattr(record, k, v)
-        return True
-
-
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
                "logger": record.name, "msg": mask_secrets(record.getMessage())}
+        bound = _ctx.get()  # formatted in the logging thread: its request's or task's fields
         for k in _FIELDS:
             v = getattr(record, k, None)
+            if v is None:
+                v = bound.get(k)
             if v is not None:
                 out[k] = v
         if record.exc_info:
@@ -66,7 +56,6 @@ class JsonFormatter(logging.Formatter):
 def json_handler(stream=None) -> logging.Handler:
     h = logging.StreamHandler(stream or sys.stderr)
     h.setFormatter(JsonFormatter())
-    h.addFilter(ContextFilter())
     return h
 
 

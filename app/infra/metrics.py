@@ -1,42 +1,23 @@
-"""Prometheus counters and histograms of ONE scrape target, and worker
-liveness stamps.
+"""Prometheus counters and histograms of ONE scrape target, and worker liveness stamps.
 
-A scrape target is a process group: an API server (a gunicorn master and
-its workers) or a worker node (a Celery main process and its pool).  Each
-reports only the events its own processes recorded; Prometheus scrapes every
-target and sums (``sum by (model) (rate(asynch_admissions_total[5m]))``).
-The cluster's gauges (jobs by state, gates, worker liveness), which are the
-same whichever process computes them, are not here: app/observe/cluster.py.
+A scrape target is a process group: an API server (gunicorn's master and workers) or a worker
+node (a Celery main process and its pool), reporting only what its processes recorded.  The
+cluster's gauges (jobs by state, gates, liveness) are app/observe/cluster.py's.
 
 Invariants:
-- Recording never raises and never leaves the host: it is a write to process
-  memory or, in a process group, to an mmap'd file in the group's directory
-  (prometheus_client's multiprocess mode).  A lost metric must not fail a job.
-- Multiprocess mode is on when PROMETHEUS_MULTIPROC_DIR was set before
-  prometheus_client was imported: `asynch api` / `asynch worker` set it
-  (``group_env``) before exec'ing gunicorn / Celery, so every process of the
-  group inherits it.  The group's main process takes the directory with
-  ``prepare_group_dir`` (an exclusive lock, then it deletes the previous
-  run's files) before any child exists.  Without it (tests' in-process app,
-  `asynch dev`'s API) the metrics live in this process's memory.
-- Counters of a dead process stay in its files and keep counting in the
-  group's sum (a counter must never go backwards while its target lives);
-  ``process_dead`` drops only what would be wrong for a dead process (the
-  live gauge ``asynch_waiters``).
-- This module imports nothing above app/infra: no jobs, no observe.
-
-Callers:
-  job_admitted / job_rejected      app.jobs.service.submit
-  wait_parked                      app.infra.parking
-  job_finished                     app.jobs.effects.run (every terminal winner)
-  model_call                       app.jobs.execution (each call that reached the model)
-  delivery_settled(kind, model, ok)  the outbox, once per delivery when settled (delivered or failed for good)
-  waiters(+1/-1) / wait_refused    app.infra.wakeups (a wait registered / ended / refused at a cap)
-  worker_heartbeat / worker_consumed / worker_stopped   workers/heartbeat.py
-  group_env / prepare_group_dir / process_dead / cleanup_group_dir
-                                   app/cli/processes.py, app/observe/gunicorn_conf.py,
-                                   workers/celery_app.py
-  render / token_problem           app/web/auth.py, app/infra/metrics_server.py (a worker node's port)
+- Recording never raises and never leaves the host: a write to memory or, in a group, to an
+  mmap'd file in the group's directory (prometheus_client's multiprocess mode, on when
+  PROMETHEUS_MULTIPROC_DIR was set, by ``group_env``, before the import).  The group's main
+  process takes the directory (``prepare_group_dir``: a lock, the previous run's files deleted)
+  before any child exists.  A lost metric must not fail a job.
+- A dead process's counters keep counting in the group's sum (a counter never goes backwards);
+  ``process_dead`` drops only the live gauge.
+- The first scrape lists every documented family (``FAMILIES``, docs/operations.md) with a 0 for
+  each label set known in advance (``seed``: "no traffic" is not "broken"), written by the
+  rendering process like any value (a 0 adds nothing to the sum); a family whose labels come
+  only with traffic (dispatched: the tenants) by HELP and TYPE alone.  A database that does not
+  answer costs the per-model zeros of that scrape, never the scrape.
+- This module imports nothing above app/infra.
 """
 from __future__ import annotations
 
@@ -49,32 +30,21 @@ import shutil
 import tempfile
 import threading
 import time
+from contextlib import suppress
+from itertools import product
 
 import redis
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-    multiprocess,
-    values,
-)
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest, multiprocess, values)
+from sqlalchemy import select
 
 from app.clock import as_utc
 from app.config import get_settings, prometheus_multiproc_dir
-from app.errors import (
-    BadRequest,
-    DeadlineUnmeetable,
-    NotFound,
-    QueueFull,
-    TenantQueueFull,
-    Unavailable,
-    ValidationFailed,
-)
+from app.errors import (BadRequest, DeadlineUnmeetable, NotFound, QueueFull, TenantQueueFull, Unavailable,
+                        ValidationFailed)
+from app.infra.db import transaction
 from app.infra.redis import liveness
+from app.infra.tables import models
 from app.states import JobState
 
 log = logging.getLogger(__name__)
@@ -87,14 +57,12 @@ TEMP_PREFIX = "asynch-metrics-"
 # imported; ask it rather than the environment, which may have changed since.
 MULTIPROCESS = values.ValueClass is not values.MutexValue
 
-# `_created` series exist only in memory mode; the same names in both modes.
-disable_created_metrics()
+disable_created_metrics()  # `_created` series exist only in memory mode: the same names in both
 _REGISTRY = CollectorRegistry()  # memory mode's; in multiprocess mode the files are the truth
 
-_ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by submit", ["model"],
-                      registry=_REGISTRY)
-_REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason "
-                      "(queue_full, invalid, not_found, unavailable, error)", ["model", "reason"], registry=_REGISTRY)
+_ADMISSIONS = Counter("asynch_admissions", "jobs admitted through the gate by submit", ["model"], registry=_REGISTRY)
+_REJECTIONS = Counter("asynch_rejections", "submissions refused, by reason (queue_full, invalid, not_found, "
+                      "unavailable, error)", ["model", "reason"], registry=_REGISTRY)
 _DELIVERIES = Counter("asynch_deliveries", "outbox deliveries settled, by kind (callback / webhook) and outcome "
                       "(delivered / failed for good)", ["kind", "model", "outcome"], registry=_REGISTRY)
 _DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit taken, a run_job message "
@@ -102,12 +70,6 @@ _DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit
 _RUN_JOB = Counter("asynch_run_job_messages", "run_job messages a worker took, by what came of them "
                    "(done, retry_wait, failed, lost, stale: a duplicate or outdated message)", ["outcome"],
                    registry=_REGISTRY)
-# A live gauge: the sum over the group's living processes (a dead worker's
-# parked waits are gone with it).  Built on first use: a metric without
-# labels opens its mmap file when it is created, and at import time the
-# group's directory may not exist yet (a Celery node imports this first).
-_WAITERS: Gauge | None = None
-_lazy_lock = threading.Lock()
 _WAITS_REFUSED = Counter("asynch_waits_refused", "long-polls refused at a waiter cap, by cap (tenant, process)",
                          ["cap"], registry=_REGISTRY)
 _JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
@@ -116,6 +78,25 @@ _CALL_DURATION = Histogram("asynch_model_call_duration_seconds", "one call to th
                            ["model", "outcome"], buckets=CALL_BUCKETS, registry=_REGISTRY)
 
 _last_warning = 0.0
+_lazy_lock = threading.Lock()
+_lazy_made: dict[str, Counter | Gauge] = {}
+
+
+# asynch_waiters is a live gauge: the sum over the group's living processes (a dead one's waits are gone).
+_LAZY = {"asynch_waiters": (Gauge, "long-polls parked on this API server now", {"multiprocess_mode": "livesum"}),
+         "asynch_waits_parked": (Counter, "long-polls parked as a small record, no greenlet held "
+                                 "(app/infra/parking.py)", {})}
+
+
+def _lazy(name: str):
+    """A metric without labels, made on first use: it opens its mmap file when it is made, and
+    at import time the group's directory may not exist yet (a Celery node imports this first)
+    or be emptied later (an import in the gunicorn master, before on_starting)."""
+    with _lazy_lock:
+        if name not in _lazy_made:
+            kind, doc, kw = _LAZY[name]
+            _lazy_made[name] = kind(name, doc, registry=_REGISTRY, **kw)
+        return _lazy_made[name]
 
 
 def _never_raise(record):
@@ -131,32 +112,19 @@ def _never_raise(record):
     return wrapper
 
 
-# --- recording ----------------------------------------------------------------------
-
 @_never_raise
 def job_admitted(model: str) -> None:
     _ADMISSIONS.labels(model).inc()
 
 
-def rejection_reason(exc: Exception) -> str:
-    if isinstance(exc, TenantQueueFull):
-        return "tenant_share"
-    if isinstance(exc, DeadlineUnmeetable):
-        return "deadline"
-    if isinstance(exc, QueueFull):
-        return "queue_full"
-    if isinstance(exc, NotFound):
-        return "not_found"
-    if isinstance(exc, (ValidationFailed, BadRequest)):
-        return "invalid"
-    if isinstance(exc, Unavailable):
-        return "unavailable"
-    return "error"
+# The first class that matches names the reason (TenantQueueFull is a QueueFull); else "error".
+_REASON_OF = ((TenantQueueFull, "tenant_share"), (DeadlineUnmeetable, "deadline"), (QueueFull, "queue_full"),
+              (NotFound, "not_found"), ((ValidationFailed, BadRequest), "invalid"), (Unavailable, "unavailable"))
 
 
 @_never_raise
 def job_rejected(model: str, exc: Exception) -> None:
-    reason = rejection_reason(exc)
+    reason = next((r for cls, r in _REASON_OF if isinstance(exc, cls)), "error")
     # An unknown model name comes from the caller: never make it a label.
     _REJECTIONS.labels("_unknown" if reason == "not_found" else model, reason).inc()
 
@@ -182,13 +150,7 @@ def run_job_message(outcome: str) -> None:
 
 @_never_raise
 def waiters(delta: int) -> None:
-    global _WAITERS
-    if _WAITERS is None:
-        with _lazy_lock:
-            if _WAITERS is None:
-                _WAITERS = Gauge("asynch_waiters", "long-polls parked on this API server now", registry=_REGISTRY,
-                                 multiprocess_mode="livesum")
-    _WAITERS.inc(delta)
+    _lazy("asynch_waiters").inc(delta)
 
 
 @_never_raise
@@ -196,25 +158,9 @@ def wait_refused(cap: str) -> None:
     _WAITS_REFUSED.labels(cap).inc()
 
 
-_WAITS_PARKED: Counter | None = None
-
-
 @_never_raise
 def wait_parked() -> None:
-    # Created on first use, as _WAITERS: a metric without labels opens its
-    # multiprocess file when it is made, and an import in the master would
-    # open one before on_starting empties the directory.
-    _lazy_parked().inc()
-
-
-def _lazy_parked() -> Counter:
-    global _WAITS_PARKED
-    if _WAITS_PARKED is None:
-        with _lazy_lock:
-            if _WAITS_PARKED is None:
-                _WAITS_PARKED = Counter("asynch_waits_parked", "long-polls parked as a small record, no greenlet "
-                                        "held (app/infra/parking.py)", registry=_REGISTRY)
-    return _WAITS_PARKED
+    _lazy("asynch_waits_parked").inc()
 
 
 @_never_raise
@@ -228,55 +174,44 @@ def delivery_settled(kind: str, model: str, ok: bool) -> None:
     _DELIVERIES.labels(kind, model, "delivered" if ok else "failed").inc()
 
 
-# --- worker liveness (Redis; rendered by app/observe/cluster.py) ------------------------
-
 def worker_ttl() -> int:
     return max(3, int(3 * get_settings().worker_heartbeat_seconds))
 
 
-def worker_heartbeat(node: str, queues: str = "", instance: str = "") -> None:
-    """The worker's consumer is connected and its event loop is turning.
-    ``instance``: this start of the node (claims record node#instance)."""
+def _touch(node: str, fields: dict, what: str) -> None:
     try:
-        liveness.worker_touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues, "instance": instance},
-                              worker_ttl())
+        liveness.worker_touch(node, fields, worker_ttl())
     except redis.RedisError as exc:
-        log.warning("worker heartbeat not recorded: %s", exc)
+        log.warning("worker %s not recorded: %s", what, exc)
+
+
+def worker_heartbeat(node: str, queues: str = "", instance: str = "") -> None:
+    """The worker's consumer is connected and its loop turns; ``instance``: this start of the node."""
+    _touch(node, {"heartbeat": f"{time.time():.3f}", "queues": queues, "instance": instance}, "heartbeat")
 
 
 _last_consumed_stamp = 0.0
 
 
 def worker_consumed(node: str) -> None:
-    """The worker took a task off the queue.  Stamped at most once a second
-    per process: a stuck-queue alert needs seconds, not one Redis round
-    trip per task."""
+    """The worker took a task off the queue.  At most once a second per process: a stuck-queue
+    alert needs seconds, not one Redis round trip per task."""
     global _last_consumed_stamp
     now = time.time()
     if now - _last_consumed_stamp < 1.0:
         return
     _last_consumed_stamp = now
-    try:
-        liveness.worker_touch(node, {"consumed": f"{now:.3f}"}, worker_ttl())
-    except redis.RedisError as exc:
-        log.warning("worker liveness not recorded: %s", exc)
+    _touch(node, {"consumed": f"{now:.3f}"}, "liveness")
 
 
 def worker_stopped(node: str) -> None:
-    try:
+    with suppress(redis.RedisError):
         liveness.worker_forget(node)
-    except redis.RedisError:
-        pass
 
-
-# --- a process group's directory ---------------------------------------------------------
 
 def group_env(metrics_dir: str | None = None) -> dict[str, str]:
-    """The environment a launcher sets before it execs a process group:
-    ASYNCH_METRICS_DIR when configured, else a fresh temporary directory."""
-    path = get_settings().metrics_dir if metrics_dir is None else metrics_dir
-    if not path:
-        path = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+    """What a launcher sets before it execs a group: ASYNCH_METRICS_DIR, else a fresh temp dir."""
+    path = (get_settings().metrics_dir if metrics_dir is None else metrics_dir) or tempfile.mkdtemp(prefix=TEMP_PREFIX)
     return {"PROMETHEUS_MULTIPROC_DIR": os.path.abspath(path)}
 
 
@@ -284,10 +219,9 @@ _group_lock = None  # held for the main process's life; children inherit it
 
 
 def prepare_group_dir() -> str | None:
-    """Called once by the group's main process before any child exists:
-    lock the directory (a second group on the same directory fails here
-    instead of wiping this one's files) and delete the previous run's files,
-    whose pids mean nothing now.  Returns the directory (None: memory mode)."""
+    """By the group's main process before any child exists: lock the directory (a second group
+    on it fails here instead of wiping this one's files), delete the previous run's files (their
+    pids mean nothing now).  Returns the directory (None: memory mode)."""
     global _group_lock
     path = prometheus_multiproc_dir()
     if not MULTIPROCESS or not path:
@@ -317,38 +251,105 @@ def process_dead(pid: int) -> None:
 
 
 def cleanup_group_dir() -> None:
-    """At the group's exit: remove the directory if it is a temporary one
-    ``group_env`` made (a configured ASYNCH_METRICS_DIR is left in place)."""
+    """At the group's exit: remove the directory if ``group_env`` made it (a temporary one)."""
     path = prometheus_multiproc_dir()
     if path and not get_settings().metrics_dir and os.path.basename(path).startswith(TEMP_PREFIX):
         shutil.rmtree(path, ignore_errors=True)
 
 
-# --- exposition ---------------------------------------------------------------------------
-
 def render(target: str = "api") -> tuple[bytes, str]:
     """This scrape target's counters and histograms (target "api" or "node"):
     the sum over the group's processes' files, or this process's memory."""
-    from app.infra import metrics_zeros  # it builds on this module's metrics
-    metrics_zeros.seed(target)
+    seed(target)
     if MULTIPROCESS:
         files = CollectorRegistry(auto_describe=False)
         multiprocess.MultiProcessCollector(files, path=prometheus_multiproc_dir())
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(metrics_zeros.Listed(files, target))
+        registry.register(_Listed(files, target))
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(_REGISTRY), CONTENT_TYPE_LATEST
 
 
 def token_problem(authorization: str) -> str | None:
-    """None when the request may read metrics (ASYNCH_METRICS_TOKEN unset, or
-    sent as a Bearer token), else why not.  Constant-time comparison."""
+    """None when the request may read metrics (ASYNCH_METRICS_TOKEN unset, or sent as a Bearer
+    token), else why not.  Constant-time comparison."""
     token = get_settings().metrics_token
     if not token:
         return None
     given = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
     if not given:
         return "missing metrics token"
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        return "invalid metrics token"
-    return None
+    return None if hmac.compare_digest(given.encode(), token.encode()) else "invalid metrics token"
+
+
+# What each scrape target documents (docs/operations.md, "Metrics"; a test compares the table).
+FAMILIES = {
+    "api": ("asynch_admissions", "asynch_rejections", "asynch_job_duration_seconds", "asynch_dispatched",
+            "asynch_waiters", "asynch_waits_refused", "asynch_waits_parked"),
+    "node": ("asynch_model_call_duration_seconds", "asynch_job_duration_seconds", "asynch_dispatched",
+             "asynch_run_job_messages", "asynch_deliveries"),
+}
+REASONS = ("queue_full", "tenant_share", "deadline", "invalid", "unavailable", "error")  # per model
+FINAL_STATES = tuple(JobState[s].label for s in ("DONE", "FAILED", "TIMEOUT", "CANCELED", "EXPIRED"))
+RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale", "expired", "busy")
+_seeded: set[tuple[str, str]] = set()  # (target, model or "") this process wrote zeros for
+
+
+def _configured_models() -> list[str]:
+    try:
+        with transaction() as conn:
+            return list(conn.execute(select(models.c.model_name)).scalars())
+    except Exception as exc:
+        log.warning("metrics: models not read for the zero series: %s", exc)
+        return []
+
+
+@_never_raise  # as any recording: a metric never fails a request
+def seed(target: str) -> None:
+    """Write this target's zeros ("api" or "node") for the label sets known now: per configured
+    model its final states, rejection reasons, call and delivery outcomes; per target the caps
+    and the run_job outcomes."""
+    if (target, "") not in _seeded:
+        if target == "api":
+            _REJECTIONS.labels("_unknown", "not_found")
+            for cap in ("tenant", "process"):
+                _WAITS_REFUSED.labels(cap)
+            _lazy("asynch_waiters").inc(0)
+            _lazy("asynch_waits_parked")
+        else:
+            for outcome in RUN_JOB_OUTCOMES:
+                _RUN_JOB.labels(outcome)
+        _seeded.add((target, ""))
+    for name in _configured_models():
+        if (target, name) in _seeded:
+            continue
+        for state in FINAL_STATES:
+            _JOB_DURATION.labels(name, state)
+        if target == "api":
+            _ADMISSIONS.labels(name)
+            for reason in REASONS:
+                _REJECTIONS.labels(name, reason)
+        else:
+            for outcome in ("ok", "error"):
+                _CALL_DURATION.labels(name, outcome)
+            for kind, outcome in product(("callback", "webhook"), ("delivered", "failed")):
+                _DELIVERIES.labels(kind, name, outcome)
+        _seeded.add((target, name))
+
+
+class _Listed:
+    """A scrape of the group's files, plus a HELP/TYPE-only family for each of the target's
+    documented ones no process has a sample of yet (the collector knows only what was written)."""
+
+    def __init__(self, source, target: str):
+        self.source, self.names = source, FAMILIES[target]
+
+    def collect(self):
+        seen = set()
+        for fam in self.source.collect():
+            seen.add(fam.name)
+            yield fam
+        for fam in _REGISTRY.collect():
+            if fam.name in self.names and fam.name not in seen:
+                fam.samples = []
+                yield fam

@@ -1,20 +1,13 @@
-"""A worker node's metrics port: ``GET /metrics`` (the group's counters,
-app/infra/metrics.py ``render``, behind ASYNCH_METRICS_TOKEN) and ``GET
-/healthz`` (``ok``, no token, no data: for probes) served from threads of the
-node's main process.
+"""A worker node's metrics port, served from threads of the node's main process: ``GET /metrics``
+(app/infra/metrics.py ``render``, behind ASYNCH_METRICS_TOKEN) and ``GET /healthz`` (``ok``, no
+token, no data: for probes).
 
 Invariants:
-- It binds ASYNCH_WORKER_METRICS_BIND, 127.0.0.1 unless a deployment says
-  otherwise: the port is plain HTTP.  Compose and Kubernetes, whose
-  Prometheus scrapes it over the private network, set 0.0.0.0.
-- At most ASYNCH_WORKER_METRICS_MAX_CONNECTIONS connections are served at
-  once: one beyond is closed on accept, before any thread exists for it.
-- A connection has ASYNCH_WORKER_METRICS_TIMEOUT_SECONDS in all to send its
-  request head (one deadline, not one per read: a client dribbling a byte at
-  a time is cut too), then as long again for each write of the answer.  An
-  incomplete head is dropped unanswered.  So half-sent requests hold at most
-  the cap's threads, each for at most the timeout.
-- One GET per connection (HTTP/1.0 answers, then close); bodies are not read.
+- It binds ASYNCH_WORKER_METRICS_BIND, 127.0.0.1 unless a deployment says otherwise (plain HTTP).
+- At most ASYNCH_WORKER_METRICS_MAX_CONNECTIONS at once: one beyond is closed on accept.
+- A connection has ASYNCH_WORKER_METRICS_TIMEOUT_SECONDS in all to send its request head (one
+  deadline: a client dribbling a byte at a time is cut too), then as long for each write of the
+  answer; an incomplete head is dropped unanswered.  One GET per connection (HTTP/1.0).
 - Never fatal: a port in use is logged; the node works, unscraped.
 """
 from __future__ import annotations
@@ -54,8 +47,7 @@ def _node_app(environ, start_response):
 
 
 def _read_head(sock: socket.socket, timeout: float) -> bytes:
-    """The request head, read under one overall deadline; b"" if it did not
-    arrive complete in time (or was too long, or the client went away)."""
+    """The request head, read under one deadline; b"" if incomplete in time, too long or gone."""
     deadline = time.monotonic() + timeout
     head = b""
     while b"\r\n\r\n" not in head:
@@ -76,8 +68,7 @@ def _read_head(sock: socket.socket, timeout: float) -> bytes:
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     block_on_close = False
-    # Connections refused over the cap are accepted and closed at once; a
-    # deep backlog keeps a burst from stalling the scraper's SYN instead.
+    # Connections over the cap are accepted and closed at once: a deep backlog keeps a burst from stalling SYNs.
     request_queue_size = 128
 
     def __init__(self, address, max_connections: int, timeout: float):
@@ -110,8 +101,7 @@ class _Handler(WSGIRequestHandler):
         super().setup()
         head = _read_head(self.connection, self.server.read_timeout)
         self.connection.settimeout(self.server.read_timeout)  # bounds each write of the answer
-        # The head read so far is all a GET has; an empty one ends the
-        # connection unanswered (parse_request refuses an empty request line).
+        # The head is all a GET has; an empty one ends the connection unanswered (an empty request line).
         self.rfile.close()
         self.rfile = io.BufferedReader(io.BytesIO(head))
 
@@ -122,15 +112,13 @@ class _Handler(WSGIRequestHandler):
 _node_server: _Server | None = None
 
 
-def serve_node(port: int, host: str | None = None) -> _Server | None:
-    """Serve the node's port from a thread of this process (a worker node's
-    main process); host defaults to ASYNCH_WORKER_METRICS_BIND.  A port in use
-    is logged, not fatal: the node still works, unscraped until it restarts."""
+def serve_node(port: int) -> _Server | None:
+    """Serve the node's port on ASYNCH_WORKER_METRICS_BIND from a thread of this process."""
     global _node_server
     if port <= 0:
         return None
     s = get_settings()
-    host = s.worker_metrics_bind if host is None else host
+    host = s.worker_metrics_bind
     try:
         _node_server = _Server((host, port), s.worker_metrics_max_connections, s.worker_metrics_timeout_seconds)
     except OSError as exc:
@@ -141,9 +129,8 @@ def serve_node(port: int, host: str | None = None) -> _Server | None:
 
 
 def forget_inherited_server() -> None:
-    """In a forked child: close the copy of the parent's listening socket
-    (the serving thread did not survive the fork), so only the main process
-    holds the port and it is free again as soon as the main process exits."""
+    """In a forked child: close the inherited listening socket (its thread did not survive the
+    fork), so the port is free as soon as the main process exits."""
     global _node_server
     if _node_server is not None:
         _node_server.socket.close()

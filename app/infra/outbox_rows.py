@@ -1,18 +1,12 @@
-"""The outbox rows a terminal transition writes (issues 16 item 5, 22 item 3).
+"""The outbox rows a terminal transition writes: event names and their bits (webhook_events and
+a subscription's events hold an OR of them), and the INSERT ... SELECT statements app/transitions.py
+runs in the SAME statement as the terminal UPDATE (CTEs over the moved row): the job's own webhook,
+each of its tenant's subscriptions whose filter has the event, and on done its callback (seed 002).
 
-Event names and their bits (asynch_task.webhook_events and
-asynch_webhook_subscription.events hold an OR of them), and the INSERT ...
-SELECT statements app/transitions.py runs in the SAME statement as the
-terminal UPDATE (data-modifying CTEs over the moved row): the job's own
-webhook, each of its tenant's subscriptions whose filter has the event, and
-on done the job's callback (seed 002).
-
-Invariants: an outbox row exists for a terminal state iff the transition
-that reached it committed (same statement); there is at most one per
-(job, kind, receiver) (unique; ON CONFLICT DO NOTHING), and a job reaches
-one terminal state, so one event per receiver; a state whose bit the
-receiver's filter lacks gets no row at all.  Which states are terminal is
-``EVENT_OF_STATE``'s to say, nowhere else.
+Invariants: an outbox row exists for a terminal state iff the transition that reached it
+committed; at most one per (job, kind, receiver) (unique; ON CONFLICT DO NOTHING), and a job
+reaches one terminal state, so one event per receiver; a receiver whose filter lacks the state's
+bit gets no row.  Which states are terminal is ``EVENT_OF_STATE``'s to say, nowhere else.
 """
 from __future__ import annotations
 

@@ -1,47 +1,33 @@
-"""Parked long-polls: a ``/wait`` that must sleep is kept as a small record
-(its socket, its waiter, a timer) instead of a request greenlet, and is
-answered by the wake-up hub with bytes rendered once per job.
+"""Parked long-polls: a ``/wait`` that must sleep is kept as a small record (its socket, its
+waiter, a timer) instead of a request greenlet, and is answered by the wake-up hub with bytes
+rendered once per job.
 
-Why (docs/architecture.md, "Serving"): 10,000 waits that each keep a
-request greenlet alive keep ~60 objects each (environ, Flask request,
-frames, watchers) in an API worker's heap.  The collector walks them, and
-its pauses were another tenant's submit p99; a woken wait cost ~1 ms of
-CPU (Flask, two writes, close).  A parked wait is ~6 objects, and its
-answer is one ``send`` of prepared bytes.
+Why (docs/architecture.md, "Serving"): a waiting greenlet keeps ~60 objects in the heap, and at
+10,000 waits the collector's pauses were another tenant's submit p99; a parked wait is ~6.
 
-How, under gunicorn's gevent worker (app/web/gunicorn_conf.py installs it):
-- The route does the whole first half as usual: auth, caps, the first read
-  (app/infra/wakeups.py ``begin_wait``), and renders the response it would
-  send for that row, through every after-request hook.  If the job is not
-  terminal it calls ``park`` with the waiter and a ``render`` function.
-- ``ParkingMiddleware`` keeps the status line and headers the app gave
-  (Content-Length and Connection replaced), duplicates the client socket,
-  and tells the worker the request is handled (``PARKED``): gunicorn closes
-  its own descriptor and its greenlet ends; the duplicate keeps the
-  connection open.
-- The record is answered once (``_answer`` is idempotent) by the first of:
-  a delivered terminal row (the hub calls ``Waiter.on_wake``), its budget's
-  end (a libev timer: the last row seen, as ``wait_for_terminal`` returns
-  it), a row that is gone (404, rendered by the route), the server
-  draining (``drain``, at SIGTERM and before the worker exits), or the
-  client hanging up (a libev io watcher: no answer, the place is freed).
+How, under gunicorn's gevent worker (app/web/gunicorn_conf.py installs ``ParkingMiddleware``):
+the route does the first half (auth, caps, the first read: app/infra/wakeups.py ``begin_wait``),
+renders its response through every after-request hook and, if the job is not terminal, calls
+``park``.  The middleware keeps the headers, duplicates the client socket, returns ``PARKED``.
+The record is answered once by the first of: a delivered terminal row (``Waiter.on_wake``),
+its budget's end (a libev timer: the last row seen), a row gone (404, rendered by the route),
+the server draining (``drain``), or the client hanging up (a libev io watcher: no answer).
 
 Invariants:
-- No lost wake-up: the waiter was registered before the first read, and a
-  row delivered between that read and ``park`` is in ``waiter.row``, which
-  ``park`` settles right after hooking ``on_wake``.
-- Every parked wait gives its place under the caps back exactly once
-  (``_close``), whichever way it ends.
+- No lost wake-up: the waiter was registered before the first read, and a row delivered
+  between that read and ``park`` is in ``waiter.row``, settled right after ``on_wake`` is hooked.
+- Every parked wait gives its place under the caps back exactly once (``_close``).
 - Nothing here blocks the hub: libev callbacks only spawn a greenlet.
 """
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from email.utils import formatdate
 from typing import Callable
 
 from app.infra import metrics
-from app.infra.serving import stop_watcher
+from app.infra.serving import peek, stop_watcher
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
@@ -50,20 +36,16 @@ ENVIRON_KEY = "asynch.park"
 CAN_PARK_KEY = "asynch.can_park"
 
 
-class _Parked:
-    """The sentinel a parked request's WSGI call returns."""
+class _Parked(tuple):
+    """The sentinel a parked request's WSGI call returns: an empty body that may be closed."""
 
-    def close(self) -> None:  # a WSGI iterable may be closed; nothing to do
+    def close(self) -> None:
         pass
-
-    def __iter__(self):
-        return iter(())
 
 
 PARKED = _Parked()
 
-# Every open parked wait of this process (drain answers them all).
-_open: set["ParkedWait"] = set()
+_open: set["ParkedWait"] = set()  # every open parked wait of this process (drain answers them all)
 
 
 def can_park(environ: dict) -> bool:
@@ -71,9 +53,8 @@ def can_park(environ: dict) -> bool:
 
 
 def park(environ: dict, waiter, row, budget_seconds: float, render: Callable, release: Callable) -> None:
-    """Ask the server to park this request after the app has rendered its
-    response.  ``render(row, job_id)`` -> (status line, body bytes) for a
-    row (or ``GONE``), called outside any request; ``release(waiter)`` gives
+    """Park this request once the app has rendered its response.  ``render(row, job_id)`` ->
+    (status line, body bytes) for a row or GONE, outside any request; ``release(waiter)`` gives
     the place back."""
     environ[ENVIRON_KEY] = (waiter, row, budget_seconds, render, release)
 
@@ -81,81 +62,46 @@ def park(environ: dict, waiter, row, budget_seconds: float, render: Callable, re
 class ParkedWait:
     __slots__ = ("waiter", "sock", "head", "row", "render", "release", "timer", "watcher", "done", "__weakref__")
 
-    def __init__(self, waiter, sock, head: bytes, row, render, release) -> None:
-        self.waiter = waiter
-        self.sock = sock
-        self.head = head
-        self.row = row
-        self.render = render
-        self.release = release
-        self.timer = None
-        self.watcher = None
+    def __init__(self, waiter, sock, head: bytes, row, render, release, budget_seconds: float) -> None:
+        import gevent
+
+        self.waiter, self.sock, self.head, self.row = waiter, sock, head, row
+        self.render, self.release = render, release
         self.done = False
-
-    # -- the three ways in --------------------------------------------------
-    def start(self, budget_seconds: float) -> None:
-        from gevent import get_hub
-
-        loop = get_hub().loop
+        loop = gevent.get_hub().loop
         _open.add(self)
+        # libev callbacks run in the hub, which must never block: each hands over to a greenlet.
         self.timer = loop.timer(max(0.0, budget_seconds))
-        self.timer.start(self._in_hub, self._expired)
+        self.timer.start(gevent.spawn, self._expired)
         self.watcher = loop.io(self.sock.fileno(), 1)
-        self.watcher.start(self._in_hub, self._client_readable)
+        self.watcher.start(gevent.spawn, self._client_readable)
         self.waiter.on_wake = self._woken
         if self.waiter.row is not None:  # delivered between the first read and now
             self._woken(self.waiter)
 
-    @staticmethod
-    def _in_hub(fn: Callable[[], None]) -> None:
-        # libev callbacks run in the hub, which must never block: hand over.
-        import gevent
-
-        gevent.spawn(fn)
-
     def _woken(self, waiter) -> None:
-        from app.infra.wakeups import GONE
+        from app.infra.wakeups import GONE, hub
 
         got = waiter.take()
-        if self.done:
+        if self.done or (got is None and not hub.draining):  # draining: answer with what we have
             return
-        if got is None:
-            from app.infra.wakeups import hub
-
-            if hub.draining:  # the server stops: answer with what we have
-                self._answer(self.render(self.row, self.waiter.job_id))
-            return
-        if got is GONE:
-            self._answer(self.render(GONE, self.waiter.job_id))
-            return
-        self.row = got
-        if is_terminal(got.state):
-            self._answer(self.render(got, self.waiter.job_id))
+        if got is not None and got is not GONE:
+            self.row = got
+            if not is_terminal(got.state):
+                return
+        self._answer(self.render(GONE if got is GONE else self.row, self.waiter.job_id))
 
     def _expired(self) -> None:
         if not self.done:
             self._answer(self.render(self.row, self.waiter.job_id))
 
     def _client_readable(self) -> None:
-        if self.done:
-            return
-        import socket
-
-        raw = getattr(self.sock, "_sock", self.sock)
-        try:
-            data = raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return  # spurious; the watcher is level-triggered and still armed
-        except OSError:
-            data = b""
-        if data:
-            # A pipelined next request: the client is there.  Stop watching;
-            # it is answered (with Connection: close) as any other.
+        there = None if self.done else peek(self.sock)  # None: spurious (the watcher is still armed)
+        if there:  # a pipelined next request: answered (with Connection: close) as any other
             stop_watcher(self, "watcher")
-            return
-        self._close()  # the client hung up: its place comes back now
+        elif there is False:
+            self._close()  # the client hung up: its place comes back now
 
-    # -- the one way out ----------------------------------------------------
     def _answer(self, rendered: tuple[str, bytes]) -> None:
         if self.done:
             return
@@ -164,9 +110,8 @@ class ParkedWait:
         data = b"".join((b"HTTP/1.1 ", status.encode("latin-1"), b"\r\nDate: ", date, b"\r\n", self.head,
                          b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body), body))
         try:
-            self.sock.sendall(data)
-        except OSError:
-            pass  # the client left meanwhile
+            with suppress(OSError):  # the client left meanwhile
+                self.sock.sendall(data)
         finally:
             self._close()
 
@@ -177,14 +122,9 @@ class ParkedWait:
         _open.discard(self)
         self.waiter.on_wake = None
         stop_watcher(self, "watcher")
-        t, self.timer = self.timer, None
-        if t is not None:
-            t.stop()
-            t.close()
-        try:
+        stop_watcher(self, "timer")
+        with suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
         self.release(self.waiter)
 
 
@@ -198,23 +138,16 @@ def drain() -> None:
             p._close()
 
 
-def open_count() -> int:
-    return len(_open)
-
-
-# Response headers the parked answer sets itself.
-_OWN_HEADERS = {"content-length", "connection", "transfer-encoding", "date", "server"}
+_OWN_HEADERS = {"content-length", "connection", "transfer-encoding", "date", "server"}  # the answer sets them
 
 
 class ParkingMiddleware:
-    """WSGI middleware of a gevent worker: a request the app asked to park
-    (``park``) is not answered now; its socket is kept, and ``PARKED`` tells
-    the worker not to write anything (app/web/gunicorn_conf.py)."""
+    """WSGI middleware of a gevent worker: a request the app asked to ``park`` is not answered
+    now; its socket is kept, and ``PARKED`` tells the worker to write nothing."""
 
     def __init__(self, app, server: str = "") -> None:
         self.app = app
-        # The headers the server adds to every response it writes itself.
-        self.server_header = b"Server: %s\r\n" % server.encode("latin-1") if server else b""
+        self.server_header = b"Server: %s\r\n" % server.encode("latin-1") if server else b""  # as the server's own
 
     def __call__(self, environ: dict, start_response):
         environ[CAN_PARK_KEY] = "gunicorn.socket" in environ
@@ -251,9 +184,8 @@ class ParkingMiddleware:
         except (KeyError, OSError):
             release(waiter)
             raise
-        _status, headers = captured
         head = self.server_header + b"".join(b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1"))
-                        for k, v in headers if k.lower() not in _OWN_HEADERS)
-        ParkedWait(waiter, sock, head, row, render, release).start(budget)
+                                             for k, v in captured[1] if k.lower() not in _OWN_HEADERS)
+        ParkedWait(waiter, sock, head, row, render, release, budget)
         metrics.wait_parked()
         return PARKED

@@ -1,17 +1,15 @@
 """Per-process state, and the one place that makes it fork-safe.
 
-Gunicorn and Celery's prefork pool fork: a child must never use its
-parent's sockets (a pooled database connection, a Redis client, the
-broker's connection) or wait on its parent's threads (the outbox sender,
-the wake-up listener).  Everything of that kind is a ``PerProcess`` value,
-built on first use; ``os.register_at_fork`` clears every one of them in a
-forked child (calling its ``on_fork`` hook first, e.g. to drop an engine's
-inherited connections without closing the parent's sockets), so the child
-builds its own on first use.
+Gunicorn and Celery's prefork pool fork: a child must never use its parent's sockets (pooled
+database connections, Redis clients, the broker's connection) or wait on its parent's threads
+(the outbox sender, the wake-up listener).  Everything of that kind is a ``PerProcess`` value,
+built on first use; a forked child drops every one (after its ``on_fork`` hook, e.g. to drop an
+engine's inherited connections without closing the parent's sockets) and builds its own.
 """
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 import threading
 import weakref
 from typing import Callable, Generic, TypeVar
@@ -41,7 +39,6 @@ class PerProcess(Generic[T]):
         return value
 
     def peek(self) -> T | None:
-        """The value if this process has built it, else None."""
         return self._value
 
     def reset(self) -> None:
@@ -56,10 +53,8 @@ class PerProcess(Generic[T]):
         self._lock = threading.Lock()
         value, self._value = self._value, None
         if value is not None and self._on_fork is not None:
-            try:
+            with suppress(Exception):  # a broken inherited value must not kill the child
                 self._on_fork(value)
-            except Exception:  # a broken inherited value must not kill the child
-                pass
 
 
 def _after_fork_in_child() -> None:

@@ -1,19 +1,15 @@
-"""Sends run_job (and other) messages by task name.  app/ never imports workers/: the API
-only needs a producer, not the task code.  A message is a doorbell; the row
-is the truth, so a lost message is repaired by recovery, not by the caller.
+"""Sends run_job (and other) messages by task name: the API needs a producer, not the task code
+(app/ never imports workers/).  A message is a doorbell; the row is the truth, so a lost message
+is repaired by recovery, not by the caller.
 
-With a Redis broker the message is written with one LPUSH in exactly the
-form Celery's own producer writes (protocol 2, kombu's Redis transport);
-building it through ``send_task`` costs more CPU than the rest of an
-admission (bench/bench_admission.py).  tests/test_publisher.py checks the two
-forms against each other and a real worker consumes it in every e2e test.
-Any other broker (amqp://) goes through Celery's producer.
+With a Redis broker run_job messages are written with one LPUSH in exactly the form Celery's own
+producer writes (protocol 2, kombu's Redis transport): ``send_task`` costs more CPU than the rest
+of an admission (bench/bench_admission.py; tests/test_publisher.py compares the two forms).  Any
+other broker (amqp://) goes through Celery's producer.
 
-Priorities are semantic (``Priority``) and mapped per transport, because the
-two brokers disagree on direction: kombu's Redis transport keeps one list
-per priority step and BRPOPs them in ascending order, so 0 is served first
-(kombu/transport/redis.py ``_brpop_start`` / ``_q_for_pri``), while RabbitMQ
-(``x-max-priority``) serves the HIGHEST number first.
+Priorities are semantic (``Priority``) and mapped per transport: kombu's Redis transport BRPOPs
+its per-priority lists in ascending order (0 first), RabbitMQ (``x-max-priority``) serves the
+HIGHEST number first.
 """
 from __future__ import annotations
 
@@ -31,12 +27,7 @@ import redis
 from celery import Celery
 
 from app.config import get_settings
-from app.infra.celery_config import (
-    MAX_PRIORITY,
-    RUN_JOB_TASK,
-    celery_settings,
-    queue_for,
-)
+from app.infra.celery_config import MAX_PRIORITY, RUN_JOB_TASK, celery_settings, queue_for
 from app.infra.process import PerProcess
 
 log = logging.getLogger(__name__)
@@ -57,11 +48,9 @@ _KOMBU_VIRTUAL = {Priority.HIGH: 0, Priority.NORMAL: (MAX_PRIORITY + 1) // 2}
 
 
 def broker_priority(priority: Priority, broker_url: str | None = None) -> int:
-    """The number the configured broker needs for ``priority``."""
     url = broker_url if broker_url is not None else get_settings().effective_broker_url
     scheme = urlparse(url).scheme.split("+")[0].lower()
-    table = _AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL
-    return table[priority]
+    return (_AMQP if scheme in _AMQP_SCHEMES else _KOMBU_VIRTUAL)[priority]
 
 
 @dataclass(frozen=True)
@@ -90,8 +79,7 @@ def producer_app() -> Celery:
     return _current.get().app
 
 
-def reset_producer() -> None:
-    _current.reset()
+reset_producer = _current.reset
 
 
 def redis_message(task: str, args: list, queue: str, priority: int | None) -> tuple[str, bytes]:
@@ -121,34 +109,15 @@ def redis_message(task: str, args: list, queue: str, priority: int | None) -> tu
     return key, json.dumps(msg).encode()
 
 
-def publish(task: str, args: list, priority: Priority = Priority.NORMAL) -> None:
-    """Publish one message for ``task`` on its queue; raises on failure."""
-    producer = _current.get()
-    queue = queue_for(task, get_settings())
-    number = broker_priority(priority)
-    if producer.broker is not None:
-        key, payload = redis_message(task, args, queue, number)
-        producer.broker.lpush(key, payload)
-        return
-    producer.app.send_task(task, args=args, queue=queue, priority=number)
-
-
 def publish_run_job(job_id: str, attempt: int, priority: Priority = Priority.NORMAL) -> bool:
     """Publish; False (logged) if the broker refused.  Never raises: the job
     is already committed and recovery re-publishes pending jobs."""
-    try:
-        publish(RUN_JOB_TASK, [job_id, attempt], priority)
-        return True
-    except Exception:
-        log.exception("publish failed; recovery will re-publish", extra={"job_id": job_id})
-        return False
+    return publish_run_jobs([(job_id, attempt)], priority) == 1
 
 
 def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.NORMAL) -> int:
-    """Publish the run_job messages of many jobs: one LPUSH of all of them on
-    Redis (in order: kombu pops the list's tail, so the first job is served
-    first).  Returns how many were handed over; never raises (recovery
-    re-publishes what was refused)."""
+    """Publish many jobs' run_job messages: one LPUSH on Redis (kombu pops the tail, so the first
+    job is served first).  How many were handed over; never raises (recovery re-publishes)."""
     if not jobs:
         return 0
     try:
@@ -169,9 +138,8 @@ def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.
 
 
 def publish_task(name: str, args: list, countdown: float | None = None) -> bool:
-    """Publish any task by name on its queue (deliveries on theirs), due in
-    ``countdown`` seconds; False (logged) if the broker refused.  For work
-    whose durable record is a row that a sweep re-publishes."""
+    """Publish any task by name on its queue, due in ``countdown`` seconds; False (logged) if the
+    broker refused: for work whose durable record is a row that a sweep re-publishes."""
     try:
         producer_app().send_task(name, args=args, queue=queue_for(name, get_settings()), countdown=countdown)
         return True

@@ -1,18 +1,13 @@
-"""Secrets at rest: values encrypted with the application key (MultiFernet).
+"""Secrets at rest (model head_msg values, tenant secrets): encrypted with MultiFernet.
 
-Stored form: ``enc1:<Fernet token>``.  ASYNCH_SECRETS_KEYS is a
-comma-separated list of Fernet keys (urlsafe base64 of 32 bytes): the first
-encrypts, every one decrypts, so a key is rotated by putting a new one
-first, running ``asynch secrets rotate`` (re-encrypts every stored value
-with the first key) and then dropping the old one.  Empty: a key derived
-from ASYNCH_KEY_PEPPER (HKDF-SHA256), for dev mode and upgrades; compose
-requires an explicit key.
+Stored form: ``enc1:<Fernet token>``.  ASYNCH_SECRETS_KEYS is a comma-separated list of Fernet
+keys: the first encrypts, every one decrypts, so a key is rotated by putting a new one first,
+running ``asynch secrets rotate`` (re-encrypts every stored value) and dropping the old one.
+Empty: a key derived from ASYNCH_KEY_PEPPER (HKDF-SHA256), for dev mode and upgrades.
 
-Invariants: a value without the ``enc1:`` prefix is plaintext (rows written
-before encryption existed) and reads as itself; empty and None stay as they
-are (nothing to hide); a value that carries the prefix but no configured key
-decrypts raises SecretsKeyMissing (never returns ciphertext as if it were the
-secret).  Used for model head_msg values and tenant callback secrets.
+Invariants: a value without the prefix is plaintext (rows from before encryption) and reads as
+itself; empty and None stay as they are; a value with the prefix that no configured key
+decrypts raises SecretsKeyMissing (never returns ciphertext as if it were the secret).
 """
 from __future__ import annotations
 
@@ -39,20 +34,16 @@ def new_key() -> str:
 def derived_key(pepper: str) -> str:
     """The key used without ASYNCH_SECRETS_KEYS (dev mode, deployments before
     it was required): an upgrade lists it after a new key, then rotates."""
-    return _derived_key(pepper).decode()
-
-
-def _derived_key(pepper: str) -> bytes:
     raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"model-asynch secrets at rest",
                info=b"fernet key v1").derive(pepper.encode())
-    return base64.urlsafe_b64encode(raw)
+    return base64.urlsafe_b64encode(raw).decode()
 
 
 @lru_cache(maxsize=8)
 def _box(keys: str, pepper: str) -> MultiFernet:
     listed = [k.strip() for k in keys.split(",") if k.strip()]
     try:
-        fernets = [Fernet(k.encode()) for k in listed] or [Fernet(_derived_key(pepper))]
+        fernets = [Fernet(k.encode()) for k in listed] or [Fernet(derived_key(pepper))]
     except ValueError as exc:
         raise ValueError("ASYNCH_SECRETS_KEYS: every key must be a Fernet key (urlsafe base64 of 32 bytes; "
                          "make one with `asynch secrets new-key`)") from exc
@@ -79,11 +70,15 @@ def encrypt_bytes(raw: bytes) -> str:
     return PREFIX + box().encrypt(raw).decode()
 
 
-def decrypt_bytes(stored: str) -> bytes:
+def _opened(op, stored: str) -> bytes:
     try:
-        return box().decrypt(stored[len(PREFIX):].encode())
+        return op(stored[len(PREFIX):].encode())
     except InvalidToken:
         raise SecretsKeyMissing("a stored secret does not decrypt with any ASYNCH_SECRETS_KEYS key") from None
+
+
+def decrypt_bytes(stored: str) -> bytes:
+    return _opened(box().decrypt, stored)
 
 
 def decrypt(stored: str | None) -> str | None:
@@ -98,9 +93,4 @@ def rotate(stored: str | None) -> str | None:
     plaintext; None when there is nothing to change (empty)."""
     if not stored:
         return None
-    if is_encrypted(stored):
-        try:
-            return PREFIX + box().rotate(stored[len(PREFIX):].encode()).decode()
-        except InvalidToken:
-            raise SecretsKeyMissing("a stored secret does not decrypt with any ASYNCH_SECRETS_KEYS key") from None
-    return encrypt(stored)
+    return PREFIX + _opened(box().rotate, stored).decode() if is_encrypted(stored) else encrypt(stored)

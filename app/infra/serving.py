@@ -1,21 +1,19 @@
-"""What the API's serving model needs below the web layer: knowing whether
-this process runs on gevent, making psycopg2 cooperative there, the file
-descriptor limit, and noticing that a long-polling client went away.
+"""What the API's serving model needs below the web layer: knowing whether this process runs on
+gevent, making psycopg2 cooperative there, the collector and descriptor limits, and noticing that
+a long-polling client went away.
 
 Invariants:
-- Under gevent (the API's default worker class) nothing may block the hub:
-  sockets, locks, queues, sleeps and threads are gevent's (monkey-patched
-  before anything else is imported: app/web/gunicorn_gevent.py), and
-  psycopg2, whose C code talks to libpq's socket directly, waits through
-  psycogreen's callback (``make_green``), installed before the first
-  connection of the process.
-- ``ClientWatch`` never reads a byte of the request stream: it only peeks,
-  and a pipelined next request disarms it (the wait goes on unwatched).
-- Outside gevent (gthread, werkzeug's threaded server in tests) the same
-  code runs on OS threads; the watch is then polled by the waiter.
+- Under gevent (the API's default worker class) nothing may block the hub: sockets, locks,
+  sleeps and threads are gevent's (patched first: app/web/gunicorn_gevent.py), and psycopg2,
+  whose C code talks to libpq's socket directly, waits through psycogreen's callback
+  (``make_green``), installed before the process's first connection.
+- ``ClientWatch`` never reads a byte of the request stream: it only peeks, and a pipelined next
+  request disarms it (the wait goes on unwatched).
+- Outside gevent (gthread, werkzeug in tests) the watch is polled by the waiting thread.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import select
@@ -30,8 +28,6 @@ POLL_CLIENT_SECONDS = 1.0
 
 
 def is_green() -> bool:
-    """True when this process runs on gevent with the socket module patched
-    (a gunicorn gevent worker; the gevent config patches its master too)."""
     if "gevent" not in sys.modules:
         return False
     from gevent import monkey
@@ -40,9 +36,8 @@ def is_green() -> bool:
 
 
 def make_green() -> bool:
-    """Install psycogreen's wait callback when this process is green, so a
-    query yields to the hub while PostgreSQL works.  Idempotent; False (and
-    nothing done) outside gevent."""
+    """Install psycogreen's wait callback when this process is green (a query yields to the hub
+    while PostgreSQL works).  Idempotent; False (nothing done) outside gevent."""
     if not is_green():
         return False
     from psycogreen.gevent import patch_psycopg
@@ -56,34 +51,20 @@ GC_THRESHOLDS = (10_000, 2, 100)
 
 
 def tune_gc() -> None:
-    """Make full collections rare and young ones short in an API worker,
-    after its app is loaded.
-
-    A parked long-poll keeps its request's objects (environ, request, frames,
-    watchers: ~60 per wait) alive for its whole budget: 10,000 waits are
-    hundreds of thousands of long-lived objects per process.  With the
-    default thresholds CPython ran a full collection at each 25% growth of
-    them, 0.2-0.5 s each in which no greenlet runs.  ``gc.freeze()`` moves
-    everything loaded so far (modules, the app) out of the collector's
-    sight; full collections follow only every 200 young ones.  The young
-    threshold is a pause length: at 50,000 each gen-0 collection took 30-120
-    ms on a 2-core host and was another tenant's submit p99; at 10,000 with
-    gen 1 every 2 they take under 10 ms, gen-1 ones 30-100 ms every ~0.7 s
-    (bench/bench_waiters.py, docs/architecture.md "Serving").  Cycles are
-    still collected.
-    """
-    import gc
-
+    """Make full collections rare and young ones short in an API worker, after its app is loaded:
+    10,000 waits are hundreds of thousands of long-lived objects, and CPython's defaults ran a
+    full collection (0.2-0.5 s, no greenlet runs) at each 25% growth.  ``gc.freeze()`` hides what
+    is loaded; the young threshold is a pause length: at 10,000 under 10 ms, at 50,000 30-120 ms,
+    another tenant's submit p99 (bench/bench_waiters.py, docs/architecture.md "Serving")."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 
 
 def raise_nofile(wanted: int) -> tuple[int, int]:
-    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never above the hard
-    limit; never lowered).  Every waiting client holds a socket: 10,000
-    waiters need 10,000 descriptors in one process, and the usual soft
-    default is 1,024.  Returns (soft, hard) as set."""
+    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never above the hard limit, never
+    lowered): every waiting client holds a socket, and the usual soft default is 1,024.
+    Returns (soft, hard) as set."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if target > soft:
@@ -95,9 +76,21 @@ def raise_nofile(wanted: int) -> tuple[int, int]:
     return soft, hard
 
 
+def peek(sock) -> bool | None:
+    """Has the client sent something?  True: a pipelined request (it is there); False: EOF or a
+    reset (it is gone); None: nothing yet (a spurious wake-up).  Never reads a byte."""
+    # gevent's socket object waits for readiness inside recv() even with MSG_DONTWAIT; the real
+    # socket it wraps never blocks.
+    try:
+        return bool(getattr(sock, "_sock", sock).recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return False
+
+
 def stop_watcher(owner, attr: str) -> None:
-    """Stop and close the libev io watcher at ``owner.<attr>`` once: the
-    attribute is None from then on (parked answers share it)."""
+    """Stop and close the libev watcher or timer at ``owner.<attr>`` once (None from then on)."""
     w = getattr(owner, attr)
     setattr(owner, attr, None)
     if w is not None:
@@ -106,24 +99,17 @@ def stop_watcher(owner, attr: str) -> None:
 
 
 class ClientWatch:
-    """Notices that the client of a waiting request closed its connection.
-
-    ``arm(wake)`` makes the hub call ``wake()`` as soon as the socket turns
-    readable (under gevent: one libev io watcher, no greenlet); ``gone()``
-    then tells EOF or a reset from a pipelined next request.  Outside gevent
-    nothing calls ``wake``: the waiter polls ``gone()`` every
-    ``poll_seconds``.
-    """
+    """Notices that the client of a waiting request closed its connection.  ``arm(wake)``: under
+    gevent the hub calls ``wake()`` once the socket turns readable (one libev io watcher);
+    ``gone()`` then tells EOF or a reset from a pipelined next request.  Outside gevent the
+    waiter polls ``gone()`` every ``poll_seconds``."""
 
     def __init__(self, sock) -> None:
-        # gevent's socket object waits for readiness inside recv() even with
-        # MSG_DONTWAIT; peek on the real socket it wraps, which never blocks.
-        self._sock = getattr(sock, "_sock", sock)
+        self._sock = sock
         self._fd = sock.fileno()
         self._watcher = None
         self._wake: Callable[[], None] | None = None
-        self._readable = False
-        self._disarmed = False
+        self._readable = self._disarmed = False
         self.poll_seconds: float | None = POLL_CLIENT_SECONDS
 
     def arm(self, wake: Callable[[], None]) -> None:
@@ -143,31 +129,21 @@ class ClientWatch:
             self._wake()
 
     def gone(self) -> bool:
-        if self._disarmed:
-            return False
-        if self.poll_seconds is None:
-            if not self._readable:
-                return False  # the hub has reported nothing: still connected
-        else:
+        if self._disarmed or (self.poll_seconds is None and not self._readable):
+            return False  # disarmed, or the hub has reported nothing: still connected
+        if self.poll_seconds is not None:
             p = select.poll()  # not select(): descriptors above 1023 are normal here
             p.register(self._fd, select.POLLIN)
             if not p.poll(0):
                 return False
         self._readable = False
-        try:
-            data = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            if self._wake is not None:  # a spurious report: watch again
-                self.arm(self._wake)
-            return False
-        except OSError:
-            return True  # reset by the peer
-        if data:
-            # A pipelined request: the client is there; stop watching.
+        there = peek(self._sock)
+        if there is None and self._wake is not None:  # a spurious report: watch again
+            self.arm(self._wake)
+        elif there:  # a pipelined request: the client is there; stop watching
             self._disarmed = True
             stop_watcher(self, "_watcher")
-            return False
-        return True
+        return there is False
 
     def close(self) -> None:
         self._wake = None
@@ -175,14 +151,10 @@ class ClientWatch:
 
 
 def client_watch(environ: dict) -> ClientWatch | None:
-    """A watch on the request's client socket, when the server exposes it
-    (gunicorn: ``gunicorn.socket``; werkzeug's server: ``werkzeug.socket``)."""
+    """A watch on the request's client socket, when the server exposes it (gunicorn, werkzeug)."""
     sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
-    if sock is None:
-        return None
     try:
-        sock.fileno()
-    except (OSError, ValueError):
+        return None if sock is None else ClientWatch(sock)
+    except (OSError, ValueError):  # closed already
         return None
-    return ClientWatch(sock)
 

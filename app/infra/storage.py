@@ -1,21 +1,14 @@
 """Result storage behind one small interface.
 
-``put`` returns a location string that ``get`` and ``delete`` accept and that
-is shown to callers as ``oss_file``.  Deleting what is already gone is fine.
-``delete_many`` is what cleanup calls: one request per 1,000 objects on S3,
-and it answers which locations it could not delete (location -> reason)
-instead of raising, so one bad object does not hold back a whole batch.
-Backends: a local directory (default), S3 via boto3, and the seed's OSS file
-service (``oss+http(s)://host:port/base``).  ``put`` takes an optional
-``context``: headers of the job to pass through (only the OSS backend uses
-them).
+``put`` returns a location that ``get`` and ``delete`` accept, shown to callers as ``oss_file``.
+Deleting what is gone is fine; ``delete_many`` (one request per 1,000 objects on S3) answers what
+it could not delete (location -> reason) instead of raising.  Backends: a local directory
+(default), S3, and the seed's OSS file service (``oss+http(s)://host:port/base``; only it uses
+``put``'s ``context``: the job's headers to pass through).
 
-``stream`` is how results are served: it raises ObjectMissing/StorageError
-before it returns (so the caller can still answer 410/503), then yields the
-object in CHUNK-byte pieces, so serving a result holds one chunk in memory,
-not the object.  ``presign`` (S3 only; None elsewhere) gives a time-limited
-GET URL for a redirect.  OSS downloads follow no redirects and stop at
-ASYNCH_MAX_RESULT_BYTES (the most a result can be).
+``stream`` raises ObjectMissing/StorageError before it returns (the caller can still answer
+410/503), then yields CHUNK-byte pieces, never the whole object.  ``presign`` (S3 only) gives a
+time-limited GET URL.  OSS downloads follow no redirects and stop at ASYNCH_MAX_RESULT_BYTES.
 """
 from __future__ import annotations
 
@@ -24,8 +17,9 @@ import mimetypes
 import os
 import tempfile
 import threading
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Iterator, Sequence
 from urllib.parse import quote, urlparse
 
 import requests
@@ -43,25 +37,41 @@ class ObjectMissing(StorageError):
     pass
 
 
-class Storage(Protocol):
-    def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str: ...
-    def get(self, location: str) -> bytes: ...
-    def stream(self, location: str) -> Iterator[bytes]: ...
-    def presign(self, location: str, seconds: int) -> str | None: ...
-    def delete(self, location: str) -> None: ...
-    def delete_many(self, locations: Sequence[str]) -> dict[str, str]: ...
-
-
 CHUNK = 64 * 1024
 
 
-def _file_chunks(f) -> Iterator[bytes]:
-    with f:
-        while chunk := f.read(CHUNK):
-            yield chunk
+@contextmanager
+def _failures(location: str, missing, what: str = "") -> Iterator[None]:
+    """``missing`` (exception types) is ObjectMissing; any other failure a StorageError."""
+    try:
+        yield
+    except missing as exc:
+        raise ObjectMissing(location) from exc
+    except Exception as exc:  # botocore and the OS raise many types; all mean "not done"
+        raise StorageError(f"{what}{exc}") from exc
 
 
-class LocalStorage:
+class Storage:
+    """A backend: ``put(key, data, content_type, context=None)`` -> location, ``stream``, ``delete``
+    of its own; shared here: ``get`` is the whole stream, no presigned URL, one delete each."""
+
+    def get(self, location: str) -> bytes:
+        return b"".join(self.stream(location))
+
+    def presign(self, location: str, seconds: int) -> str | None:
+        return None
+
+    def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
+        failed = {}
+        for loc in locations:
+            try:
+                self.delete(loc)
+            except (StorageError, OSError) as exc:
+                failed[loc] = str(exc)
+        return failed
+
+
+class LocalStorage(Storage):
     """Files under a root directory; location is the key relative to it."""
 
     def __init__(self, root: str):
@@ -84,68 +94,42 @@ class LocalStorage:
                 f.write(data)
             os.replace(tmp, p)
         except OSError as exc:
-            try:
+            with suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise StorageError(str(exc)) from exc
         return "file:" + key
 
-    def get(self, location: str) -> bytes:
-        try:
-            return self._path(location).read_bytes()
-        except FileNotFoundError as exc:
-            raise ObjectMissing(location) from exc
-        except OSError as exc:
-            raise StorageError(str(exc)) from exc
-
     def stream(self, location: str) -> Iterator[bytes]:
-        try:
+        with _failures(location, FileNotFoundError):
             f = self._path(location).open("rb")
-        except FileNotFoundError as exc:
-            raise ObjectMissing(location) from exc
-        except OSError as exc:
-            raise StorageError(str(exc)) from exc
-        return _file_chunks(f)
+        return self._chunks(f)
 
-    def presign(self, location: str, seconds: int) -> str | None:
-        return None
+    @staticmethod
+    def _chunks(f) -> Iterator[bytes]:
+        with f:
+            while chunk := f.read(CHUNK):
+                yield chunk
 
     def delete(self, location: str) -> None:
-        try:
+        with suppress(FileNotFoundError):
             self._path(location).unlink()
-        except FileNotFoundError:
-            pass
-
-    def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
-        # One unlink each: a system call, not a round trip.
-        failed = {}
-        for loc in locations:
-            try:
-                self.delete(loc)
-            except (StorageError, OSError) as exc:
-                failed[loc] = str(exc)
-        return failed
 
 
-class S3Storage:
+class S3Storage(Storage):
     """An S3 bucket (or MinIO, or moto) with an optional key prefix."""
+
+    BULK = 1000  # the most keys a DeleteObjects request takes
 
     def __init__(self, bucket: str, prefix: str, settings: Settings):
         import boto3
         from botocore.config import Config
 
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        kw = {"region_name": settings.s3_region,
-              "config": Config(retries={"max_attempts": 3, "mode": "standard"},
-                               connect_timeout=5, read_timeout=60)}
-        if settings.s3_endpoint_url:
-            kw["endpoint_url"] = settings.s3_endpoint_url
-        if settings.s3_access_key:
-            kw["aws_access_key_id"] = settings.s3_access_key
-            kw["aws_secret_access_key"] = settings.s3_secret_key
-        self.client = boto3.client("s3", **kw)
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        key = settings.s3_access_key or None  # None: boto3's own credential chain
+        self.client = boto3.client("s3", region_name=settings.s3_region, endpoint_url=settings.s3_endpoint_url or None,
+                                   aws_access_key_id=key, aws_secret_access_key=settings.s3_secret_key if key else None,
+                                   config=Config(retries={"max_attempts": 3, "mode": "standard"},
+                                                 connect_timeout=5, read_timeout=60))
 
     def _key(self, location: str) -> str:
         head = f"s3://{self.bucket}/"
@@ -155,52 +139,31 @@ class S3Storage:
 
     def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str:
         full = self._key(key)
-        try:
+        with _failures(key, (), "s3 put failed: "):
             self.client.put_object(Bucket=self.bucket, Key=full, Body=data, ContentType=content_type)
-        except Exception as exc:  # botocore raises many types; all mean "not stored"
-            raise StorageError(f"s3 put failed: {exc}") from exc
         return f"s3://{self.bucket}/{full}"
 
-    def get(self, location: str) -> bytes:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(location))["Body"].read()
-        except self.client.exceptions.NoSuchKey as exc:
-            raise ObjectMissing(location) from exc
-        except Exception as exc:
-            raise StorageError(f"s3 get failed: {exc}") from exc
-
     def stream(self, location: str) -> Iterator[bytes]:
-        try:
+        with _failures(location, self.client.exceptions.NoSuchKey, "s3 get failed: "):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(location))["Body"]
-        except self.client.exceptions.NoSuchKey as exc:
-            raise ObjectMissing(location) from exc
-        except Exception as exc:
-            raise StorageError(f"s3 get failed: {exc}") from exc
-        return self._chunks(body)
+        return self._chunks(body, location)
 
     @staticmethod
-    def _chunks(body) -> Iterator[bytes]:
-        try:
-            yield from body.iter_chunks(CHUNK)
-        finally:
-            body.close()
+    def _chunks(body, location: str) -> Iterator[bytes]:
+        with _failures(location, (), "s3 get failed: "):
+            try:
+                yield from body.iter_chunks(CHUNK)
+            finally:
+                body.close()
 
     def presign(self, location: str, seconds: int) -> str | None:
-        try:
+        with _failures(location, (), "s3 presign failed: "):
             return self.client.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": self._key(location)}, ExpiresIn=seconds)
-        except Exception as exc:
-            raise StorageError(f"s3 presign failed: {exc}") from exc
 
     def delete(self, location: str) -> None:
-        # S3 DeleteObject succeeds for a missing key.
-        try:
+        with _failures(location, (), "s3 delete failed: "):  # DeleteObject succeeds for a missing key
             self.client.delete_object(Bucket=self.bucket, Key=self._key(location))
-        except Exception as exc:
-            raise StorageError(f"s3 delete failed: {exc}") from exc
-
-    # DeleteObjects takes at most 1,000 keys per request.
-    BULK = 1000
 
     def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
         failed: dict[str, str] = {}
@@ -220,34 +183,26 @@ class S3Storage:
         return failed
 
 
-class OssStorage:
-    """The seed's OSS file service: ``POST {base}/oss/file/uploadFile`` with a
-    multipart ``file`` part; the job's ``Authorization`` and ``X-User-Info``
-    are passed through (the operator's ASYNCH_OSS_AUTHORIZATION when the job
-    has none, and then without X-User-Info: the operator's credential is
-    never combined with an identity the job brought).  The answer's file URL is the location (oss_file): JSON with
-    the URL as ``data`` (a string), ``data.url`` / ``data.fileUrl`` /
-    ``data.path``, or a top-level ``url``; a ``code`` other than 0/200 or a
-    ``success: false`` is a failed upload.  ``get`` downloads that URL.  The
-    service has no delete: ``delete`` only logs (the file service's own
-    retention applies)."""
+class OssStorage(Storage):
+    """The seed's OSS file service: ``POST {base}/oss/file/uploadFile`` with a multipart ``file``
+    part; the job's ``Authorization`` and ``X-User-Info`` are passed through (else the operator's
+    ASYNCH_OSS_AUTHORIZATION, and then without X-User-Info: the operator's credential is never
+    combined with an identity the job brought).  The location (oss_file) is the answer's file URL:
+    ``data`` (a string), ``data.url`` / ``data.fileUrl`` / ``data.path``, or a top-level ``url``;
+    a ``code`` other than 0/200 or ``success: false`` is a failed upload.  No delete: ``delete``
+    only logs (the file service's own retention applies)."""
 
     PASS_THROUGH = ("Authorization", "X-User-Info")
 
     def __init__(self, base_url: str, settings: Settings):
         self.base = base_url.rstrip("/")
-        self.timeout = settings.oss_timeout_seconds
-        self.default_auth = settings.oss_authorization
+        self.timeout, self.default_auth = settings.oss_timeout_seconds, settings.oss_authorization
         self.max_bytes = settings.max_result_bytes
         self.session = requests.Session()
         self.session.trust_env = False
 
     def put(self, key: str, data: bytes, content_type: str, context: dict | None = None) -> str:
-        headers = {}
-        for name in self.PASS_THROUGH:
-            v = (context or {}).get(name)
-            if v:
-                headers[name] = v
+        headers = {name: (context or {})[name] for name in self.PASS_THROUGH if (context or {}).get(name)}
         if "Authorization" not in headers and self.default_auth:
             headers.pop("X-User-Info", None)
             headers["Authorization"] = self.default_auth
@@ -277,12 +232,10 @@ class OssStorage:
         if body.get("success") is False or body.get("code", 0) not in (0, 200, "0", "200"):
             return None
         data = body.get("data")
+        if isinstance(data, dict):
+            data = next((data[k] for k in ("url", "fileUrl", "path") if isinstance(data.get(k), str) and data[k]), None)
         if isinstance(data, str) and data:
             return data
-        if isinstance(data, dict):
-            for k in ("url", "fileUrl", "path"):
-                if isinstance(data.get(k), str) and data[k]:
-                    return data[k]
         return body.get("url") if isinstance(body.get("url"), str) else None
 
     def _download(self, location: str) -> requests.Response:
@@ -296,11 +249,8 @@ class OssStorage:
                 raise ObjectMissing(location)
             raise StorageError(f"oss download failed: HTTP {resp.status_code}"
                                + (" (redirects are not followed)" if 300 <= resp.status_code < 400 else ""))
-        try:
-            declared = int(resp.headers.get("Content-Length", "0"))
-        except ValueError:
-            declared = 0
-        if declared > self.max_bytes:
+        declared = resp.headers.get("Content-Length", "").strip()
+        if declared.isdigit() and int(declared) > self.max_bytes:
             resp.close()
             raise StorageError(f"oss download exceeds {self.max_bytes} bytes")
         return resp
@@ -318,14 +268,8 @@ class OssStorage:
         finally:
             resp.close()
 
-    def get(self, location: str) -> bytes:
-        return b"".join(self._capped(self._download(location)))
-
     def stream(self, location: str) -> Iterator[bytes]:
         return self._capped(self._download(location))
-
-    def presign(self, location: str, seconds: int) -> str | None:
-        return None
 
     def delete(self, location: str) -> None:
         log.info("oss file service has no delete; left to its retention: %s", location)
@@ -337,10 +281,8 @@ class OssStorage:
 
 
 def public_location(location: str | None, model_name: str, job_id: str) -> str | None:
-    """A result's location as callers see it (oss_file): an OSS file URL as
-    is (the business side fetches it there), a local key or inline as is;
-    an S3 location (``s3://bucket/key``: the bucket is ours, not the
-    tenant's business) becomes the job's v1 result path."""
+    """A result's location as callers see it (oss_file): as is, except an S3 location (the
+    bucket is ours, not the tenant's business), which becomes the job's v1 result path."""
     if location and location.startswith("s3://"):
         return f"/v1/models/{quote(model_name, safe='')}/jobs/{job_id}/result"
     return location
@@ -349,9 +291,7 @@ def public_location(location: str | None, model_name: str, job_id: str) -> str |
 def storage_from_url(url: str, settings: Settings) -> Storage:
     parsed = urlparse(url)
     if parsed.scheme == "file":
-        # file:///abs/path or file://relative/path
-        path = parsed.netloc + parsed.path if parsed.netloc else parsed.path
-        return LocalStorage(path)
+        return LocalStorage(parsed.netloc + parsed.path)  # file:///abs/path or file://relative/path
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"storage URL needs a bucket: {url}")
@@ -368,11 +308,7 @@ _storage: tuple[str, Storage] | None = None
 def get_storage() -> Storage:
     global _storage
     s = get_settings()
-    cur = _storage
-    if cur is None or cur[0] != s.storage_url:
-        with _lock:
-            cur = _storage
-            if cur is None or cur[0] != s.storage_url:
-                cur = (s.storage_url, storage_from_url(s.storage_url, s))
-                _storage = cur
-    return cur[1]
+    with _lock:
+        if _storage is None or _storage[0] != s.storage_url:
+            _storage = (s.storage_url, storage_from_url(s.storage_url, s))
+        return _storage[1]

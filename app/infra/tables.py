@@ -2,26 +2,8 @@
 only describes them so queries can be written against names, not strings."""
 from __future__ import annotations
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Column,
-    Date,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    LargeBinary,
-    MetaData,
-    SmallInteger,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
-    func,
-    text,
-)
+from sqlalchemy import (BigInteger, Boolean, Column, Date, DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
+                        MetaData, SmallInteger, String, Table, Text, UniqueConstraint, func, text)
 from sqlalchemy.dialects.postgresql import JSONB
 
 from app.states import JobState as S
@@ -36,10 +18,13 @@ def _in(*states: S) -> str:
     return f"state = {int(states[0])}" if len(states) == 1 else f"state IN ({', '.join(str(int(x)) for x in states)})"
 
 
+def _cols(type_, *names: str, **kw) -> list[Column]:
+    return [Column(name, type_, **kw) for name in names]
+
+
 def _partial(name: str, cols: list[str], where: str) -> Index:
-    """An index over the rows ``where`` holds.  The queries must spell the predicate with literal states for the planner
-    to use it; psycopg2 sends bound values inline, so ``state IN (...)``
-    built from parameters qualifies."""
+    """An index over the rows ``where`` holds.  The planner uses it only for a predicate with literal
+    states; psycopg2 sends bound values inline, so ``state IN (...)`` from parameters qualifies."""
     return Index(name, *cols, postgresql_where=text(where))
 
 
@@ -48,7 +33,7 @@ models = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("model_name", String(128), nullable=False, unique=True),
     Column("models_type", String(512), nullable=False, server_default=""),
-    Column("form", JsonType, nullable=True),
+    Column("form", JsonType),
     Column("base_url", String(1024), nullable=False),
     Column("route", String(1024), nullable=False, server_default=""),
     Column("http_method", String(8), nullable=False, server_default="POST"),
@@ -62,14 +47,10 @@ models = Table(
     Column("retry_queue_max_seconds", Integer, nullable=False, server_default="600"),
     Column("auto_clean_seconds", Integer, nullable=False, server_default="3600"),
     Column("remark", Text, nullable=False, server_default=""),
-    # Slots of queue_limit one tenant may hold; NULL: ASYNCH_TENANT_QUEUE_SHARE of it (revision 0006).
-    Column("tenant_queue_limit", Integer, nullable=True),
-    # Header names a job's modelKey may set ("*": any unprotected one); '' none (revision 0011).
-    Column("model_key_headers", Text, nullable=False, server_default=""),
-    # Done/claimed jobs kept per model (seed 000 async_max_completed); 0: no cap (revision 0012_seed_dropin).
-    Column("max_completed", Integer, nullable=False, server_default="0"),
-    Column("created_at", TS, nullable=False),
-    Column("updated_at", TS, nullable=False),
+    Column("tenant_queue_limit", Integer),  # one tenant's slots; NULL: ASYNCH_TENANT_QUEUE_SHARE of queue_limit
+    Column("model_key_headers", Text, nullable=False, server_default=""),  # what a modelKey sets; "*": any unprotected
+    Column("max_completed", Integer, nullable=False, server_default="0"),  # done/claimed jobs kept; 0: no cap
+    *_cols(TS, "created_at", "updated_at", nullable=False),
 )
 
 model_types = Table(
@@ -87,76 +68,49 @@ tasks = Table(
     Column("creator", String(128), nullable=False, server_default=""),
     Column("model_name", String(128), nullable=False),
     Column("biz_name", String(128), nullable=False, server_default=""),
-    Column("callback_url", Text, nullable=True),
-    # Per-job header override (seed: modelKey).  Secret: never returned.
-    Column("model_key", Text, nullable=True),
-    # Headers passed through to the OSS file service (JSON object: its
-    # Authorization and X-User-Info).  Secret: never returned or logged;
-    # cleared when the job reaches a terminal state.
-    Column("passthrough_headers", Text, nullable=True),
+    Column("callback_url", Text),
+    Column("model_key", Text),  # per-job header override (seed: modelKey).  Secret: never returned.
+    # Headers passed through to the OSS file service (JSON: Authorization, X-User-Info).  Secret:
+    # never returned or logged; cleared when the job reaches a terminal state.
+    Column("passthrough_headers", Text),
     # JSON text as received: jsonb would refuse \u0000, which JSON allows.
     Column("request_payload", Text, nullable=False),
-    # sha256 of the canonical payload + options: idempotent replays compare it.
-    Column("request_hash", String(64), nullable=False),
-    Column("idempotency_key", String(255), nullable=True),
+    Column("request_hash", String(64), nullable=False),  # sha256 of payload + options: replays compare it
+    Column("idempotency_key", String(255)),
     Column("state", SmallInteger, nullable=False),
-    # Claims so far (the CAS token): attempt n+1 is claimed from attempt n.
-    Column("attempt", Integer, nullable=False, server_default="0"),
-    # Retries taken (seed: retry_count, not counting the first try).
-    Column("retry_count", Integer, nullable=False, server_default="0"),
-    # Attempts the upstream answered busy (429/503) and that went back to
-    # pending unspent (revision 0022): retries count ``attempt - busy_count``.
+    Column("attempt", Integer, nullable=False, server_default="0"),  # claims so far, the CAS token
+    Column("retry_count", Integer, nullable=False, server_default="0"),  # retries taken, not the first try
+    # Attempts the upstream answered busy (429/503), back to pending unspent: retries are attempt - busy_count.
     Column("busy_count", Integer, nullable=False, server_default="0"),
-    # 0-9, 9 first: orders dispatch within the tenant's share (revision 0013).
-    Column("priority", SmallInteger, nullable=False, server_default="5"),
-    # What the tenant sees: "<code>: <short message>" (app/states.py JOB_ERROR_CODES).
-    Column("error", Text, nullable=True),
-    # The internals behind it (exception text, the model's error body): admin views only (revision 0011).
-    Column("error_detail", Text, nullable=True),
-    Column("result_location", Text, nullable=True),
-    Column("result_content_type", String(255), nullable=True),
-    Column("result_size", BigInteger, nullable=True),
-    # A small result kept in the row (location ``inline:``; revision 0010).
-    Column("result_inline", LargeBinary, nullable=True),
-    # The Celery node running the current attempt (revision 0010): recovery
-    # fails the attempt as soon as that node's heartbeat is gone.
-    Column("worker", String(255), nullable=True),
+    Column("priority", SmallInteger, nullable=False, server_default="5"),  # 0-9, 9 first within the tenant's share
+    Column("error", Text),  # what the tenant sees: "<code>: <short message>" (app/states.py JOB_ERROR_CODES)
+    Column("error_detail", Text),  # the internals behind it (exception, the model's body): admin views only
+    Column("result_location", Text),
+    Column("result_content_type", String(255)),
+    Column("result_size", BigInteger),
+    Column("result_inline", LargeBinary),  # a small result kept in the row (location ``inline:``)
+    Column("worker", String(255)),  # the node of the current attempt: recovery fails it when its heartbeat goes
     Column("created_at", TS, nullable=False),
-    # Queue order; a retry resets it (tail) or backdates it (head).
-    Column("enqueue_at", TS, nullable=False),
-    Column("started_at", TS, nullable=True),
-    Column("finished_at", TS, nullable=True),
-    Column("lease_expires_at", TS, nullable=True),
-    Column("next_retry_at", TS, nullable=True),
-    # Job budget: pending/running past it becomes timeout.
-    Column("deadline_at", TS, nullable=True),
-    # The caller's deadline (X-Deadline, revision 0019): still pending past it becomes expired.
-    Column("caller_deadline_at", TS, nullable=True),
-    Column("claimed_at", TS, nullable=True),
-    # When the result was last read (0012_seed_dropin): max_completed evicts the least recently read.
-    Column("last_read_at", TS, nullable=True),
-    Column("expire_at", TS, nullable=True),
+    Column("enqueue_at", TS, nullable=False),  # queue order; a retry resets it (tail) or backdates it (head)
+    *_cols(TS, "started_at", "finished_at", "lease_expires_at", "next_retry_at"),
+    Column("deadline_at", TS),  # the job's budget: pending/running past it becomes timeout
+    Column("caller_deadline_at", TS),  # X-Deadline: still pending past it becomes expired
+    *_cols(TS, "claimed_at", "last_read_at", "expire_at"),  # last read: max_completed evicts the oldest
     Column("updated_at", TS, nullable=False),
-    # When a pending retry was published at high priority (revision 0003).
-    Column("promoted_at", TS, nullable=True),
-    # The job's own webhook (revision 0015): a JSON POST on each terminal
-    # state whose bit is in webhook_events (app/infra/outbox_rows.py EVENT_BITS).
-    Column("webhook_url", Text, nullable=True),
-    Column("webhook_events", SmallInteger, nullable=True),
-    # One job per (tenant, Idempotency-Key); rows without a key stay out of it (revision 0005).
+    Column("promoted_at", TS),  # when a pending retry was published at high priority
+    # The job's own webhook: a JSON POST on each terminal state whose bit is in webhook_events.
+    Column("webhook_url", Text),
+    Column("webhook_events", SmallInteger),
+    # One job per (tenant, Idempotency-Key); rows without a key stay out of it.
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
           postgresql_where=text("idempotency_key IS NOT NULL")),
-    # Listing: a tenant's jobs newest first, optionally by model; every
-    # tenant's (an admin's listing) in its own sort order (revision 0014).
+    # Listing: a tenant's jobs newest first, optionally by model; an admin's, every tenant's.
     Index("ix_asynch_task_created", "created_at", "id"),
     Index("ix_asynch_task_tenant_created", "tenant_id", "created_at"),
     Index("ix_asynch_task_tenant_model_created", "tenant_id", "model_name", "created_at"),
-    # Gate reconcile / depth: active rows of a model.
-    Index("ix_asynch_task_model_state", "model_name", "state"),
-    # A tenant's event stream (GET /v1/events): its jobs changed since a time (revision 0013).
-    Index("ix_asynch_task_tenant_updated", "tenant_id", "updated_at"),
-    # Maintenance scans (revision 0004): each a partial index over the
-    # state it looks for, so a row version enters only its own state's index.
+    Index("ix_asynch_task_model_state", "model_name", "state"),  # gate reconcile / depth: a model's active rows
+    Index("ix_asynch_task_tenant_updated", "tenant_id", "updated_at"),  # a tenant's event stream (GET /v1/events)
+    # Maintenance scans: a partial index per state, so a row version enters only its state's index.
     _partial("ix_asynch_task_retry_due", ["next_retry_at"], _in(S.RETRY_WAIT)),
     _partial("ix_asynch_task_running_lease", ["lease_expires_at"], _in(S.RUNNING)),
     _partial("ix_asynch_task_pending_enqueue", ["enqueue_at", "id"], _in(S.PENDING)),
@@ -164,35 +118,30 @@ tasks = Table(
     _partial("ix_asynch_task_claimed_expire", ["expire_at"], _in(S.CLAIMED)),
     _partial("ix_asynch_task_ended_finished", ["finished_at"],
              _in(S.DONE, S.FAILED, S.TIMEOUT, S.CANCELED, S.EXPIRED)),
-    # The expiry pass: pending jobs with a caller's deadline (revision 0019).
+    # The expiry pass: pending jobs with a caller's deadline.
     _partial("ix_asynch_task_pending_caller_deadline", ["caller_deadline_at"],
              f"{_in(S.PENDING)} AND caller_deadline_at IS NOT NULL"),
-    # Autotune reads a model's recently finished jobs.
-    _partial("ix_asynch_task_finished_by_model", ["model_name", "finished_at"], "finished_at IS NOT NULL"),
-    # Retries waiting at the tail of a model's queue (promotion scan, revision 0003).
+    _partial("ix_asynch_task_finished_by_model", ["model_name", "finished_at"], "finished_at IS NOT NULL"),  # autotune
+    # Retries waiting at the tail of a model's queue (the promotion scan).
     _partial("ix_asynch_task_retry_promote", ["model_name", "enqueue_at"],
              f"{_in(S.PENDING)} AND retry_count > 0 AND promoted_at IS NULL"),
 )
-# A model's done/claimed jobs, least recently read first: the max_completed
-# eviction every submit to a capped model runs (app/jobs/retention.py, revision 0018).
+# A model's done/claimed jobs, least recently read first: the max_completed eviction (app/jobs/retention.py).
 Index("ix_asynch_task_completed_read", tasks.c.model_name, func.coalesce(tasks.c.last_read_at, tasks.c.finished_at),
       postgresql_where=text(_in(S.DONE, S.CLAIMED)))
 
-# One row per ended attempt (revision 0015): running -> done / retry_wait /
-# failed, appended by the transition's own statement (app/transitions.py).
+# One row per ended attempt (running -> done / retry_wait / failed), by the transition's own statement.
 task_attempts = Table(
     "asynch_task_attempt", metadata,
     Column("id", BigInteger(), primary_key=True, autoincrement=True),
     Column("job_id", String(40), ForeignKey("asynch_task.id", ondelete="CASCADE"), nullable=False),
     Column("attempt", Integer, nullable=False),
-    Column("worker", String(255), nullable=True),
-    Column("started_at", TS, nullable=True),
+    Column("worker", String(255)),
+    Column("started_at", TS),
     Column("ended_at", TS, nullable=False),
-    # The state the attempt left the job in (app/states.py JobState).
-    Column("outcome", SmallInteger, nullable=False),
-    Column("error", Text, nullable=True),
-    # Admin views only, as asynch_task.error_detail.
-    Column("error_detail", Text, nullable=True),
+    Column("outcome", SmallInteger, nullable=False),  # the state the attempt left the job in
+    Column("error", Text),
+    Column("error_detail", Text),  # admin views only, as asynch_task.error_detail
     Index("ix_asynch_task_attempt_job", "job_id", "attempt"),
 )
 
@@ -210,13 +159,11 @@ model_stats = Table(
 )
 
 BigId = BigInteger()
-# Ids tenants see (callback and webhook deliveries, subscriptions): random in
-# [1, 2**53), not a sequence that shows every tenant the platform's volume
-# (revision 0017; exact as a JSON number).
+# Ids tenants see (deliveries, subscriptions): random in [1, 2**53) (exact as a JSON number),
+# not a sequence that shows every tenant the platform's volume.
 RANDOM_ID = text("(floor(random() * 9007199254740990) + 1)::bigint")
 
-# Webhooks (revision 0015): a tenant's subscriptions (URL, event bits, its
-# own whsec_ secret encrypted with app/infra/secretbox.py).
+# A tenant's webhook subscriptions (URL, event bits, its own whsec_ secret, encrypted: app/infra/secretbox.py).
 webhook_subscriptions = Table(
     "asynch_webhook_subscription", metadata,
     Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
@@ -228,11 +175,9 @@ webhook_subscriptions = Table(
     Index("ix_asynch_webhook_subscription_tenant", "tenant_id"),
 )
 
-# The outbox (revision 0021): one row per (job, receiver) a terminal
-# transition's own statement wrote (app/infra/outbox_rows.py), of either kind:
-# "callback" (the seed's GET on done, subscription_id 0) or "webhook" (a JSON
-# POST; subscription_id 0 is the job's own webhook).  pending -> sending (a
-# lease) -> delivered | pending (backoff) | failed (app/delivery/outbox.py).
+# The outbox: one row per (job, receiver), written by a terminal transition's own statement
+# (app/infra/outbox_rows.py): "callback" (the seed's GET on done) or "webhook" (a JSON POST);
+# subscription_id 0 is the job's own.  pending -> sending (a lease) -> delivered | pending | failed.
 deliveries = Table(
     "asynch_delivery", metadata,
     Column("id", BigId, primary_key=True, autoincrement=False, server_default=RANDOM_ID),
@@ -241,19 +186,17 @@ deliveries = Table(
     Column("tenant_id", String(64), nullable=False),
     Column("subscription_id", BigInteger, nullable=False, server_default="0"),
     Column("event", String(16), nullable=False),
-    # The request as first sent, frozen at the first attempt (retries and
-    # replays send the same bytes): a callback's full URL (its payload is
-    # empty: the signature covers the request target), a webhook's JSON body.
+    # The request frozen at the first attempt (retries and replays send the same bytes): a
+    # callback's full URL (no payload: the signature covers the target), a webhook's JSON body.
     Column("url", Text, nullable=False),
-    Column("payload", Text, nullable=True),
+    Column("payload", Text),
     Column("status", String(16), nullable=False),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("next_attempt_at", TS, nullable=False),
-    Column("lease_until", TS, nullable=True),
-    Column("last_error", Text, nullable=True),
-    Column("delivered_at", TS, nullable=True),
-    Column("created_at", TS, nullable=False),
-    Column("updated_at", TS, nullable=False),
+    Column("lease_until", TS),
+    Column("last_error", Text),
+    Column("delivered_at", TS),
+    *_cols(TS, "created_at", "updated_at", nullable=False),
     UniqueConstraint("job_id", "kind", "subscription_id", name="uq_asynch_delivery_receiver"),
     # The claim and the sweep: due pending rows, sending rows by lease (a tenant's in-flight count).
     Index("ix_asynch_delivery_status_next", "status", "next_attempt_at"),
@@ -268,9 +211,9 @@ delivery_attempts = Table(
     Column("attempt", Integer, nullable=False),
     Column("started_at", TS, nullable=False),
     Column("duration_ms", Integer, nullable=False),
-    Column("address", String(64), nullable=True),
-    Column("http_status", Integer, nullable=True),
-    Column("error", Text, nullable=True),
+    Column("address", String(64)),
+    Column("http_status", Integer),
+    Column("error", Text),
     Index("ix_asynch_delivery_attempt_delivery", "delivery_id", "attempt"),
 )
 
@@ -280,7 +223,7 @@ tenant_secrets = Table(
     Column("tenant_id", String(64), primary_key=True),
     Column("secret", String(128), nullable=False),
     Column("created_at", TS, nullable=False),
-    Column("rotated_at", TS, nullable=True),
+    Column("rotated_at", TS),
 )
 
 api_keys = Table(
@@ -289,47 +232,34 @@ api_keys = Table(
     Column("tenant_id", String(64), nullable=False),
     Column("role", String(16), nullable=False),
     Column("name", String(128), nullable=False, server_default=""),
-    # The public, non-secret part of the key: lets a lookup find one row.
-    Column("prefix", String(16), nullable=False, unique=True),
-    # HMAC-SHA256(pepper, key), hex.  The key itself is never stored.
-    Column("key_hash", String(64), nullable=False),
+    Column("prefix", String(16), nullable=False, unique=True),  # the key's public part: a lookup finds one row
+    Column("key_hash", String(64), nullable=False),  # HMAC-SHA256(pepper, key), hex; the key is never stored
     Column("created_at", TS, nullable=False),
-    Column("revoked_at", TS, nullable=True),
+    Column("revoked_at", TS),
     Index("ix_asynch_api_keys_tenant", "tenant_id"),
 )
 
-# Per-tenant limits (revision 0006): the tenant-wide row has model_name ''
-# (dispatch weight, request rate, long-poll cap); a row per model holds the
-# tenant's queue cap on that model.  NULL: the default.
+# Per-tenant limits: the tenant-wide row has model_name '' (dispatch weight, request rate,
+# long-poll cap); a row per model holds the tenant's caps on that model.  NULL: the default.
 tenant_limits = Table(
     "asynch_tenant_limits", metadata,
     Column("tenant_id", String(64), primary_key=True),
     Column("model_name", String(128), primary_key=True, server_default=""),
-    Column("weight", Integer, nullable=True),
-    Column("rate_per_second", Float, nullable=True),
-    Column("burst", Integer, nullable=True),
-    Column("max_waiters", Integer, nullable=True),
-    Column("queue_limit", Integer, nullable=True),
-    Column("min_concurrency", Integer, nullable=True),    # revision 0020: per-model rows
-    Column("burst_concurrency", Integer, nullable=True),
+    Column("weight", Integer),
+    Column("rate_per_second", Float),
+    *_cols(Integer, "burst", "max_waiters", "queue_limit", "min_concurrency", "burst_concurrency"),
     Column("updated_at", TS, nullable=False),
 )
 
-# Every runtime-limit change autotune applied (revision 0003).
+# Every runtime-limit change autotune applied.
 autotune_log = Table(
     "asynch_autotune_log", metadata,
     Column("id", BigInteger(), primary_key=True, autoincrement=True),
     Column("model_name", String(128), nullable=False),
-    Column("old_max_concurrency", Integer, nullable=False),
-    Column("new_max_concurrency", Integer, nullable=False),
-    Column("old_queue_limit", Integer, nullable=False),
-    Column("new_queue_limit", Integer, nullable=False),
+    *_cols(Integer, "old_max_concurrency", "new_max_concurrency", "old_queue_limit", "new_queue_limit", nullable=False),
     Column("action", String(16), nullable=False),
-    Column("p90_seconds", Float, nullable=False),
-    Column("throughput_per_second", Float, nullable=False),
-    Column("samples", Integer, nullable=False),
-    Column("queued", Integer, nullable=False),
-    Column("window_seconds", Integer, nullable=False),
+    *_cols(Float, "p90_seconds", "throughput_per_second", nullable=False),
+    *_cols(Integer, "samples", "queued", "window_seconds", nullable=False),
     Column("created_at", TS, nullable=False),
     Index("ix_asynch_autotune_log_model_created", "model_name", "created_at"),
 )

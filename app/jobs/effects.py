@@ -32,7 +32,7 @@ from typing import Iterator
 from app.infra import metrics
 from app.infra.celery_config import DELIVER_TASK
 from app.infra.publisher import publish_task
-from app.infra.wakeup_snapshot import snapshot_message
+from app.infra.wakeups import snapshot_message
 from app.jobs import dispatch, estimates
 from app.states import JobState
 from app.transitions import Moved

@@ -7,8 +7,7 @@ from app.contract import dump
 from app.config import get_settings
 from app.infra import parking
 from app.infra.serving import client_watch
-from app.infra.wakeups import GONE, hub
-from app.infra.wakeup_snapshot import Snapshot
+from app.infra.wakeups import GONE, Snapshot, hub
 from app.jobs import batch as batches, estimates, events as job_events, service as jobs, submission
 from app.jobs.requests import (BATCH_MAX_JOBS, BatchHeaders, BatchSubmit, EventHeaders, FailRequest, JobListQuery,
                                SubmitHeaders, TenantEventsQuery, WaitQuery)
