@@ -35,12 +35,11 @@ from app.clock import as_utc
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.delivery.signing import PREFIX as WHSEC
-from app.errors import Forbidden, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.tables import tenant_secrets
 from app.tenancy.keys import Principal
-from app.tenancy.schemas import is_tenant_name
+from app.tenancy.schemas import check_tenant
 
 
 SECRET_BYTES = 24  # the Standard Webhooks size; its encrypted form fits the column (128)
@@ -63,15 +62,9 @@ def previous_id(tenant_id: str) -> str:
     return "~prev:" + hashlib.sha256(tenant_id.encode()).hexdigest()[:40]
 
 
-def _check_tenant(tenant_id: str) -> None:
-    if not is_tenant_name(tenant_id):
-        raise ValidationFailed("invalid tenant", [{"pointer": "/tenant", "message": "must be 1-64 letters, digits, _ . -"}])
-
-
 def read_secret(principal: Principal, tenant_id: str) -> dict:
     """A tenant's secret for its own keys or an admin (else 403)."""
-    if not principal.is_admin and principal.tenant_id != tenant_id:
-        raise Forbidden("admin key required")
+    principal.check_access(tenant_id)
     with transaction() as conn:
         return tenant_secret(conn, tenant_id)
 
@@ -84,7 +77,7 @@ def rotate(tenant_id: str) -> dict:
 
 def tenant_secret(conn: Connection, tenant_id: str) -> dict:
     """The tenant's secret, created on first use (racing creators agree)."""
-    _check_tenant(tenant_id)
+    check_tenant(tenant_id)
     conn.execute(pg_insert(tenant_secrets).values(tenant_id=tenant_id, secret=_new_secret(), created_at=clock_now())
                  .on_conflict_do_nothing(index_elements=["tenant_id"]))
     row = conn.execute(select(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)).one()
@@ -148,7 +141,8 @@ def reencrypt(conn: Connection, key) -> tuple[int, int]:
 
 
 def _view(row) -> dict:
-    return {"tenant": row.tenant_id, "secret": plain(row.secret), "created_at": row.created_at, "rotated_at": row.rotated_at}
+    return {"tenant": row.tenant_id, "secret": plain(row.secret), "created_at": row.created_at,
+            "rotated_at": row.rotated_at}
 
 
 def sign(secret: str, task_id: str, timestamp: int, url: str) -> str:

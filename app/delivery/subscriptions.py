@@ -17,22 +17,22 @@ from sqlalchemy import delete, func, insert, select
 from app.clock import now as clock_now
 from app.delivery import secrets as tenant_secrets
 from app.delivery.secrets import SECRET_BYTES
-from app.errors import Forbidden, NotFound, ValidationFailed
+from app.errors import NotFound, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups, callback_url_problem
 from app.infra.outbox_rows import EVENTS, bits_of, events_of
 from app.infra.tables import webhook_subscriptions
 from app.tenancy.keys import Principal
+from app.tenancy.schemas import check_tenant
 
 MAX_PER_TENANT = 10
 W = webhook_subscriptions.c
 
 
 def _check_access(principal: Principal, tenant_id: str) -> None:
-    tenant_secrets._check_tenant(tenant_id)
-    if not principal.is_admin and principal.tenant_id != tenant_id:
-        raise Forbidden("admin key required")
+    check_tenant(tenant_id)
+    principal.check_access(tenant_id)
 
 
 def _view(row) -> dict:
@@ -63,7 +63,8 @@ def create(principal: Principal, tenant_id: str, url: str, events: list[str] | N
 def list_for(principal: Principal, tenant_id: str) -> list[dict]:
     _check_access(principal, tenant_id)
     with transaction() as conn:
-        rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id).order_by(W.created_at, W.id)).all()
+        rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id)
+                            .order_by(W.created_at, W.id)).all()
     return [_view(r) for r in rows]
 
 

@@ -29,10 +29,10 @@ from app.infra.metrics import worker_ttl
 from app.infra.redis import gate, leader, liveness
 from app.infra.tables import api_keys, models, task_attempts, tasks, tenant_limits
 from app.jobs import service as jobs
+from app.observe.live import job_counts
 from app.states import SLOT_STATES, JobState
 from app.tenancy import limits
 from app.tenancy.keys import Principal
-from app.tenancy.limits import tenant_queue_cap
 
 
 def job_with_attempts(principal: Principal, job_id: str):
@@ -79,10 +79,9 @@ def workers() -> dict:
     out = []
     for node in sorted(set(live) | {n for n in by_node if n}):
         h = live.get(node, {})
-        age = _age(h.get("heartbeat"), now)
         # Alive as recovery sees it: the hash is there (each heartbeat or consumed message renews it for ttl).
-        out.append({"node": node, "alive": bool(h),
-                    "heartbeat_age_seconds": age, "consumed_age_seconds": _age(h.get("consumed"), now),
+        out.append({"node": node, "alive": bool(h), "heartbeat_age_seconds": _age(h.get("heartbeat"), now),
+                    "consumed_age_seconds": _age(h.get("consumed"), now),
                     "queues": [q for q in h.get("queues", "").split(",") if q], "instance": h.get("instance") or None,
                     "running": by_node.get(node, [])})
     return {"ttl_seconds": ttl, "workers": out, "unassigned_running": len(by_node.get("", []))}
@@ -92,10 +91,8 @@ def maintenance_state(runs: int = 200) -> dict:
     """The beat leader, the latest run of each periodic task, and every
     gate's slots against its pending/running rows (what reconcile repairs)."""
     cur = leader.leader_current()
-    history = [json.loads(x) for x in leader.beat_history(runs)]  # as periodic.recent_runs
-    latest: dict[str, dict] = {}
-    for entry in history:
-        latest[entry["task"]] = entry
+    # The last entry of each task wins (the history is oldest first, as periodic.recent_runs reads it).
+    latest = {e["task"]: e for e in map(json.loads, leader.beat_history(runs))}
     with transaction() as conn:
         names = [r.model_name for r in conn.execute(select(models.c.model_name).order_by(models.c.model_name))]
         rows = dict(conn.execute(select(tasks.c.model_name, func.count()).where(
@@ -125,15 +122,8 @@ def tenant_state(principal: Principal, tenant: str) -> dict:
     with transaction() as conn:
         model_rows = conn.execute(select(models).where(models.c.enabled.is_(True))
                                   .order_by(models.c.model_name)).all()
-        counts = conn.execute(select(tasks.c.model_name, tasks.c.state, func.count()).where(
-            tasks.c.tenant_id == tenant,
-            tasks.c.state.in_([int(JobState.PENDING), int(JobState.RUNNING), int(JobState.RETRY_WAIT)]))
-            .group_by(tasks.c.model_name, tasks.c.state)).all()
-    by = {(m, JobState(s).label): n for m, s, n in counts}
-    out = []
-    for m in model_rows:
-        out.append({"model": m.model_name, "in_use": gate.tenant_depth(m.model_name, tenant),
-                    "cap": tenant_queue_cap(tenant, m), "queue_limit": m.queue_limit,
-                    "pending": by.get((m.model_name, "pending"), 0), "running": by.get((m.model_name, "running"), 0),
-                    "retry_wait": by.get((m.model_name, "retry_wait"), 0)})
-    return {"tenant": tenant, "models": out}
+        by = job_counts(conn, tenant)
+    return {"tenant": tenant, "models": [
+        {"model": m.model_name, "in_use": gate.tenant_depth(m.model_name, tenant),
+         "cap": limits.tenant_queue_cap(tenant, m), "queue_limit": m.queue_limit,
+         **{s: by.get((m.model_name, s), 0) for s in ("pending", "running", "retry_wait")}} for m in model_rows]}

@@ -40,17 +40,22 @@ def _decode(value: str) -> dict | None:
         return None
 
 
+def _named(data: dict, names) -> str:
+    """The first of ``names`` holding a non-blank string or integer, stripped."""
+    for k in names:
+        v = data.get(k)
+        if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
+            return str(v).strip()
+    return ""
+
+
 def user_from_info(value: str) -> str:
     """The user named by an X-User-Info header: JSON (or base64 JSON) with one
     of the usual name keys, or a plain printable token."""
     value = value.strip()
     data = _decode(value)
     if data is not None:
-        for k in _NAME_KEYS:
-            v = data.get(k)
-            if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
-                return str(v).strip()[:128]
-        return ""
+        return _named(data, _NAME_KEYS)[:128]
     if value and len(value) <= 128 and all(0x20 < ord(c) < 0x7F for c in value) and "{" not in value:
         return value
     return ""
@@ -61,14 +66,7 @@ def tenant_from_info(value: str | None) -> str:
     the usual tenant keys), else ASYNCH_GATEWAY_DEFAULT_TENANT; "" if
     neither.  Not yet judged: the caller checks it is a tenant name."""
     data = _decode(value.strip()) if value else None
-    name = ""
-    if data is not None:
-        for k in _TENANT_KEYS:
-            v = data.get(k)
-            if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
-                name = str(v).strip()
-                break
-    return name or get_settings().gateway_default_tenant
+    return (_named(data, _TENANT_KEYS) if data is not None else "") or get_settings().gateway_default_tenant
 
 
 def creator_for(explicit: str | None, trusted_info: str | None) -> str:

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Row
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.contract import parse
-from app.errors import NotFound, Unauthorized
+from app.errors import Forbidden, NotFound, Unauthorized
 from app.infra import caches
 from app.infra.caches import MISSING
 from app.infra.db import transaction
@@ -39,6 +39,11 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+    def check_access(self, tenant_id: str) -> None:
+        """A tenant's own keys or an admin; else 403."""
+        if not self.is_admin and self.tenant_id != tenant_id:
+            raise Forbidden("admin key required")
 
 
 # The operator at the command line: an admin of every tenant.
@@ -115,7 +120,7 @@ def _lookup(key: str, presented: str) -> Principal:
     settings = get_settings()
     if settings.bootstrap_admin_key and hmac.compare_digest(
             key.encode(), settings.bootstrap_admin_key.encode()):
-        return Principal(tenant_id="admin", role="admin", key_id=None)
+        return OPERATOR
     m = _KEY.match(key)
     if not m:
         raise Unauthorized("invalid API key")
