@@ -1,9 +1,7 @@
 """The catalog's contracts: a model's configuration (input and views), its
-form's field definitions, and model types.  Declared once: the API's
-validation, the OpenAPI document, the defaults of a new model, the CLI's
-import and the console's editor all come from these classes.  The
-database's server defaults mirror the defaults here (tests/test_schema.py
-holds them equal).
+form's fields, and model types.  The API's validation, the OpenAPI document,
+a new model's defaults, the CLI's import and the console's editor all come
+from them; the database's server defaults mirror them (tests/test_schema.py).
 """
 from __future__ import annotations
 
@@ -27,11 +25,10 @@ MAX_URL_PART = 1024
 MAX_TYPE_LIST = 512
 MAX_TYPE_ID = 2**31 - 1  # asynch_models_type.type_id is an INTEGER
 
-# base_url: http(s), then an RFC 3986 authority in ASCII (an IDN host is
-# given in punycode): optional userinfo@, a host name or an IPv6 literal in
-# brackets, an optional numeric port; then any path, query or fragment
-# without spaces or control characters.  The IPv6 literal is RFC 3986's
-# IPv6address, so the pattern accepts exactly what urllib's split accepts.
+# base_url: http(s), an RFC 3986 authority in ASCII (IDN in punycode):
+# userinfo@, a host name or a bracketed IPv6 literal (RFC 3986's IPv6address:
+# exactly what urllib's split accepts), a numeric port; then any path, query
+# or fragment without spaces or control characters.
 _URL_CHAR = r"[^\x00-\x20\x7f]"
 _H16 = "[0-9A-Fa-f]{1,4}"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -141,7 +138,7 @@ class FormField(Shape):
 
 def _unique_fields(form: list[FormField] | None) -> list[FormField] | None:
     seen: set[str] = set()
-    for i, f in enumerate(form or []):
+    for f in form or []:
         if f.field in seen:
             raise PydanticCustomError("duplicate", "field names must be unique: '{name}' appears twice",
                                       {"name": f.field})

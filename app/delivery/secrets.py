@@ -1,23 +1,18 @@
 """Per-tenant callback signing secrets (and the legacy signature).
 
-Signatures are Standard Webhooks' (app/delivery/signing.py).  The legacy
-header, kept for receivers built on the seed, is
-``X-Asynch-Signature: sha256=<hex>`` where hex is
-HMAC-SHA256(secret, "{task_id}.{timestamp}.{url}") and ``url`` is the exact
-URL requested (callbackUrl/bizName?task_id=...&state=...&oss_file=...&file_type=...),
-``timestamp`` the ``X-Asynch-Timestamp`` header (unix seconds).  A secret is
-generated on a tenant's first use and can be rotated by an admin.
+A secret is ``whsec_`` + standard base64 of 24 random bytes, stored as
+``enc1:`` + the bytes encrypted with the application key
+(app/infra/secretbox.py); a legacy plaintext ``whsec_...`` row reads as
+itself.  Created on a tenant's first use; an admin rotates it, and the
+previous one, kept in a row ``~prev:<sha256(tenant)[:40]>`` (created_at: the
+rotation time), signs too for ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS.  "~"
+and ":" are no tenant characters (TENANT_PATTERN, app/tenancy/schemas.py):
+no tenant can own such a row or read it as its own secret.
 
-Secrets: ``whsec_`` + standard base64 of 24 random bytes.  At rest the
-column holds ``enc1:`` + the bytes encrypted with the application key
-(app/infra/secretbox.py); a plaintext ``whsec_...`` row (written before
-encryption) still reads as itself.  A rotation keeps the previous secret in
-a row of its own, keyed ``~prev:<sha256(tenant)[:40]>``, whose created_at
-is the rotation time.  "~" and ":" are no tenant characters (every tenant
-name, the gateway's included, is checked against TENANT_PATTERN,
-app/tenancy/schemas.py), so no tenant can own such a row or read it as its
-own secret.  Deliveries are signed with it as well for
-ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS.
+The legacy header, for receivers built on the seed: ``X-Asynch-Signature:
+sha256=<hex HMAC-SHA256(secret, "{task_id}.{timestamp}.{url}")>``, ``url``
+the exact URL requested, ``timestamp`` the ``X-Asynch-Timestamp`` header.
+Standard Webhooks signatures: app/delivery/signing.py.
 """
 from __future__ import annotations
 

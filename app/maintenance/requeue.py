@@ -26,8 +26,6 @@ def requeue_job(job_id: str) -> dict:
     row = get_job(OPERATOR, job_id)
     state = JobState(row.state)
     if state == JobState.PENDING:
-        # Back in its tenant's queue if it fell out; if it was dispatched, its
-        # message again (a duplicate is refused by the claim CAS).
         dispatch.requeue(row.model_name, [(row.tenant_id, row.id, dispatch.order_score(row.enqueue_at, row.priority),
                                            row.attempt)], mode="NX")
         if row.id in redis_dispatch.inflight(row.model_name) and not publish_run_job(row.id, row.attempt):

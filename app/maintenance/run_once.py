@@ -33,6 +33,7 @@ from app.infra.db import transaction
 from app.infra.redis.runtime import runtime_limits_raw
 from app.infra.tables import models, tasks
 from app.jobs import dispatch, execution
+from app.maintenance.autotune import effective
 from app.maintenance.report import Report, locked
 from app.states import JobState
 
@@ -90,10 +91,6 @@ def _cap(model_name: str, model) -> int:
     (as the dispatcher takes it); Redis away: the configured cap."""
     cap = model.max_concurrency if model is not None else 1
     try:
-        raw = runtime_limits_raw(model_name)[0]
+        return effective(runtime_limits_raw(model_name)[0], cap)
     except redis.RedisError:
-        return cap
-    try:
-        return min(cap, int(raw)) if raw else cap
-    except ValueError:
         return cap
