@@ -3,17 +3,14 @@
 
 Invariants:
 - Outside dev mode (ASYNCH_DEV_MODE) every server command refuses to start
-  (``check_startup``) with: an empty ASYNCH_KEY_PEPPER, ASYNCH_SECRETS_KEYS
-  or ASYNCH_METRICS_TOKEN; a known placeholder in any secret or in the
-  password of any URL setting; a bootstrap admin key shorter than 32
-  characters or with fewer than 10 distinct characters.  Each refusal is one
-  line naming the variable and the fix.  Dev mode (`asynch dev`, the test
-  suite) accepts all of it: a trial on one machine has nothing to protect.
-- ``masked`` never returns a secret's value nor a URL's password: SECRETS
-  are shown as ``***``, every URL with ``***`` for its password.  A new
+  (``check_startup``) with an empty ASYNCH_KEY_PEPPER, ASYNCH_SECRETS_KEYS or
+  ASYNCH_METRICS_TOKEN, a known placeholder in a secret or a URL's password,
+  or a weak bootstrap admin key; one line per refusal, naming the variable
+  and the fix.  Dev mode (`asynch dev`, the tests) accepts all of it.
+- ``masked`` never shows a secret nor a URL's password (``***``).  A new
   setting whose name looks secret must be classified here
   (tests/test_security_deploy.py checks every field).
-- Pure functions of a Settings object: nothing is read from the environment.
+- Pure functions of a Settings object.
 """
 from __future__ import annotations
 

@@ -1,20 +1,15 @@
 """A model's ``form``: the field list the console renders and every payload
-is validated against.  The definition's own shape is declared by FormField
-(app/catalog/schemas.py); this module applies a form to a payload, and is
-the only place that does (the console shows the 422s it produces).
+is validated against (its own shape: FormField, app/catalog/schemas.py).
+This module is the one place a form is applied to a payload.
 
-A form is a JSON array of objects: {field, label, type, required, ...}.
 Types: string, text, number, integer, boolean, select (with ``options``),
-array, object, url, image (a URL or data: URI string).  Optional rules:
-minLength/maxLength (strings, arrays), min/max (numbers), pattern (strings),
-options (any type: the value must be one of them).  Fields not in the form
-pass through to the model untouched.
+array, object, url, image (a URL or data: URI).  Rules: minLength/maxLength
+(strings, arrays), min/max (numbers), pattern (strings), options (any type).
+Fields not in the form pass through untouched.
 
-A ``pattern`` runs on RE2 (google-re2): linear in the input, so a payload
-string of megabytes costs milliseconds whatever the pattern.  New patterns
-must be RE2 syntax (app/catalog/schemas.py refuses backreferences and
-lookaround); a pattern stored before that rule which RE2 cannot compile is
-run by Python's ``re`` on at most PATTERN_FALLBACK_CHARS characters.
+A ``pattern`` runs on RE2: linear in the input, whatever the pattern.  A
+pattern stored before the RE2 rule that RE2 cannot compile runs on Python's
+``re`` over at most PATTERN_FALLBACK_CHARS characters.
 """
 from __future__ import annotations
 

@@ -95,8 +95,7 @@ def rotate_secret(conn: Connection, tenant_id: str) -> dict:
 
 
 def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotated_at) -> list[str]:
-    """The secrets a delivery is signed with: the current one, and the
-    previous one while its rotation is younger than the overlap window.
+    """The current secret, and the previous one within the overlap window;
     ``stored``/``rotated_at`` are the claim's (None before first use)."""
     if stored is None:
         return [tenant_secret(conn, tenant_id)["secret"]]
@@ -111,20 +110,17 @@ def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotate
 
 
 def stored_of(tenant_id_column) -> list:
-    """The tenant's secret and its last rotation as correlated scalar
-    subqueries (NULL before its first use), labelled ``secret`` and
-    ``secret_rotated_at``: the delivery claim reads them in its own statement."""
+    """The tenant's ``secret`` and ``secret_rotated_at`` as correlated
+    subqueries, for the delivery claim's own statement."""
     return [select(tenant_secrets.c[col]).where(tenant_secrets.c.tenant_id == tenant_id_column)
             .correlate(tenant_id_column.table).scalar_subquery().label(label)
             for col, label in (("secret", "secret"), ("rotated_at", "secret_rotated_at"))]
 
 
 def reencrypt(conn: Connection, key) -> tuple[int, int]:
-    """`asynch secrets rotate`: every stored secret of ``key``'s table (the
-    tenants' signing secrets; the webhook subscriptions', always encrypted)
-    re-encrypted with the first key.  Returns (rewritten, left in plaintext):
-    a legacy plaintext tenant secret is too long to encrypt in its column and
-    stays as it is until an admin rotates it (POST .../callback-secret/rotate)."""
+    """Every encrypted secret of ``key``'s table re-encrypted with the first
+    key; returns (rewritten, left in plaintext: a legacy tenant secret is too
+    long to encrypt in its column, until an admin rotates it)."""
     done = left = 0
     for row_key, secret in conn.execute(select(key, key.table.c.secret)).all():
         if not secretbox.is_encrypted(secret):

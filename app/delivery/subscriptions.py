@@ -1,12 +1,9 @@
 """A tenant's webhook subscriptions: a URL, an event filter, a secret.
 
-Each subscription signs its deliveries with its own ``whsec_`` secret
-(24 random bytes), stored encrypted with the application key
-(app/infra/secretbox.py) as callback secrets are and shown to the tenant's
-own keys and admins only.  The URL passes the SSRF guard at creation (and
-again at every attempt, app/delivery/outbox.py).  At most
-MAX_PER_TENANT subscriptions per tenant.  A deleted subscription gets no
-new deliveries; its pending ones fail ("the subscription was deleted").
+Each signs its deliveries with its own ``whsec_`` secret, stored encrypted
+(app/infra/secretbox.py), shown to the tenant's own keys and admins only.
+The URL passes the SSRF guard at creation (and at every attempt).  At most
+MAX_PER_TENANT per tenant.  A deleted subscription's pending deliveries fail.
 """
 from __future__ import annotations
 

@@ -68,11 +68,9 @@ def p90(values: list[float]) -> float:
 
 def decide(inputs: Inputs, *, current: Limits, caps: Limits, expected_seconds: float,
            timeout_seconds: float, min_samples: int) -> Decision:
-    """The rule.  max_concurrency: additive increase / multiplicative
-    decrease on P90 against expected_seconds.  queue_limit: Little's law,
-    L = X * B, with X the rate the model completes jobs at the new
-    concurrency and B = timeout_seconds the time a job may spend in the
-    system; clamped to [1, cap]."""
+    """max_concurrency: additive increase / multiplicative decrease on P90
+    against expected_seconds.  queue_limit: Little's law, L = X * B (X: the
+    completion rate at the new concurrency, B: timeout_seconds), in [1, cap]."""
     if caps.max_concurrency < 1 or caps.queue_limit < 1:
         return Decision("skip", "a configured cap is below 1 (the model takes no jobs)", current, None)
     old = Limits(_clamp(current.max_concurrency, 1, caps.max_concurrency),

@@ -1,18 +1,13 @@
 """Beat leadership and the wrapper every periodic task runs through.
 
-Several beat processes may run (one per host, for availability); exactly one
-sends the schedule.  Each beat ticks ``Leadership.refresh()``: one Lua step
-takes the Redis lock if it is free or renews it if it is ours
-(leader_acquire.lua), so a standby beat takes over at most
-ASYNCH_BEAT_LOCK_TTL_SECONDS after the leader stops renewing.  Every new
-leadership gets a larger fencing token, and the leader stamps each message
-it sends with (owner, token).  A worker runs a stamped task only while that
-stamp is still the current leadership (``run_periodic``), so a beat that
-lost the lock without noticing (paused, partitioned) cannot get work done
-behind the new leader's back.
-
-Manual triggers (CLI, HTTP) call the services directly: the passes are safe
-to overlap (SKIP LOCKED, CAS), the lock only keeps the schedule single.
+Several beats may run; exactly one sends the schedule.  Each tick
+``Leadership.refresh()`` takes the Redis lock or renews it if ours, in one
+Lua step, so a standby takes over at most ASYNCH_BEAT_LOCK_TTL_SECONDS after
+the leader stops.  Every leadership gets a larger fencing token, stamped on
+each message it sends; a worker runs a stamped task only while the stamp is
+the current leadership (``run_periodic``), so a beat that lost the lock
+unawares (paused, partitioned) gets nothing done behind the new leader.
+Manual triggers call the services directly: the passes are safe to overlap.
 """
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""What the console's operator pages read: a job's attempt log, the workers
-(liveness, what each runs, heartbeat age), the maintenance state (beat
-leader, the latest periodic runs, the gates against the rows) and a
-tenant's queue share in use.
+"""What the console's operator pages read: a job's attempt log, the workers,
+the maintenance state (beat leader, latest periodic runs, gates against the
+rows) and a tenant's queue share in use.
 
 Invariants:
-- Reads only: nothing here writes a row or a Redis key.
-- Computed at request time from the truth (the rows) and the Redis keys
-  that hold the live state (liveness hashes, the beat lock and history,
-  the gate sets), never from process memory: any API process answers the
-  same numbers.
-- Tenant-scoped by the caller: a job's attempts only of a job the
-  principal may see (``jobs.load_job``); a tenant's state only for its own
-  keys or an admin (403 otherwise); workers and maintenance are admin
-  routes (app/web/v1_observe.py).
+- Reads only, at request time, from the rows and the Redis keys holding the
+  live state, never process memory: any API process answers the same.
+- Tenant-scoped: a job's attempts only of a job the principal may see; a
+  tenant's state only for its own keys or an admin; workers and maintenance
+  are admin routes (app/web/v1_observe.py).
 """
 from __future__ import annotations
 

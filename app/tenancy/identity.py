@@ -1,17 +1,14 @@
-"""Who a job is for: the tenant comes from the API key (app/tenancy/keys.py),
-or in gateway auth mode (ASYNCH_AUTH_MODE=gateway) from the X-User-Info the
-proven gateway sets (``tenant_from_info``; app/web/auth.py checks it is a
-tenant name); the creator from the request's creator field / X-Creator
-header, or, when a gateway in front of the API vouches for the request's
-X-User-Info, from that (it wins over the client's field).
+"""Who a job is for: the tenant from the API key, or in gateway auth mode
+from the X-User-Info the proven gateway sets (``tenant_from_info``); the
+creator from the creator field / X-Creator, or from a vouched-for
+X-User-Info, which wins.
 
-X-User-Info is an identity only a trusted gateway can vouch for, and only
-on a request that passed the gateway's proof (app/web/auth.py
-``trusted_user_info``, the one check): the functions here take that
-vouched-for value (None when there is none) and never the raw header, so
-an unproven X-User-Info is neither the creator nor passed through to the
-OSS file service (``oss_passthrough``), and a client cannot pose as another
-user there under the operator's credential."""
+Only a request that passed the gateway's proof (app/web/auth.py
+``trusted_user_info``) has a vouched-for X-User-Info; the functions here
+take that value (None when there is none), never the raw header, so an
+unproven one is neither the creator nor passed to the OSS file service
+(``oss_passthrough``) under the operator's credential.
+"""
 from __future__ import annotations
 
 import base64

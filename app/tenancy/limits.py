@@ -1,15 +1,13 @@
 """Per-tenant limits (table asynch_tenant_limits): the dispatch weight, the
-request rate per key, the long-poll cap per API process (the tenant-wide
-row, model_name ''), and per model (a row per model) the tenant's queue
-cap, guaranteed minimum and burst ceiling of concurrent jobs (a row with
-none of them is deleted; a minimum above the ceiling is refused).
+request rate per key and the long-poll cap (the tenant-wide row, model_name
+''), and per model its queue cap, guaranteed minimum and burst ceiling of
+concurrent jobs (a row with none is deleted; a minimum above the ceiling is
+refused).
 
-The rows are the truth.  Readers on hot paths (every request's rate limit,
-every submission's queue cap, every wait) go through a per-process cache
+The rows are the truth.  Hot paths read through a per-process cache
 (ASYNCH_AUTH_CACHE_SECONDS, dropped on the invalidation message); the
-dispatcher reads the weights from a Redis hash that every change rewrites
-and the maintenance rebuild restores (``sync_weights``), and each model's
-minimums and ceilings from a hash in the model's slot (``sync_shares``).
+dispatcher reads the weights, and each model's minimums and ceilings, from
+Redis hashes every change rewrites and the wipe repair restores.
 """
 from __future__ import annotations
 
@@ -75,11 +73,9 @@ def limits_of(tenant: str) -> Limits:
 
 
 def tenant_queue_cap(tenant: str, model) -> int:
-    """How many of ``model``'s queue slots ``tenant`` may hold: its own row
-    for the model, else the model's tenant_queue_limit, else
-    ASYNCH_TENANT_QUEUE_SHARE of queue_limit (rounded up); never above the
-    model's queue_limit.  (A runtime override, asynch:runtime:
-    tenant_queue_limit:{model}, lowers it further inside the gate step.)"""
+    """``model``'s queue slots ``tenant`` may hold: its own row, else the model's
+    tenant_queue_limit, else ASYNCH_TENANT_QUEUE_SHARE of queue_limit (rounded
+    up), never above queue_limit (a runtime override lowers it in the gate)."""
     own = limits_of(tenant).queue_limits.get(model.model_name)
     if own is not None:
         cap = own
@@ -136,8 +132,7 @@ def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
 
 
 def _model_names() -> list[str]:
-    """Every configured model: each keeps its own copy of the weights (one
-    hash slot with its dispatch state, app/infra/redis/keys.py)."""
+    """Every configured model: each keeps its own copy of the weights (its hash slot)."""
     with transaction() as conn:
         return [r.model_name for r in conn.execute(select(models.c.model_name))]
 
