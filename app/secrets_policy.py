@@ -69,11 +69,6 @@ def is_placeholder(value: str) -> bool:
     return any(word in flat for word in PLACEHOLDER_WORDS)
 
 
-def _url_settings(s: Settings) -> list[tuple[str, str]]:
-    return [(name, getattr(s, name)) for name in Settings.model_fields
-            if isinstance(getattr(s, name), str) and "://" in getattr(s, name)]
-
-
 def _fernet_key_ok(key: str) -> bool:
     try:
         return len(base64.urlsafe_b64decode(key.encode())) == 32
@@ -107,18 +102,17 @@ def startup_problems(s: Settings) -> list[str]:
         if getattr(s, name) and is_placeholder(getattr(s, name)):
             out.append(f"{var[name]} is a placeholder (it contains one of {', '.join(PLACEHOLDER_WORDS)}): "
                        f"set a real value ({_GENERATE})")
-    for name, url in _url_settings(s):
-        if is_placeholder(url_password(url)):
+    for name in Settings.model_fields:
+        url = getattr(s, name)
+        if isinstance(url, str) and "://" in url and is_placeholder(url_password(url)):
             out.append(f"{var[name]} has a placeholder password ({mask_url(url)}): put the real password in the URL")
     return out
 
 
 def check_startup(s: Settings) -> None:
     """Refuse to serve with insecure secrets outside dev mode (every server
-    command and app.wsgi call it).  Raises ValueError, one line per problem."""
-    if s.dev_mode:
-        return
-    problems = startup_problems(s)
+    command and app.wsgi call it): a ValueError, one line per problem."""
+    problems = [] if s.dev_mode else startup_problems(s)
     if problems:
         raise ValueError("refusing to start outside dev mode (ASYNCH_DEV_MODE):\n"
                          + "\n".join(f"  {p}" for p in problems))

@@ -56,28 +56,23 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
-def _type_error(t: str, v: Any) -> str | None:
-    if t in ("string", "text", "url", "image", "select"):
-        if t == "select":
-            return None  # checked against options
-        if not isinstance(v, str):
-            return "must be a string"
-        if t == "url" and not re.match(r"^https?://", v):
-            return "must be an http(s) URL"
-        if t == "image" and not (re.match(r"^https?://", v) or v.startswith("data:")):
-            return "must be an image URL or a data: URI"
-        return None
-    if t == "boolean":
-        return None if isinstance(v, bool) else "must be true or false"
-    if t == "integer":
-        return None if isinstance(v, int) and not isinstance(v, bool) else "must be an integer"
-    if t == "number":
-        return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "must be a number"
-    if t == "array":
-        return None if isinstance(v, list) else "must be an array"
-    if t == "object":
-        return None if isinstance(v, dict) else "must be an object"
-    return None
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_STRING = (lambda v: isinstance(v, str), "must be a string")
+_HTTP = re.compile(r"^https?://")
+# type -> its checks in order, each (passes, the message otherwise); a select is checked against its options.
+_CHECKS = {
+    "string": [_STRING], "text": [_STRING],
+    "url": [_STRING, (lambda v: _HTTP.match(v), "must be an http(s) URL")],
+    "image": [_STRING, (lambda v: _HTTP.match(v) or v.startswith("data:"), "must be an image URL or a data: URI")],
+    "boolean": [(lambda v: isinstance(v, bool), "must be true or false")],
+    "integer": [(lambda v: isinstance(v, int) and not isinstance(v, bool), "must be an integer")],
+    "number": [(_is_number, "must be a number")],
+    "array": [(lambda v: isinstance(v, list), "must be an array")],
+    "object": [(lambda v: isinstance(v, dict), "must be an object")],
+}
 
 
 def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dict]:
@@ -92,7 +87,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
                 errs.append({"pointer": p, "message": "is required"})
             continue
         v = payload[name]
-        msg = _type_error(t, v)
+        msg = next((m for ok, m in _CHECKS.get(t, ()) if not ok(v)), None)
         if msg:
             errs.append({"pointer": p, "message": msg})
             continue
@@ -111,7 +106,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
                 errs.append({"pointer": p, "message": f"must have at most {f['maxLength']} characters/items"})
         if isinstance(v, str) and "pattern" in f and not _matcher(f["pattern"])(v):
             errs.append({"pointer": p, "message": f"must match {f['pattern']}"})
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if _is_number(v):
             if "min" in f and v < f["min"]:
                 errs.append({"pointer": p, "message": f"must be >= {f['min']}"})
             if "max" in f and v > f["max"]:
