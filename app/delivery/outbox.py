@@ -9,28 +9,25 @@ lost, never written twice; its effects ring one pump token per row.
 
 Invariants:
 - At least once: a claim is a CAS with a lease (pending -> sending, attempt
-  + 1); an expired lease is claimed again, so a receiver may see a delivery
-  twice (deduplicate by task_id / webhook-id).  Only the lease's holder
-  records the outcome; every attempt is logged (asynch_delivery_attempt).
-- ASYNCH_DELIVERY_MAX_ATTEMPTS bounds attempts everywhere: the claim never
-  takes a row that used them all; a row at the cap still pending (the cap was
-  lowered) or whose last attempt never finished is marked failed.
+  + 1); an expired lease is claimed again (receivers deduplicate by task_id
+  / webhook-id).  Only the lease's holder records the outcome; every attempt
+  is logged (asynch_delivery_attempt).
+- ASYNCH_DELIVERY_MAX_ATTEMPTS bounds attempts: the claim never takes a row
+  that used them all; one at the cap still pending (the cap was lowered) or
+  whose last attempt never finished is marked failed.
 - A tenant's share: a pump token names no row; it claims the fairest due row
   (of the tenants below ASYNCH_DELIVERY_TENANT_INFLIGHT in flight, the one
-  with the fewest, its oldest due row) under one advisory lock, so the cap
-  holds exactly, and claims again until nothing is claimable.  Another
-  tenant's slow receivers delay this tenant's row by one delivery deadline
-  at most; the sweep gives every tenant with due rows tokens.
+  with the fewest, its oldest) under one advisory lock, so the cap holds
+  exactly, and claims again until none is left: another tenant's slow
+  receivers delay a row by one delivery deadline at most.
 - Each attempt re-checks the target (app/infra/http/netguard.py), connects to
-  the checked address, has one deadline, ASYNCH_DELIVERY_TIMEOUT_SECONDS
-  (app/infra/http/deadline.py), and follows no redirect.  Failures back off
-  exponentially with jitter.
+  the checked address within one deadline (ASYNCH_DELIVERY_TIMEOUT_SECONDS)
+  and follows no redirect; failures back off exponentially with jitter.
 - The request (url, payload) is frozen at the first attempt: retries and
-  replays send the same bytes.  Signed the Standard Webhooks way
-  (app/delivery/signing.py): a callback with the tenant's secret(s), its
-  webhook-id the task_id, the signed payload its request target (plus the
-  legacy X-Asynch-Signature); a webhook with its subscription's secret (the
-  job's own: the tenant's), webhook-id ``wh_<id>``, the body signed.
+  replays send the same bytes, signed (app/delivery/signing.py): a callback
+  with the tenant's secret(s), webhook-id the task_id, its request target
+  signed (plus the legacy X-Asynch-Signature); a webhook with its
+  subscription's (the job's own: the tenant's), webhook-id ``wh_<id>``, its body.
 - ``asynch_deliveries{kind, model, outcome}`` counts each delivery once, when
   settled (a retried attempt is only logged).
 """

@@ -64,34 +64,27 @@ def read_secret(principal: Principal, tenant_id: str) -> dict:
         return tenant_secret(conn, tenant_id)
 
 
-def rotate(tenant_id: str) -> dict:
-    """A new secret for ``tenant_id`` (admins): its own unit of work."""
-    with transaction() as conn:
-        return rotate_secret(conn, tenant_id)
-
-
 def tenant_secret(conn: Connection, tenant_id: str) -> dict:
     """The tenant's secret, created on first use (racing creators agree)."""
     check_tenant(tenant_id)
     conn.execute(pg_insert(tenant_secrets).values(tenant_id=tenant_id, secret=_new_secret(), created_at=clock_now())
                  .on_conflict_do_nothing(index_elements=["tenant_id"]))
-    row = conn.execute(select(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)).one()
-    return _view(row)
+    return _view(conn.execute(select(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)).one())
 
 
-def rotate_secret(conn: Connection, tenant_id: str) -> dict:
-    """A new secret; deliveries signed from now on use it (and the previous
-    one too, during the overlap window)."""
-    tenant_secret(conn, tenant_id)
+def rotate(tenant_id: str) -> dict:
+    """A new secret (admins); deliveries are signed with it from now on, and
+    with the previous one too during the overlap window."""
     now = clock_now()
-    old = conn.execute(select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id)
-                       .with_for_update()).scalar_one()
-    prev = pg_insert(tenant_secrets).values(tenant_id=previous_id(tenant_id), secret=old, created_at=now)
-    conn.execute(prev.on_conflict_do_update(index_elements=["tenant_id"],
-                                            set_={"secret": old, "created_at": now}))
-    row = conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)
-                       .values(secret=_new_secret(), rotated_at=now).returning(*tenant_secrets.c)).one()
-    return _view(row)
+    with transaction() as conn:
+        tenant_secret(conn, tenant_id)
+        old = conn.execute(select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id)
+                           .with_for_update()).scalar_one()
+        prev = pg_insert(tenant_secrets).values(tenant_id=previous_id(tenant_id), secret=old, created_at=now)
+        conn.execute(prev.on_conflict_do_update(index_elements=["tenant_id"],
+                                                set_={"secret": old, "created_at": now}))
+        return _view(conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)
+                                  .values(secret=_new_secret(), rotated_at=now).returning(*tenant_secrets.c)).one())
 
 
 def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotated_at) -> list[str]:

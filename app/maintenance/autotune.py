@@ -117,12 +117,10 @@ def effective(raw: str | None, cap: int) -> int:
 
 
 def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
-    """One model's decision, written unless ``dry_run``; None: another run is
-    tuning it right now (its row is locked SKIP LOCKED while deciding, and
-    the Redis write is a compare-and-set).  Evidence is only what finished
-    since the last applied change: a change is judged by jobs that ran under
-    it, so a second run right after one has too few samples and leaves the
-    limits alone instead of halving twice."""
+    """One model's decision, written unless ``dry_run``; None: another run
+    holds its row (SKIP LOCKED; the Redis write is a CAS too).  Evidence is
+    what finished since the last applied change, so a second run right after
+    one has too few samples instead of halving twice."""
     s = get_settings()
     now = clock_now()
     with transaction() as conn:

@@ -15,10 +15,9 @@ from app.maintenance.report import Report, batch_size
 
 
 def cleanup(limit: int | None = None) -> Report:
-    """Hard-delete what has served its time, with its stored result (claimed
-    past expire_at, failed/timeout/canceled and unclaimed done past their
-    retention), then each capped model's least recently read beyond
-    max_completed; then pending/running jobs past their budget time out."""
+    """Hard-delete what served its time, with its stored result, then each
+    capped model's least recently read beyond max_completed; then time out
+    the jobs past their budget."""
     n = batch_size(limit)
     rep = Report(details={"claimed": 0, "failed": 0, "done": 0, "objects": 0, "object_errors": 0, "evicted": 0})
 

@@ -63,9 +63,7 @@ class Leadership:
         """The stamp for a message about to be sent, or None if not leading.
         Renewed right before sending, so the stamp is as fresh as it can be."""
         token = self.refresh(force=True)
-        if not token:
-            return None
-        return {"owner": self.owner, "token": token, "sent_at": time.time()}
+        return {"owner": self.owner, "token": token, "sent_at": time.time()} if token else None
 
     def release(self) -> None:
         try:
@@ -81,10 +79,8 @@ def fence_holds(fence: dict) -> bool:
 
 
 def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dict:
-    """Run one periodic pass.  ``fence`` is the stamp of the beat that sent
-    it (None for a direct call): a stamp that is no longer the current
-    leadership means the pass is skipped.  Each run that goes ahead is
-    appended to a capped Redis list (``asynch maintenance runs``)."""
+    """One periodic pass, skipped if ``fence`` (the sending beat's stamp; None:
+    a direct call) is no longer the leadership; each run is recorded."""
     if fence is not None and not fence_holds(fence):
         log.warning("periodic %s skipped: sent by a beat that no longer leads (token %s)",
                     name, fence.get("token"))

@@ -59,13 +59,9 @@ def _requeue_batch(where, limit: int, after: tuple | None) -> tuple[int, tuple |
 
 
 def republish_stale_pending(older_than_seconds: float | None = None, limit: int | None = None) -> Report:
-    """Pending jobs untouched for ASYNCH_REPUBLISH_AFTER_SECONDS whose queue
-    entry may be lost (a crash between the commit and the outbox, Redis
-    refusing the batch) are queued again (NX: harmless for the others).
-
-    One batch per call, continuing where the previous call stopped (a cursor
-    in Redis), so a deep backlog costs the same per pass as a shallow one: a
-    lost job is found within (backlog / ASYNCH_MAINTENANCE_BATCH) passes."""
+    """Pending jobs untouched for ASYNCH_REPUBLISH_AFTER_SECONDS, whose queue
+    entry may be lost, queued again (NX: harmless for the others).  One batch
+    per call from a cursor in Redis: a deep backlog costs the same per pass."""
     age = get_settings().republish_after_seconds if older_than_seconds is None else older_than_seconds
     cutoff = clock_now() - timedelta(seconds=age)
     r = get_redis()

@@ -47,9 +47,8 @@ def _age(stamp: str | None, now: float) -> float | None:
 
 
 def workers() -> dict:
-    """Every Celery node with a liveness hash, plus any node a running job
-    names whose hash is gone (dead: recovery fails its attempts), each with
-    the jobs it runs."""
+    """Every node with a liveness hash or named by a running job (hash gone:
+    dead), each with the jobs it runs."""
     ttl = worker_ttl()
     live = liveness.workers_read()
     now = time.time()

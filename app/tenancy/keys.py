@@ -102,9 +102,8 @@ def looks_like_key(key: str | None) -> bool:
 
 
 def authenticate(key: str | None) -> Principal:
-    """The principal behind a presented key, or Unauthorized.  Keys that
-    authenticated are cached per process (ASYNCH_AUTH_CACHE_SECONDS);
-    failures never are, so a new key works at once."""
+    """The principal behind a presented key, or Unauthorized; successes are
+    cached per process, failures never (a new key works at once)."""
     if not key:
         raise Unauthorized("missing API key")
     h = hash_key(key)
