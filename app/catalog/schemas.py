@@ -153,8 +153,7 @@ BaseUrl = Annotated[str, Field(pattern=f"^{BASE_URL_PATTERN}$", max_length=MAX_U
 Route = Annotated[str, Field(pattern=f"^(?:{ROUTE_PATTERN})?$", max_length=MAX_URL_PART)]
 HeaderSpec = Annotated[str, pattern(HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT)]
 HeaderNames = Annotated[str, Field(max_length=4000), pattern(HEADER_NAMES_PATTERN, HEADER_NAMES_TEXT)]
-TypeList = Annotated[str, Field(pattern=_TYPE_LIST, max_length=MAX_TYPE_LIST),
-                     AfterValidator(_type_list)]
+TypeList = Annotated[str, Field(pattern=_TYPE_LIST, max_length=MAX_TYPE_LIST), AfterValidator(_type_list)]
 Remark = Annotated[str, Field(max_length=4000, pattern=NO_NUL)]
 HttpMethod = Annotated[str, Field(pattern="^(?:[Gg][Ee][Tt]|[Pp][Oo][Ss][Tt])$"), AfterValidator(str.upper)]
 

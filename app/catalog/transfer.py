@@ -26,10 +26,8 @@ def export_models(names: list[str] | None = None, with_secrets: bool = False) ->
     out = []
     with transaction() as conn:
         for row in conn.execute(q):
-            d = {k: getattr(row, k) for k in FIELDS}
-            if not with_secrets:
-                d.pop("head_msg")
-            else:
+            d = {k: getattr(row, k) for k in FIELDS if with_secrets or k != "head_msg"}
+            if with_secrets:
                 d["head_msg"] = secretbox.decrypt(d["head_msg"])
             out.append(d)
     return out

@@ -74,20 +74,14 @@ def model_live(include_disabled: bool = True, tenant_id: str | None = None,
         if tenant_id is not None:
             depth = sum(counts.get((r.model_name, s.label), 0) for s in ACTIVE_STATES)
         out.append({
-            "model_name": r.model_name,
-            "enabled": bool(r.enabled),
-            "queue_depth": depth,
+            "model_name": r.model_name, "enabled": bool(r.enabled), "queue_depth": depth,
             "queue_limit": min(r.queue_limit, rt_ql) if rt_ql is not None else r.queue_limit,
             "queue_limit_configured": r.queue_limit,
-            "running": counts.get((r.model_name, "running"), 0),
-            "pending": counts.get((r.model_name, "pending"), 0),
-            "retry_wait": counts.get((r.model_name, "retry_wait"), 0),
-            "max_concurrency": mc,
-            "max_concurrency_configured": r.max_concurrency,
+            **{s: counts.get((r.model_name, s), 0) for s in ("running", "pending", "retry_wait")},
+            "max_concurrency": mc, "max_concurrency_configured": r.max_concurrency,
             "runtime": {"queue_limit": rt_ql, "max_concurrency": rt_mc},
             "effective_concurrency": min(mc, ul) if ul is not None else mc,
-            "paused_until": datetime.fromtimestamp(paused, timezone.utc) if paused else None,
-        })
+            "paused_until": datetime.fromtimestamp(paused, timezone.utc) if paused else None})
     return out
 
 
@@ -115,8 +109,7 @@ WHERE rn = (9 * n + 9) / 10
 def throughput_series(minutes: int = 60, bucket_minutes: int = 5, tenant_id: str | None = None) -> dict:
     """Per model and bucket of the last ``minutes``: ``_SERIES``, on
     ix_asynch_task_state_finished (models x buckets rows, not jobs)."""
-    now = clock_now()
-    start = now - timedelta(minutes=minutes)
+    start = clock_now() - timedelta(minutes=minutes)
     n_buckets = max(1, -(-minutes // bucket_minutes))
     q = text(_SERIES.format(table=tasks.name, tenant="AND tenant_id = :tenant" if tenant_id is not None else "")
              ).bindparams(bindparam("states", expanding=True))
@@ -131,7 +124,5 @@ def throughput_series(minutes: int = 60, bucket_minutes: int = 5, tenant_id: str
         for m, b, n, dur in conn.execute(q, params):
             per.setdefault(m, [{"done": 0, "p90_seconds": None} for _ in range(n_buckets)])[b] = {
                 "done": int(n), "p90_seconds": float(dur)}
-    return {
-        "since": start.isoformat().replace("+00:00", "Z"), "bucket_minutes": bucket_minutes,
-        "models": {m: buckets for m, buckets in sorted(per.items())},
-    }
+    return {"since": start.isoformat().replace("+00:00", "Z"), "bucket_minutes": bucket_minutes,
+            "models": dict(sorted(per.items()))}

@@ -82,8 +82,7 @@ def revoke_key(key_id: int) -> Row:
                            .values(revoked_at=clock_now()).returning(*api_keys.c)).first()
         if row is None:
             row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
-    # After the commit (the block above): a process that re-reads on the
-    # message must see the revocation.
+    # After the commit: a process that re-reads on the message must see the revocation.
     _cache.clear()
     publish_invalidate("keys")
     if row is None:
@@ -91,14 +90,16 @@ def revoke_key(key_id: int) -> Row:
     return row
 
 
+def _is_bootstrap(key: str) -> bool:
+    boot = get_settings().bootstrap_admin_key
+    return bool(boot) and hmac.compare_digest(key.encode(), boot.encode())
+
+
 def looks_like_key(key: str | None) -> bool:
     """One of our API keys by its form (or the bootstrap admin key): gateway
     auth mode authenticates such a request by the key, every other one by
     the gateway's proof."""
-    if not key:
-        return False
-    boot = get_settings().bootstrap_admin_key
-    return bool(_KEY.match(key)) or bool(boot and hmac.compare_digest(key.encode(), boot.encode()))
+    return bool(key) and (bool(_KEY.match(key)) or _is_bootstrap(key))
 
 
 def authenticate(key: str | None) -> Principal:
@@ -116,9 +117,7 @@ def authenticate(key: str | None) -> Principal:
 
 
 def _lookup(key: str, presented: str) -> Principal:
-    settings = get_settings()
-    if settings.bootstrap_admin_key and hmac.compare_digest(
-            key.encode(), settings.bootstrap_admin_key.encode()):
+    if _is_bootstrap(key):
         return OPERATOR
     m = _KEY.match(key)
     if not m:
