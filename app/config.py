@@ -1,9 +1,9 @@
 """Configuration: the only module that reads the process environment.
 
 Every setting is declared once, as a field of ``Settings`` (pydantic-settings):
-its variable is ``ASYNCH_`` + the field's name in upper case; its one-line
-description is checked, with its default, against docs/operations.md's table,
-which says the whole meaning (tests/test_config.py).  An empty
+its variable is ``ASYNCH_`` + the field's name in upper case, its description
+a one-line summary; docs/operations.md's table, checked against the fields and
+their defaults (tests/test_config.py), says the whole meaning.  An empty
 ASYNCH_DATABASE_URL means "not configured" (app/infra/db.py); `asynch dev`
 writes its URLs to .asynch/dev.json, loaded into the environment first
 (app/cli/devstate.py).

@@ -11,6 +11,8 @@ reads through it) and tell the other processes to.
 """
 from __future__ import annotations
 
+from contextlib import suppress
+
 import redis
 from cachetools import TTLCache
 from sqlalchemy import delete, func, insert, select, update
@@ -40,10 +42,8 @@ def _invalidate(name: str, row: Row | None = None) -> None:
     _cache.pop(name)
     publish_invalidate("models")
     if row is not None:
-        try:
+        with suppress(redis.RedisError):  # the next claim writes it; the periodic kick passes it on
             redis_dispatch.set_cap(name, row.max_concurrency, row.expected_seconds)
-        except redis.RedisError:
-            pass  # the next claim writes it; the periodic kick passes it on
 
 
 def _check_types(conn: Connection, types: str | None) -> None:

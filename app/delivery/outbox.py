@@ -44,12 +44,10 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.contract import dump, iso_z
-from app.delivery import secrets as tenant_secrets
-from app.delivery import signing
+from app.delivery import secrets as tenant_secrets, signing
 from app.errors import Conflict, NotFound
 from app.infra import metrics
 from app.infra.celery_config import DELIVER_TASK

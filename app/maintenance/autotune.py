@@ -16,8 +16,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, insert, select
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.redis import runtime
@@ -152,11 +151,9 @@ def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
         elif d.changes:
             item["changed"] = True
             conn.execute(insert(autotune_log).values(
-                model_name=name, action=d.action,
+                model_name=name, action=d.action, window_seconds=window, created_at=now, **asdict(inputs),
                 old_max_concurrency=d.old.max_concurrency, new_max_concurrency=d.new.max_concurrency,
-                old_queue_limit=d.old.queue_limit, new_queue_limit=d.new.queue_limit,
-                p90_seconds=inputs.p90_seconds, throughput_per_second=inputs.throughput_per_second,
-                samples=inputs.samples, queued=inputs.queued, window_seconds=window, created_at=now))
+                old_queue_limit=d.old.queue_limit, new_queue_limit=d.new.queue_limit))
         return item
 
 
@@ -169,5 +166,5 @@ def autotune(window_seconds: int | None = None, dry_run: bool = False) -> Report
     tuned = {name: tune_model(name, window, dry_run) for name in names}
     items = [i for i in tuned.values() if i is not None]
     busy = [name for name, i in tuned.items() if i is None]
-    return Report(processed=sum(1 for i in items if i["changed"]), details={"window_seconds": window, "dry_run": dry_run, "models": items,
-                                              "busy": busy})
+    return Report(processed=sum(1 for i in items if i["changed"]),
+                  details={"window_seconds": window, "dry_run": dry_run, "models": items, "busy": busy})

@@ -39,8 +39,6 @@ def cleanup(limit: int | None = None) -> Report:
                               .where(models.c.max_completed > 0)).all()
     for model_name, cap in capped:
         drain("evicted", lambda: retention.evict_over_cap(model_name, cap, n))  # noqa: B023
-    timeouts = time_out_overdue(limit)
-    rep.details["timeouts"] = timeouts.processed
-    rep.processed = (rep.details["claimed"] + rep.details["failed"] + rep.details["done"] + rep.details["evicted"]
-                     + timeouts.processed)
+    rep.details["timeouts"] = time_out_overdue(limit).processed
+    rep.processed = sum(rep.details[k] for k in ("claimed", "failed", "done", "evicted", "timeouts"))
     return rep

@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 import time
+from contextlib import suppress
 from typing import Callable
 
 import redis
@@ -66,11 +67,9 @@ class Leadership:
         return {"owner": self.owner, "token": token, "sent_at": time.time()} if token else None
 
     def release(self) -> None:
-        try:
+        with suppress(redis.RedisError):
             if leader.leader_release(self.owner):
                 log.warning("beat %s released leadership", self.owner)
-        except redis.RedisError:
-            pass
         self.token = 0
 
 
@@ -92,10 +91,8 @@ def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dic
              "processed": out.get("processed") if isinstance(out, dict) else None}
     if fence is not None:
         entry.update(owner=fence.get("owner"), token=fence.get("token"), sent_at=fence.get("sent_at"))
-    try:
+    with suppress(redis.RedisError):  # the history is for operators: the pass itself ran
         leader.record_beat_run(json.dumps(entry), get_settings().beat_history_size)
-    except redis.RedisError:
-        pass
     return out
 
 

@@ -17,13 +17,11 @@ import redis
 from sqlalchemy import and_, or_, select
 
 from app import transitions
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra import metrics
 from app.infra.db import transaction
-from app.infra.redis import dispatch as redis_dispatch
-from app.infra.redis import epoch, keys, liveness
+from app.infra.redis import dispatch as redis_dispatch, epoch, keys, liveness
 from app.infra.redis.client import get_redis
 from app.infra.tables import models, tasks
 from app.jobs import dispatch, effects

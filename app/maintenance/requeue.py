@@ -1,14 +1,9 @@
-"""``asynch jobs requeue``: nudge a job that is waiting, never revive one that
-ended.  Terminal states are absorbing (docs/architecture.md, invariant 5), so requeue
-only re-sends what the state machine already allows:
-
-  pending     put it back in its tenant's queue if it fell out, and if it
-              was dispatched, send its run message again (a lost doorbell;
-              a duplicate is refused by the claim CAS);
-  retry_wait  re-admit it through the gate now instead of after its backoff
-              (the same path as beat's retry pass);
-  running     refused: a dead worker's lease expiry turns it into a retry;
-  terminal    refused: submit a new job instead.
+"""``asynch jobs requeue``: nudge a waiting job, never revive one that ended
+(terminal states are absorbing: docs/architecture.md, invariant 5).  pending:
+back in its tenant's queue if it fell out, and its run message again if it
+was dispatched (a lost doorbell; a duplicate is refused by the claim CAS);
+retry_wait: re-admitted through the gate now (as beat's retry pass does);
+running: refused (a dead worker's lease expiry retries it); terminal: refused.
 """
 from __future__ import annotations
 

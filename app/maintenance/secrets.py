@@ -8,8 +8,7 @@ from __future__ import annotations
 from app.catalog import registry
 from app.delivery import secrets as tenant_secrets
 from app.infra.db import transaction
-from app.infra.tables import tenant_secrets as secrets_table
-from app.infra.tables import webhook_subscriptions
+from app.infra.tables import tenant_secrets as secrets_table, webhook_subscriptions
 
 
 def rotate_secrets() -> dict:

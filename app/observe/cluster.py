@@ -27,8 +27,7 @@ from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
-from app.infra.redis import dispatch as rd
-from app.infra.redis import liveness
+from app.infra.redis import dispatch as rd, liveness
 from app.infra.tables import models
 from app.observe.live import finished_counts, job_counts, model_live, oldest_pending
 from app.states import JobState

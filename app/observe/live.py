@@ -9,8 +9,7 @@ from decimal import Decimal
 
 from sqlalchemy import bindparam, func, literal, select, text, union_all
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.infra.db import transaction
 from app.infra.redis import gate, upstream
 from app.infra.tables import models, tasks

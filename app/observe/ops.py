@@ -16,8 +16,7 @@ import time
 
 from sqlalchemy import func, select, union
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.contract import iso_z
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl

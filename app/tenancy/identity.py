@@ -25,16 +25,13 @@ def _decode(value: str) -> dict | None:
     """JSON, or base64 (standard or URL-safe) JSON; None if neither."""
     try:
         data = json.loads(value)
-        return data if isinstance(data, dict) else None
     except ValueError:
-        pass
-    try:
-        std = value.replace("-", "+").replace("_", "/")
-        raw = base64.b64decode(std + "=" * (-len(std) % 4), validate=True)
-        data = json.loads(raw.decode("utf-8"))
-        return data if isinstance(data, dict) else None
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        return None
+        try:
+            std = value.replace("-", "+").replace("_", "/")
+            data = json.loads(base64.b64decode(std + "=" * (-len(std) % 4), validate=True).decode("utf-8"))
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            return None
+    return data if isinstance(data, dict) else None
 
 
 def _named(data: dict, names) -> str:
@@ -68,20 +65,12 @@ def tenant_from_info(value: str | None) -> str:
 
 def creator_for(explicit: str | None, trusted_info: str | None) -> str:
     """``trusted_info``: the X-User-Info a proven gateway vouches for, or None."""
-    if trusted_info:
-        name = user_from_info(trusted_info)
-        if name:
-            return name
-    return explicit or ""
+    return (user_from_info(trusted_info) if trusted_info else "") or explicit or ""
 
 
 def oss_passthrough(oss_authorization: str | None, trusted_info: str | None) -> dict[str, str] | None:
     """The headers a job carries to the OSS file service: the caller's own
     credential for it (X-Oss-Authorization, sent as Authorization) and the
     X-User-Info a proven gateway vouches for (``trusted_info``), if any."""
-    out = {}
-    if oss_authorization:
-        out["Authorization"] = oss_authorization
-    if trusted_info:
-        out["X-User-Info"] = trusted_info
+    out = {k: v for k, v in (("Authorization", oss_authorization), ("X-User-Info", trusted_info)) if v}
     return out or None
