@@ -48,7 +48,6 @@ def _age(stamp: str | None, now: float) -> float | None:
 def workers() -> dict:
     """Every node with a liveness hash or named by a running job (hash gone:
     dead), each with the jobs it runs."""
-    ttl = worker_ttl()
     live = liveness.workers_read()
     now = time.time()
     with transaction() as conn:
@@ -77,7 +76,7 @@ def workers() -> dict:
                     "consumed_age_seconds": _age(h.get("consumed"), now),
                     "queues": [q for q in h.get("queues", "").split(",") if q], "instance": h.get("instance") or None,
                     "running": by_node.get(node, [])})
-    return {"ttl_seconds": ttl, "workers": out, "unassigned_running": len(by_node.get("", []))}
+    return {"ttl_seconds": worker_ttl(), "workers": out, "unassigned_running": len(by_node.get("", []))}
 
 
 def maintenance_state(runs: int = 200) -> dict:
