@@ -39,8 +39,8 @@ from app.tenancy.schemas import check_tenant
 SECRET_BYTES = 24  # the Standard Webhooks size; its encrypted form fits the column (128)
 
 
-def _new_secret() -> str:
-    """The stored form of a fresh secret (encrypted)."""
+def new_secret() -> str:
+    """The stored form of a fresh secret (encrypted): tenants' and webhook subscriptions'."""
     return secretbox.encrypt_bytes(secrets.token_bytes(SECRET_BYTES))
 
 
@@ -66,7 +66,7 @@ def read_secret(principal: Principal, tenant_id: str) -> dict:
 def tenant_secret(conn: Connection, tenant_id: str) -> dict:
     """The tenant's secret, created on first use (racing creators agree)."""
     check_tenant(tenant_id)
-    conn.execute(pg_insert(tenant_secrets).values(tenant_id=tenant_id, secret=_new_secret(), created_at=clock_now())
+    conn.execute(pg_insert(tenant_secrets).values(tenant_id=tenant_id, secret=new_secret(), created_at=clock_now())
                  .on_conflict_do_nothing(index_elements=["tenant_id"]))
     return _view(conn.execute(select(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)).one())
 
@@ -83,7 +83,7 @@ def rotate(tenant_id: str) -> dict:
         conn.execute(prev.on_conflict_do_update(index_elements=["tenant_id"],
                                                 set_={"secret": old, "created_at": now}))
         return _view(conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)
-                                  .values(secret=_new_secret(), rotated_at=now).returning(*tenant_secrets.c)).one())
+                                  .values(secret=new_secret(), rotated_at=now).returning(*tenant_secrets.c)).one())
 
 
 def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotated_at) -> list[str]:

@@ -7,15 +7,11 @@ MAX_PER_TENANT per tenant.  A deleted subscription's pending deliveries fail.
 """
 from __future__ import annotations
 
-import secrets as pysecrets
-
 from sqlalchemy import delete, func, insert, select
 
 from app.clock import now as clock_now
 from app.delivery import secrets as tenant_secrets
-from app.delivery.secrets import SECRET_BYTES
 from app.errors import NotFound, ValidationFailed
-from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups, callback_url_problem
 from app.infra.outbox_rows import EVENTS, bits_of, events_of
@@ -52,7 +48,7 @@ def create(principal: Principal, tenant_id: str, url: str, events: list[str] | N
                                                         f"a tenant has at most {MAX_PER_TENANT} webhooks"}])
         row = conn.execute(insert(webhook_subscriptions).values(
             tenant_id=tenant_id, url=url, events=bits_of(events or EVENTS),
-            secret=secretbox.encrypt_bytes(pysecrets.token_bytes(SECRET_BYTES)), created_at=clock_now())
+            secret=tenant_secrets.new_secret(), created_at=clock_now())
             .returning(*webhook_subscriptions.c)).one()
     return _view(row)
 
