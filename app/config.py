@@ -32,7 +32,7 @@ ENV_PREFIX = "ASYNCH_"
 
 
 def _s(default: Any, description: str, **kw) -> Any:
-    """A setting's field: its default and what it does (the docs table's text)."""
+    """A setting's field: its default and a one-line summary of what it does."""
     return Field(default, description=description, **kw)
 
 
