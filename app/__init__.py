@@ -1,9 +1,6 @@
-"""model-asynch: asynchronous model-inference job middleware.
-
-The map of the package is in docs/architecture.md ("Where things are").
-``create_app`` is imported lazily so that importing any part of ``app``
-(a worker, the CLI) does not pull in the web layer.
-"""
+"""model-asynch: asynchronous model-inference job middleware (map: docs/architecture.md,
+"Where things are").  ``create_app`` is imported lazily: a worker or the CLI
+importing ``app`` does not pull in the web layer."""
 from __future__ import annotations
 
 

@@ -3,17 +3,14 @@
 
 Invariants:
 - Outside dev mode (ASYNCH_DEV_MODE) every server command refuses to start
-  (``check_startup``) with: an empty ASYNCH_KEY_PEPPER, ASYNCH_SECRETS_KEYS
-  or ASYNCH_METRICS_TOKEN; a known placeholder in any secret or in the
-  password of any URL setting; a bootstrap admin key shorter than 32
-  characters or with fewer than 10 distinct characters.  Each refusal is one
-  line naming the variable and the fix.  Dev mode (`asynch dev`, the test
-  suite) accepts all of it: a trial on one machine has nothing to protect.
-- ``masked`` never returns a secret's value nor a URL's password: SECRETS
-  are shown as ``***``, every URL with ``***`` for its password.  A new
+  (``check_startup``) with an empty ASYNCH_KEY_PEPPER, ASYNCH_SECRETS_KEYS or
+  ASYNCH_METRICS_TOKEN, a known placeholder in a secret or a URL's password,
+  or a weak bootstrap admin key; one line per refusal, naming the variable
+  and the fix.  Dev mode (`asynch dev`, the tests) accepts all of it.
+- ``masked`` never shows a secret nor a URL's password (``***``).  A new
   setting whose name looks secret must be classified here
   (tests/test_security_deploy.py checks every field).
-- Pure functions of a Settings object: nothing is read from the environment.
+- Pure functions of a Settings object.
 """
 from __future__ import annotations
 
@@ -72,11 +69,6 @@ def is_placeholder(value: str) -> bool:
     return any(word in flat for word in PLACEHOLDER_WORDS)
 
 
-def _url_settings(s: Settings) -> list[tuple[str, str]]:
-    return [(name, getattr(s, name)) for name in Settings.model_fields
-            if isinstance(getattr(s, name), str) and "://" in getattr(s, name)]
-
-
 def _fernet_key_ok(key: str) -> bool:
     try:
         return len(base64.urlsafe_b64decode(key.encode())) == 32
@@ -110,18 +102,17 @@ def startup_problems(s: Settings) -> list[str]:
         if getattr(s, name) and is_placeholder(getattr(s, name)):
             out.append(f"{var[name]} is a placeholder (it contains one of {', '.join(PLACEHOLDER_WORDS)}): "
                        f"set a real value ({_GENERATE})")
-    for name, url in _url_settings(s):
-        if is_placeholder(url_password(url)):
+    for name in Settings.model_fields:
+        url = getattr(s, name)
+        if isinstance(url, str) and "://" in url and is_placeholder(url_password(url)):
             out.append(f"{var[name]} has a placeholder password ({mask_url(url)}): put the real password in the URL")
     return out
 
 
 def check_startup(s: Settings) -> None:
     """Refuse to serve with insecure secrets outside dev mode (every server
-    command and app.wsgi call it).  Raises ValueError, one line per problem."""
-    if s.dev_mode:
-        return
-    problems = startup_problems(s)
+    command and app.wsgi call it): a ValueError, one line per problem."""
+    problems = [] if s.dev_mode else startup_problems(s)
     if problems:
         raise ValueError("refusing to start outside dev mode (ASYNCH_DEV_MODE):\n"
                          + "\n".join(f"  {p}" for p in problems))

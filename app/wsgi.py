@@ -1,8 +1,6 @@
-"""WSGI entry point for gunicorn: ``gunicorn app.wsgi:app``.
-
-Under a gevent worker psycopg2 is made cooperative here too, before the
-first connection (it is idempotent with the gunicorn hook), so even a plain
-``gunicorn -k gevent app.wsgi:app`` never blocks the hub on PostgreSQL."""
+"""WSGI entry point: ``gunicorn app.wsgi:app``.  psycopg2 is made cooperative
+here too (idempotent with the gunicorn hook): a plain ``gunicorn -k gevent``
+never blocks the hub on PostgreSQL."""
 from app import create_app
 from app.config import get_settings
 from app.infra.serving import make_green

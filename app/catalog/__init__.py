@@ -1,3 +1,1 @@
-"""The catalog: model configurations (registry), model types, a model's
-form and how a payload is checked against it (forms), JSON import/export
-(transfer), and their contracts (schemas)."""
+"""The catalog: models (registry), model types, forms, import/export (transfer), contracts (schemas)."""

@@ -1,20 +1,15 @@
 """A model's ``form``: the field list the console renders and every payload
-is validated against.  The definition's own shape is declared by FormField
-(app/catalog/schemas.py); this module applies a form to a payload, and is
-the only place that does (the console shows the 422s it produces).
+is validated against (its own shape: FormField, app/catalog/schemas.py).
+This module is the one place a form is applied to a payload.
 
-A form is a JSON array of objects: {field, label, type, required, ...}.
 Types: string, text, number, integer, boolean, select (with ``options``),
-array, object, url, image (a URL or data: URI string).  Optional rules:
-minLength/maxLength (strings, arrays), min/max (numbers), pattern (strings),
-options (any type: the value must be one of them).  Fields not in the form
-pass through to the model untouched.
+array, object, url, image (a URL or data: URI).  Rules: minLength/maxLength
+(strings, arrays), min/max (numbers), pattern (strings), options (any type).
+Fields not in the form pass through untouched.
 
-A ``pattern`` runs on RE2 (google-re2): linear in the input, so a payload
-string of megabytes costs milliseconds whatever the pattern.  New patterns
-must be RE2 syntax (app/catalog/schemas.py refuses backreferences and
-lookaround); a pattern stored before that rule which RE2 cannot compile is
-run by Python's ``re`` on at most PATTERN_FALLBACK_CHARS characters.
+A ``pattern`` runs on RE2: linear in the input, whatever the pattern.  A
+pattern stored before the RE2 rule that RE2 cannot compile runs on Python's
+``re`` over at most PATTERN_FALLBACK_CHARS characters.
 """
 from __future__ import annotations
 
@@ -61,28 +56,23 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
-def _type_error(t: str, v: Any) -> str | None:
-    if t in ("string", "text", "url", "image", "select"):
-        if t == "select":
-            return None  # checked against options
-        if not isinstance(v, str):
-            return "must be a string"
-        if t == "url" and not re.match(r"^https?://", v):
-            return "must be an http(s) URL"
-        if t == "image" and not (re.match(r"^https?://", v) or v.startswith("data:")):
-            return "must be an image URL or a data: URI"
-        return None
-    if t == "boolean":
-        return None if isinstance(v, bool) else "must be true or false"
-    if t == "integer":
-        return None if isinstance(v, int) and not isinstance(v, bool) else "must be an integer"
-    if t == "number":
-        return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "must be a number"
-    if t == "array":
-        return None if isinstance(v, list) else "must be an array"
-    if t == "object":
-        return None if isinstance(v, dict) else "must be an object"
-    return None
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_STRING = (lambda v: isinstance(v, str), "must be a string")
+_HTTP = re.compile(r"^https?://")
+# type -> its checks in order, each (passes, the message otherwise); a select is checked against its options.
+_CHECKS = {
+    "string": [_STRING], "text": [_STRING],
+    "url": [_STRING, (lambda v: _HTTP.match(v), "must be an http(s) URL")],
+    "image": [_STRING, (lambda v: _HTTP.match(v) or v.startswith("data:"), "must be an image URL or a data: URI")],
+    "boolean": [(lambda v: isinstance(v, bool), "must be true or false")],
+    "integer": [(lambda v: isinstance(v, int) and not isinstance(v, bool), "must be an integer")],
+    "number": [(_is_number, "must be a number")],
+    "array": [(lambda v: isinstance(v, list), "must be an array")],
+    "object": [(lambda v: isinstance(v, dict), "must be an object")],
+}
 
 
 def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dict]:
@@ -97,7 +87,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
                 errs.append({"pointer": p, "message": "is required"})
             continue
         v = payload[name]
-        msg = _type_error(t, v)
+        msg = next((m for ok, m in _CHECKS.get(t, ()) if not ok(v)), None)
         if msg:
             errs.append({"pointer": p, "message": msg})
             continue
@@ -116,7 +106,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
                 errs.append({"pointer": p, "message": f"must have at most {f['maxLength']} characters/items"})
         if isinstance(v, str) and "pattern" in f and not _matcher(f["pattern"])(v):
             errs.append({"pointer": p, "message": f"must match {f['pattern']}"})
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if _is_number(v):
             if "min" in f and v < f["min"]:
                 errs.append({"pointer": p, "message": f"must be >= {f['min']}"})
             if "max" in f and v > f["max"]:

@@ -1,19 +1,17 @@
 """Model configurations (table asynch_models): create, change, read, delete.
 
-Each public function is a unit of work: it takes the caller (where what it
-may see depends on who asks) and plain values or a parsed shape
-(app/catalog/schemas.py), opens its own transaction and raises domain
-errors.  The ``_``-prefixed ones take a connection so that an import can do
-many in one transaction (app/catalog/transfer.py).
-
-Rules that live here and nowhere else: a disabled model does not exist for
-users (404), a model's name cannot change, models_type ids must exist, a
-model with active jobs cannot be deleted, a redacted head_msg sent back
-keeps the stored secret, head_msg is stored encrypted (read it through
-secretbox.decrypt).  Writers drop the per-process cache of model rows
-(admission reads through it) and tell the other processes to.
+Each public function is a unit of work that raises domain errors; the
+``_``-prefixed ones take a connection, so an import does many in one
+transaction (app/catalog/transfer.py).  Rules that live here only: a
+disabled model does not exist for users (404), a name cannot change,
+models_type ids must exist, a model with active jobs cannot be deleted, a
+redacted head_msg sent back keeps the stored secret, head_msg is stored
+encrypted.  Writers drop the per-process cache of model rows (admission
+reads through it) and tell the other processes to.
 """
 from __future__ import annotations
+
+from contextlib import suppress
 
 import redis
 from cachetools import TTLCache
@@ -44,10 +42,8 @@ def _invalidate(name: str, row: Row | None = None) -> None:
     _cache.pop(name)
     publish_invalidate("models")
     if row is not None:
-        try:
+        with suppress(redis.RedisError):  # the next claim writes it; the periodic kick passes it on
             redis_dispatch.set_cap(name, row.max_concurrency, row.expected_seconds)
-        except redis.RedisError:
-            pass  # the next claim writes it; the periodic kick passes it on
 
 
 def _check_types(conn: Connection, types: str | None) -> None:

@@ -1,9 +1,7 @@
 """The catalog's contracts: a model's configuration (input and views), its
-form's field definitions, and model types.  Declared once: the API's
-validation, the OpenAPI document, the defaults of a new model, the CLI's
-import and the console's editor all come from these classes.  The
-database's server defaults mirror the defaults here (tests/test_schema.py
-holds them equal).
+form's fields, and model types.  The API's validation, the OpenAPI document,
+a new model's defaults, the CLI's import and the console's editor all come
+from them; the database's server defaults mirror them (tests/test_schema.py).
 """
 from __future__ import annotations
 
@@ -12,48 +10,25 @@ from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 import re2
-from pydantic import (
-    AfterValidator,
-    Field,
-    RootModel,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import AfterValidator, Field, RootModel, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.catalog.forms import re2_compile
 from app.config import get_settings
-from app.contract import (
-    NO_NUL,
-    Bool01,
-    Int,
-    JsonInt,
-    Shape,
-    StrictBool,
-    Timestamp,
-    partial,
-    pattern,
-    rule,
-)
+from app.contract import NO_NUL, Bool01, Int, JsonInt, Shape, StrictBool, Timestamp, partial, pattern, rule
 from app.infra import secretbox
-from app.infra.http.headers import (
-    HEADER_NAMES_PATTERN,
-    HEADER_NAMES_TEXT,
-    HEADER_SPEC_PATTERN,
-    HEADER_SPEC_TEXT,
-    redact,
-)
+from app.infra.http.headers import (HEADER_NAMES_PATTERN, HEADER_NAMES_TEXT, HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT,
+                                    redact)
 
 # Column sizes (app/infra/tables.py): longer values are refused here, not by the database.
 MAX_URL_PART = 1024
 MAX_TYPE_LIST = 512
 MAX_TYPE_ID = 2**31 - 1  # asynch_models_type.type_id is an INTEGER
 
-# base_url: http(s), then an RFC 3986 authority in ASCII (an IDN host is
-# given in punycode): optional userinfo@, a host name or an IPv6 literal in
-# brackets, an optional numeric port; then any path, query or fragment
-# without spaces or control characters.  The IPv6 literal is RFC 3986's
-# IPv6address, so the pattern accepts exactly what urllib's split accepts.
+# base_url: http(s), an RFC 3986 authority in ASCII (IDN in punycode):
+# userinfo@, a host name or a bracketed IPv6 literal (RFC 3986's IPv6address:
+# exactly what urllib's split accepts), a numeric port; then any path, query
+# or fragment without spaces or control characters.
 _URL_CHAR = r"[^\x00-\x20\x7f]"
 _H16 = "[0-9A-Fa-f]{1,4}"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -77,8 +52,6 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 _TYPE_LIST = r"^(?:\s*[0-9]+(?:\s*,\s*[0-9]+)*\s*)?$"
 FIELD_TYPES = ("string", "text", "number", "integer", "boolean", "select", "array", "object", "url", "image")
 FIELD_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
-
-
 
 
 def _base_url(v: str) -> str:
@@ -117,8 +90,8 @@ def _regex(v: str) -> str:
     return v
 
 
-def _ints(lo: int, hi: int, default: Any = PydanticUndefined, text: str = "") -> Any:
-    return rule(text or f"an integer from {lo} to {hi}", default)
+def _ints(lo: int, hi: int, default: Any = PydanticUndefined) -> Any:
+    return rule(f"an integer from {lo} to {hi}", default)
 
 
 def default_timeout() -> int:
@@ -165,7 +138,7 @@ class FormField(Shape):
 
 def _unique_fields(form: list[FormField] | None) -> list[FormField] | None:
     seen: set[str] = set()
-    for i, f in enumerate(form or []):
+    for f in form or []:
         if f.field in seen:
             raise PydanticCustomError("duplicate", "field names must be unique: '{name}' appears twice",
                                       {"name": f.field})
@@ -180,8 +153,7 @@ BaseUrl = Annotated[str, Field(pattern=f"^{BASE_URL_PATTERN}$", max_length=MAX_U
 Route = Annotated[str, Field(pattern=f"^(?:{ROUTE_PATTERN})?$", max_length=MAX_URL_PART)]
 HeaderSpec = Annotated[str, pattern(HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT)]
 HeaderNames = Annotated[str, Field(max_length=4000), pattern(HEADER_NAMES_PATTERN, HEADER_NAMES_TEXT)]
-TypeList = Annotated[str, Field(pattern=_TYPE_LIST, max_length=MAX_TYPE_LIST),
-                     AfterValidator(_type_list)]
+TypeList = Annotated[str, Field(pattern=_TYPE_LIST, max_length=MAX_TYPE_LIST), AfterValidator(_type_list)]
 Remark = Annotated[str, Field(max_length=4000, pattern=NO_NUL)]
 HttpMethod = Annotated[str, Field(pattern="^(?:[Gg][Ee][Tt]|[Pp][Oo][Ss][Tt])$"), AfterValidator(str.upper)]
 
@@ -214,10 +186,8 @@ class ModelInput(Shape):
                         "Keep-Alive, Trailer, Upgrade, Proxy-*, Cookie and head_msg's names), which pass only "
                         "when named; empty: none (default ASYNCH_MODEL_KEY_HEADERS_DEFAULT, empty)")
     enabled: Bool01 = rule("true/false (or 1/0)", True)
-    max_concurrency: Int(1, 10_000) = _ints(
-        1, 10_000, 5, "an integer from 1 to 10000: calls at once per tenant")
-    queue_limit: Int(0, 1_000_000) = _ints(
-        0, 1_000_000, 20, "an integer from 0 to 1000000: pending + running jobs; 0 rejects all")
+    max_concurrency: Int(1, 10_000) = rule("an integer from 1 to 10000: calls at once per tenant", 5)
+    queue_limit: Int(0, 1_000_000) = rule("an integer from 0 to 1000000: pending + running jobs; 0 rejects all", 20)
     tenant_queue_limit: Int(0, 1_000_000) | None = rule(
         "an integer from 0 to 1000000: how many of queue_limit one tenant may hold (null: "
         "ASYNCH_TENANT_QUEUE_SHARE of it)", None)
@@ -225,14 +195,13 @@ class ModelInput(Shape):
         "an integer from 1 to ASYNCH_MAX_MODEL_TIMEOUT_SECONDS: one model call's whole time", default_timeout,
         minimum=1, **{"x-maximum-setting": "max_model_timeout_seconds"})
     expected_seconds: Int(1, 7 * 86400) = _ints(1, 7 * 86400, 600)
-    retry_times: Int(0, 100) = _ints(
-        0, 100, 3, "an integer from 0 to 100: retries after the first try")
+    retry_times: Int(0, 100) = rule("an integer from 0 to 100: retries after the first try", 3)
     retry_queue_max_seconds: Int(0, 7 * 86400) = _ints(0, 7 * 86400, 600)
-    auto_clean_seconds: Int(0, 365 * 86400) = _ints(
-        0, 365 * 86400, 3600, "an integer from 0 to 31536000: how long a claimed result is kept")
-    max_completed: Int(0, 100_000_000) = _ints(
-        0, 100_000_000, 0, "an integer from 0 to 100000000: done/claimed jobs kept, the least recently "
-                           "read evicted beyond it (0: no cap)")
+    auto_clean_seconds: Int(0, 365 * 86400) = rule(
+        "an integer from 0 to 31536000: how long a claimed result is kept", 3600)
+    max_completed: Int(0, 100_000_000) = rule(
+        "an integer from 0 to 100000000: done/claimed jobs kept, the least recently read evicted beyond it "
+        "(0: no cap)", 0)
     remark: Remark | None = rule("a string of at most 4000 characters", "")
     # Read-only fields of a view: accepted and ignored, so a view can be sent back.
     created_at: Any = Field(None, exclude=True, description="read-only: ignored", json_schema_extra={"readOnly": True})

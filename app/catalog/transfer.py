@@ -1,9 +1,7 @@
 """Model configurations as JSON files (``asynch models export|import``).
-
-Export writes every configured field; head_msg is a secret and is left out
-unless asked for.  Import creates or updates each model through the same
-declaration as the API (app/catalog/schemas.py), all in one transaction:
-one bad entry and nothing is changed.
+head_msg, a secret, is exported only when asked for.  Import goes through
+the API's declaration (app/catalog/schemas.py), in one transaction: one bad
+entry and nothing changes.
 """
 from __future__ import annotations
 
@@ -28,10 +26,8 @@ def export_models(names: list[str] | None = None, with_secrets: bool = False) ->
     out = []
     with transaction() as conn:
         for row in conn.execute(q):
-            d = {k: getattr(row, k) for k in FIELDS}
-            if not with_secrets:
-                d.pop("head_msg")
-            else:
+            d = {k: getattr(row, k) for k in FIELDS if with_secrets or k != "head_msg"}
+            if with_secrets:
                 d["head_msg"] = secretbox.decrypt(d["head_msg"])
             out.append(d)
     return out

@@ -2,41 +2,34 @@
 
 A ``callback`` is the seed's GET {callbackUrl}/{bizName}?task_id&state&oss_file&file_type
 on done; a ``webhook`` a Standard Webhooks JSON POST on a terminal state
-({"type": "job.<event>", "timestamp", "data": the poll body}; no payload,
-no secret) to the job's own webhook (subscription_id 0) or to one of its
-tenant's subscriptions.  Both rows are written by the terminal transition's
-own statement (app/infra/outbox_rows.py), so a delivery is never lost and
-never written twice; the winner's effects ring one pump token per row.
+({"type": "job.<event>", "timestamp", "data": the poll body}) to the job's
+own webhook (subscription_id 0) or a tenant subscription.  The terminal
+transition's own statement writes the rows (app/infra/outbox_rows.py): never
+lost, never written twice; its effects ring one pump token per row.
 
 Invariants:
 - At least once: a claim is a CAS with a lease (pending -> sending, attempt
-  + 1); a dead worker's expired lease is claimed again, so a receiver may see
-  a delivery twice (deduplicate by task_id / webhook-id).  Only the lease's
-  holder records the outcome; every attempt is logged (asynch_delivery_attempt).
-- ASYNCH_DELIVERY_MAX_ATTEMPTS bounds attempts everywhere: the claim never
-  takes a row that used them all, and a row at the cap still pending (the cap
-  was lowered) or whose last attempt never finished is marked failed, by the
-  next message for it or by the sweep, instead of being tried again.
-- A tenant's share: a pump token (the delivery queue's message; it names no
-  row) claims the FAIREST due row: of the tenants below
-  ASYNCH_DELIVERY_TENANT_INFLIGHT rows in flight, the one with the fewest,
-  its oldest due row; claims are serialized by one advisory lock, so the cap
-  holds exactly.  A worker delivers, then claims again until nothing is
-  claimable.  So when another tenant's slow receivers hold every process,
-  the next process to finish an attempt (one delivery deadline at most)
-  takes this tenant's row; the sweep gives every tenant with due rows tokens.
+  + 1); an expired lease is claimed again (receivers deduplicate by task_id
+  / webhook-id).  Only the lease's holder records the outcome; every attempt
+  is logged (asynch_delivery_attempt).
+- ASYNCH_DELIVERY_MAX_ATTEMPTS bounds attempts: the claim never takes a row
+  that used them all; one at the cap still pending (the cap was lowered) or
+  whose last attempt never finished is marked failed.
+- A tenant's share: a pump token names no row; it claims the fairest due row
+  (of the tenants below ASYNCH_DELIVERY_TENANT_INFLIGHT in flight, the one
+  with the fewest, its oldest) under one advisory lock, so the cap holds
+  exactly, and claims again until none is left: another tenant's slow
+  receivers delay a row by one delivery deadline at most.
 - Each attempt re-checks the target (app/infra/http/netguard.py), connects to
-  the checked address, has one deadline for the whole exchange,
-  ASYNCH_DELIVERY_TIMEOUT_SECONDS (app/infra/http/deadline.py), and follows
-  no redirect (a 3xx fails).  Failures back off exponentially with jitter.
-- The request is frozen at the first attempt (url, payload): retries and
-  replays send the same bytes.  Signed the Standard Webhooks way
-  (app/delivery/signing.py): a callback with the tenant's secret(s), its
-  webhook-id the task_id, the signed payload its request target (and the
-  legacy X-Asynch-Signature); a webhook with its subscription's secret (the
-  job's own: the tenant's), its webhook-id ``wh_<id>``, the body signed.
+  the checked address within one deadline (ASYNCH_DELIVERY_TIMEOUT_SECONDS)
+  and follows no redirect; failures back off exponentially with jitter.
+- The request (url, payload) is frozen at the first attempt: retries and
+  replays send the same bytes, signed (app/delivery/signing.py): a callback
+  with the tenant's secret(s), webhook-id the task_id, its request target
+  signed (plus the legacy X-Asynch-Signature); a webhook with its
+  subscription's (the job's own: the tenant's), webhook-id ``wh_<id>``, its body.
 - ``asynch_deliveries{kind, model, outcome}`` counts each delivery once, when
-  settled: delivered or failed for good (a retried attempt is only logged).
+  settled (a retried attempt is only logged).
 """
 from __future__ import annotations
 
@@ -51,12 +44,10 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.contract import dump, iso_z
-from app.delivery import secrets as tenant_secrets
-from app.delivery import signing
+from app.delivery import secrets as tenant_secrets, signing
 from app.errors import Conflict, NotFound
 from app.infra import metrics
 from app.infra.celery_config import DELIVER_TASK
@@ -126,9 +117,8 @@ def _stuck_at_cap(now: datetime, cap: int):
 
 
 def claim(conn: Connection, now: datetime, delivery_id: int | None = None) -> Row | None:
-    """The fairest claimable row (module docstring), or ``delivery_id`` if it
-    is claimable -> sending, attempt + 1, leased; with its model name and its
-    tenant's stored secret."""
+    """The fairest claimable row, or ``delivery_id`` if claimable -> sending,
+    attempt + 1, leased; with its model name and its tenant's stored secret."""
     s = get_settings()
     cap = s.delivery_max_attempts
     if delivery_id is None:
@@ -262,9 +252,8 @@ def _send(target: netguard.Target, d: Row, url: str, body: str, keys: list[str])
 
 
 def settle(attempts: int, error: str | None, transient: bool, now: datetime) -> tuple[dict, Outcome]:
-    """What a finished try makes of a delivery: the columns to write and the
-    outcome.  Delivered; due again after the backoff (a transient error under
-    the attempt cap); or failed."""
+    """A finished try's columns and outcome: delivered, due again after the
+    backoff (a transient error under the cap), or failed."""
     if error is None:
         return {"status": DELIVERED, "delivered_at": now, "last_error": None}, Outcome("delivered")
     if transient and attempts < get_settings().delivery_max_attempts:
@@ -310,17 +299,18 @@ def deliver_due(limit: int = 500) -> dict:
     return {"processed": published + failed, "published": published, "failed": failed}
 
 
-def _visible(principal: Principal) -> list:
-    return [] if principal.is_admin else [D.tenant_id == principal.tenant_id]
+def _visible(principal: Principal, delivery_id: int) -> list:
+    """The webhook delivery ``delivery_id`` if the principal may see it (404 for an id no row can have)."""
+    if not 0 <= delivery_id <= MAX_ID:
+        raise NotFound("no such webhook delivery")
+    mine = [D.id == delivery_id, D.kind == WEBHOOK]
+    return mine if principal.is_admin else [*mine, D.tenant_id == principal.tenant_id]
 
 
 def replay(principal: Principal, delivery_id: int) -> dict:
     """A failed webhook delivery back to pending, due now, with a fresh
-    attempt budget (its log keeps every earlier attempt); 404 for another
-    tenant's (or no) delivery, 409 unless failed.  Returns its view."""
-    mine = [D.id == delivery_id, D.kind == WEBHOOK, *_visible(principal)]
-    if not 0 <= delivery_id <= MAX_ID:
-        raise NotFound("no such webhook delivery")
+    attempt budget (its log kept); 404 for another tenant's, 409 unless failed."""
+    mine = _visible(principal, delivery_id)
     now = clock_now()
     with transaction() as conn:
         won = conn.execute(update(deliveries).where(*mine, D.status == FAILED).values(
@@ -351,19 +341,15 @@ def _views(conn: Connection, rows: list) -> list[dict]:
 
 def delivery_view(principal: Principal, delivery_id: int) -> dict:
     """A webhook delivery the principal may see."""
-    if not 0 <= delivery_id <= MAX_ID:
-        raise NotFound("no such webhook delivery")
     with transaction() as conn:
-        d = conn.execute(select(deliveries).where(D.id == delivery_id, D.kind == WEBHOOK,
-                                                  *_visible(principal))).first()
+        d = conn.execute(select(deliveries).where(*_visible(principal, delivery_id))).first()
         if d is None:
             raise NotFound("no such webhook delivery")
         return _views(conn, [d])[0]
 
 
 def job_deliveries(principal: Principal, job_id: str, kind: str = WEBHOOK) -> list[dict] | None:
-    """A job's deliveries of ``kind`` with their logs; None if the principal
-    may not see the job (another tenant's job does not exist)."""
+    """A job's deliveries of ``kind`` with their logs; None if the principal may not see the job."""
     q = select(tasks.c.id).where(tasks.c.id == job_id)
     if not principal.is_admin:
         q = q.where(tasks.c.tenant_id == principal.tenant_id)

@@ -1,23 +1,18 @@
 """Per-tenant callback signing secrets (and the legacy signature).
 
-Signatures are Standard Webhooks' (app/delivery/signing.py).  The legacy
-header, kept for receivers built on the seed, is
-``X-Asynch-Signature: sha256=<hex>`` where hex is
-HMAC-SHA256(secret, "{task_id}.{timestamp}.{url}") and ``url`` is the exact
-URL requested (callbackUrl/bizName?task_id=...&state=...&oss_file=...&file_type=...),
-``timestamp`` the ``X-Asynch-Timestamp`` header (unix seconds).  A secret is
-generated on a tenant's first use and can be rotated by an admin.
+A secret is ``whsec_`` + standard base64 of 24 random bytes, stored as
+``enc1:`` + the bytes encrypted with the application key
+(app/infra/secretbox.py); a legacy plaintext ``whsec_...`` row reads as
+itself.  Created on a tenant's first use; an admin rotates it, and the
+previous one, kept in a row ``~prev:<sha256(tenant)[:40]>`` (created_at: the
+rotation time), signs too for ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS.  "~"
+and ":" are no tenant characters (TENANT_PATTERN, app/tenancy/schemas.py):
+no tenant can own such a row or read it as its own secret.
 
-Secrets: ``whsec_`` + standard base64 of 24 random bytes.  At rest the
-column holds ``enc1:`` + the bytes encrypted with the application key
-(app/infra/secretbox.py); a plaintext ``whsec_...`` row (written before
-encryption) still reads as itself.  A rotation keeps the previous secret in
-a row of its own, keyed ``~prev:<sha256(tenant)[:40]>``, whose created_at
-is the rotation time.  "~" and ":" are no tenant characters (every tenant
-name, the gateway's included, is checked against TENANT_PATTERN,
-app/tenancy/schemas.py), so no tenant can own such a row or read it as its
-own secret.  Deliveries are signed with it as well for
-ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS.
+The legacy header, for receivers built on the seed: ``X-Asynch-Signature:
+sha256=<hex HMAC-SHA256(secret, "{task_id}.{timestamp}.{url}")>``, ``url``
+the exact URL requested, ``timestamp`` the ``X-Asynch-Timestamp`` header.
+Standard Webhooks signatures: app/delivery/signing.py.
 """
 from __future__ import annotations
 
@@ -31,23 +26,21 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.delivery.signing import PREFIX as WHSEC
-from app.errors import Forbidden, ValidationFailed
 from app.infra import secretbox
 from app.infra.db import transaction
 from app.infra.tables import tenant_secrets
 from app.tenancy.keys import Principal
-from app.tenancy.schemas import is_tenant_name
+from app.tenancy.schemas import check_tenant
 
 
 SECRET_BYTES = 24  # the Standard Webhooks size; its encrypted form fits the column (128)
 
 
-def _new_secret() -> str:
-    """The stored form of a fresh secret (encrypted)."""
+def new_secret() -> str:
+    """The stored form of a fresh secret (encrypted): tenants' and webhook subscriptions'."""
     return secretbox.encrypt_bytes(secrets.token_bytes(SECRET_BYTES))
 
 
@@ -63,52 +56,38 @@ def previous_id(tenant_id: str) -> str:
     return "~prev:" + hashlib.sha256(tenant_id.encode()).hexdigest()[:40]
 
 
-def _check_tenant(tenant_id: str) -> None:
-    if not is_tenant_name(tenant_id):
-        raise ValidationFailed("invalid tenant", [{"pointer": "/tenant", "message": "must be 1-64 letters, digits, _ . -"}])
-
-
 def read_secret(principal: Principal, tenant_id: str) -> dict:
     """A tenant's secret for its own keys or an admin (else 403)."""
-    if not principal.is_admin and principal.tenant_id != tenant_id:
-        raise Forbidden("admin key required")
+    principal.check_access(tenant_id)
     with transaction() as conn:
         return tenant_secret(conn, tenant_id)
 
 
-def rotate(tenant_id: str) -> dict:
-    """A new secret for ``tenant_id`` (admins): its own unit of work."""
-    with transaction() as conn:
-        return rotate_secret(conn, tenant_id)
-
-
 def tenant_secret(conn: Connection, tenant_id: str) -> dict:
     """The tenant's secret, created on first use (racing creators agree)."""
-    _check_tenant(tenant_id)
-    conn.execute(pg_insert(tenant_secrets).values(tenant_id=tenant_id, secret=_new_secret(), created_at=clock_now())
+    check_tenant(tenant_id)
+    conn.execute(pg_insert(tenant_secrets).values(tenant_id=tenant_id, secret=new_secret(), created_at=clock_now())
                  .on_conflict_do_nothing(index_elements=["tenant_id"]))
-    row = conn.execute(select(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)).one()
-    return _view(row)
+    return _view(conn.execute(select(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)).one())
 
 
-def rotate_secret(conn: Connection, tenant_id: str) -> dict:
-    """A new secret; deliveries signed from now on use it (and the previous
-    one too, during the overlap window)."""
-    tenant_secret(conn, tenant_id)
+def rotate(tenant_id: str) -> dict:
+    """A new secret (admins); deliveries are signed with it from now on, and
+    with the previous one too during the overlap window."""
     now = clock_now()
-    old = conn.execute(select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id)
-                       .with_for_update()).scalar_one()
-    prev = pg_insert(tenant_secrets).values(tenant_id=previous_id(tenant_id), secret=old, created_at=now)
-    conn.execute(prev.on_conflict_do_update(index_elements=["tenant_id"],
-                                            set_={"secret": old, "created_at": now}))
-    row = conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)
-                       .values(secret=_new_secret(), rotated_at=now).returning(*tenant_secrets.c)).one()
-    return _view(row)
+    with transaction() as conn:
+        tenant_secret(conn, tenant_id)
+        old = conn.execute(select(tenant_secrets.c.secret).where(tenant_secrets.c.tenant_id == tenant_id)
+                           .with_for_update()).scalar_one()
+        prev = pg_insert(tenant_secrets).values(tenant_id=previous_id(tenant_id), secret=old, created_at=now)
+        conn.execute(prev.on_conflict_do_update(index_elements=["tenant_id"],
+                                                set_={"secret": old, "created_at": now}))
+        return _view(conn.execute(update(tenant_secrets).where(tenant_secrets.c.tenant_id == tenant_id)
+                                  .values(secret=new_secret(), rotated_at=now).returning(*tenant_secrets.c)).one())
 
 
 def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotated_at) -> list[str]:
-    """The secrets a delivery is signed with: the current one, and the
-    previous one while its rotation is younger than the overlap window.
+    """The current secret, and the previous one within the overlap window;
     ``stored``/``rotated_at`` are the claim's (None before first use)."""
     if stored is None:
         return [tenant_secret(conn, tenant_id)["secret"]]
@@ -123,20 +102,17 @@ def signing_secrets(conn: Connection, tenant_id: str, stored: str | None, rotate
 
 
 def stored_of(tenant_id_column) -> list:
-    """The tenant's secret and its last rotation as correlated scalar
-    subqueries (NULL before its first use), labelled ``secret`` and
-    ``secret_rotated_at``: the delivery claim reads them in its own statement."""
+    """The tenant's ``secret`` and ``secret_rotated_at`` as correlated
+    subqueries, for the delivery claim's own statement."""
     return [select(tenant_secrets.c[col]).where(tenant_secrets.c.tenant_id == tenant_id_column)
             .correlate(tenant_id_column.table).scalar_subquery().label(label)
             for col, label in (("secret", "secret"), ("rotated_at", "secret_rotated_at"))]
 
 
 def reencrypt(conn: Connection, key) -> tuple[int, int]:
-    """`asynch secrets rotate`: every stored secret of ``key``'s table (the
-    tenants' signing secrets; the webhook subscriptions', always encrypted)
-    re-encrypted with the first key.  Returns (rewritten, left in plaintext):
-    a legacy plaintext tenant secret is too long to encrypt in its column and
-    stays as it is until an admin rotates it (POST .../callback-secret/rotate)."""
+    """Every encrypted secret of ``key``'s table re-encrypted with the first
+    key; returns (rewritten, left in plaintext: a legacy tenant secret is too
+    long to encrypt in its column, until an admin rotates it)."""
     done = left = 0
     for row_key, secret in conn.execute(select(key, key.table.c.secret)).all():
         if not secretbox.is_encrypted(secret):
@@ -148,7 +124,8 @@ def reencrypt(conn: Connection, key) -> tuple[int, int]:
 
 
 def _view(row) -> dict:
-    return {"tenant": row.tenant_id, "secret": plain(row.secret), "created_at": row.created_at, "rotated_at": row.rotated_at}
+    return {"tenant": row.tenant_id, "secret": plain(row.secret), "created_at": row.created_at,
+            "rotated_at": row.rotated_at}
 
 
 def sign(secret: str, task_id: str, timestamp: int, url: str) -> str:

@@ -1,29 +1,21 @@
-"""Standard Webhooks signatures (https://www.standardwebhooks.com/) of callbacks.
+"""Standard Webhooks signatures (https://www.standardwebhooks.com/) of deliveries.
 
-Headers of every delivery:
+Headers: ``webhook-id`` (a callback's: the task_id, the same on every retry:
+receivers deduplicate by it), ``webhook-timestamp`` (unix seconds of the
+attempt), ``webhook-signature``: ``v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{payload}")>``,
+space-separated when several secrets sign (the previous one during
+ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS).  ``key``: the base64 after ``whsec_``.
 
-- ``webhook-id``: the job's task_id (the same on every retry of its callback:
-  receivers deduplicate by it);
-- ``webhook-timestamp``: unix seconds of this attempt;
-- ``webhook-signature``: ``v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{payload}")>``,
-  space-separated when more than one secret signs (after a rotation, the new
-  and the previous secret during ASYNCH_DELIVERY_SECRET_OVERLAP_SECONDS).
-
-``key`` is the secret's bytes: a ``whsec_`` secret is base64 after the prefix.
-The callback is the seed's GET with the fields in the query, so the signed
-``payload`` is the request target exactly as sent on the request line: the
-path and the query (``/notify/order?task_id=...&state=2&...``;
-app/infra/http/deadline.py ``request_target``).  Signing the path too means
-a delivery for one receiver path (one bizName) cannot be replayed to
-another.  A receiver passes its raw request target where other webhooks
-pass the body; the standardwebhooks package verifies it with
-``json_parse=False`` (the payload is not JSON), as docs/api.md "Callbacks"
-shows, and tests/test_signing.py runs that snippet.  The tenants' POST
-webhooks (app/delivery/outbox.py) sign their JSON body as before.
+A callback is the seed's GET, so its signed ``payload`` is the request target
+exactly as sent (``/notify/order?task_id=...&state=2&...``;
+app/infra/http/deadline.py ``request_target``): a delivery for one receiver
+path (one bizName) cannot be replayed to another.  The standardwebhooks
+package verifies it with ``json_parse=False`` (docs/api.md "Callbacks",
+run by tests/test_signing.py).  Tenant webhooks sign their JSON body.
 
 Invariants: ``verify`` compares in constant time, accepts any one of the
-space-separated ``v1,`` signatures, and refuses a timestamp further than
-``tolerance`` seconds from now either way (a replayed or pre-dated delivery).
+``v1,`` signatures, and refuses a timestamp more than ``tolerance`` seconds
+from now either way (a replayed or pre-dated delivery).
 """
 from __future__ import annotations
 

@@ -1,38 +1,31 @@
 """A tenant's webhook subscriptions: a URL, an event filter, a secret.
 
-Each subscription signs its deliveries with its own ``whsec_`` secret
-(24 random bytes), stored encrypted with the application key
-(app/infra/secretbox.py) as callback secrets are and shown to the tenant's
-own keys and admins only.  The URL passes the SSRF guard at creation (and
-again at every attempt, app/delivery/outbox.py).  At most
-MAX_PER_TENANT subscriptions per tenant.  A deleted subscription gets no
-new deliveries; its pending ones fail ("the subscription was deleted").
+Each signs its deliveries with its own ``whsec_`` secret, stored encrypted
+(app/infra/secretbox.py), shown to the tenant's own keys and admins only.
+The URL passes the SSRF guard at creation (and at every attempt).  At most
+MAX_PER_TENANT per tenant.  A deleted subscription's pending deliveries fail.
 """
 from __future__ import annotations
-
-import secrets as pysecrets
 
 from sqlalchemy import delete, func, insert, select
 
 from app.clock import now as clock_now
 from app.delivery import secrets as tenant_secrets
-from app.delivery.secrets import SECRET_BYTES
-from app.errors import Forbidden, NotFound, ValidationFailed
-from app.infra import secretbox
+from app.errors import NotFound, ValidationFailed
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups, callback_url_problem
 from app.infra.outbox_rows import EVENTS, bits_of, events_of
 from app.infra.tables import webhook_subscriptions
 from app.tenancy.keys import Principal
+from app.tenancy.schemas import check_tenant
 
 MAX_PER_TENANT = 10
 W = webhook_subscriptions.c
 
 
 def _check_access(principal: Principal, tenant_id: str) -> None:
-    tenant_secrets._check_tenant(tenant_id)
-    if not principal.is_admin and principal.tenant_id != tenant_id:
-        raise Forbidden("admin key required")
+    check_tenant(tenant_id)
+    principal.check_access(tenant_id)
 
 
 def _view(row) -> dict:
@@ -55,7 +48,7 @@ def create(principal: Principal, tenant_id: str, url: str, events: list[str] | N
                                                         f"a tenant has at most {MAX_PER_TENANT} webhooks"}])
         row = conn.execute(insert(webhook_subscriptions).values(
             tenant_id=tenant_id, url=url, events=bits_of(events or EVENTS),
-            secret=secretbox.encrypt_bytes(pysecrets.token_bytes(SECRET_BYTES)), created_at=clock_now())
+            secret=tenant_secrets.new_secret(), created_at=clock_now())
             .returning(*webhook_subscriptions.c)).one()
     return _view(row)
 
@@ -63,7 +56,8 @@ def create(principal: Principal, tenant_id: str, url: str, events: list[str] | N
 def list_for(principal: Principal, tenant_id: str) -> list[dict]:
     _check_access(principal, tenant_id)
     with transaction() as conn:
-        rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id).order_by(W.created_at, W.id)).all()
+        rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id)
+                            .order_by(W.created_at, W.id)).all()
     return [_view(r) for r in rows]
 
 

@@ -1,3 +1,1 @@
-"""What beat (and the operator) runs: retries, recovery, wipe repair,
-reconcile, cleanup (passes), autotune, the beat leadership and fencing
-(periodic), requeue, and the reports' contracts (schemas)."""
+"""What beat and the operator run: passes and their parts, autotune, requeue, secrets rotation, beat leadership."""

@@ -1,14 +1,12 @@
 """Autotune: fit each model's runtime limits to how it behaved recently.
 
-For every enabled model, over a window (default 3600 s, cut short by the
-model's last applied change) of jobs that ended done: P90 of finished_at -
-started_at, throughput = completed / window, and how many of them waited
-for a worker.  ``decide`` (pure) turns that into
-new runtime limits; ``autotune`` writes them to
-``asynch:runtime:max_concurrency:{model}`` / ``asynch:runtime:queue_limit:{model}``
-with a TTL (they fall back to the configured caps if autotune stops) and
-logs each change in ``asynch_autotune_log``.  The rule and its reasoning
-are in docs/architecture.md ("Autotune").
+For every enabled model, over a window (cut short by the model's last
+applied change) of jobs that ended done: P90 of finished_at - started_at,
+throughput, and how many waited for a worker.  ``decide`` (pure) turns that
+into new runtime limits; ``autotune`` writes them to
+``asynch:runtime:{max_concurrency,queue_limit}:{model}`` with a TTL (back to
+the configured caps if autotune stops) and logs each change in
+``asynch_autotune_log``.  The rule's reasoning: docs/architecture.md ("Autotune").
 """
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, insert, select
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.redis import runtime
@@ -70,11 +67,9 @@ def p90(values: list[float]) -> float:
 
 def decide(inputs: Inputs, *, current: Limits, caps: Limits, expected_seconds: float,
            timeout_seconds: float, min_samples: int) -> Decision:
-    """The rule.  max_concurrency: additive increase / multiplicative
-    decrease on P90 against expected_seconds.  queue_limit: Little's law,
-    L = X * B, with X the rate the model completes jobs at the new
-    concurrency and B = timeout_seconds the time a job may spend in the
-    system; clamped to [1, cap]."""
+    """max_concurrency: additive increase / multiplicative decrease on P90
+    against expected_seconds.  queue_limit: Little's law, L = X * B (X: the
+    completion rate at the new concurrency, B: timeout_seconds), in [1, cap]."""
     if caps.max_concurrency < 1 or caps.queue_limit < 1:
         return Decision("skip", "a configured cap is below 1 (the model takes no jobs)", current, None)
     old = Limits(_clamp(current.max_concurrency, 1, caps.max_concurrency),
@@ -111,44 +106,36 @@ def gather(conn, model: str, since, until, queued_seconds: float) -> Inputs:
                   queued=waited)
 
 
-def _effective(raw: str | None, cap: int) -> int:
-    # The gate ignores an unreadable override and uses the cap; so do we.
+def effective(raw: str | None, cap: int) -> int:
+    """A stored runtime override capped by the configuration; the gate ignores
+    an unreadable one and uses the cap, and so does everyone else."""
     try:
-        return min(int(raw), cap) if raw is not None else cap
+        return min(int(raw), cap) if raw else cap
     except ValueError:
         return cap
 
 
-def _locked_model(conn, name: str):
-    q = select(models).where(models.c.model_name == name, models.c.enabled.is_(True))
-    return conn.execute(q.with_for_update(skip_locked=True)).first()
-
-
 def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
-    """One model's decision, written unless ``dry_run``.
-
-    Evidence is only what finished since the last applied change (and
-    within the window): a change must be judged by jobs that ran under it,
-    so a second run right after a change (another beat, a manual trigger)
-    has too few samples and leaves the limits alone instead of halving
-    twice.  The model row is locked (SKIP LOCKED) while deciding, so two
-    runs at once tune a model once; the Redis write is a compare-and-set
-    as well.  None: another run is tuning this model right now."""
+    """One model's decision, written unless ``dry_run``; None: another run
+    holds its row (SKIP LOCKED; the Redis write is a CAS too).  Evidence is
+    what finished since the last applied change, so a second run right after
+    one has too few samples instead of halving twice."""
     s = get_settings()
     now = clock_now()
     with transaction() as conn:
-        m = _locked_model(conn, name)
+        m = conn.execute(select(models).where(models.c.model_name == name, models.c.enabled.is_(True))
+                         .with_for_update(skip_locked=True)).first()
         if m is None:
             return None
         last = conn.execute(select(func.max(autotune_log.c.created_at))
                             .where(autotune_log.c.model_name == name)).scalar()
-        since = max(now - timedelta(seconds=window), as_utc(last)) if last is not None else \
-            now - timedelta(seconds=window)
+        start = now - timedelta(seconds=window)
+        since = max(start, as_utc(last)) if last is not None else start
         inputs = gather(conn, name, since, now, s.autotune_queued_seconds)
         raw = runtime.runtime_limits_raw(name)
         caps = Limits(m.max_concurrency, m.queue_limit)
-        d = decide(inputs, current=Limits(_effective(raw[0], caps.max_concurrency),
-                                          _effective(raw[1], caps.queue_limit)),
+        d = decide(inputs, current=Limits(effective(raw[0], caps.max_concurrency),
+                                          effective(raw[1], caps.queue_limit)),
                    caps=caps, expected_seconds=m.expected_seconds, timeout_seconds=m.timeout_seconds,
                    min_samples=s.autotune_min_samples)
         item = {"model": name, "action": d.action, "reason": d.reason, "old": asdict(d.old),
@@ -164,29 +151,20 @@ def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
         elif d.changes:
             item["changed"] = True
             conn.execute(insert(autotune_log).values(
-                model_name=name, action=d.action,
+                model_name=name, action=d.action, window_seconds=window, created_at=now, **asdict(inputs),
                 old_max_concurrency=d.old.max_concurrency, new_max_concurrency=d.new.max_concurrency,
-                old_queue_limit=d.old.queue_limit, new_queue_limit=d.new.queue_limit,
-                p90_seconds=inputs.p90_seconds, throughput_per_second=inputs.throughput_per_second,
-                samples=inputs.samples, queued=inputs.queued, window_seconds=window, created_at=now))
+                old_queue_limit=d.old.queue_limit, new_queue_limit=d.new.queue_limit))
         return item
 
 
 def autotune(window_seconds: int | None = None, dry_run: bool = False) -> Report:
-    """Decide for every enabled model; unless ``dry_run``, write the limits
-    and log each change."""
-    s = get_settings()
-    window = window_seconds if window_seconds and window_seconds > 0 else s.autotune_window_seconds
+    """Decide for every enabled model; unless ``dry_run``, write the limits and log each change."""
+    window = window_seconds if window_seconds and window_seconds > 0 else get_settings().autotune_window_seconds
     with transaction() as conn:
         names = [r.model_name for r in conn.execute(select(models.c.model_name).where(
             models.c.enabled.is_(True)).order_by(models.c.model_name))]
-    items, busy = [], []
-    for name in names:
-        item = tune_model(name, window, dry_run)
-        if item is None:
-            busy.append(name)
-        else:
-            items.append(item)
-    changed = sum(1 for i in items if i["changed"])
-    return Report(processed=changed, details={"window_seconds": window, "dry_run": dry_run, "models": items,
-                                              "busy": busy})
+    tuned = {name: tune_model(name, window, dry_run) for name in names}
+    items = [i for i in tuned.values() if i is not None]
+    busy = [name for name, i in tuned.items() if i is None]
+    return Report(processed=sum(1 for i in items if i["changed"]),
+                  details={"window_seconds": window, "dry_run": dry_run, "models": items, "busy": busy})

@@ -15,10 +15,9 @@ from app.maintenance.report import Report, batch_size
 
 
 def cleanup(limit: int | None = None) -> Report:
-    """Hard-delete what has served its time, with its stored result (claimed
-    past expire_at, failed/timeout/canceled and unclaimed done past their
-    retention), then each capped model's least recently read beyond
-    max_completed; then pending/running jobs past their budget time out."""
+    """Hard-delete what served its time, with its stored result, then each
+    capped model's least recently read beyond max_completed; then time out
+    the jobs past their budget."""
     n = batch_size(limit)
     rep = Report(details={"claimed": 0, "failed": 0, "done": 0, "objects": 0, "object_errors": 0, "evicted": 0})
 
@@ -40,8 +39,6 @@ def cleanup(limit: int | None = None) -> Report:
                               .where(models.c.max_completed > 0)).all()
     for model_name, cap in capped:
         drain("evicted", lambda: retention.evict_over_cap(model_name, cap, n))  # noqa: B023
-    timeouts = time_out_overdue(limit)
-    rep.details["timeouts"] = timeouts.processed
-    rep.processed = (rep.details["claimed"] + rep.details["failed"] + rep.details["done"] + rep.details["evicted"]
-                     + timeouts.processed)
+    rep.details["timeouts"] = time_out_overdue(limit).processed
+    rep.processed = sum(rep.details[k] for k in ("claimed", "failed", "done", "evicted", "timeouts"))
     return rep

@@ -16,10 +16,9 @@ _SLOTS = [int(x) for x in SLOT_STATES]
 
 
 def reconcile_gates() -> Report:
-    """Make every gate's slot set (the model's, and each tenant's share of
-    it) equal the pending/running rows.  Slots younger than
-    ASYNCH_RECONCILE_GRACE_SECONDS are spared (their row may be about to
-    commit), and an id added here that left pending/running meanwhile is
+    """Every gate's slot set (the model's and each tenant's) made equal to the
+    pending/running rows; slots younger than ASYNCH_RECONCILE_GRACE_SECONDS
+    are spared (their row may commit), an id added that left meanwhile is
     given straight back."""
     s = get_settings()
     rep = Report(details={"added": 0, "removed": 0, "models": 0})
@@ -61,7 +60,6 @@ def model_caps() -> dict[str, int]:
 
 
 def kick_dispatch(requeue_inflight: bool = False) -> Report:
-    """Every model's dispatcher: tenants that were at their limit are tried
-    again (a permit expired with a dead worker, a limit was raised),
-    dispatched jobs nobody claimed in time go back to their queue."""
+    """Every model's dispatcher: tenants at their limit tried again, dispatched
+    jobs nobody claimed in time back to their queue."""
     return Report(processed=dispatch.kick_all(model_caps(), requeue_inflight=requeue_inflight))

@@ -1,18 +1,13 @@
 """Beat leadership and the wrapper every periodic task runs through.
 
-Several beat processes may run (one per host, for availability); exactly one
-sends the schedule.  Each beat ticks ``Leadership.refresh()``: one Lua step
-takes the Redis lock if it is free or renews it if it is ours
-(leader_acquire.lua), so a standby beat takes over at most
-ASYNCH_BEAT_LOCK_TTL_SECONDS after the leader stops renewing.  Every new
-leadership gets a larger fencing token, and the leader stamps each message
-it sends with (owner, token).  A worker runs a stamped task only while that
-stamp is still the current leadership (``run_periodic``), so a beat that
-lost the lock without noticing (paused, partitioned) cannot get work done
-behind the new leader's back.
-
-Manual triggers (CLI, HTTP) call the services directly: the passes are safe
-to overlap (SKIP LOCKED, CAS), the lock only keeps the schedule single.
+Several beats may run; exactly one sends the schedule.  Each tick
+``Leadership.refresh()`` takes the Redis lock or renews it if ours, in one
+Lua step, so a standby takes over at most ASYNCH_BEAT_LOCK_TTL_SECONDS after
+the leader stops.  Every leadership gets a larger fencing token, stamped on
+each message it sends; a worker runs a stamped task only while the stamp is
+the current leadership (``run_periodic``), so a beat that lost the lock
+unawares (paused, partitioned) gets nothing done behind the new leader.
+Manual triggers call the services directly: the passes are safe to overlap.
 """
 from __future__ import annotations
 
@@ -22,6 +17,7 @@ import os
 import secrets
 import socket
 import time
+from contextlib import suppress
 from typing import Callable
 
 import redis
@@ -68,16 +64,12 @@ class Leadership:
         """The stamp for a message about to be sent, or None if not leading.
         Renewed right before sending, so the stamp is as fresh as it can be."""
         token = self.refresh(force=True)
-        if not token:
-            return None
-        return {"owner": self.owner, "token": token, "sent_at": time.time()}
+        return {"owner": self.owner, "token": token, "sent_at": time.time()} if token else None
 
     def release(self) -> None:
-        try:
+        with suppress(redis.RedisError):
             if leader.leader_release(self.owner):
                 log.warning("beat %s released leadership", self.owner)
-        except redis.RedisError:
-            pass
         self.token = 0
 
 
@@ -86,10 +78,8 @@ def fence_holds(fence: dict) -> bool:
 
 
 def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dict:
-    """Run one periodic pass.  ``fence`` is the stamp of the beat that sent
-    it (None for a direct call): a stamp that is no longer the current
-    leadership means the pass is skipped.  Each run that goes ahead is
-    appended to a capped Redis list (``asynch maintenance runs``)."""
+    """One periodic pass, skipped if ``fence`` (the sending beat's stamp; None:
+    a direct call) is no longer the leadership; each run is recorded."""
     if fence is not None and not fence_holds(fence):
         log.warning("periodic %s skipped: sent by a beat that no longer leads (token %s)",
                     name, fence.get("token"))
@@ -101,10 +91,8 @@ def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dic
              "processed": out.get("processed") if isinstance(out, dict) else None}
     if fence is not None:
         entry.update(owner=fence.get("owner"), token=fence.get("token"), sent_at=fence.get("sent_at"))
-    try:
+    with suppress(redis.RedisError):  # the history is for operators: the pass itself ran
         leader.record_beat_run(json.dumps(entry), get_settings().beat_history_size)
-    except redis.RedisError:
-        pass
     return out
 
 

@@ -11,20 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import redis
-
 from sqlalchemy import and_, or_, select
 
 from app import transitions
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra import metrics
 from app.infra.db import transaction
-from app.infra.redis import dispatch as redis_dispatch
-from app.infra.redis import epoch, keys, liveness
+from app.infra.redis import dispatch as redis_dispatch, epoch, keys, liveness
 from app.infra.redis.client import get_redis
 from app.infra.tables import models, tasks
 from app.jobs import dispatch, effects
@@ -60,35 +57,23 @@ def _requeue_batch(where, limit: int, after: tuple | None) -> tuple[int, tuple |
 
 
 def republish_stale_pending(older_than_seconds: float | None = None, limit: int | None = None) -> Report:
-    """Pending jobs untouched for ASYNCH_REPUBLISH_AFTER_SECONDS whose queue
-    entry may be lost (a crash between the commit and the outbox, Redis
-    refusing the batch) are queued again; one still waiting in its queue,
-    dispatched or running is left as it is (NX), so this is harmless.
-
-    One batch per call, continuing where the previous call stopped (a cursor
-    in Redis), so a deep backlog costs the same per pass as a shallow one: a
-    lost job is found within (backlog / ASYNCH_MAINTENANCE_BATCH) passes."""
-    s = get_settings()
-    age = s.republish_after_seconds if older_than_seconds is None else older_than_seconds
+    """Pending jobs untouched for ASYNCH_REPUBLISH_AFTER_SECONDS, whose queue
+    entry may be lost, queued again (NX: harmless for the others).  One batch
+    per call from a cursor in Redis: a deep backlog costs the same per pass."""
+    age = get_settings().republish_after_seconds if older_than_seconds is None else older_than_seconds
     cutoff = clock_now() - timedelta(seconds=age)
     r = get_redis()
     raw = r.get(keys.lost_job_cursor())
     after = None
     if raw:
         at, jid = json.loads(raw)
-        after = (as_utc(_parse_time(at)), jid)
+        after = (as_utc(datetime.fromisoformat(at)), jid)
     seen, last = _requeue_batch([tasks.c.updated_at < cutoff], batch_size(limit), after)
     if last is None or seen < batch_size(limit):
         r.delete(keys.lost_job_cursor())  # the end: the next pass starts over
     else:
         r.set(keys.lost_job_cursor(), json.dumps([as_utc(last[0]).isoformat(), last[1]]), ex=86400)
     return Report(processed=seen)
-
-
-def _parse_time(text: str):
-    from datetime import datetime
-
-    return datetime.fromisoformat(text)
 
 
 def requeue_all_pending(limit: int | None = None) -> Report:
@@ -118,11 +103,10 @@ def _restore_permits() -> int:
 
 def repair_after_wipe() -> Report:
     """A Redis (the gates' or the broker's) without our epoch mark lost its
-    data.  The gates' Redis: gates, queues, permits and weights are rebuilt
-    from the rows and every pending job is queued again at once.  The
-    broker's: every dispatched message is lost, so dispatched jobs go back to
-    the head of their queues and are dispatched again.  First start looks the
-    same and costs nothing but one rebuild."""
+    data.  The gates': gates, queues, permits and weights are rebuilt from the
+    rows and every pending job is queued again.  The broker's: dispatched jobs
+    go back to the head of their queues.  A first start looks the same (one
+    rebuild)."""
     token = secrets.token_hex(8)
     wiped = epoch.claim_epochs(token)
     if not wiped:
@@ -162,12 +146,10 @@ def recover_expired_leases(limit: int | None = None) -> Report:
 
 
 def recover_dead_workers(limit: int | None = None) -> Report:
-    """A running attempt whose worker node stopped heartbeating (its
-    liveness hash expired: 3 missed intervals) failed: retry_wait or failed
-    now, not when its lease (model timeout + grace) runs out.  Only the node
-    named by the claim counts, and only if it still holds the attempt; a
-    node that is merely paused (SIGSTOP) has its late writes refused by the
-    attempt guard like any recovered attempt.  A retry is due at once."""
+    """A running attempt whose node stopped heartbeating (its liveness hash
+    expired) failed now, not when its lease runs out.  Only the node named by
+    the claim counts, if it still holds the attempt; a paused node's late
+    writes are refused by the attempt guard.  A retry is due at once."""
     if not get_settings().recover_by_heartbeat:
         return Report(details={"skipped": "ASYNCH_RECOVER_BY_HEARTBEAT is off"})
     ttl = metrics.worker_ttl()
@@ -200,12 +182,10 @@ def recover_dead_workers(limit: int | None = None) -> Report:
 
 
 def _fail_attempts(conn, due: effects.Due, rows, error: str, retry_at_of, **guard_of) -> tuple[Report, list]:
-    """Fail the running attempts of ``rows`` (each with id, attempt and
-    retry_times) in ``conn``'s transaction: retry_wait at ``retry_at_of(row)``
-    if the model allows another attempt, else failed.  ``guard_of``: the
-    transition's guard arguments, each a function of the row.  The won
-    moves go to ``due`` (their effects run after the commit).  Returns the
-    report and the (row, move) pairs won."""
+    """Fail the running attempts of ``rows``: retry_wait at ``retry_at_of(row)``
+    if the model allows another attempt, else failed; ``guard_of``: the
+    transition's guard arguments as functions of the row.  Won moves go to
+    ``due`` (effects after the commit).  Returns the report and (row, move)s won."""
     rep = Report(details={"retry_wait": 0, "failed": 0})
     won = []
     for r in rows:
@@ -221,16 +201,14 @@ def _fail_attempts(conn, due: effects.Due, rows, error: str, retry_at_of, **guar
 
 
 def time_out_overdue(limit: int | None = None) -> Report:
-    """pending/running/retry_wait past the job's budget become timeout
-    (slots and permit released; a retry_wait job holds none, the release is
-    a no-op)."""
+    """pending/running/retry_wait past the job's budget become timeout (a
+    retry_wait job holds no slot: its release is a no-op)."""
     return _end_overdue([*SLOT_STATES, JobState.RETRY_WAIT], tasks.c.deadline_at, transitions.time_out, limit)
 
 
 def expire_past_deadline(limit: int | None = None) -> Report:
-    """Pending jobs past their caller's deadline (X-Deadline) become expired
-    without a model call, also those no worker will ever reach (the worker
-    refuses them at claim time too: app/jobs/execution.py)."""
+    """Pending jobs past their caller's deadline (X-Deadline) expire without a
+    model call, also those no worker reaches (the claim refuses them too)."""
     return _end_overdue([JobState.PENDING], tasks.c.caller_deadline_at, transitions.expire, limit)
 
 

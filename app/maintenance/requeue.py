@@ -1,14 +1,9 @@
-"""``asynch jobs requeue``: nudge a job that is waiting, never revive one that
-ended.  Terminal states are absorbing (docs/architecture.md, invariant 5), so requeue
-only re-sends what the state machine already allows:
-
-  pending     put it back in its tenant's queue if it fell out, and if it
-              was dispatched, send its run message again (a lost doorbell;
-              a duplicate is refused by the claim CAS);
-  retry_wait  re-admit it through the gate now instead of after its backoff
-              (the same path as beat's retry pass);
-  running     refused: a dead worker's lease expiry turns it into a retry;
-  terminal    refused: submit a new job instead.
+"""``asynch jobs requeue``: nudge a waiting job, never revive one that ended
+(terminal states are absorbing: docs/architecture.md, invariant 5).  pending:
+back in its tenant's queue if it fell out, and its run message again if it
+was dispatched (a lost doorbell; a duplicate is refused by the claim CAS);
+retry_wait: re-admitted through the gate now (as beat's retry pass does);
+running: refused (a dead worker's lease expiry retries it); terminal: refused.
 """
 from __future__ import annotations
 
@@ -26,8 +21,6 @@ def requeue_job(job_id: str) -> dict:
     row = get_job(OPERATOR, job_id)
     state = JobState(row.state)
     if state == JobState.PENDING:
-        # Back in its tenant's queue if it fell out; if it was dispatched, its
-        # message again (a duplicate is refused by the claim CAS).
         dispatch.requeue(row.model_name, [(row.tenant_id, row.id, dispatch.order_score(row.enqueue_at, row.priority),
                                            row.attempt)], mode="NX")
         if row.id in redis_dispatch.inflight(row.model_name) and not publish_run_job(row.id, row.attempt):

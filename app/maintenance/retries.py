@@ -1,7 +1,6 @@
-"""Failed attempts that will be retried (seed 002: retryTimes,
-retryQueueMaxSeconds): re-admitted through the gate once their backoff has
-passed, queued at the head or the tail of their tenant's queue, and lifted
-to the head once they have waited too long at the tail."""
+"""Retries (seed 002: retryTimes, retryQueueMaxSeconds): re-admitted through
+the gate after their backoff, at the head or the tail of their tenant's
+queue, and lifted to the head once they waited too long at the tail."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -22,15 +21,11 @@ from app.tenancy import limits
 
 
 def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report:
-    """retry_wait jobs whose backoff has passed go back to pending through
-    the gate (the model's limit and the tenant's share).  A full gate leaves
-    them waiting; they are never dropped.
-
-    Queue position (seed: retryQueueMaxSeconds): 0 puts the retry at the
-    head of its tenant's queue (queue time backdated to its creation); > 0
-    at the tail until promote_waiting_retries() lifts it after that many
-    seconds.  ``only``: these jobs, now, whatever their backoff (operator
-    requeue)."""
+    """retry_wait jobs past their backoff go back to pending through the gate
+    (a full gate leaves them waiting, never dropped): with the model's
+    retry_queue_max_seconds 0 at the head of the tenant's queue (queue time
+    backdated to creation), else at the tail until promote_waiting_retries
+    lifts them.  ``only``: these jobs, now, whatever their backoff (requeue)."""
     now = clock_now()
     due = tasks.c.id.in_(only) if only is not None else tasks.c.next_retry_at <= now
     rep = Report(details={"gate_full": 0, "head": 0, "tail": 0})

@@ -1,23 +1,17 @@
-"""runWork without resident workers (seed 002: "POST /task/runWork: run the
-Worker once, claim and process a batch of queued tasks"): claim up to N
-pending jobs and run them in this process, with the code a Celery worker
-runs (app/jobs/execution.py run_claimed).  ``POST /task/runWork`` and
-``asynch work run-once`` call it, so an upper scheduler or a Kubernetes
-CronJob can replace resident workers; both may run at once.
+"""runWork without resident workers (seed 002 ``POST /task/runWork``, also
+``asynch work run-once``, e.g. from a CronJob): claim up to N pending jobs
+and run them here with a Celery worker's code (execution.run_claimed).
 
 Invariants:
-- a job is taken by transitions.claim (pending -> running at the attempt its
-  row is at) on rows locked FOR UPDATE SKIP LOCKED: concurrent passes take
-  disjoint rows, and a Celery worker's run_job message for the same attempt
-  is refused by its own claim CAS ("stale"), so each attempt runs once;
-- a tenant's maxConcurrency (or autotune's lower runtime override) counts
-  the rows running for the model and the tenant, whoever runs them: a pass
-  never starts one past it;
-- after the claim the job's permit is taken as a worker's claim takes it
-  (dispatch.claimed) and the job leaves its tenant's ready queue, so the
-  dispatcher does not hand it to a worker while it runs; the attempt's lease
-  is the model's timeout + ASYNCH_LEASE_GRACE_SECONDS, and recovery treats a
-  pass that dies mid-run like a dead worker (worker is NULL: lease-based).
+- a job is taken by transitions.claim on rows locked FOR UPDATE SKIP LOCKED:
+  concurrent passes take disjoint rows, and a worker's run_job message for
+  the same attempt is refused by its claim CAS, so each attempt runs once;
+- a tenant's max_concurrency (or autotune's lower override) counts the rows
+  running for the model and tenant, whoever runs them: never started past;
+- a claimed job takes its permit as a worker's claim does (dispatch.claimed)
+  and leaves its ready queue; its lease is the model's timeout +
+  ASYNCH_LEASE_GRACE_SECONDS, and a pass that dies mid-run is recovered like
+  a dead worker (worker NULL: lease-based).
 """
 from __future__ import annotations
 
@@ -33,6 +27,7 @@ from app.infra.db import transaction
 from app.infra.redis.runtime import runtime_limits_raw
 from app.infra.tables import models, tasks
 from app.jobs import dispatch, execution
+from app.maintenance.autotune import effective
 from app.maintenance.report import Report, locked
 from app.states import JobState
 
@@ -90,10 +85,6 @@ def _cap(model_name: str, model) -> int:
     (as the dispatcher takes it); Redis away: the configured cap."""
     cap = model.max_concurrency if model is not None else 1
     try:
-        raw = runtime_limits_raw(model_name)[0]
+        return effective(runtime_limits_raw(model_name)[0], cap)
     except redis.RedisError:
-        return cap
-    try:
-        return min(cap, int(raw)) if raw else cap
-    except ValueError:
         return cap

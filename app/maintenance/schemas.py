@@ -11,11 +11,17 @@ from app.contract import BeatRun, Int, Loose, Params, QueryInt, Shape, StrictBoo
 MAX_WINDOW_SECONDS = 30 * 86400
 
 
-class Report(Shape):
+class _Snake(Shape):
+    """snake_case on the seed face too."""
+
+    model_config = ConfigDict(alias_generator=None)
+
+
+class Report(_Snake):
     """Rows or items a pass worked on, with a report per part (docs/api.md).
     Reports keep their snake_case names on the seed face too."""
 
-    model_config = ConfigDict(extra="allow", alias_generator=None)
+    model_config = ConfigDict(extra="allow")
 
     processed: int = Field(ge=0)
 
@@ -34,15 +40,13 @@ class AutotuneRequest(Loose):
         return self.window_seconds if self.window_seconds and self.window_seconds > 0 else None
 
 
-class Limits(Shape):
-    model_config = ConfigDict(alias_generator=None)
-
+class Limits(_Snake):
     max_concurrency: int
     queue_limit: int
 
 
-class AutotuneInputs(Shape):
-    model_config = ConfigDict(extra="allow", alias_generator=None)
+class AutotuneInputs(_Snake):
+    model_config = ConfigDict(extra="allow")
 
     samples: int
     p90_seconds: float | None
@@ -50,9 +54,7 @@ class AutotuneInputs(Shape):
     queued: int
 
 
-class AutotuneDecision(Shape):
-    model_config = ConfigDict(alias_generator=None)
-
+class AutotuneDecision(_Snake):
     model: str
     action: Literal["skip", "decrease", "increase", "hold"]
     reason: str
@@ -64,9 +66,7 @@ class AutotuneDecision(Shape):
     changed: bool
 
 
-class AutotuneReport(Shape):
-    model_config = ConfigDict(alias_generator=None)
-
+class AutotuneReport(_Snake):
     processed: int = Field(ge=0, description="models whose limits changed")
     window_seconds: int
     dry_run: bool
@@ -74,9 +74,7 @@ class AutotuneReport(Shape):
     busy: list[str] = Field(description="models another run was tuning at that moment")
 
 
-class BeatRuns(Shape):
-    model_config = ConfigDict(alias_generator=None)
-
+class BeatRuns(_Snake):
     runs: list[BeatRun]
 
 

@@ -1,3 +1,2 @@
-"""What operators look at: live numbers per model and series (live), the
-cluster gauges (cluster), the gunicorn hooks of the metrics process group,
-and their contracts (schemas)."""
+"""What operators look at: live numbers (live), cluster gauges (cluster), the console's pages (ops),
+the metrics group's gunicorn hooks (gunicorn_conf), contracts (schemas)."""

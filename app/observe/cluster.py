@@ -1,22 +1,17 @@
 """The cluster's gauges for GET /metrics/cluster: jobs by model and state,
-the oldest pending job's age, gate depth vs limit, running vs concurrency,
-runtime overrides, enabled models, worker liveness, and the fair
-dispatcher's state (each tenant's ready queue, messages in flight, weights).
+the oldest pending job's age, gates, concurrency, runtime overrides, worker
+liveness, and the fair dispatcher's state.
 
 Invariants:
-- Every value is read at scrape time from PostgreSQL (the rows) and Redis
-  (gates, runtime limits, worker liveness keys), never from process memory,
-  so any API process answers the same numbers.  That is why they are served
-  on their own path, scraped ONCE per cluster (through the Service): on each
-  pod's /metrics, summing pods would multiply them (docs/architecture.md,
+- Every value is read at scrape time from PostgreSQL and Redis, never from
+  process memory, so any API process answers the same: scraped ONCE per
+  cluster, not per pod (summing pods would multiply them; docs/architecture.md,
   "Metrics").
-- A scrape reports what it can: a source that does not answer is
-  ``asynch_metrics_source_up{source} 0`` and its gauges are left out (absent,
-  not zero, so no alert fires on a made-up value).
-- A scrape's cost does not grow with the job history: active states are
-  counted exactly (admission bounds them), terminal states at most
-  ASYNCH_METRICS_JOB_COUNT_CAP rows per model and state (the gauge then
-  reads the cap).
+- A source that does not answer is ``asynch_metrics_source_up{source} 0`` and
+  its gauges are absent (not zero: no alert fires on a made-up value).
+- A scrape's cost does not grow with the history: active states are counted
+  exactly (admission bounds them), terminal ones up to
+  ASYNCH_METRICS_JOB_COUNT_CAP rows per model and state.
 """
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
-from app.infra.redis import dispatch as rd
-from app.infra.redis import liveness
+from app.infra.redis import dispatch as rd, liveness
 from app.infra.tables import models
 from app.observe.live import finished_counts, job_counts, model_live, oldest_pending
 from app.states import JobState
@@ -85,78 +79,46 @@ class ClusterCollector:
             live, workers, fairness, weights = [], None, {}, {}
             up.add_metric(["redis"], 0)
         yield up
-
         if counts is not None:
-            yield from self._jobs(counts, heads, at, live)
+            names = sorted({m for m, _ in counts} | {m["model_name"] for m in live})
+            yield _gauge("asynch_jobs", "jobs in the database by model and state", ["model", "state"],
+                         (([m, s.label], counts.get((m, s.label), 0)) for m in names for s in JobState))
+            yield _gauge("asynch_oldest_pending_age_seconds", "seconds the head of the model's queue (its oldest "
+                         "pending job by queue time) has waited for a worker; 0 when none is pending", ["model"],
+                         (([m], max(0.0, (at - heads[m]).total_seconds()) if m in heads else 0.0) for m in names))
         for name, (doc, key) in _MODEL_GAUGES.items():
-            g = GaugeMetricFamily(name, doc, labels=["model"])
-            for m in live:
-                g.add_metric([m["model_name"]], int(m[key]))
-            yield g
+            yield _gauge(name, doc, ["model"], (([m["model_name"]], int(m[key])) for m in live))
         for knob in ("queue_limit", "max_concurrency"):
-            g = GaugeMetricFamily(f"asynch_runtime_{knob}",
-                                  f"autotune's runtime {knob} override (absent when none is set)", labels=["model"])
-            for m in live:
-                if m["runtime"][knob] is not None:
-                    g.add_metric([m["model_name"]], m["runtime"][knob])
-            yield g
+            yield _gauge(f"asynch_runtime_{knob}", f"autotune's runtime {knob} override (absent when none is set)",
+                         ["model"], (([m["model_name"]], m["runtime"][knob]) for m in live
+                                     if m["runtime"][knob] is not None))
         if workers is not None:
-            yield from self._workers(workers)
-        yield from self._fairness(fairness, weights)
+            yield from _workers(sorted(workers.items()))
+        yield _gauge("asynch_tenant_ready_jobs", "jobs waiting in a tenant's dispatch queue (pending, not yet "
+                     "dispatched)", ["model", "tenant"],
+                     (([m, t], depth) for m, (per, _) in sorted(fairness.items()) for t, depth in sorted(per.items())))
+        yield _gauge("asynch_dispatch_inflight", "run_job messages dispatched and not yet claimed (at most "
+                     "ASYNCH_DISPATCH_WINDOW)", ["model"], (([m], n) for m, (_, n) in sorted(fairness.items())))
+        yield _gauge("asynch_tenant_weight", "a tenant's dispatch weight (tenants not listed: 1)", ["tenant"],
+                     (([t], w) for t, w in sorted(weights.items())))
 
-    @staticmethod
-    def _fairness(fairness: dict, weights: dict[str, int]):
-        ready = GaugeMetricFamily("asynch_tenant_ready_jobs", "jobs waiting in a tenant's dispatch queue "
-                                  "(pending, not yet dispatched)", labels=["model", "tenant"])
-        inflight = GaugeMetricFamily("asynch_dispatch_inflight", "run_job messages dispatched and not yet "
-                                     "claimed (at most ASYNCH_DISPATCH_WINDOW)", labels=["model"])
-        for model, (per_tenant, n) in sorted(fairness.items()):
-            for tenant, depth in sorted(per_tenant.items()):
-                ready.add_metric([model, tenant], depth)
-            inflight.add_metric([model], n)
-        weight = GaugeMetricFamily("asynch_tenant_weight", "a tenant's dispatch weight (tenants not listed: 1)",
-                                   labels=["tenant"])
-        for tenant, w in sorted(weights.items()):
-            weight.add_metric([tenant], w)
-        yield ready
-        yield inflight
-        yield weight
 
-    @staticmethod
-    def _jobs(counts, heads, at, live):
-        models = sorted({m for m, _ in counts} | {m["model_name"] for m in live})
-        jobs = GaugeMetricFamily("asynch_jobs", "jobs in the database by model and state", labels=["model", "state"])
-        for m in models:
-            for s in JobState:
-                jobs.add_metric([m, s.label], counts.get((m, s.label), 0))
-        yield jobs
-        age = GaugeMetricFamily("asynch_oldest_pending_age_seconds",
-                                "seconds the head of the model's queue (its oldest pending job by queue time) "
-                                "has waited for a worker; 0 when none is pending", labels=["model"])
-        for m in models:
-            age.add_metric([m], max(0.0, (at - heads[m]).total_seconds()) if m in heads else 0.0)
-        yield age
+def _gauge(name: str, doc: str, labels: list[str], samples) -> GaugeMetricFamily:
+    """A family of (label values, value) samples."""
+    g = GaugeMetricFamily(name, doc, labels=labels)
+    for values, v in samples:
+        g.add_metric(values, v)
+    return g
 
-    @staticmethod
-    def _workers(workers: dict[str, dict[str, str]]):
-        now = time.time()
-        fresh = worker_ttl()
-        hb = GaugeMetricFamily("asynch_worker_heartbeat_seconds",
-                               "unix time the worker's consumer last reported being connected and looping",
-                               labels=["worker"])
-        consumed = GaugeMetricFamily("asynch_worker_last_consumed_seconds",
-                                     "unix time the worker last took a task off the queue", labels=["worker"])
-        n = 0
-        for node, f in sorted(workers.items()):
-            if "heartbeat" in f:
-                hb.add_metric([node], float(f["heartbeat"]))
-                n += now - float(f["heartbeat"]) <= fresh
-            if "consumed" in f:
-                consumed.add_metric([node], float(f["consumed"]))
-        yield hb
-        yield consumed
-        yield GaugeMetricFamily("asynch_workers_consuming",
-                                "workers whose consumer reported within 3 heartbeat intervals", value=n)
+
+def _workers(nodes: list[tuple[str, dict[str, str]]]):
+    now, fresh = time.time(), worker_ttl()
+    yield _gauge("asynch_worker_heartbeat_seconds", "unix time the worker's consumer last reported being connected "
+                 "and looping", ["worker"], (([n], float(f["heartbeat"])) for n, f in nodes if "heartbeat" in f))
+    yield _gauge("asynch_worker_last_consumed_seconds", "unix time the worker last took a task off the queue",
+                 ["worker"], (([n], float(f["consumed"])) for n, f in nodes if "consumed" in f))
+    yield GaugeMetricFamily("asynch_workers_consuming", "workers whose consumer reported within 3 heartbeat intervals",
+                            value=sum(1 for _, f in nodes if "heartbeat" in f and now - float(f["heartbeat"]) <= fresh))
 
 
 def render() -> tuple[bytes, str]:

@@ -1,12 +1,8 @@
-"""gunicorn server hooks `asynch api` runs with (``-c python:app.observe.gunicorn_conf``):
-the lifecycle of the API server's Prometheus multiprocess directory.
-
-Invariants: the master takes and empties the directory before it forks any
-worker (``on_starting``), marks each exited worker dead (``child_exit``), and
-removes a temporary directory when it exits (``on_exit``).  The directory
-itself comes from the environment `asynch api` set before exec'ing gunicorn
-(app.infra.metrics.group_env); without it the workers keep metrics in memory
-and one scrape would see one worker only, so the server refuses to start.
+"""gunicorn hooks of `asynch api` (``-c python:app.observe.gunicorn_conf``):
+the API server's Prometheus multiprocess directory.  The master empties it
+before forking (``on_starting``), marks each exited worker dead, and removes
+a temporary one on exit.  Without the directory `asynch api` sets, one scrape
+would see one worker only, so the server refuses to start.
 """
 from __future__ import annotations
 

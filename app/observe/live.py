@@ -1,7 +1,6 @@
-"""What operators look at: live numbers per model (the console's models page
-and /metrics/cluster's gauges), throughput and P90 latency over a window,
-and a job's timeline.  Reads only; computed at request time from the rows (the truth)
-and the Redis gates (the admission view)."""
+"""Live numbers per model (the console's models page, /metrics/cluster),
+throughput and P90 latency over a window.  Reads only, at request time,
+from the rows (the truth) and the Redis gates (the admission view)."""
 from __future__ import annotations
 
 import calendar
@@ -10,8 +9,7 @@ from decimal import Decimal
 
 from sqlalchemy import bindparam, func, literal, select, text, union_all
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.infra.db import transaction
 from app.infra.redis import gate, upstream
 from app.infra.tables import models, tasks
@@ -19,10 +17,8 @@ from app.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 
 
 def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]:
-    """(model, state label) -> rows of the ACTIVE states (pending, running,
-    retry_wait), of one tenant or all; one GROUP BY that
-    ix_asynch_task_model_state answers.  Bounded: admission keeps active
-    jobs under each model's queue_limit, however long the history is."""
+    """(model, state label) -> rows of the active states, of one tenant or
+    all: one GROUP BY on ix_asynch_task_model_state, bounded by admission."""
     q = (select(tasks.c.model_name, tasks.c.state, func.count())
          .where(tasks.c.state.in_([int(s) for s in ACTIVE_STATES])).group_by(tasks.c.model_name, tasks.c.state))
     if tenant_id is not None:
@@ -31,10 +27,8 @@ def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]
 
 
 def finished_counts(conn, model_names: list[str], cap: int) -> dict[tuple[str, str], int]:
-    """(model, state label) -> rows of each terminal state, counting at most
-    ``cap`` rows each (ASYNCH_METRICS_JOB_COUNT_CAP): a scrape never counts
-    the whole history.  One statement of index-range subqueries, each
-    stopped by its LIMIT."""
+    """(model, state label) -> rows of each terminal state, at most ``cap``
+    each: index-range subqueries, each stopped by its LIMIT."""
     parts = []
     for m in model_names:
         for s in TERMINAL_STATES:
@@ -49,9 +43,7 @@ def finished_counts(conn, model_names: list[str], cap: int) -> dict[tuple[str, s
 
 
 def oldest_pending(conn) -> dict[str, datetime]:
-    """model -> enqueue_at of the head of its queue (the pending job a worker
-    should take next; a retry put back at the head keeps its creation time).
-    The partial index ix_asynch_task_pending_enqueue holds exactly these rows."""
+    """model -> enqueue_at of its queue's head (ix_asynch_task_pending_enqueue's rows)."""
     q = select(tasks.c.model_name, func.min(tasks.c.enqueue_at)).where(
         tasks.c.state == int(JobState.PENDING)).group_by(tasks.c.model_name)
     return {m: as_utc(t) for m, t in conn.execute(q)}
@@ -59,14 +51,11 @@ def oldest_pending(conn) -> dict[str, datetime]:
 
 def model_live(include_disabled: bool = True, tenant_id: str | None = None,
                counts: dict[tuple[str, str], int] | None = None) -> list[dict]:
-    """Every configured model with its queue depth vs limit, running vs
-    concurrency, runtime overrides (autotune), the upstream controller's
-    effective concurrency and pause, and enabled state.  With
-    ``tenant_id`` (a user's overview) the job numbers are that tenant's
-    only: queue_depth is its own pending + running + retry_wait, never the
-    gate's total, which would show other tenants' load.  ``counts``: the
-    active-state counts the caller already read (``job_counts``; a scrape
-    reads them once, at 100,000 pending rows that GROUP BY is its cost)."""
+    """Every configured model's queue and concurrency, configured and
+    effective (autotune, the upstream controller).  With ``tenant_id`` the
+    job numbers are that tenant's only (queue_depth too, never the gate's
+    total: other tenants' load).  ``counts``: ``job_counts`` the caller
+    already read (a scrape reads that GROUP BY, its main cost, once)."""
     with transaction() as conn:
         rows = conn.execute(select(models.c.model_name, models.c.enabled, models.c.queue_limit,
                                    models.c.max_concurrency).order_by(models.c.model_name)).all()
@@ -84,20 +73,14 @@ def model_live(include_disabled: bool = True, tenant_id: str | None = None,
         if tenant_id is not None:
             depth = sum(counts.get((r.model_name, s.label), 0) for s in ACTIVE_STATES)
         out.append({
-            "model_name": r.model_name,
-            "enabled": bool(r.enabled),
-            "queue_depth": depth,
+            "model_name": r.model_name, "enabled": bool(r.enabled), "queue_depth": depth,
             "queue_limit": min(r.queue_limit, rt_ql) if rt_ql is not None else r.queue_limit,
             "queue_limit_configured": r.queue_limit,
-            "running": counts.get((r.model_name, "running"), 0),
-            "pending": counts.get((r.model_name, "pending"), 0),
-            "retry_wait": counts.get((r.model_name, "retry_wait"), 0),
-            "max_concurrency": mc,
-            "max_concurrency_configured": r.max_concurrency,
+            **{s: counts.get((r.model_name, s), 0) for s in ("running", "pending", "retry_wait")},
+            "max_concurrency": mc, "max_concurrency_configured": r.max_concurrency,
             "runtime": {"queue_limit": rt_ql, "max_concurrency": rt_mc},
             "effective_concurrency": min(mc, ul) if ul is not None else mc,
-            "paused_until": datetime.fromtimestamp(paused, timezone.utc) if paused else None,
-        })
+            "paused_until": datetime.fromtimestamp(paused, timezone.utc) if paused else None})
     return out
 
 
@@ -123,12 +106,9 @@ WHERE rn = (9 * n + 9) / 10
 
 
 def throughput_series(minutes: int = 60, bucket_minutes: int = 5, tenant_id: str | None = None) -> dict:
-    """Per model: finished-done jobs and P90 of created -> finished seconds,
-    per bucket over the last ``minutes``.  ix_asynch_task_state_finished
-    answers the range; PostgreSQL groups and ranks (``_SERIES``), so the
-    rows read here are bounded by models x buckets, not by the jobs done."""
-    now = clock_now()
-    start = now - timedelta(minutes=minutes)
+    """Per model and bucket of the last ``minutes``: ``_SERIES``, on
+    ix_asynch_task_state_finished (models x buckets rows, not jobs)."""
+    start = clock_now() - timedelta(minutes=minutes)
     n_buckets = max(1, -(-minutes // bucket_minutes))
     q = text(_SERIES.format(table=tasks.name, tenant="AND tenant_id = :tenant" if tenant_id is not None else "")
              ).bindparams(bindparam("states", expanding=True))
@@ -143,7 +123,5 @@ def throughput_series(minutes: int = 60, bucket_minutes: int = 5, tenant_id: str
         for m, b, n, dur in conn.execute(q, params):
             per.setdefault(m, [{"done": 0, "p90_seconds": None} for _ in range(n_buckets)])[b] = {
                 "done": int(n), "p90_seconds": float(dur)}
-    return {
-        "since": start.isoformat().replace("+00:00", "Z"), "bucket_minutes": bucket_minutes,
-        "models": {m: buckets for m, buckets in sorted(per.items())},
-    }
+    return {"since": start.isoformat().replace("+00:00", "Z"), "bucket_minutes": bucket_minutes,
+            "models": dict(sorted(per.items()))}

@@ -1,18 +1,13 @@
-"""What the console's operator pages read: a job's attempt log, the workers
-(liveness, what each runs, heartbeat age), the maintenance state (beat
-leader, the latest periodic runs, the gates against the rows) and a
-tenant's queue share in use.
+"""What the console's operator pages read: a job's attempt log, the workers,
+the maintenance state (beat leader, latest periodic runs, gates against the
+rows) and a tenant's queue share in use.
 
 Invariants:
-- Reads only: nothing here writes a row or a Redis key.
-- Computed at request time from the truth (the rows) and the Redis keys
-  that hold the live state (liveness hashes, the beat lock and history,
-  the gate sets), never from process memory: any API process answers the
-  same numbers.
-- Tenant-scoped by the caller: a job's attempts only of a job the
-  principal may see (``jobs.load_job``); a tenant's state only for its own
-  keys or an admin (403 otherwise); workers and maintenance are admin
-  routes (app/web/v1_observe.py).
+- Reads only, at request time, from the rows and the Redis keys holding the
+  live state, never process memory: any API process answers the same.
+- Tenant-scoped: a job's attempts only of a job the principal may see; a
+  tenant's state only for its own keys or an admin; workers and maintenance
+  are admin routes (app/web/v1_observe.py).
 """
 from __future__ import annotations
 
@@ -21,18 +16,17 @@ import time
 
 from sqlalchemy import func, select, union
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.contract import iso_z
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
 from app.infra.redis import gate, leader, liveness
 from app.infra.tables import api_keys, models, task_attempts, tasks, tenant_limits
 from app.jobs import service as jobs
+from app.observe.live import job_counts
 from app.states import SLOT_STATES, JobState
 from app.tenancy import limits
 from app.tenancy.keys import Principal
-from app.tenancy.limits import tenant_queue_cap
 
 
 def job_with_attempts(principal: Principal, job_id: str):
@@ -52,10 +46,8 @@ def _age(stamp: str | None, now: float) -> float | None:
 
 
 def workers() -> dict:
-    """Every Celery node with a liveness hash, plus any node a running job
-    names whose hash is gone (dead: recovery fails its attempts), each with
-    the jobs it runs."""
-    ttl = worker_ttl()
+    """Every node with a liveness hash or named by a running job (hash gone:
+    dead), each with the jobs it runs."""
     live = liveness.workers_read()
     now = time.time()
     with transaction() as conn:
@@ -79,23 +71,20 @@ def workers() -> dict:
     out = []
     for node in sorted(set(live) | {n for n in by_node if n}):
         h = live.get(node, {})
-        age = _age(h.get("heartbeat"), now)
         # Alive as recovery sees it: the hash is there (each heartbeat or consumed message renews it for ttl).
-        out.append({"node": node, "alive": bool(h),
-                    "heartbeat_age_seconds": age, "consumed_age_seconds": _age(h.get("consumed"), now),
+        out.append({"node": node, "alive": bool(h), "heartbeat_age_seconds": _age(h.get("heartbeat"), now),
+                    "consumed_age_seconds": _age(h.get("consumed"), now),
                     "queues": [q for q in h.get("queues", "").split(",") if q], "instance": h.get("instance") or None,
                     "running": by_node.get(node, [])})
-    return {"ttl_seconds": ttl, "workers": out, "unassigned_running": len(by_node.get("", []))}
+    return {"ttl_seconds": worker_ttl(), "workers": out, "unassigned_running": len(by_node.get("", []))}
 
 
 def maintenance_state(runs: int = 200) -> dict:
     """The beat leader, the latest run of each periodic task, and every
     gate's slots against its pending/running rows (what reconcile repairs)."""
     cur = leader.leader_current()
-    history = [json.loads(x) for x in leader.beat_history(runs)]  # as periodic.recent_runs
-    latest: dict[str, dict] = {}
-    for entry in history:
-        latest[entry["task"]] = entry
+    # The last entry of each task wins (the history is oldest first, as periodic.recent_runs reads it).
+    latest = {e["task"]: e for e in map(json.loads, leader.beat_history(runs))}
     with transaction() as conn:
         names = [r.model_name for r in conn.execute(select(models.c.model_name).order_by(models.c.model_name))]
         rows = dict(conn.execute(select(tasks.c.model_name, func.count()).where(
@@ -125,15 +114,8 @@ def tenant_state(principal: Principal, tenant: str) -> dict:
     with transaction() as conn:
         model_rows = conn.execute(select(models).where(models.c.enabled.is_(True))
                                   .order_by(models.c.model_name)).all()
-        counts = conn.execute(select(tasks.c.model_name, tasks.c.state, func.count()).where(
-            tasks.c.tenant_id == tenant,
-            tasks.c.state.in_([int(JobState.PENDING), int(JobState.RUNNING), int(JobState.RETRY_WAIT)]))
-            .group_by(tasks.c.model_name, tasks.c.state)).all()
-    by = {(m, JobState(s).label): n for m, s, n in counts}
-    out = []
-    for m in model_rows:
-        out.append({"model": m.model_name, "in_use": gate.tenant_depth(m.model_name, tenant),
-                    "cap": tenant_queue_cap(tenant, m), "queue_limit": m.queue_limit,
-                    "pending": by.get((m.model_name, "pending"), 0), "running": by.get((m.model_name, "running"), 0),
-                    "retry_wait": by.get((m.model_name, "retry_wait"), 0)})
-    return {"tenant": tenant, "models": out}
+        by = job_counts(conn, tenant)
+    return {"tenant": tenant, "models": [
+        {"model": m.model_name, "in_use": gate.tenant_depth(m.model_name, tenant),
+         "cap": limits.tenant_queue_cap(tenant, m), "queue_limit": m.queue_limit,
+         **{s: by.get((m.model_name, s), 0) for s in ("pending", "running", "retry_wait")}} for m in model_rows]}

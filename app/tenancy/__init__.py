@@ -1,2 +1,1 @@
-"""Who calls: API keys and the Principal (keys), the creator behind a
-trusted gateway (identity), and their contracts (schemas)."""
+"""Who calls: API keys and the Principal (keys), the creator behind a gateway (identity), limits, contracts."""

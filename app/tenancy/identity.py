@@ -1,17 +1,14 @@
-"""Who a job is for: the tenant comes from the API key (app/tenancy/keys.py),
-or in gateway auth mode (ASYNCH_AUTH_MODE=gateway) from the X-User-Info the
-proven gateway sets (``tenant_from_info``; app/web/auth.py checks it is a
-tenant name); the creator from the request's creator field / X-Creator
-header, or, when a gateway in front of the API vouches for the request's
-X-User-Info, from that (it wins over the client's field).
+"""Who a job is for: the tenant from the API key, or in gateway auth mode
+from the X-User-Info the proven gateway sets (``tenant_from_info``); the
+creator from the creator field / X-Creator, or from a vouched-for
+X-User-Info, which wins.
 
-X-User-Info is an identity only a trusted gateway can vouch for, and only
-on a request that passed the gateway's proof (app/web/auth.py
-``trusted_user_info``, the one check): the functions here take that
-vouched-for value (None when there is none) and never the raw header, so
-an unproven X-User-Info is neither the creator nor passed through to the
-OSS file service (``oss_passthrough``), and a client cannot pose as another
-user there under the operator's credential."""
+Only a request that passed the gateway's proof (app/web/auth.py
+``trusted_user_info``) has a vouched-for X-User-Info; the functions here
+take that value (None when there is none), never the raw header, so an
+unproven one is neither the creator nor passed to the OSS file service
+(``oss_passthrough``) under the operator's credential.
+"""
 from __future__ import annotations
 
 import base64
@@ -28,16 +25,22 @@ def _decode(value: str) -> dict | None:
     """JSON, or base64 (standard or URL-safe) JSON; None if neither."""
     try:
         data = json.loads(value)
-        return data if isinstance(data, dict) else None
     except ValueError:
-        pass
-    try:
-        std = value.replace("-", "+").replace("_", "/")
-        raw = base64.b64decode(std + "=" * (-len(std) % 4), validate=True)
-        data = json.loads(raw.decode("utf-8"))
-        return data if isinstance(data, dict) else None
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        return None
+        try:
+            std = value.replace("-", "+").replace("_", "/")
+            data = json.loads(base64.b64decode(std + "=" * (-len(std) % 4), validate=True).decode("utf-8"))
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def _named(data: dict, names) -> str:
+    """The first of ``names`` holding a non-blank string or integer, stripped."""
+    for k in names:
+        v = data.get(k)
+        if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
+            return str(v).strip()
+    return ""
 
 
 def user_from_info(value: str) -> str:
@@ -46,11 +49,7 @@ def user_from_info(value: str) -> str:
     value = value.strip()
     data = _decode(value)
     if data is not None:
-        for k in _NAME_KEYS:
-            v = data.get(k)
-            if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
-                return str(v).strip()[:128]
-        return ""
+        return _named(data, _NAME_KEYS)[:128]
     if value and len(value) <= 128 and all(0x20 < ord(c) < 0x7F for c in value) and "{" not in value:
         return value
     return ""
@@ -61,32 +60,17 @@ def tenant_from_info(value: str | None) -> str:
     the usual tenant keys), else ASYNCH_GATEWAY_DEFAULT_TENANT; "" if
     neither.  Not yet judged: the caller checks it is a tenant name."""
     data = _decode(value.strip()) if value else None
-    name = ""
-    if data is not None:
-        for k in _TENANT_KEYS:
-            v = data.get(k)
-            if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v).strip():
-                name = str(v).strip()
-                break
-    return name or get_settings().gateway_default_tenant
+    return (_named(data, _TENANT_KEYS) if data is not None else "") or get_settings().gateway_default_tenant
 
 
 def creator_for(explicit: str | None, trusted_info: str | None) -> str:
     """``trusted_info``: the X-User-Info a proven gateway vouches for, or None."""
-    if trusted_info:
-        name = user_from_info(trusted_info)
-        if name:
-            return name
-    return explicit or ""
+    return (user_from_info(trusted_info) if trusted_info else "") or explicit or ""
 
 
 def oss_passthrough(oss_authorization: str | None, trusted_info: str | None) -> dict[str, str] | None:
     """The headers a job carries to the OSS file service: the caller's own
     credential for it (X-Oss-Authorization, sent as Authorization) and the
     X-User-Info a proven gateway vouches for (``trusted_info``), if any."""
-    out = {}
-    if oss_authorization:
-        out["Authorization"] = oss_authorization
-    if trusted_info:
-        out["X-User-Info"] = trusted_info
+    out = {k: v for k, v in (("Authorization", oss_authorization), ("X-User-Info", trusted_info)) if v}
     return out or None

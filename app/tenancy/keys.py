@@ -16,7 +16,7 @@ from sqlalchemy.engine import Row
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.contract import parse
-from app.errors import NotFound, Unauthorized
+from app.errors import Forbidden, NotFound, Unauthorized
 from app.infra import caches
 from app.infra.caches import MISSING
 from app.infra.db import transaction
@@ -39,6 +39,11 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+    def check_access(self, tenant_id: str) -> None:
+        """A tenant's own keys or an admin; else 403."""
+        if not self.is_admin and self.tenant_id != tenant_id:
+            raise Forbidden("admin key required")
 
 
 # The operator at the command line: an admin of every tenant.
@@ -77,8 +82,7 @@ def revoke_key(key_id: int) -> Row:
                            .values(revoked_at=clock_now()).returning(*api_keys.c)).first()
         if row is None:
             row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
-    # After the commit (the block above): a process that re-reads on the
-    # message must see the revocation.
+    # After the commit: a process that re-reads on the message must see the revocation.
     _cache.clear()
     publish_invalidate("keys")
     if row is None:
@@ -86,20 +90,21 @@ def revoke_key(key_id: int) -> Row:
     return row
 
 
+def _is_bootstrap(key: str) -> bool:
+    boot = get_settings().bootstrap_admin_key
+    return bool(boot) and hmac.compare_digest(key.encode(), boot.encode())
+
+
 def looks_like_key(key: str | None) -> bool:
     """One of our API keys by its form (or the bootstrap admin key): gateway
     auth mode authenticates such a request by the key, every other one by
     the gateway's proof."""
-    if not key:
-        return False
-    boot = get_settings().bootstrap_admin_key
-    return bool(_KEY.match(key)) or bool(boot and hmac.compare_digest(key.encode(), boot.encode()))
+    return bool(key) and (bool(_KEY.match(key)) or _is_bootstrap(key))
 
 
 def authenticate(key: str | None) -> Principal:
-    """The principal behind a presented key, or Unauthorized.  Keys that
-    authenticated are cached per process (ASYNCH_AUTH_CACHE_SECONDS);
-    failures never are, so a new key works at once."""
+    """The principal behind a presented key, or Unauthorized; successes are
+    cached per process, failures never (a new key works at once)."""
     if not key:
         raise Unauthorized("missing API key")
     h = hash_key(key)
@@ -112,10 +117,8 @@ def authenticate(key: str | None) -> Principal:
 
 
 def _lookup(key: str, presented: str) -> Principal:
-    settings = get_settings()
-    if settings.bootstrap_admin_key and hmac.compare_digest(
-            key.encode(), settings.bootstrap_admin_key.encode()):
-        return Principal(tenant_id="admin", role="admin", key_id=None)
+    if _is_bootstrap(key):
+        return OPERATOR
     m = _KEY.match(key)
     if not m:
         raise Unauthorized("invalid API key")

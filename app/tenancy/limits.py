@@ -1,15 +1,13 @@
 """Per-tenant limits (table asynch_tenant_limits): the dispatch weight, the
-request rate per key, the long-poll cap per API process (the tenant-wide
-row, model_name ''), and per model (a row per model) the tenant's queue
-cap, guaranteed minimum and burst ceiling of concurrent jobs (a row with
-none of them is deleted; a minimum above the ceiling is refused).
+request rate per key and the long-poll cap (the tenant-wide row, model_name
+''), and per model its queue cap, guaranteed minimum and burst ceiling of
+concurrent jobs (a row with none is deleted; a minimum above the ceiling is
+refused).
 
-The rows are the truth.  Readers on hot paths (every request's rate limit,
-every submission's queue cap, every wait) go through a per-process cache
+The rows are the truth.  Hot paths read through a per-process cache
 (ASYNCH_AUTH_CACHE_SECONDS, dropped on the invalidation message); the
-dispatcher reads the weights from a Redis hash that every change rewrites
-and the maintenance rebuild restores (``sync_weights``), and each model's
-minimums and ceilings from a hash in the model's slot (``sync_shares``).
+dispatcher reads the weights, and each model's minimums and ceilings, from
+Redis hashes every change rewrites and the wipe repair restores.
 """
 from __future__ import annotations
 
@@ -22,14 +20,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.errors import Forbidden, ValidationFailed
+from app.errors import ValidationFailed
 from app.infra import caches
 from app.infra.db import transaction
 from app.infra.redis import dispatch as redis_dispatch
 from app.infra.redis.events import publish_invalidate
 from app.infra.tables import models, tenant_limits
 from app.tenancy.keys import Principal
-from app.tenancy.schemas import TenantLimits, TenantLimitsInput, is_tenant_name
+from app.tenancy.schemas import TenantLimits, TenantLimitsInput, check_tenant
 
 _TENANT_FIELDS = ("weight", "rate_per_second", "burst", "max_waiters")
 # The per-model fields (model_name -> value) and their column.
@@ -75,11 +73,9 @@ def limits_of(tenant: str) -> Limits:
 
 
 def tenant_queue_cap(tenant: str, model) -> int:
-    """How many of ``model``'s queue slots ``tenant`` may hold: its own row
-    for the model, else the model's tenant_queue_limit, else
-    ASYNCH_TENANT_QUEUE_SHARE of queue_limit (rounded up); never above the
-    model's queue_limit.  (A runtime override, asynch:runtime:
-    tenant_queue_limit:{model}, lowers it further inside the gate step.)"""
+    """``model``'s queue slots ``tenant`` may hold: its own row, else the model's
+    tenant_queue_limit, else ASYNCH_TENANT_QUEUE_SHARE of queue_limit (rounded
+    up), never above queue_limit (a runtime override lowers it in the gate)."""
     own = limits_of(tenant).queue_limits.get(model.model_name)
     if own is not None:
         cap = own
@@ -90,17 +86,10 @@ def tenant_queue_cap(tenant: str, model) -> int:
     return max(0, min(cap, model.queue_limit))
 
 
-def _check_tenant(tenant: str) -> None:
-    if not is_tenant_name(tenant):
-        raise ValidationFailed("invalid tenant", [{"pointer": "/tenant",
-                                                   "message": "must be 1-64 letters, digits, _ . -"}])
-
-
 def read(principal: Principal, tenant: str) -> TenantLimits:
     """A tenant's limits for its own keys or an admin (else 403)."""
-    _check_tenant(tenant)
-    if not principal.is_admin and principal.tenant_id != tenant:
-        raise Forbidden("admin key required")
+    check_tenant(tenant)
+    principal.check_access(tenant)
     return _view(tenant, _load(tenant))
 
 
@@ -112,24 +101,20 @@ def _view(tenant: str, lim: Limits) -> TenantLimits:
 
 def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
     """Admins: write the fields the change gives (null: back to the default)."""
-    _check_tenant(tenant)
+    check_tenant(tenant)
     given = change.model_dump(exclude_unset=True)
     now = clock_now()
     with transaction() as conn:
-        tenant_wide = {k: given[k] for k in _TENANT_FIELDS if k in given}
-        if tenant_wide:
-            stmt = pg_insert(tenant_limits).values(tenant_id=tenant, model_name="", updated_at=now,
-                                                   **tenant_wide)
-            conn.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "model_name"],
-                                                    set_={**tenant_wide, "updated_at": now}))
-        per_model: dict[str, dict] = {}
+        # model_name "" is the tenant-wide row (no model is named "").
+        rows: dict[str, dict] = {"": {k: given[k] for k in _TENANT_FIELDS if k in given}}
         for f, col in _MODEL_FIELDS.items():
             for model, value in (given.get(f) or {}).items():
-                per_model.setdefault(model, {})[col] = value
-        for model, vals in per_model.items():
-            stmt = pg_insert(tenant_limits).values(tenant_id=tenant, model_name=model, updated_at=now, **vals)
-            conn.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "model_name"],
-                                                    set_={**vals, "updated_at": now}))
+                rows.setdefault(model, {})[col] = value
+        for model, vals in rows.items():
+            if vals:
+                stmt = pg_insert(tenant_limits).values(tenant_id=tenant, model_name=model, updated_at=now, **vals)
+                conn.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "model_name"],
+                                                        set_={**vals, "updated_at": now}))
         c = tenant_limits.c
         conn.execute(delete(tenant_limits).where(c.tenant_id == tenant, c.model_name != "", c.queue_limit.is_(None),
                                                  c.min_concurrency.is_(None), c.burst_concurrency.is_(None)))
@@ -147,8 +132,7 @@ def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
 
 
 def _model_names() -> list[str]:
-    """Every configured model: each keeps its own copy of the weights (one
-    hash slot with its dispatch state, app/infra/redis/keys.py)."""
+    """Every configured model: each keeps its own copy of the weights (its hash slot)."""
     with transaction() as conn:
         return [r.model_name for r in conn.execute(select(models.c.model_name))]
 
@@ -160,7 +144,6 @@ def sync_weights() -> int:
             tenant_limits.c.model_name == "", tenant_limits.c.weight.is_not(None))).all()
     redis_dispatch.replace_weights({r.tenant_id: r.weight for r in rows}, _model_names())
     return len(rows)
-
 
 
 def sync_shares(model_names=None) -> int:

@@ -7,6 +7,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from app.contract import NO_NUL, Int, Params, Shape, StrictBool, Text, Timestamp, rule
+from app.errors import ValidationFailed
 
 # Every tenant name, whatever names it (a key, a limits row, the gateway's
 # X-User-Info): no "~" and no ":", so a tenant can never be an internal row
@@ -20,6 +21,12 @@ _TENANT = re.compile(TENANT_PATTERN.replace("$", "\\Z"))  # \Z: "$" also matches
 
 def is_tenant_name(name: object) -> bool:
     return isinstance(name, str) and _TENANT.match(name) is not None
+
+
+def check_tenant(name: str) -> None:
+    if not is_tenant_name(name):
+        raise ValidationFailed("invalid tenant", [{"pointer": "/tenant",
+                                                   "message": "must be 1-64 letters, digits, _ . -"}])
 
 
 Role = Literal["admin", "user"]
