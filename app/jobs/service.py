@@ -281,10 +281,12 @@ def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: S
 
 
 def _end(principal: Principal, job_id: str, model_name: str | None, move) -> Row:
-    """One guarded transition of a job the principal may see; 409 if it already ended."""
+    """``move(conn, due)``: one guarded transition of a job the principal may
+    see, handed to ``due``; 409 if it already ended."""
+
     with effects.collecting() as due, transaction() as conn:
         row = load_job(conn, principal, job_id, model_name)
-        won = due.add(move(conn))
+        won = move(conn, due)
     if won is None:
         raise Conflict(f"job already finished (state: {v1_name(row.state)})")
     return won.row
@@ -292,13 +294,14 @@ def _end(principal: Principal, job_id: str, model_name: str | None, move) -> Row
 
 def cancel_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
     tenant = None if principal.is_admin else principal.tenant_id
-    return _end(principal, job_id, model_name, lambda conn: transitions.cancel(conn, job_id, tenant))
+    return _end(principal, job_id, model_name, lambda conn, due: due.add(transitions.cancel(conn, job_id, tenant)))
 
 
 def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: str | None = None) -> Row:
     """An admin ends a pending, running or waiting-to-retry job as failed
     (seed 000: any non-terminal state can be ended)."""
-    return _end(principal, job_id, model_name, lambda conn: transitions.fail_by_admin(conn, job_id, reason))
+    return _end(principal, job_id, model_name,
+                lambda conn, due: due.add(transitions.fail_by_admin(conn, job_id, reason)))
 
 
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
