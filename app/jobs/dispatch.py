@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from datetime import datetime
 from typing import Iterable
 
@@ -39,8 +40,6 @@ log = logging.getLogger(__name__)
 
 # A message for "whatever attempt the row is pending at" (the operator's requeue).
 CURRENT = -1
-
-
 DEFAULT_PRIORITY = 5
 # Seconds between two priorities' bands: far beyond any queue time, and a
 # score stays exact to ~10 µs (float64) at the lowest band.
@@ -65,29 +64,27 @@ def head(attempt: int) -> str:
 
 
 def _publish(model: str, sent: list[tuple[str, str, str]]) -> None:
-    if not sent:
-        return
-    normal = [(job_id, int(a)) for _t, job_id, a in sent if not a.endswith("h")]
     high = [(job_id, int(a[:-1])) for _t, job_id, a in sent if a.endswith("h")]
+    normal = [(job_id, int(a)) for _t, job_id, a in sent if not a.endswith("h")]
     if high:
         publisher.publish_run_jobs(high, publisher.Priority.HIGH)
     if normal:
         publisher.publish_run_jobs(normal)
-    counts: dict[str, int] = {}
-    for tenant, _, _ in sent:
-        counts[tenant] = counts.get(tenant, 0) + 1
-    for tenant, n in counts.items():
+    for tenant, n in Counter(tenant for tenant, _, _ in sent).items():
         metrics.dispatched(model, tenant, n)
 
 
-def _safely(model: str, what: str, call) -> list[tuple[str, str, str]]:
+def _safely(model: str, what: str, call, *, more: bool = False):
+    """Run a dispatch step and publish the (tenant, job_id, attempt) it
+    dispatched; ``more``: the step answers (its own value, the pairs).
+    Returns the pairs (and the value), ``[]`` (and None) if Redis failed."""
     try:
-        pairs = call()
+        out = call()
     except redis.RedisError as exc:
         log.warning("dispatch (%s) of %s failed: %s; the maintenance pass repairs it", what, model, exc)
-        return []
-    _publish(model, pairs)
-    return pairs
+        return (None, []) if more else []
+    _publish(model, out[1] if more else out)
+    return out
 
 
 def enqueue_new(items: Iterable[tuple[str, str, str, float]]) -> int:
@@ -97,10 +94,7 @@ def enqueue_new(items: Iterable[tuple[str, str, str, float]]) -> int:
     by_model: dict[str, list[tuple[str, str, float, int | str]]] = {}
     for model, tenant, job_id, score in items:
         by_model.setdefault(model, []).append((tenant, job_id, score, 0))
-    n = 0
-    for model, entries in by_model.items():
-        n += len(_safely(model, "enqueue", lambda m=model, e=entries: rd.enqueue(m, e, mode="NX")))
-    return n
+    return sum(len(_safely(m, "enqueue", lambda m=m, e=e: rd.enqueue(m, e, mode="NX"))) for m, e in by_model.items())
 
 
 def requeue(model: str, entries: list[tuple[str, str, float, int | str]], *, mode: str = "",
@@ -124,17 +118,11 @@ def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str =
     ``message`` (the terminal row's snapshot; empty: the job id, and each
     API process reads the row); ``ran``: a done attempt's seconds, for the
     model's run-time average (app/jobs/estimates.py) and the upstream
-    controller's sample.  True if its gate
-    slot was still held (False: released before, or Redis failed)."""
-    held = []
-
-    def call():
-        released, pairs = rd.finish(model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran)
-        held.append(released)
-        return pairs
-
-    _safely(model, "finish", call)
-    return bool(held and held[0])
+    controller's sample.  True if its gate slot was still held (False:
+    released before, or Redis failed)."""
+    released, _pairs = _safely(model, "finish", more=True, call=lambda: rd.finish(
+        model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran))
+    return bool(released)
 
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: int, started: float,
@@ -143,16 +131,10 @@ def returned(model: str, tenant: str, job_id: str, score: float, attempt: int, s
     (``score``) with its permit back, the model's limit lowered and, with a
     Retry-After, its dispatch paused; a kick is published for the pause's end
     (if lost, the periodic kick resumes the model)."""
-    paused = []
-
-    def call():
-        till, pairs = rd.returned(model, tenant, job_id, score, head(attempt), started, retry_after, cap=cap)
-        paused.append(till)
-        return pairs
-
-    _safely(model, "return", call)
-    if paused and paused[0] > 0:
-        publisher.publish_task(KICK_MODEL_TASK, [model], countdown=max(0.0, paused[0] - time.time()))
+    till, _pairs = _safely(model, "return", more=True, call=lambda: rd.returned(
+        model, tenant, job_id, score, head(attempt), started, retry_after, cap=cap))
+    if till and till > 0:
+        publisher.publish_task(KICK_MODEL_TASK, [model], countdown=max(0.0, till - time.time()))
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> int:
@@ -171,7 +153,4 @@ def kick_all(caps: dict[str, int], *, requeue_inflight: bool = False) -> int:
         rd.copy_weights(names)
     except redis.RedisError as exc:
         log.warning("dispatch weights not copied: %s; the next pass tries again", exc)
-    n = 0
-    for model in names:
-        n += kick(model, cap=caps.get(model), requeue_inflight=requeue_inflight)
-    return n
+    return sum(kick(model, cap=caps.get(model), requeue_inflight=requeue_inflight) for model in names)

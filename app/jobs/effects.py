@@ -2,10 +2,9 @@
 them (docs/architecture.md, "Effects follow from the transitions").
 
 A transition that moves a job out of pending/running returns a
-``transitions.Moved``: the winning row and which effects its commit implies.
-The caller collects what it won and this module runs the effects once the
-transaction committed -- the message-bus shape (collect what the change
-implies, handle it after the commit), kept explicit:
+``transitions.Moved`` (the winning row and which effects its commit
+implies); the caller collects what it won and this module runs the effects
+once the transaction committed:
 
     with effects.collecting() as due, transaction() as conn:
         won = due.add(transitions.cancel(conn, job_id, tenant))
@@ -40,25 +39,16 @@ from app.transitions import Moved
 log = logging.getLogger(__name__)
 
 
-class Due:
-    """The transitions a transaction won, whose effects are due after its commit."""
-
-    def __init__(self) -> None:
-        self._won: list[tuple[Moved, int | None, float | None]] = []
+class Due(list):
+    """The transitions a transaction won, (moved, cap, retry_after) each, whose effects are due after its commit."""
 
     def add(self, moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> Moved | None:
         """Note a transition's result (None: lost, nothing due); returns it.
         ``cap``: the model's max_concurrency, when the caller has it;
         ``retry_after``: a busy upstream's Retry-After (seconds)."""
         if moved is not None:
-            self._won.append((moved, cap, retry_after))
+            self.append((moved, cap, retry_after))
         return moved
-
-    def __iter__(self):
-        return (m for m, _cap, _ra in self._won)
-
-    def __len__(self) -> int:
-        return len(self._won)
 
 
 @contextmanager
@@ -67,18 +57,17 @@ def collecting() -> Iterator[Due]:
     it BEFORE the transaction, so the commit comes first)."""
     due = Due()
     yield due
-    for moved, cap, retry_after in due._won:
+    for moved, cap, retry_after in due:
         run(moved, cap=cap, retry_after=retry_after)
 
 
 def run(moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> None:
-    """The effects of one committed transition: its slots and permit back
-    (the next job is dispatched) with, for a terminal state, its waiters
-    woken with the row's snapshot; its finish counted; its outbox rows' bell
-    rung; a done attempt's run time measured (the model's estimate and the
-    upstream controller's sample).  A busy return keeps its slot: permit
-    back, queued at its tenant's head, the model's limit lowered (paused for
-    ``retry_after``)."""
+    """The effects of one committed transition: slots and permit back (the
+    next job dispatched; a terminal state's waiters woken with the row's
+    snapshot; a done attempt's run time measured), the finish counted, the
+    outbox rows' bell rung.  A busy return keeps its slot: permit back,
+    queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
+
     if moved is None:
         return
     row = moved.row

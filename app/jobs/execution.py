@@ -44,16 +44,12 @@ INLINE = "inline:"  # the location of a result kept in its row
 
 def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) -> str:
     """Run the attempt a run_job(job_id, attempt) message stands for
-    (``CURRENT``: whatever attempt the row is pending at).
-
-    Returns what happened ("stale", "expired", "done", "retry_wait", "failed", "lost", "busy")
-    for logs and tests.  A duplicate or outdated message is "stale": the
-    claim CAS refuses it before anything else happens.  The tenant's permit
-    (maxConcurrency) was taken when the job was dispatched; the claim makes
-    it last the attempt's lease.  ``worker``: this Celery node's name,
-    recorded with the claim (recovery watches its heartbeat).
-    """
-    settings = get_settings()
+    (``CURRENT``: whatever attempt the row is pending at).  Returns what
+    happened ("stale", "expired", "done", "retry_wait", "failed", "lost",
+    "busy") for logs and tests; a duplicate or outdated message is "stale",
+    refused by the claim CAS.  The permit taken at dispatch lasts the
+    attempt's lease from the claim.  ``worker``: this Celery node's name
+    (recovery watches its heartbeat)."""
     # Two single-statement round trips (no BEGIN/COMMIT): read the job with
     # its model, then the claim CAS, which re-checks state and attempt itself.
     with single_statement() as conn:
@@ -71,14 +67,14 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
             won = due.add(transitions.expire(conn, job_id, now=clock_now()))
         return "expired" if won is not None else "stale"
     model = job if job.model_id is not None else None
-    lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
+    lease_seconds = (model.timeout_seconds if model is not None else 60) + get_settings().lease_grace_seconds
     with single_statement() as conn:
         row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds), worker)
     if row is None:
         return "stale"
     dispatch.claimed(row.model_name, row.tenant_id, job_id, lease_seconds,
                      cap=model.max_concurrency if model is not None else 1)
-    return _run_claimed(row, model, attempt + 1)
+    return run_claimed(row, model, attempt + 1)
 
 
 # The job's pending-check fields and its model's whole row in one round trip
@@ -94,18 +90,12 @@ _JOB_WITH_MODEL = (
 
 
 def run_claimed(row, model, mine: int) -> str:
-    """Run attempt ``mine`` of a row this caller just claimed (the claim's
-    returned row; ``model``: its model's row, None if gone) -- the Celery
-    worker's run_attempt above and the worker-less runWork pass
-    (app/maintenance/run_once.py) share it."""
-    return _run_claimed(row, model, mine)
-
-
-def _run_claimed(row, model, mine: int) -> str:
+    """Run attempt ``mine`` of a row this caller just claimed (``model``: its
+    model's row, None if gone): run_attempt above and the worker-less runWork
+    pass (app/maintenance/run_once.py) share it."""
     settings = get_settings()
     job_id = row.id
     ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
-
     if model is None:
         return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), permanent=True,
                      retry_times=0, ctx=ctx)
@@ -114,7 +104,8 @@ def _run_claimed(row, model, mine: int) -> str:
         t0 = time.monotonic()
         try:
             resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
-                              head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key, payload=json.loads(row.request_payload),
+                              head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key,
+                              payload=json.loads(row.request_payload),
                               timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes,
                               job=(row.id, mine), model_key_headers=model.model_key_headers)
         except ModelCallError as exc:
@@ -127,9 +118,8 @@ def _run_claimed(row, model, mine: int) -> str:
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
 
         inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
-        if inline is not None:
-            location = INLINE  # kept in the row by the done write itself
-        else:
+        location = INLINE  # kept in the row by the done write itself
+        if inline is None:
             try:
                 location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
             except StorageError as exc:
@@ -170,8 +160,7 @@ def passthrough_of(row) -> dict[str, str] | None:
 
 
 def _call_counted(conn, row) -> tuple:
-    """One real call to the model service (asynch_model_stat), as a write
-    for the transition to carry."""
+    """One real call to the model service (asynch_model_stat), for the transition to carry."""
     return stats.call_counted(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 
 
@@ -180,19 +169,16 @@ def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrou
     """Store the response; retried here so the model is never called twice
     for one response.  ``passthrough``: the job's headers for the OSS file
     service (secrets: never logged)."""
-    settings = get_settings()
-    storage = get_storage()
+    storage, tries = get_storage(), max(1, get_settings().upload_attempts)
     key = f"{clock_now():%Y/%m/%d}/{job_id}/{attempt}"
-    last: StorageError | None = None
-    for i in range(max(1, settings.upload_attempts)):
+    for i in range(tries):
         try:
             return storage.put(key, body, content_type, context=passthrough)
         except StorageError as exc:
-            last = exc
             log.warning("upload try %d failed: %s", i + 1, exc, extra=ctx)
+            if i + 1 == tries:
+                raise
             time.sleep(min(2.0, 0.2 * (2 ** i)))
-    assert last is not None
-    raise last
 
 
 def _delete_quietly(location: str) -> None:
@@ -204,10 +190,9 @@ def _delete_quietly(location: str) -> None:
 
 def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,
           counted: bool = False, detail: str | None = None) -> str:
-    """A failed attempt; ``counted``: the model was called (count it in the
-    same commit as the transition).  ``error``: what the tenant sees (a code
-    and a short message); ``detail``: the internals, logged and kept for
-    admin views."""
+    """A failed attempt; ``counted``: the model was called (counted with the
+    transition).  ``error``: what the tenant sees; ``detail``: the internals,
+    logged and kept for admin views."""
     spent = attempt - row.busy_count  # busy answers that came back unspent are no retries
     retry = not permanent and spent <= retry_times
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(spent)) if retry else None
@@ -217,12 +202,10 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
     if won is None:
         log.info("attempt lost its job before failing", extra=ctx)
         return "lost"
-    if won.state == JobState.RETRY_WAIT:
-        # Not terminal: the slot goes back, waiters keep waiting.
-        log.info("attempt failed, will retry: %s", detail or error, extra=ctx)
-        return "retry_wait"
-    log.info("job failed: %s", detail or error, extra=ctx)
-    return "failed"
+    retrying = won.state == JobState.RETRY_WAIT  # not terminal: the slot goes back, waiters keep waiting
+    log.info("attempt failed, will retry: %s" if retrying else "job failed: %s", detail or error, extra=ctx)
+    return "retry_wait" if retrying else "failed"
+
 
 
 def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
