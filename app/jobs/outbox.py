@@ -37,8 +37,7 @@ class _Outbox:
     def _send_forever(self) -> None:
         while True:
             # An entry is a group of jobs (one request's, or one admission
-            # batch's): never split, so a batch submit is one dispatch step
-            # and one LPUSH.
+            # batch's): never split, so a batch submit is one dispatch step and one LPUSH.
             batch = list(self.queue.get())
             while len(batch) < MAX_BATCH:
                 try:
@@ -56,13 +55,12 @@ _current: PerProcess[_Outbox] = PerProcess(_Outbox)
 
 
 def send_soon(model: str, tenant: str, job_id: str, score: float) -> None:
-    """Queue a committed job for dispatch; returns at once."""
     send_many([(model, tenant, job_id, score)])
 
 
 def send_many(items: list[tuple[str, str, str, float]]) -> None:
-    """Queue committed jobs, (model, tenant, job_id, score) each, for
-    dispatch in one pass of the sender (one group); returns at once."""
+    """Queue committed jobs, (model, tenant, job_id, score) each, for one
+    pass of the sender (one group); returns at once."""
     if not items:
         return
     box = _current.get()
