@@ -2,23 +2,17 @@
 
 The row is the truth (docs/architecture.md, invariant 2): a transition names
 the states it may start from and, where a worker's attempt is involved, the
-attempt it expects.  The database applies it or not; whoever gets the row back
-owns the transition and its side effects, everyone else gets ``None`` and
-backs off.  Nothing here reads a row and writes it back.
-
-A move out of pending/running returns a ``Moved``: the winning row and the
-after-commit effects it implies.  Callers never choose those effects: they
-hand the ``Moved`` to app/jobs/effects.py, the one module that runs them.
+attempt it expects; whoever gets the row back owns the transition and its
+side effects, everyone else gets ``None``.  Nothing here reads a row and
+writes it back.  A move out of pending/running returns a ``Moved`` (the row
+and the after-commit effects it implies), which callers hand to
+app/jobs/effects.py, the one module that runs them.
 
 A move into a terminal state writes its outbox rows (webhooks; on done the
-callback) in the same statement (data-modifying CTEs over the moved row,
-app/infra/outbox_rows.py): only the winner writes them, exactly once.  An
-attempt that ends (its worker, recovery, or a running job canceled, timed out
-or failed by an admin) appends its row to asynch_task_attempt in the same
-statement, so the log holds exactly the attempts whose transition applied, each once.
-
-A transition the state machine does not allow at all raises
-IllegalTransition before touching the database: that is a bug, not a race.
+callback) in the same statement (app/infra/outbox_rows.py), and an attempt
+that ends appends its row to asynch_task_attempt in it too: only the winner
+writes them, exactly once.  A transition the state machine does not allow
+raises IllegalTransition before touching the database (a bug, not a race).
 """
 from __future__ import annotations
 
@@ -53,10 +47,7 @@ ALLOWED: frozenset[tuple[S, S]] = frozenset((a, b) for a, targets in {
 
 @dataclass(frozen=True)
 class Moved:
-    """A transition this caller won: ``row`` as it now is (committed once the
-    caller's transaction is), and which after-commit effects are due
-    (app/jobs/effects.py runs them)."""
-
+    """A transition this caller won: ``row`` as it now is, and which after-commit effects are due."""
     row: Row
     release: bool      # the job left pending/running: its gate slots and permit go back
     terminal: bool     # it ended: waiters wake with its snapshot, the finish is counted
@@ -72,8 +63,7 @@ def _moved(row: Row | None) -> Moved | None:
     """What a won move out of pending/running implies; None stays None."""
     if row is None:
         return None
-    terminal = S(row.state) in TERMINAL_STATES
-    return Moved(row=row, release=True, terminal=terminal,
+    return Moved(row=row, release=True, terminal=S(row.state) in TERMINAL_STATES,
                  deliveries=int(getattr(row, "deliveries_queued", 0) or 0))
 
 
@@ -226,9 +216,9 @@ def fail_attempt(
 
 def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy_count: int,
                 detail: str | None = None, alongside: tuple | None = None) -> Moved | None:
-    """running -> pending by the attempt holding the row: the model's upstream
-    answered busy (429/503).  It keeps its gate slot; the effects queue it at
-    its tenant's head.  ``busy_count``: the row's + 1, so no retry is spent."""
+    """running -> pending: the model's upstream answered busy (429/503).  It
+    keeps its gate slot; the effects queue it at its tenant's head.
+    ``busy_count``: the row's + 1, so no retry is spent."""
     row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True,
                values={"busy_count": busy_count, "lease_expires_at": None, "error": error[:4000],
                        "error_detail": detail and detail[:4000]})
@@ -264,10 +254,10 @@ def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: dateti
 def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> None:
     """Note that done/claimed jobs' results were read (not a state change):
     ``last_read_at``, the order a model's max_completed cap evicts in.
-    Advisory: rows another transaction holds (a batch claiming them, which
-    sets last_read_at itself; a cleanup) are skipped, never waited for, so
+    Advisory: rows another transaction holds are skipped (SKIP LOCKED), so
     reads never queue behind or deadlock with claims.  Run it on its own
     (autocommit) connection, after any claim's transaction committed."""
+
     if not job_ids:
         return
     where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(S.DONE), int(S.CLAIMED)])]

@@ -1,12 +1,9 @@
-"""The jobs' view contracts, both faces: how a job is shown (the v1 poll
-body, a list page, the operator's detail with its timeline, the seed's task
-entry).  The requests and queries are app/jobs/requests.py's.
-
-Views are built from rows here and nowhere else (``from_row``): one place
-decides what a job shows, in the one time format (app/contract.py).
-Output shapes are built with ``model_construct`` (no validation: our own
-rows) and serialised with ``exclude_unset``: a field a state does not have
-(``error``, ``result_size``) is absent rather than null.
+"""The jobs' view contracts: how a job is shown (the v1 poll body, a list
+page, the operator's detail with its timeline); the requests are
+app/jobs/requests.py's.  Views are built from rows here and nowhere else
+(``from_row``), with ``model_construct`` (our own rows: no validation), and
+serialised with ``exclude_unset``: a field a state does not have (``error``,
+``result_size``) is absent rather than null.
 """
 from __future__ import annotations
 
@@ -28,8 +25,6 @@ def _elapsed_ms(row) -> int:
     end = as_utc(row.finished_at) or clock_now()
     return max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
 
-
-# --- views -----------------------------------------------------------------------------
 
 class QueueEstimate(Shape):
     """Where a pending job stands (app/jobs/estimates.py): absent in any
@@ -142,10 +137,9 @@ class TimelineEvent(Shape):
 
 
 def timeline(row, attempts=()) -> list[TimelineEvent]:
-    """A job's history: the row (created, the running attempt's start, retry due, finished, claimed)
-    and each ended attempt (its start; a retried one's failure and requeue).  The row keeps the
-    latest requeue's time only (``enqueue_at``; ``promoted_at`` when a head retry backdated
-    ``enqueue_at`` to the creation): an earlier requeue's ``at`` is null."""
+    """A job's history from the row and each ended attempt.  The row keeps the latest requeue's time
+    only (``enqueue_at``; ``promoted_at`` when a head retry backdated ``enqueue_at`` to the creation):
+    an earlier requeue's ``at`` is null."""
     state, ended = JobState(row.state), {a.attempt: a for a in attempts}
     requeued_at = row.enqueue_at if as_utc(row.enqueue_at) > as_utc(row.created_at) else row.promoted_at
     ev = [("created", row.created_at, "admitted through the gate")]

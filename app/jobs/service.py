@@ -1,11 +1,10 @@
 """Jobs as callers see them: submit, status, wait, result, cancel, list.
 
 Submit order matters (invariants 1, 3, 4): the submission rule judges
-everything first (app/jobs/submission.py: bad input never touches the
-gate), then app/jobs/admission.py takes the gate
-slot, inserts the row (committed) and only then hands the job to dispatch,
-for every submission of its batch.  Any failure between the gate and the
-commit gives the slot back.
+everything first (app/jobs/submission.py: bad input never touches the gate),
+then app/jobs/admission.py takes the gate slot, inserts the row (committed)
+and only then hands the job to dispatch.  Any failure between the gate and
+the commit gives the slot back.
 """
 from __future__ import annotations
 
@@ -58,16 +57,14 @@ class Submitted:
 
 def retry_after_seconds(model_row) -> int:
     # About one job's turn at the model's concurrency; bounded to be useful.
-    per_slot = model_row.expected_seconds / max(1, model_row.max_concurrency)
-    return int(min(300, max(1, math.ceil(per_slot))))
+    return int(min(300, max(1, math.ceil(model_row.expected_seconds / max(1, model_row.max_concurrency)))))
 
 
 def job_deadline(model_row, created):
     """The job's whole budget: every allowed attempt at its full model timeout
     plus lease grace, plus the queue allowance.  Past it: timeout."""
     s = get_settings()
-    attempts = model_row.retry_times + 1
-    return created + timedelta(seconds=attempts * (model_row.timeout_seconds + s.lease_grace_seconds)
+    return created + timedelta(seconds=(model_row.retry_times + 1) * (model_row.timeout_seconds + s.lease_grace_seconds)
                                + s.job_queue_budget_seconds)
 
 
@@ -89,8 +86,7 @@ def replay(existing: Row, model: str, digest: str, face: submission.Face = submi
 
 def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict | None = None,
            face: submission.Face = submission.V1) -> Submitted:
-    """Judge (app/jobs/submission.py: ``opts`` are the option values a face
-    gave, or the options themselves) and admit one job."""
+    """Judge (``opts``: a face's option values, or the options) and admit one job."""
     try:
         out = _submit(principal, submission.check(face, model_name, payload, opts if opts is not None else {},
                                                          Lookups(principal.tenant_id)), face)
@@ -167,9 +163,8 @@ def reader(principal: Principal, job_id: str, model_name: str | None = None):
 
 
 def read_result_row(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
-    """get_job for a read of the result (the result download, the seed's
-    getTaskResult): a done/claimed job's last_read_at is set, the order a
-    model's max_completed cap evicts in (least recently read first)."""
+    """get_job for a read of the result: a done/claimed job's last_read_at
+    is set (a model's max_completed cap evicts the least recently read)."""
     row = get_job(principal, job_id, model_name)
     if JobState(row.state) in _READABLE:
         with single_statement() as conn:
@@ -189,9 +184,8 @@ def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str
 
 def begin_wait(principal: Principal, job_id: str, model_name: str | None = None):
     """The first half of ``wait_job`` for a server that parks waits
-    (app/infra/parking.py): caps, then one read.  ``(row, waiter)``; the
-    waiter is None when the row is the answer now, else the caller owns
-    its place and gives it back with ``waiters.hub.unregister``."""
+    (app/infra/parking.py): ``(row, waiter)``; waiter None: the row is the
+    answer now, else the caller gives its place back (``waiters.hub.unregister``)."""
     return waiters.begin_wait(job_id, reader(principal, job_id, model_name), tenant=principal.tenant_id,
                               tenant_cap=waiter_cap(principal))
 
@@ -201,7 +195,6 @@ class ResultBody:
     """A done job's result as served: ``data`` (the inline bytes, or chunks
     streamed from storage), or ``redirect`` (a presigned storage URL)."""
     row: Row
-
     content_type: str
     data: bytes | Iterator[bytes] = b""
     redirect: str | None = None
@@ -217,9 +210,8 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
     ctype = row.result_content_type or "application/octet-stream"
     if row.result_inline is not None:  # a small result kept in the row (app/jobs/execution.py)
         return ResultBody(row, ctype, bytes(row.result_inline))
-    storage = get_storage()
+    storage, seconds = get_storage(), get_settings().result_redirect_seconds
     try:
-        seconds = get_settings().result_redirect_seconds
         url = storage.presign(row.result_location, seconds) if seconds > 0 else None
         if url:
             return ResultBody(row, ctype, redirect=url)
@@ -234,10 +226,9 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
 def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
     """The whole result (callers that need it at once: the CLI, tests)."""
     out = result_body(principal, job_id, model_name)
-    data = out.data if isinstance(out.data, bytes) else b"".join(out.data)
     if out.redirect:
-        data = get_storage().get(out.row.result_location)
-    return data, out.content_type, out.row
+        return get_storage().get(out.row.result_location), out.content_type, out.row
+    return out.data if isinstance(out.data, bytes) else b"".join(out.data), out.content_type, out.row
 
 
 @dataclass(frozen=True)
@@ -269,10 +260,10 @@ def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: S
         return SyncOutcome(sub, sub.row, is_terminal(sub.row.state), None)
     if not is_terminal(row.state):
         return SyncOutcome(sub, row, False, wait_s)
-    limit = get_settings().sync_result_max_bytes
     ctype = (row.result_content_type or "").split(";")[0].strip().lower()
-    json_type = ctype == "application/json" or ctype.endswith("+json")
-    if JobState(row.state) in _READABLE and json_type and row.result_size is not None and row.result_size <= limit:
+    if (JobState(row.state) in _READABLE and (ctype == "application/json" or ctype.endswith("+json"))
+            and row.result_size is not None and row.result_size <= get_settings().sync_result_max_bytes):
+
         try:
             return SyncOutcome(sub, row, True, wait_s, json.loads(result_bytes(principal, row.id, model_name)[0]), True)
         except (DomainError, ValueError, UnicodeDecodeError):
@@ -283,7 +274,6 @@ def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: S
 def _end(principal: Principal, job_id: str, model_name: str | None, move) -> Row:
     """``move(conn, due)``: one guarded transition of a job the principal may
     see, handed to ``due``; 409 if it already ended."""
-
     with effects.collecting() as due, transaction() as conn:
         row = load_job(conn, principal, job_id, model_name)
         won = move(conn, due)
@@ -305,8 +295,8 @@ def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: st
 
 
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
-    """A page of jobs, newest first; ``query`` is the declared listing query
-    (state, limit, cursor, tenant for admins, since, until)."""
+    """A page of jobs, newest first (``query``: state, limit, cursor, tenant for admins, since, until)."""
+
     q = select(tasks)
     tenant = (query.tenant or None) if principal.is_admin else principal.tenant_id
     if tenant is not None:

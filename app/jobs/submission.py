@@ -2,22 +2,19 @@
 for every face that submits (v1 single, v1 batch, seed createTask).
 
 Invariants:
-- One declared option set (``SubmitOptions``): every option's type, rule
-  and default is written here once.  A face's shape (app/jobs/schemas.py,
-  app/jobs/seed_schemas.py) only says how its wire spells an option (a
-  header, a batch item field, a seed camelCase field) and carries it under
-  the option's own field name; ``given`` reads them off by that name, so no
-  face maps options by hand.
-- One function (``check``) judges a submission, in one order: the options
-  (types, rules, the modelKey syntax, priority 0-9), the callback and
-  webhook targets (the SSRF guard, events need a URL), the model (404), the
-  modelKey against what the model allows, the payload against the model's
-  form.  A submission it returns is admissible; anything else is a
-  DomainError raised before the gate, so bad input takes no slot and writes
-  no row.
-- A 422 names the face's own pointers (``Face``): the v1 and seed faces name
-  an option by its camelCase name (``/modelKey``; the key is
-  ``/Idempotency-Key``), a batch item by its field under ``/jobs/{index}``.
+- One declared option set (``SubmitOptions``): every option's type, rule and
+  default is written here once.  A face's shape (app/jobs/requests.py,
+  app/jobs/seed_schemas.py) only says how its wire spells an option and
+  carries it under the option's own field name; ``given`` reads them off by
+  that name, so no face maps options by hand.
+- One function (``check``) judges a submission, in one order: the options,
+  the callback and webhook targets (the SSRF guard, events need a URL), the
+  model (404), the modelKey against what the model allows, the payload
+  against the model's form.  Anything else than an admissible submission is
+  a DomainError raised before the gate: bad input takes no slot, writes no row.
+- A 422 names the face's own pointers (``Face``): v1 and seed name an option
+  by its camelCase name (the key: ``/Idempotency-Key``), a batch item by its
+  field under ``/jobs/{index}``.
 """
 from __future__ import annotations
 
@@ -63,14 +60,13 @@ DeadlineSeconds = Annotated[float, Field(gt=0, le=DEADLINE_MAX_SECONDS, allow_in
 
 
 def carried(option_type: Any, wire_type: Any) -> Any:
-    """A face's field for an option the rule judges: taken as ``wire_type``
-    (only JSON's own type is checked there), documented as ``option_type``
-    (the document states the rule the 422 will come from)."""
+    """A face's field for an option the rule judges: taken as ``wire_type``,
+    documented as ``option_type`` (the rule the 422 will come from)."""
     return Annotated[wire_type, WithJsonSchema(TypeAdapter(option_type).json_schema())]
 
 
+# Every face sends "" (or null) for "no URL" / "the default".
 def _none_if_empty(v: Any) -> Any:
-    # Every face sends "" (or null) for "no URL" / "the default".
     return None if v == "" else v
 
 
@@ -117,20 +113,17 @@ def given(*shapes: BaseModel, **values: Any) -> dict:
     derives: creator, passthrough)."""
     out = {}
     for name in SubmitOptions.model_fields:
-        for shape in shapes:
-            v = getattr(shape, name, None) if name in type(shape).model_fields else None
-            if v is not None:
-                out[name] = v
-                break
-    out.update(values)
-    return out
+        found = [getattr(s, name) for s in shapes if name in type(s).model_fields and getattr(s, name) is not None]
+        if found:
+            out[name] = found[0]
+    return out | values
 
 
 @dataclass(frozen=True)
 class Face:
     """How one face's 422 names an option (``pointer``) and the payload."""
-
     pointer: Callable[[str], str]
+
     payload: str = ""
 
 
@@ -158,7 +151,6 @@ def request_hash(model: str, payload: Any, opts: SubmitOptions) -> str:
 @dataclass(frozen=True)
 class Checked:
     """An admissible submission: its model row, payload, options, digest."""
-
     model: Any
     payload: dict
     options: SubmitOptions
@@ -185,9 +177,8 @@ def _options(face: Face, values: SubmitOptions | dict) -> SubmitOptions:
 def check(face: Face, model_name: str, payload: Any, values: SubmitOptions | dict, lookups: Lookups,
           model=None) -> Checked:
     """THE submission rule (see the module's invariants).  ``lookups``: the
-    request's host lookups (its tenant's cap, a batch's dedupe:
-    app/infra/http/netguard.py).  ``model``: the enabled model row when the
-    caller resolved it already (a batch: once for all its items)."""
+    request's host lookups (app/infra/http/netguard.py).  ``model``: the
+    enabled model row if resolved already (a batch: once for all its items)."""
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
     opts = _options(face, values)
