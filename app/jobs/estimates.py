@@ -44,8 +44,7 @@ from datetime import datetime, timedelta
 import redis
 
 from app.catalog.registry import enabled_model
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.contract import iso_z
 from app.errors import DeadlineUnmeetable, DomainError
 from app.infra.redis import dispatch as rd

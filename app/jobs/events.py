@@ -37,8 +37,7 @@ from typing import Iterator
 
 from sqlalchemy import select, tuple_
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.errors import NotFound
 from app.infra.db import single_statement

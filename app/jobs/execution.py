@@ -1,14 +1,12 @@
-"""One attempt of a job, on a worker: permit -> claim -> call the model ->
-store the response -> done, or a failed attempt (retry_wait / failed).
+"""One attempt of a job, on a worker: claim -> call the model -> store the
+response -> done, or a failed attempt (retry_wait / failed).
 
 Every state change goes through app.transitions with the attempt this
 worker claimed, so a worker that lost its row (lease expired, canceled,
 timed out) has its late writes refused and only cleans up after itself.
-The tenant+model permit (maxConcurrency) is taken before the claim, so a job
-without one stays pending at the same attempt ("no_permit").  An upstream
-that answers busy (429/503) sends the attempt back to pending ("busy"),
-spending no retry, up to ASYNCH_UPSTREAM_BUSY_BUDGET busy answers per job:
-retries count ``attempt - busy_count``.
+An upstream that answers busy (429/503) sends the attempt back to pending
+("busy"), spending no retry, up to ASYNCH_UPSTREAM_BUSY_BUDGET busy answers
+per job: retries count ``attempt - busy_count``.
 """
 from __future__ import annotations
 
@@ -166,9 +164,9 @@ def _call_counted(conn, row) -> tuple:
 
 def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None,
             ctx: dict) -> str:
-    """Store the response; retried here so the model is never called twice
-    for one response.  ``passthrough``: the job's headers for the OSS file
-    service (secrets: never logged)."""
+    """Store the response, retried here so the model is never called twice for
+    one response.  ``passthrough``: the job's OSS headers (secrets: never logged)."""
+
     storage, tries = get_storage(), max(1, get_settings().upload_attempts)
     key = f"{clock_now():%Y/%m/%d}/{job_id}/{attempt}"
     for i in range(tries):
@@ -209,8 +207,7 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
 
 
 def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
-    """The model's upstream answered busy (429/503): the attempt goes back to
-    pending at the head of its tenant's queue, spending no retry; the
+    """The upstream answered busy: back to pending at its tenant's head; the
     effects lower the model's concurrency and pause it for Retry-After."""
     with effects.collecting() as due, atomic_statement() as conn:
         error = job_error("model_busy", exc.public + ", queued again")

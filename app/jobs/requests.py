@@ -14,25 +14,13 @@ from app.config import get_settings
 from app.contract import NO_NUL, Loose, Params, QueryInt, Shape, Text, rule
 from app.infra.http.headers import HEADER_SPEC_PATTERN
 from app.jobs.schemas import V1State
-from app.jobs.submission import (
-    DEADLINE_HELP,
-    HEADER_SPEC_HELP,
-    WEBHOOK_EVENTS_HELP,
-    WEBHOOK_EVENTS_PATTERN,
-    BizName,
-    Creator,
-    DeadlineSeconds,
-    IdempotencyKey,
-    WebhookEvents,
-    carried,
-)
+from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, WEBHOOK_EVENTS_HELP, WEBHOOK_EVENTS_PATTERN,
+                                  BizName, Creator, DeadlineSeconds, IdempotencyKey, WebhookEvents, carried)
 
-# --- submission ------------------------------------------------------------------------
-# The options and their rule are app/jobs/submission.py's; these shapes only
-# say how each face's wire spells them, under the options' own field names.
-# What the rule judges (modelKey, callback and webhook URLs and events,
-# priority) a face takes as its wire type: the document states the option's
-# own schema (``carried``), the 422 comes from the rule with the face's pointer.
+# The options and their rule are app/jobs/submission.py's; these shapes only say how each face's
+# wire spells them, under the options' own field names.  What the rule judges a face takes as its
+# wire type (the document states the option's own schema: ``carried``; the 422 comes from the rule).
+
 
 def _event_list(v: str | None) -> list[str] | None:
     return [e.strip() for e in v.split(",")] if v else None
@@ -76,8 +64,6 @@ class SubmitHeaders(CallerHeaders):
                                        "with the terminal job if it ends within N s (sync mode)", max_length=1024)
 
 
-# --- batch submission (POST /v1/models/{model}/jobs:batch) ------------------------------
-
 BATCH_MAX_JOBS = 1000
 
 
@@ -111,8 +97,6 @@ class BatchSubmit(Shape):
 class BatchHeaders(CallerHeaders):
     """Headers that apply to every job of a batch."""
 
-
-# --- queries ---------------------------------------------------------------------------
 
 def _iso_time(v: Any) -> Any:
     if v is None or v == "":

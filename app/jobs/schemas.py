@@ -12,8 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.contract import Shape, Timestamp, iso_z
 from app.states import JobState, v1_name
 
