@@ -1,27 +1,21 @@
 """Group-committed admission: the submissions that arrive while a batch is
 in flight share the next one -- one Redis round trip for every gate step,
 one multi-row INSERT, and (through the outbox) one dispatch step and one
-LPUSH.  Each request waits on its own event for its own answer.
-
-Why: done one request at a time, a gevent worker spends most of its CPU in
-the client libraries' per-call overhead and the three round trips (gate,
-INSERT, dispatch) serialise; grouped, that cost is paid once per batch
-(bench/bench_admission.py).  Batching is natural, not timed: the committer
-takes whatever is queued the moment it is free, so a lone request is a batch
-of one, answered at once, and batches grow with the load.
+LPUSH; each request waits on its own event for its own answer.  Done one at
+a time, the client libraries' per-call overhead and three serialised round
+trips dominate (bench/bench_admission.py).  Batching is natural, not timed:
+the committer takes whatever is queued the moment it is free.
 
 Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission path"):
 - Gate before row: a row is inserted only after its gate step admitted it;
   a batch's gate steps run in arrival order in one Lua step (gate_admit.lua).
-- Row before message: a job goes to the outbox only after the INSERT that
-  holds it returned (autocommit: one statement, its own transaction).
-- A 202 only for a committed row: a request's event is set after its row's
-  statement returned; a refused, conflicting or failed item gets its error.
-- No leaked slot: every admitted item whose row was not inserted (the INSERT
-  failed, an Idempotency-Key conflict) has its slots released before its answer.
-- Retention before the gate: a batch with a capped model (max_completed)
-  evicts that model's expired and least recently read completed jobs first
-  (seed 000: eviction at admission), never failing a submission for it.
+- Row before message: a job goes to the outbox only after its INSERT returned.
+- A 202 only for a committed row; a refused, conflicting or failed item gets its error.
+- No leaked slot: every admitted item whose row was not inserted has its
+  slots released before its answer.
+- Retention before the gate: a capped model (max_completed) evicts its
+  expired and least recently read completed jobs first (seed 000), never
+  failing a submission for it.
 - Fork: the committer thread and its queue are per process (app/infra/process.py).
 """
 from __future__ import annotations
@@ -61,17 +55,9 @@ class Submission:
     row: Any = None
     error: BaseException | None = None
 
-    @property
-    def job_id(self) -> str:
-        return self.values["id"]
-
-    @property
-    def model(self) -> str:
-        return self.values["model_name"]
-
-    @property
-    def tenant(self) -> str:
-        return self.values["tenant_id"]
+    job_id = property(lambda self: self.values["id"])
+    model = property(lambda self: self.values["model_name"])
+    tenant = property(lambda self: self.values["tenant_id"])
 
     @property
     def score(self) -> float:
@@ -132,8 +118,7 @@ def admit_many(subs: list[Submission]) -> None:
         log.exception("admission batch failed")
         for s in subs:
             if not s.event.is_set():
-                s.error = s.error or Unavailable("admission failed")
-                s.event.set()
+                _answer(s, error=s.error or Unavailable("admission failed"))
 
 
 def batches_committed() -> int:
@@ -147,10 +132,9 @@ def _answer(sub: Submission, *, row: Any = None, error: BaseException | None = N
 
 
 def commit_batch(batch: list[Submission]) -> None:
-    """Gate, INSERT and hand-off for ``batch`` (in arrival order); every
-    submission is answered before this returns.  First, each capped
-    model's retention (app/jobs/retention.py: expired jobs, then the least
-    recently read beyond max_completed), bounded and best effort."""
+    """Gate, INSERT and hand-off for ``batch`` (in arrival order), after each
+    capped model's retention (bounded, best effort); every submission is
+    answered before this returns."""
     retention.at_admission({s.model: s.max_completed for s in batch if s.max_completed > 0}.items())
     try:
         decisions = gate.gate_admit_many([(s.model, s.tenant, s.job_id, s.queue_limit, s.tenant_cap) for s in batch])
@@ -193,8 +177,7 @@ def commit_batch(batch: list[Submission]) -> None:
         elif not s.event.is_set():
             committed.append((s, rows[s.job_id]))
     # After the commit: the batch's jobs join their tenants' queues as one
-    # group (the outbox batches the dispatch step and the LPUSH across
-    # requests too, and never splits a group).
+    # group (the outbox never splits a group).
     outbox.send_many([(s.model, s.tenant, s.job_id, s.score) for s, _row in committed])
     for s, row in committed:
         _answer(s, row=row)
@@ -208,8 +191,7 @@ def _refuse(sub: Submission, error: BaseException) -> None:
 
 def release_slot(model: str, tenant: str, job_id: str) -> None:
     """Give back the gate slots of a job whose row was never committed (or
-    never moved: a retry readmit that lost its CAS).  Best effort: reconcile
-    repairs a miss."""
+    never moved: a readmit that lost its CAS).  Best effort: reconcile repairs a miss."""
     try:
         gate.gate_release(model, tenant, job_id)
     except redis.RedisError:
@@ -230,14 +212,10 @@ def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:
     """One multi-row INSERT ... RETURNING (its own transaction); the rows
     inserted, by id.  The VALUES are rendered by the driver (``mogrify``):
     compiling a Core insert of that many rows cost more than the round trip."""
-
     with single_statement() as conn:
-        cur = conn.connection.dbapi_connection.cursor()
-        try:
+        with conn.connection.dbapi_connection.cursor() as cur:
             rendered = b",".join(cur.mogrify(_ROW_TEMPLATE, tuple(v.get(c, _DEFAULTS.get(c)) for c in _COLUMNS))
                                  for v in values)
-        finally:
-            cur.close()
         # SQLAlchemy hands the driver an empty parameter mapping, so psycopg2
         # still reads "%" as a placeholder: a "%s" in a payload or a header
         # raised TypeError (a 500, found by schemathesis).  "%%" is one "%".

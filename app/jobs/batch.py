@@ -2,22 +2,18 @@
 jobs of one model, each admitted or refused on its own.
 
 Invariants (the submit's, item by item; docs/architecture.md "The admission path"):
-- Validation before the gate, by the single submit's rule (app/jobs/submission.py
-  ``check``): an item that fails its shape, options or the model's form is
-  its own 422 and takes no slot.  Only what concerns the whole request (key,
-  body, unknown model) refuses the batch.
-- One gate step, one INSERT, one outbox group for every valid item
-  (app/jobs/admission.py ``admit_many``): each item gets the gate's own
-  decision (202, or its 429 with Retry-After), in the items' order.
-- Deadlines: judged against one estimate step for the batch (each item
-  behind the batch's earlier ones) before the gate; a late item is its own 429.
-- Idempotency keys per item: a key the tenant used already replays that job
-  (or is a 422 for a different request), found with one SELECT; a key
-  repeated inside the batch is admitted once and its later items replay the
-  first (or share its refusal); a key lost to a concurrent request replays the winner.
-- Callback/webhook hosts: each distinct host is looked up once per batch,
-  under one deadline, at most ASYNCH_BATCH_MAX_URL_HOSTS names (IP literals
-  are free); an item past the cap is its own 422.
+- Validation before the gate by the single submit's rule (submission.check):
+  a bad item is its own 422 and takes no slot; only the key, the body or an
+  unknown model refuse the whole batch.
+- One gate step, one INSERT, one outbox group (admission.admit_many), each
+  item with the gate's own decision, in order; deadlines judged against one
+  estimate step (each item behind the batch's earlier ones).
+- Idempotency keys per item: one SELECT finds keys already used (replayed,
+  or 422 for a different request); a key repeated in the batch is admitted
+  once, its later items replay the first (or share its refusal); a key lost
+  to a concurrent request replays the winner.
+- Callback/webhook hosts are looked up once per batch, under one deadline,
+  at most ASYNCH_BATCH_MAX_URL_HOSTS names; an item past the cap is its own 422.
 """
 from __future__ import annotations
 

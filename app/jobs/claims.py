@@ -1,14 +1,11 @@
-"""The seed-002 task face: batch status with claim (getTaskBatch) and the
-single-task view (getTaskResult).
+"""The seed-002 task face: batch status with claim (getTaskBatch).
 
-getTaskBatch moves every done task it names to claimed (expire_at = now +
-the model's auto_clean_seconds) through transitions.claim_results: one
-guarded UPDATE, so among concurrent calls each task is claimed, and its
-expire_at set, exactly once (``claimed: true`` in the one answer that did
-it).  Another tenant's ids are reported as not found and never touched.
-Every done or claimed task a call names has its last_read_at set (the claim
-sets it; later calls transitions.mark_read): a model's max_completed cap
-evicts the least recently read.
+Every done task a call names moves to claimed through
+transitions.claim_results (one guarded UPDATE: each task is claimed, its
+expire_at set, exactly once; ``claimed: true`` in the one answer that did
+it).  Another tenant's ids are not found and never touched.  Every done or
+claimed task named has its last_read_at set (max_completed evicts the least
+recently read).
 """
 from __future__ import annotations
 

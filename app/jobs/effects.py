@@ -1,10 +1,7 @@
 """The after-commit effects of a job's transitions: the one module that runs
-them (docs/architecture.md, "Effects follow from the transitions").
-
-A transition that moves a job out of pending/running returns a
-``transitions.Moved`` (the winning row and which effects its commit
-implies); the caller collects what it won and this module runs the effects
-once the transaction committed:
+them (docs/architecture.md, "Effects follow from the transitions").  A
+transition out of pending/running returns a ``transitions.Moved``; the
+caller collects what it won, and the effects run once the transaction committed:
 
     with effects.collecting() as due, transaction() as conn:
         won = due.add(transitions.cancel(conn, job_id, tenant))
@@ -12,15 +9,12 @@ once the transaction committed:
 Invariants:
 - Effects run only after the commit of the transaction that won the row
   (``collecting`` is entered before the transaction, so its exit runs after
-  the transaction's; an exception drops them): a worker or waiter never
-  acts on a state that could still roll back.
-- They run at most once per won transition, and only for the winner (a
-  lost CAS returns None, which ``add`` ignores).
-- Best effort: Redis or the broker being away never undoes the transition.
-  Reconcile returns a slot, the wake-up listener's refetch and the waiters'
-  budgets cover a missed wake-up, the delivery sweep rings a missed bell.
-- Nothing else calls dispatch.finished or metrics.job_finished
-  (tests/test_effects.py checks it).
+  the transaction's; an exception drops them), at most once per won
+  transition and only for the winner (a lost CAS is None, ``add`` ignores it).
+- Best effort: Redis or the broker being away never undoes the transition
+  (reconcile returns a slot, the listener's refetch and the waiters' budgets
+  cover a missed wake-up, the delivery sweep rings a missed bell).
+- Nothing else calls dispatch.finished or metrics.job_finished (tests/test_effects.py).
 """
 from __future__ import annotations
 

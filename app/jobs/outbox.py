@@ -1,17 +1,12 @@
 """Newly admitted jobs, handed to the dispatcher off the request path.
 
-A submission answers 202 as soon as its row is committed; the job goes into
-this process's outbox, and one sender thread takes everything queued
-meanwhile into its tenants' queues (one Lua step per model) and publishes
-the run_job messages of the jobs that may run now with a single LPUSH
-(app/jobs/dispatch.py).  The request thread never waits for Redis or the
-broker after its commit.
-
-Nothing is lost that recovery does not already repair: the row is the truth
-(docs/architecture.md, invariant 1), so a job that never reached its queue
-(a crash between the commit and the send, Redis refusing the batch) is
-queued by the maintenance pass's lost-job scan.  At a clean exit the outbox
-is flushed.
+A submission answers 202 once its row is committed; one sender thread takes
+everything queued in this process's outbox meanwhile into its tenants'
+queues and publishes the run_job messages of what may run now in one LPUSH
+(app/jobs/dispatch.py): the request never waits for Redis or the broker.
+Nothing is lost that recovery does not repair: the row is the truth, so a
+job that never reached its queue (a crash, Redis refusing) is queued by the
+maintenance pass's lost-job scan.  At a clean exit the outbox is flushed.
 """
 from __future__ import annotations
 

@@ -1,22 +1,18 @@
 """Retention: terminal jobs hard-deleted with their stored results -- by
-time (claimed past expire_at, done after ASYNCH_DONE_RETENTION_SECONDS,
-failed/timeout/canceled/expired after ASYNCH_FAILED_RETENTION_SECONDS) and,
-for a model with max_completed > 0 (seed 000's async_max_completed), its
-least recently read done and claimed jobs beyond that many.  The periodic
-cleanup (app/maintenance/cleanup.py) runs it for everything; every submit to
-a capped model runs it for that model first (``at_admission``).
+time (claimed past expire_at, done after ASYNCH_DONE_RETENTION_SECONDS, the
+other ends after ASYNCH_FAILED_RETENTION_SECONDS) and, for a model with
+max_completed > 0, its least recently read done/claimed jobs beyond that
+many.  The periodic cleanup (app/maintenance/cleanup.py) runs it for
+everything; a submit to a capped model runs it for that model first.
 
 Invariants:
-- Objects first, rows after, under the rows' locks (SKIP LOCKED): two
-  passes delete each object once; a row whose object could not be deleted
-  stays (it still points at the object for the next pass).
-- A row goes only while it is still what it was judged (``transitions.purge_many``'s guard).
-- The cap is counted and evicted in one transaction holding the model's
-  advisory lock, so concurrent submits and the periodic pass never evict the
+- Objects first, rows after, under the rows' locks (SKIP LOCKED): a row
+  whose object could not be deleted stays for the next pass; a row goes only
+  while still what it was judged (``transitions.purge_many``'s guard).
+- The cap is counted and evicted under the model's advisory lock: never the
   same excess twice; a submit that finds the lock taken skips.
-- At admission the work is bounded (``AT_ADMISSION`` rows per kind per model
-  and batch, through indexes: ix_asynch_task_completed_read, the expiry
-  indexes of revision 0004, never a scan); the periodic pass does the rest.
+- At admission the work is bounded (``AT_ADMISSION`` rows per kind), found
+  through indexes, never a scan; the periodic pass does the rest.
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """How many concurrent long-polls a tenant may hold on one API process.
 
-Invariants:
-- ``waiter_cap(principal)`` is the only place the per-tenant number is
-  decided; app/infra/wakeups.py counts and enforces it (and the process-wide
-  ``ASYNCH_WAITERS_MAX``) when a wait registers, before any read.
-- The default resolver answers the tenant's ``max_waiters`` (through the
-  per-process limits cache), else ``ASYNCH_WAITERS_PER_TENANT``.  A resolver
-  runs on every wait: keep it in memory, never a round trip per request.
+Invariants: ``waiter_cap`` is the only place the per-tenant number is
+decided (app/infra/wakeups.py enforces it, and ASYNCH_WAITERS_MAX, before
+any read).  The default answers the tenant's ``max_waiters`` (the limits
+cache), else ASYNCH_WAITERS_PER_TENANT; a resolver runs on every wait, so it
+stays in memory.
 """
 from __future__ import annotations
 
