@@ -2,20 +2,17 @@
 and queue estimates"): where a pending job stands in the dispatcher's order
 and when it should start and end.
 
-The formula.  T: the model's run time, an EWMA of its done attempts'
-seconds (dispatch_finish.lua: x_n = a * sample + (1 - a) * x_(n-1), a =
-ASYNCH_ESTIMATE_ALPHA; the model's expected_seconds until a first sample).
-c: the model's max_concurrency (its runtime override if lower), the permits
-each tenant may hold.  For a job of tenant U the dispatcher's state
-(dispatch_position.lua, one read-only step) gives k, U's own jobs ahead of
-it (priority band, then queue time); p, every tenant's jobs dispatched
-before it (stride scheduling projected forward); r_U and r, the slots U and
+The formula.  T: the model's run time, an EWMA of done attempts' seconds
+(dispatch_finish.lua, weight ASYNCH_ESTIMATE_ALPHA; expected_seconds until
+a first sample).  c: the model's max_concurrency (its runtime override if
+lower).  For a job of tenant U, dispatch_position.lua (one read-only step)
+gives k, U's own jobs ahead of it; p, every tenant's jobs dispatched before
+it (stride scheduling projected forward); r_U and r, the slots U and
 everyone hold but not ready; A, the tenants with ready work.  With
 
     wave(n, busy, slots) = (0 if n mod slots < slots - min(busy, slots) else T/2) + floor(n / slots) * T
 
-(the busy servers taken as half done, the n-th job in line takes the
-(n mod slots)-th server to come free after floor(n / slots) rounds), a job starts at
+(busy servers taken as half done), a job starts at
 
     start = now + max(wave(k, r_U, c), wave(p, r, c * A)),   done = start + T
 
@@ -25,11 +22,9 @@ earlier items at or before its score, in its own lane.  The worker count is
 not known: with fewer worker processes than c * A the estimate is early.
 
 Invariants:
-- Read only: estimating never changes the dispatcher's order (it drops
-  expired permits and records max_concurrency, as every dispatch step does).
+- Read only: estimating never changes the dispatcher's order.
 - Deadline admission happens before the gate (``refuse_late``): a refused
-  job takes no slot and writes no row.  An estimate that cannot be made
-  (Redis away) refuses nothing: the gate's own answer stands.
+  job takes no slot and writes no row; no estimate (Redis away) refuses nothing.
 - Monotone: a job behind another of the same tenant and band is never
   estimated to start earlier (k and p grow with the line).
 """

@@ -4,28 +4,22 @@ job of a tenant, resumable with Last-Event-ID.
 Invariants:
 - The row is the truth: events are derived from job rows, never kept
   elsewhere, so nothing a stream shows can disagree with a poll.
-- A job's stream: its states form one line, pending (attempt 0) ->
-  running (1) -> [pending (1) -> running (2) ...] -> a terminal state, so a
-  non-terminal event's id is its place on that line (pending of attempt a:
-  2a, running of attempt a: 2a-1), the terminal event's is ``end``.  A stream
-  (or a resumed one) sends every place after the last id up to the row's
-  current one, in order, so a state passed while the client was away is still
-  sent; the terminal event carries the full poll body and ends the stream.
-  Resuming after ``end`` answers the terminal event again.
-- A tenant's stream: an event per job change (the poll body and its
-  ``tenant``), id ``<updated_at µs>.<job_id>``, in (updated_at, id) order,
-  read in pages keyed by that pair (index ix_asynch_task_tenant_updated), so
-  any number of rows sharing one timestamp (one getTaskBatch claim) are all
-  sent and a Last-Event-ID among them resumes right after its row.  Each
-  pass re-reads from ``LATE_SECONDS`` before the previous pass began (a
-  transition's time is taken just before its commit, so a commit can land a
-  little behind a newer one) and sends what it has not sent: at-least-once,
-  a client dedupes by id.  Two changes within one poll interval show as the newer.
-- Tenant-scoped: a caller sees only its own tenant's jobs (admins: any job,
-  and ``tenant`` on the tenant stream).
-- Every open stream holds one place under the waiter caps
-  (app/jobs/waitcaps.py, app/infra/wakeups.py) for its whole life, checked
-  before anything is read or sent (429), and given back in a ``finally``.
+- A job's stream: its states form one line, pending (attempt 0) -> running
+  (1) -> [pending (1) -> running (2) ...] -> a terminal state; an event's id
+  is its place on that line (pending of attempt a: 2a, running: 2a-1; the
+  terminal one ``end``, with the full poll body, ending the stream).  A stream
+  sends every place after the last id up to the row's, so a state passed
+  while the client was away is still sent; resuming after ``end`` answers it again.
+- A tenant's stream: an event per job change (the poll body and ``tenant``),
+  id ``<updated_at µs>.<job_id>``, in (updated_at, id) order, read in pages
+  keyed by that pair, so rows sharing one timestamp are all sent and a
+  Last-Event-ID among them resumes right after its row.  Each pass re-reads
+  from ``LATE_SECONDS`` before the previous one began (a commit can land a
+  little behind a newer one): at-least-once, a client dedupes by id.
+- Tenant-scoped: a caller sees only its own tenant's jobs (admins: any).
+- Every open stream holds one place under the waiter caps (app/jobs/waitcaps.py)
+  for its whole life, checked before anything is read or sent (429), given
+  back in a ``finally``.
 """
 from __future__ import annotations
 

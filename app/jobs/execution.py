@@ -79,9 +79,7 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
 # (an outer join: a deleted model leaves model_id NULL).
 _JOB_WITH_MODEL = (
     select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, tasks.c.model_name.label("task_model"),
-           tasks.c.caller_deadline_at,
-           models.c.id.label("model_id"),
-           *[c for c in models.c if c.name != "id"])
+           tasks.c.caller_deadline_at, models.c.id.label("model_id"), *[c for c in models.c if c.name != "id"])
     .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
     .where(tasks.c.id == bindparam("job_id"))
 )
@@ -97,7 +95,6 @@ def run_claimed(row, model, mine: int) -> str:
     if model is None:
         return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), permanent=True,
                      retry_times=0, ctx=ctx)
-
     try:
         t0 = time.monotonic()
         try:
@@ -114,7 +111,6 @@ def run_claimed(row, model, mine: int) -> str:
             return _fail(row, mine, job_error(exc.code, exc.public), permanent=exc.permanent,
                          retry_times=model.retry_times, ctx=ctx, counted=exc.called, detail=str(exc))
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
-
         inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
         location = INLINE  # kept in the row by the done write itself
         if inline is None:
@@ -124,7 +120,6 @@ def run_claimed(row, model, mine: int) -> str:
                 return _fail(row, mine, job_error("storage_error", "result upload failed"), permanent=False,
                              retry_times=model.retry_times, ctx=ctx, counted=True,
                              detail=f"result upload failed: {exc}")
-
         with effects.collecting() as due, atomic_statement() as conn:
             # The call is counted whether or not the job is still ours (the
             # model did the work), in the same statement as the transition.
@@ -153,8 +148,7 @@ def run_claimed(row, model, mine: int) -> str:
 
 def passthrough_of(row) -> dict[str, str] | None:
     """The job's OSS pass-through headers (never log or return them)."""
-    raw = getattr(row, "passthrough_headers", None)
-    return json.loads(raw) if raw else None
+    return json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
 
 
 def _call_counted(conn, row) -> tuple:

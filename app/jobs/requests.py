@@ -35,7 +35,6 @@ class CallerHeaders(Params):
     """What every submitting face reads from headers for the values a
     request derives (app/web/v1_jobs.py ``caller``): the creator and the OSS
     pass-through.  (A batch's apply to each of its jobs.)"""
-
     creator: Creator | None = _header("X-Creator", "who submitted it (stats)")
     oss_authorization: str | None = _header("X-Oss-Authorization",
                                             "sent as Authorization to the OSS file service")
@@ -45,7 +44,6 @@ class CallerHeaders(Params):
 
 class SubmitHeaders(CallerHeaders):
     """What a v1 submission carries in headers besides its body (the payload)."""
-
     idempotency_key: IdempotencyKey | None = _header(
         "Idempotency-Key", "1-255 printable ASCII; the same key returns the first job")
     model_key: str | None = _header("X-Model-Key", HEADER_SPEC_HELP,
@@ -70,7 +68,6 @@ BATCH_MAX_JOBS = 1000
 class BatchItem(Shape):
     """One job of a batch, judged on its own (a bad item is that item's 422,
     not the batch's)."""
-
     invalid: ClassVar[str] = "invalid batch item"
 
     payload: dict[str, Any] = Field(description="the JSON object forwarded to the model service")
@@ -160,6 +157,5 @@ class TenantEventsQuery(Params):
 
 class FailRequest(Loose):
     """An admin's fail: the optional reason, kept in the job's error."""
-
     invalid: ClassVar[str] = "invalid fail request"
     reason: Annotated[str, Field(max_length=1000, pattern=NO_NUL)] = rule("a string of at most 1000 characters", "")

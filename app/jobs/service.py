@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection, Row
 
 from app import transitions
@@ -296,7 +296,6 @@ def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: st
 
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
     """A page of jobs, newest first (``query``: state, limit, cursor, tenant for admins, since, until)."""
-
     q = select(tasks)
     tenant = (query.tenant or None) if principal.is_admin else principal.tenant_id
     if tenant is not None:
@@ -319,8 +318,6 @@ def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None 
             anchor = conn.execute(aq).first()
             if anchor is None:
                 raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}])
-            q = q.where(or_(tasks.c.created_at < anchor.created_at,
-                            and_(tasks.c.created_at == anchor.created_at, tasks.c.id < anchor.id)))
+            q = q.where(tuple_(tasks.c.created_at, tasks.c.id) < tuple_(anchor.created_at, anchor.id))
         rows = conn.execute(q.order_by(tasks.c.created_at.desc(), tasks.c.id.desc()).limit(query.limit + 1)).all()
-    nxt = rows[query.limit - 1].id if len(rows) > query.limit else None
-    return rows[:query.limit], nxt
+    return rows[:query.limit], rows[query.limit - 1].id if len(rows) > query.limit else None

@@ -77,7 +77,6 @@ def _default_priority(v: Any) -> Any:
 class SubmitOptions(Shape):
     """What a job carries besides its payload: the one declaration of every
     option (constructed by field name)."""
-
     invalid: ClassVar[str] = "invalid job options"
     model_config = ConfigDict(frozen=True)
 
