@@ -178,10 +178,8 @@ def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, wo
         "attempt": attempt + 1, "started_at": clock_now(), "lease_expires_at": lease_until, "worker": worker})
 
 
-def complete(
-    conn: Connection, job_id: str, attempt: int, *,
-    location: str, content_type: str, size: int, inline: bytes | None = None, alongside: tuple | None = None,
-) -> Moved | None:
+def complete(conn: Connection, job_id: str, attempt: int, *, location: str, content_type: str, size: int,
+             inline: bytes | None = None, alongside: tuple | None = None) -> Moved | None:
     """running -> done, by the attempt that holds the row.  ``inline``: the
     result itself, kept in the row (``location`` is then ``inline:``)."""
     return _moved(_cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True,
@@ -242,8 +240,7 @@ def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: dateti
     change): ``updated_at`` restarts the lost-message clock; ``promote``
     marks the retry published at high priority, once.  None if the job
     moved on meanwhile (then the message is a no-op anyway)."""
-    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING),
-                               tasks.c.attempt == attempt)
+    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt)
     vals = {"updated_at": now}
     if promote:
         stmt = stmt.where(tasks.c.promoted_at.is_(None))

@@ -20,9 +20,8 @@ from app.states import JobState
 from app.tenancy.keys import Principal
 
 # What task_view reads: a batch fetches only these, never the payloads.
-VIEW_COLUMNS = tuple(tasks.c[n] for n in (
-    "id", "state", "result_location", "result_content_type", "expire_at", "model_name", "biz_name",
-    "retry_count", "created_at", "finished_at", "error"))
+VIEW_COLUMNS = tuple(tasks.c[n] for n in ("id", "state", "result_location", "result_content_type", "expire_at",
+                                         "model_name", "biz_name", "retry_count", "created_at", "finished_at", "error"))
 _READABLE = (int(JobState.DONE), int(JobState.CLAIMED))
 
 

@@ -68,8 +68,8 @@ def run(moved: Moved | None, cap: int | None = None, retry_after: float | None =
     if moved.terminal:
         metrics.job_finished(row)
     if moved.release:
-        dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
-                          message=snapshot_message(row) if moved.terminal else "", cap=cap,
+        dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal, cap=cap,
+                          message=snapshot_message(row) if moved.terminal else "",
                           ran=estimates.ran_seconds(row) if moved.state == JobState.DONE else None)
     for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
         publish_task(DELIVER_TASK, [])

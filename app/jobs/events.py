@@ -113,8 +113,7 @@ def _poll_body(row) -> dict:
     return dump(JobStatus.from_row(row))
 
 
-def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None,
-               watch=None) -> Stream:
+def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None, watch=None) -> Stream:
     """One job's events after ``last_id``; the caps are checked and the job
     read (404) before this returns, the rest as the iterator is consumed."""
     read = jobs.reader(principal, job_id, model_name)

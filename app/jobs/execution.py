@@ -156,8 +156,7 @@ def _call_counted(conn, row) -> tuple:
     return stats.call_counted(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 
 
-def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None,
-            ctx: dict) -> str:
+def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None, ctx: dict) -> str:
     """Store the response, retried here so the model is never called twice for
     one response.  ``passthrough``: the job's OSS headers (secrets: never logged)."""
 

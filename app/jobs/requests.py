@@ -36,8 +36,7 @@ class CallerHeaders(Params):
     request derives (app/web/v1_jobs.py ``caller``): the creator and the OSS
     pass-through.  (A batch's apply to each of its jobs.)"""
     creator: Creator | None = _header("X-Creator", "who submitted it (stats)")
-    oss_authorization: str | None = _header("X-Oss-Authorization",
-                                            "sent as Authorization to the OSS file service")
+    oss_authorization: str | None = _header("X-Oss-Authorization", "sent as Authorization to the OSS file service")
     user_info: str | None = _header("X-User-Info", "only with the gateway's proof: the creator, and passed to "
                                            "the OSS file service; otherwise ignored")
 
@@ -46,8 +45,7 @@ class SubmitHeaders(CallerHeaders):
     """What a v1 submission carries in headers besides its body (the payload)."""
     idempotency_key: IdempotencyKey | None = _header(
         "Idempotency-Key", "1-255 printable ASCII; the same key returns the first job")
-    model_key: str | None = _header("X-Model-Key", HEADER_SPEC_HELP,
-                                    json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
+    model_key: str | None = _header("X-Model-Key", HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     biz_name: BizName | None = _header("X-Biz-Name", "business name (callbacks)")
     callback_url: str | None = _header("X-Callback-Url", "GET on done (see docs/api.md, Callbacks)")
     priority: str | None = _header("X-Priority", "0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
@@ -56,8 +54,7 @@ class SubmitHeaders(CallerHeaders):
     # The header's own syntax (a comma list), read as the option's list.
     webhook_events: Annotated[str | None, AfterValidator(_event_list)] = _header(
         "X-Webhook-Events", WEBHOOK_EVENTS_HELP, max_length=64, pattern=WEBHOOK_EVENTS_PATTERN)
-    deadline_seconds: carried(DeadlineSeconds | None, str | None) = _header(
-        "X-Deadline", DEADLINE_HELP, max_length=32)
+    deadline_seconds: carried(DeadlineSeconds | None, str | None) = _header("X-Deadline", DEADLINE_HELP, max_length=32)
     prefer: str | None = _header("Prefer", "RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                        "with the terminal job if it ends within N s (sync mode)", max_length=1024)
 

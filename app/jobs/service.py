@@ -70,17 +70,15 @@ def job_deadline(model_row, created):
 
 def _find_idempotent(tenant_id: str, key: str) -> Row | None:
     with transaction() as conn:
-        return conn.execute(select(tasks).where(tasks.c.tenant_id == tenant_id,
-                                                tasks.c.idempotency_key == key)).first()
+        return conn.execute(select(tasks).where(tasks.c.tenant_id == tenant_id, tasks.c.idempotency_key == key)).first()
 
 
 def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
     """The earlier job of an Idempotency-Key, or 422 for a different request under it."""
 
     if existing.model_name != model or existing.request_hash != digest:
-        raise ValidationFailed("Idempotency-Key was already used with a different request",
-                               [{"pointer": face.pointer("idempotency_key"),
-                                 "message": "reused with a different body"}])
+        raise ValidationFailed("Idempotency-Key was already used with a different request", [
+            {"pointer": face.pointer("idempotency_key"), "message": "reused with a different body"}])
     return Submitted(existing, replayed=True, estimate=estimates.of_job(existing))
 
 
@@ -92,8 +90,7 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
                                                          Lookups(principal.tenant_id)), face)
     except DomainError as exc:
         metrics.job_rejected(model_name, exc)
-        log.info("submission refused: %s", exc.message,
-                 extra={"model": model_name, "tenant": principal.tenant_id})
+        log.info("submission refused: %s", exc.message, extra={"model": model_name, "tenant": principal.tenant_id})
         raise
     if not out.replayed:
         metrics.job_admitted(model_name)
@@ -172,8 +169,7 @@ def read_result_row(principal: Principal, job_id: str, model_name: str | None = 
     return row
 
 
-def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None,
-             watch=None) -> Row:
+def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None, watch=None) -> Row:
     """Return when the job is terminal or the budget ends (it may then still be
     pending/running; pending -> running does not end it).  The waiter caps
     first (429, no read), one read (404), then the wait (app/infra/wakeups.py).

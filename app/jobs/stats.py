@@ -38,9 +38,8 @@ def call_counted(conn: Connection, day: date, tenant_id: str, creator: str, mode
 _INSERT = pg_insert(model_stats).values(day=bindparam("stat_day"), tenant_id=bindparam("stat_tenant"),
                                         creator=bindparam("stat_creator"), model_name=bindparam("stat_model"),
                                         request_count=bindparam("stat_n"))
-_UPSERT = _INSERT.on_conflict_do_update(
-    index_elements=["day", "tenant_id", "creator", "model_name"],
-    set_={"request_count": model_stats.c.request_count + _INSERT.excluded.request_count})
+_UPSERT = _INSERT.on_conflict_do_update(index_elements=["day", "tenant_id", "creator", "model_name"], set_={
+    "request_count": model_stats.c.request_count + _INSERT.excluded.request_count})
 _ORDER = (model_stats.c.day, model_stats.c.model_name, model_stats.c.tenant_id, model_stats.c.creator)
 
 

@@ -91,15 +91,13 @@ class SubmitOptions(Shape):
     # secrets, kept only until the job is terminal.  Not a wire field: the
     # faces build it from X-Oss-Authorization / X-User-Info.
     passthrough: dict[str, HeaderValue] | None = None
-    priority: Annotated[Priority, BeforeValidator(_default_priority)] = rule(
-        "from 0 to 9 (9 first; default 5)", 5)
+    priority: Annotated[Priority, BeforeValidator(_default_priority)] = rule("from 0 to 9 (9 first; default 5)", 5)
     # The job's own webhook (docs/api.md, Webhooks): a signed JSON POST on
     # each terminal state of ``webhook_events`` (default: all four).
     webhook_url: Annotated[CallbackUrl | None, BeforeValidator(_none_if_empty)] = Field(
         None, description="a signed JSON POST (Standard Webhooks) on the job's terminal state "
                           "(see docs/api.md, Webhooks)")
-    webhook_events: WebhookEvents | None = Field(
-        None, description=WEBHOOK_EVENTS_HELP)
+    webhook_events: WebhookEvents | None = Field(None, description=WEBHOOK_EVENTS_HELP)
     # The caller's deadline (docs/api.md, Deadlines): judged against the
     # queue's estimate at admission (app/jobs/estimates.py), kept as
     # caller_deadline_at.
