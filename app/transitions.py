@@ -76,13 +76,11 @@ def check_allowed(from_states: Iterable[S], to_state: S) -> None:
 def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *, attempt: int | None = None,
          where: Sequence = (), values: dict | None = None, alongside: tuple | None = None,
          log_attempt: bool | str = False) -> Row | None:
-    """The one writer of ``state``.  ``log_attempt``: the running attempt
-    ends here, logged by the same statement (``"open"``: only if the job had
-    a running attempt not logged yet -- a cancel or timeout may also find it
-    pending or waiting to retry).  ``alongside``: (statement, params) of
-    another write that must commit with this one (a model call's usage
-    count), in ONE statement; it runs whether or not the guard matches: it
-    records what happened, not who owns the row."""
+    """The one writer of ``state``.  ``log_attempt``: the running attempt ends
+    here, logged by the same statement (``"open"``: only if one is running and
+    not logged yet).  ``alongside``: (statement, params) of another write that
+    must commit with this one (a model call's usage count), in ONE statement,
+    whether or not the guard matches: it records what happened, not who owns the row."""
     check_allowed(from_states, to_state)
     vals = {"state": int(to_state), "updated_at": clock_now()}
     if S(to_state) in TERMINAL_STATES:
@@ -91,22 +89,16 @@ def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *
         vals.update(passthrough_headers=None, model_key=None)
     vals.update(values or {})
     states = tuple(int(s) for s in from_states)
-    key = None
-    if where:
-        # Maintenance guards carry their own literals: built per call (rare).
-        stmt = _guarded(states, attempt is not None).where(*where).values(**vals).returning(*tasks.c)
-        params = {"_id": job_id, "_attempt": attempt}
-
-    else:
-        # Hot paths: one statement per shape, built once, values as parameters.
-        key = (states, attempt is not None, tuple(sorted(vals)))
-        stmt = _STATEMENTS.get(key)
-        if stmt is None:
-            stmt = _guarded(states, attempt is not None).values(
-                {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+    # Hot paths: one statement per shape, built once, values as parameters.  Maintenance guards
+    # (``where``) carry their own literals: built per call (rare).
+    key = None if where else (states, attempt is not None, tuple(sorted(vals)))
+    stmt = _STATEMENTS.get(key) if key is not None else None
+    if stmt is None:
+        stmt = _guarded(states, attempt is not None).where(*where).values(
+            {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+        if key is not None:
             _STATEMENTS[key] = stmt
-        params = {f"v_{k}": v for k, v in vals.items()}
-        params.update(_id=job_id, _attempt=attempt)
+    params = {f"v_{k}": v for k, v in vals.items()} | {"_id": job_id, "_attempt": attempt}
     # A terminal state writes its outbox rows with the transition itself
     # (app/infra/outbox_rows.py): never lost, never twice.
     hooks = S(to_state) if S(to_state) in outbox_rows.EVENT_OF_STATE else None
@@ -220,7 +212,6 @@ def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy
     row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True,
                values={"busy_count": busy_count, "lease_expires_at": None, "error": error[:4000],
                        "error_detail": detail and detail[:4000]})
-
     return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, requeue=True)
 
 
@@ -254,7 +245,6 @@ def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> Non
     Advisory: rows another transaction holds are skipped (SKIP LOCKED), so
     reads never queue behind or deadlock with claims.  Run it on its own
     (autocommit) connection, after any claim's transaction committed."""
-
     if not job_ids:
         return
     where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(S.DONE), int(S.CLAIMED)])]
@@ -316,7 +306,6 @@ def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | Non
     ``state`` after the winner commits and skips the row.  Returns only the
     rows this call moved: each job is claimed (its expire_at set) by exactly
     one caller.  ``returning``: the columns to return (not the payloads)."""
-
     check_allowed([S.DONE], S.CLAIMED)
     if not job_ids:
         return []

@@ -82,7 +82,6 @@ def _safely(model: str, what: str, call, *, more: bool = False):
 def enqueue_new(items: Iterable[tuple[str, str, str, float]]) -> int:
     """Queue newly admitted jobs, (model, tenant, job_id, score) each, and
     dispatch what may run now.  Returns how many were dispatched."""
-
     by_model: dict[str, list[tuple[str, str, float, int | str]]] = {}
     for model, tenant, job_id, score in items:
         by_model.setdefault(model, []).append((tenant, job_id, score, 0))

@@ -61,7 +61,6 @@ def run(moved: Moved | None, cap: int | None = None, retry_after: float | None =
     snapshot; a done attempt's run time measured), the finish counted, the
     outbox rows' bell rung.  A busy return keeps its slot: permit back,
     queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
-
     if moved is None:
         return
     row = moved.row

@@ -159,7 +159,6 @@ def _call_counted(conn, row) -> tuple:
 def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None, ctx: dict) -> str:
     """Store the response, retried here so the model is never called twice for
     one response.  ``passthrough``: the job's OSS headers (secrets: never logged)."""
-
     storage, tries = get_storage(), max(1, get_settings().upload_attempts)
     key = f"{clock_now():%Y/%m/%d}/{job_id}/{attempt}"
     for i in range(tries):

@@ -75,7 +75,6 @@ def _find_idempotent(tenant_id: str, key: str) -> Row | None:
 
 def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
     """The earlier job of an Idempotency-Key, or 422 for a different request under it."""
-
     if existing.model_name != model or existing.request_hash != digest:
         raise ValidationFailed("Idempotency-Key was already used with a different request", [
             {"pointer": face.pointer("idempotency_key"), "message": "reused with a different body"}])
@@ -259,7 +258,6 @@ def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: S
     ctype = (row.result_content_type or "").split(";")[0].strip().lower()
     if (JobState(row.state) in _READABLE and (ctype == "application/json" or ctype.endswith("+json"))
             and row.result_size is not None and row.result_size <= get_settings().sync_result_max_bytes):
-
         try:
             return SyncOutcome(sub, row, True, wait_s, json.loads(result_bytes(principal, row.id, model_name)[0]), True)
         except (DomainError, ValueError, UnicodeDecodeError):

@@ -120,7 +120,6 @@ def given(*shapes: BaseModel, **values: Any) -> dict:
 class Face:
     """How one face's 422 names an option (``pointer``) and the payload."""
     pointer: Callable[[str], str]
-
     payload: str = ""
 
 
