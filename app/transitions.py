@@ -163,9 +163,8 @@ def _guarded(states: tuple[int, ...], with_attempt: bool):
 
 
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
-    """pending -> running for the attempt the message was published for; a
-    duplicate delivery finds the attempt moved on and gets None: it must not
-    run.  ``worker``: the node that runs it (recovery watches its heartbeat)."""
+    """pending -> running for the attempt the message was published for (a
+    duplicate delivery gets None: it must not run).  ``worker``: the node that runs it."""
     return _cas(conn, job_id, [S.PENDING], S.RUNNING, attempt=attempt, values={
         "attempt": attempt + 1, "started_at": clock_now(), "lease_expires_at": lease_until, "worker": worker})
 
@@ -185,11 +184,9 @@ def fail_attempt(
     *, retry_at: datetime | None, lease_expired_before: datetime | None = None, worker_gone: str | None = None,
     alongside: tuple | None = None, detail: str | None = None,
 ) -> Moved | None:
-    """running -> retry_wait (retry_at given) or failed (no retries left).
-    ``error``: what the tenant sees (app/states.py job_error); ``detail``:
-    the internals behind it, for admin views.  Recovering a dead worker:
-    with ``lease_expired_before`` only if the attempt's lease has really run
-    out; with ``worker_gone`` only if that node still holds it."""
+    """running -> retry_wait (retry_at given) or failed.  ``error``: what the
+    tenant sees (app/states.py job_error); ``detail``: the internals, for admin views.  Recovery:
+    only if the lease ran out before ``lease_expired_before`` / node ``worker_gone`` still holds it."""
     where = []
     if lease_expired_before is not None:
         where.append(tasks.c.lease_expires_at < lease_expired_before)
@@ -217,20 +214,18 @@ def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
             *, retries: int, promoted_at: datetime | None = None) -> Row | None:
-    """retry_wait -> pending (the caller already holds a gate slot for it).
-    ``promoted_at``: the retry is published at high priority straight away
-    (retry_queue_max_seconds = 0); None: it waits at the tail until the
-    promotion pass.  ``retries``: ``attempt - busy_count`` (busy answers spend none)."""
+    """retry_wait -> pending (the caller holds a gate slot for it).
+    ``promoted_at``: published at high priority at once (retry_queue_max_seconds = 0); None: at
+    the tail until the promotion pass.  ``retries``: ``attempt - busy_count``."""
     return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
         "retry_count": retries, "enqueue_at": enqueue_at, "next_retry_at": None, "promoted_at": promoted_at})
 
 
 def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime,
                      promote: bool = False) -> Row | None:
-    """Note that a pending attempt's message was sent again (not a state
-    change): ``updated_at`` restarts the lost-message clock; ``promote``
-    marks the retry published at high priority, once.  None if the job
-    moved on meanwhile (then the message is a no-op anyway)."""
+    """A pending attempt's message was sent again (not a state change):
+    ``updated_at`` restarts the lost-message clock; ``promote`` marks the retry published at high
+    priority, once.  None if the job moved on (the message is then a no-op)."""
     stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt)
     vals = {"updated_at": now}
     if promote:
@@ -240,11 +235,9 @@ def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: dateti
 
 
 def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> None:
-    """Note that done/claimed jobs' results were read (not a state change):
-    ``last_read_at``, the order a model's max_completed cap evicts in.
-    Advisory: rows another transaction holds are skipped (SKIP LOCKED), so
-    reads never queue behind or deadlock with claims.  Run it on its own
-    (autocommit) connection, after any claim's transaction committed."""
+    """done/claimed results were read (not a state change): ``last_read_at``,
+    the order max_completed evicts in.  Rows another transaction holds are skipped (SKIP LOCKED):
+    reads never wait for or deadlock with claims.  Autocommit, after any claim committed."""
     if not job_ids:
         return
     where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(S.DONE), int(S.CLAIMED)])]
@@ -254,10 +247,9 @@ def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> Non
 
 def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], older_than,
                before: datetime) -> list[Row]:
-    """Hard-delete the jobs of ``job_ids`` still in one of ``states`` with
-    ``older_than`` (a tasks column) before ``before``, in one DELETE: cleanup
-    deleted their objects first, and this guard removes only rows still as
-    it judged them.  Returns the deleted rows' id, state and result location."""
+    """Hard-delete the jobs of ``job_ids`` still in ``states`` with ``older_than``
+    before ``before`` (one DELETE, after cleanup deleted their objects: only rows still as it
+    judged them).  Returns their id, state and result location."""
     if not job_ids:
         return []
     stmt = delete(tasks).where(tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(x) for x in states]),
@@ -299,13 +291,10 @@ def expire(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
 def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | None,
                   default_keep_seconds: int = DEFAULT_KEEP_SECONDS, returning: Sequence = tuple(tasks.c)) -> list[Row]:
     """done -> claimed for every job of ``job_ids`` still done (and of
-    ``tenant_id``, unless None), in one UPDATE, with expire_at = now + the
-    job's model's auto_clean_seconds (``default_keep_seconds``: model gone).
-    Rows are locked in id order first, so two batches over overlapping ids
-    queue behind each other instead of deadlocking; the loser re-checks
-    ``state`` after the winner commits and skips the row.  Returns only the
-    rows this call moved: each job is claimed (its expire_at set) by exactly
-    one caller.  ``returning``: the columns to return (not the payloads)."""
+    ``tenant_id``, unless None), in one UPDATE, expire_at = now + the model's auto_clean_seconds
+    (``default_keep_seconds``: model gone).  Rows are locked in id order first, so overlapping
+    batches queue instead of deadlocking; the loser skips rows no longer done.  Returns only the
+    rows this call moved (each claimed once); ``returning``: the columns (not the payloads)."""
     check_allowed([S.DONE], S.CLAIMED)
     if not job_ids:
         return []

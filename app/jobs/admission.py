@@ -93,9 +93,8 @@ WAIT_SECONDS = 30.0
 
 
 def admit(sub: Submission) -> Any:
-    """Queue ``sub`` for the next batch and wait for its answer: the
-    committed row, or the domain error (QueueFull, TenantQueueFull,
-    Unavailable, IdempotencyConflict, the database's error)."""
+    """Queue ``sub`` for the next batch and wait for its answer: the committed
+    row, or the error (QueueFull, TenantQueueFull, Unavailable, IdempotencyConflict, the database's)."""
     _committer.get().queue.put(sub)
     if not sub.event.wait(WAIT_SECONDS):
         # Not answered: it may still be committed later.  The row is the truth
@@ -107,9 +106,8 @@ def admit(sub: Submission) -> Any:
 
 
 def admit_many(subs: list[Submission]) -> None:
-    """Commit ``subs`` as one batch in the caller's thread (greenlet): a batch
-    submit (POST .../jobs:batch) is one of its own.  Each is answered (``row``
-    or ``error``) before this returns."""
+    """Commit ``subs`` as one batch in the caller's thread (a batch submit's
+    own); each is answered (``row`` or ``error``) before this returns."""
     if not subs:
         return
     try:

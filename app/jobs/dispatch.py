@@ -42,9 +42,7 @@ PRIORITY_BAND = 1e10
 
 def order_score(at: datetime, priority: int | None = DEFAULT_PRIORITY) -> float:
     """A job's place in its tenant's queue (lower first): its priority's band
-    (9 first), then its queue time.  A priority only orders a tenant's own
-    jobs (fairness between tenants is the scheduler's); a retry at the head
-    keeps its first queue time (seed 002's head/tail)."""
+    (9 first), then its queue time (a retry at the head keeps its first: seed 002's head/tail)."""
     p = DEFAULT_PRIORITY if priority is None else priority
     return (9 - p) * PRIORITY_BAND + as_utc(at).timestamp()
 
@@ -67,9 +65,8 @@ def _publish(model: str, sent: list[tuple[str, str, str]]) -> None:
 
 
 def _safely(model: str, what: str, call, *, more: bool = False):
-    """Run a dispatch step and publish the (tenant, job_id, attempt) it
-    dispatched; ``more``: the step answers (its own value, the pairs).
-    Returns the pairs (and the value), ``[]`` (and None) if Redis failed."""
+    """Run a dispatch step and publish what it dispatched; ``more``: the step
+    answers (its value, the pairs).  Redis failing: ``[]`` (``(None, [])``)."""
     try:
         out = call()
     except redis.RedisError as exc:
@@ -104,11 +101,9 @@ def claimed(model: str, tenant: str, job_id: str, lease_seconds: float, cap: int
 
 def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
              cap: int | None = None, ran: float | None = None) -> bool:
-    """The job left pending/running: slots and permit back and, if ``wake``,
-    its waiters woken with ``message`` (the terminal row's snapshot; empty:
-    each API process reads the row); ``ran``: a done attempt's seconds (the
-    model's run-time average, the upstream controller's sample).  True if
-    its gate slot was still held (False: released before, or Redis failed)."""
+    """The job left pending/running: slots and permit back and, if ``wake``, its
+    waiters woken with ``message`` (the row's snapshot; empty: they read the row); ``ran``: a
+    done attempt's seconds.  True if its gate slot was still held (not released, Redis up)."""
     released, _pairs = _safely(model, "finish", more=True, call=lambda: rd.finish(
         model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran))
     return bool(released)
@@ -116,9 +111,8 @@ def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str =
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: int, started: float,
              retry_after: float | None, cap: int | None = None) -> None:
-    """A job its upstream answered busy is pending again: queued at the head
-    (``score``), permit back, the model's limit lowered and, with a
-    Retry-After, its dispatch paused until a kick (or the periodic one)."""
+    """Busy upstream: pending again, queued at the head (``score``), permit back,
+    the model's limit lowered and, with a Retry-After, paused until a kick (or the periodic one)."""
     till, _pairs = _safely(model, "return", more=True, call=lambda: rd.returned(
         model, tenant, job_id, score, head(attempt), started, retry_after, cap=cap))
     if till and till > 0:

@@ -38,8 +38,7 @@ class Due(list):
 
     def add(self, moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> Moved | None:
         """Note a transition's result (None: lost, nothing due); returns it.
-        ``cap``: the model's max_concurrency, when the caller has it;
-        ``retry_after``: a busy upstream's Retry-After (seconds)."""
+        ``cap``: the model's max_concurrency if known; ``retry_after``: a busy upstream's."""
         if moved is not None:
             self.append((moved, cap, retry_after))
         return moved
@@ -56,11 +55,10 @@ def collecting() -> Iterator[Due]:
 
 
 def run(moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> None:
-    """The effects of one committed transition: slots and permit back (the
-    next job dispatched; a terminal state's waiters woken with the row's
-    snapshot; a done attempt's run time measured), the finish counted, the
-    outbox rows' bell rung.  A busy return keeps its slot: permit back,
-    queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
+    """The effects of one committed transition: slots and permit back (the next
+    job dispatched; a terminal state's waiters woken with the row's snapshot; a done attempt's
+    run time measured), the finish counted, the outbox bell rung.  A busy return keeps its slot:
+    permit back, queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
     if moved is None:
         return
     row = moved.row
@@ -78,8 +76,6 @@ def run(moved: Moved | None, cap: int | None = None, retry_after: float | None =
 
 
 def release_stale_dispatch(model: str, tenant: str, job_id: str) -> None:
-    """A dispatch of a job that already ended (its queue entry came back
-    after a slow or lost message): nobody will claim it, so its permit and
-    in-flight entry go back now instead of cycling through the queue (the
-    terminal job's slot is long released; the removals are idempotent)."""
+    """A dispatch of a job that already ended (its queue entry came back after a
+    slow or lost message): its permit and in-flight entry go back now (idempotent removals)."""
     dispatch.finished(model, tenant, job_id, wake=False)

@@ -78,9 +78,8 @@ def _estimates(model, tenant: str, job_id: str, scores: list[float], now: dateti
 
 
 def for_new(model, tenant: str, scores: list[float]) -> list[Estimate] | None:
-    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``
-    (a batch's in its order: each counts the batch's earlier jobs at or
-    before its score as ahead of it); None if Redis cannot say."""
+    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``, each
+    behind the batch's earlier ones at or before its score; None if Redis cannot say."""
     distinct = sorted(set(scores))
     try:
         base = _estimates(model, tenant, "", distinct, clock_now())

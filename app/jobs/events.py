@@ -142,10 +142,9 @@ def _job_passes(w, row, read, last) -> Iterator[Event | None]:
 
 
 def _follow(w, watch, passes: Iterator[Event | None]) -> Iterator[Event]:
-    """A stream's life: the events of ``passes`` (None ends a pass: then a
-    keep-alive when due and a pause until woken), up to an ``end`` event,
-    the client gone, ASYNCH_EVENTS_MAX_SECONDS or a drain; its place under the
-    caps back at the end (``watch``: app.infra.serving.ClientWatch, armed to wake ``w``)."""
+    """A stream's life: the events of ``passes`` (None ends a pass: a keep-alive
+    when due, a pause until woken) up to ``end``, the client gone (``watch``), ASYNCH_EVENTS_MAX_SECONDS
+    or a drain; its place under the caps back at the end."""
     s = get_settings()
     if watch is not None:
         watch.arm(w.event.set)
@@ -186,9 +185,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
-    """A tenant stream's Last-Event-ID: ``<updated_at µs>.<job_id>`` (what
-    the stream sends), or ``<updated_at µs>`` alone (from that instant's
-    first row); None (junk: from now)."""
+    """A tenant stream's Last-Event-ID: ``<updated_at µs>.<job_id>``, or
+    ``<updated_at µs>`` alone (from that instant's first row); None (junk: from now)."""
     micros, _, job_id = (last or "").strip().partition(".")
     if not (micros.isascii() and micros.isdigit()) or len(micros) > 18:
         return None

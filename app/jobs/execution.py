@@ -42,12 +42,9 @@ INLINE = "inline:"  # the location of a result kept in its row
 
 def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) -> str:
     """Run the attempt a run_job(job_id, attempt) message stands for
-    (``CURRENT``: whatever attempt the row is pending at).  Returns what
-    happened ("stale", "expired", "done", "retry_wait", "failed", "lost",
-    "busy") for logs and tests; a duplicate or outdated message is "stale",
-    refused by the claim CAS.  The permit taken at dispatch lasts the
-    attempt's lease from the claim.  ``worker``: this Celery node's name
-    (recovery watches its heartbeat)."""
+    (``CURRENT``: whatever attempt the row is pending at).  Returns what happened ("stale",
+    "expired", "done", "retry_wait", "failed", "lost", "busy"); a duplicate or outdated message is
+    "stale", refused by the claim CAS.  ``worker``: this Celery node (recovery watches its heartbeat)."""
     # Two single-statement round trips (no BEGIN/COMMIT): read the job with
     # its model, then the claim CAS, which re-checks state and attempt itself.
     with single_statement() as conn:
@@ -181,8 +178,7 @@ def _delete_quietly(location: str) -> None:
 def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,
           counted: bool = False, detail: str | None = None) -> str:
     """A failed attempt; ``counted``: the model was called (counted with the
-    transition).  ``error``: what the tenant sees; ``detail``: the internals,
-    logged and kept for admin views."""
+    transition).  ``error``: what the tenant sees; ``detail``: the internals (logs, admin views)."""
     spent = attempt - row.busy_count  # busy answers that came back unspent are no retries
     retry = not permanent and spent <= retry_times
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(spent)) if retry else None

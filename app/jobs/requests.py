@@ -104,6 +104,7 @@ def _iso_time(v: Any) -> Any:
 
 
 QueryTime = Annotated[datetime | None, BeforeValidator(_iso_time)]
+_TIME_OR_EMPTY = {"anyOf": [{"type": "string", "format": "date-time"}, {"const": ""}]}
 
 
 class JobListQuery(Params):
@@ -112,11 +113,9 @@ class JobListQuery(Params):
     cursor: Text | None = Field(None, description="next_cursor of the previous page")
     tenant: Text | None = Field(None, description="admins: only this tenant's jobs")
     since: QueryTime = Field(None, description="only jobs created at or after this time (ISO 8601; no offset: UTC)",
-                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
-                                                          {"const": ""}]})
+                             json_schema_extra=_TIME_OR_EMPTY)
     until: QueryTime = Field(None, description="only jobs created before this time (ISO 8601; no offset: UTC)",
-                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
-                                                          {"const": ""}]})
+                             json_schema_extra=_TIME_OR_EMPTY)
 
     @field_validator("limit")
     @classmethod

@@ -52,10 +52,9 @@ def expiry_kinds(now) -> tuple:
 
 def purge_batch(states: Sequence[JobState], older_than, before, limit: int, where: Sequence = (),
                 conn=None) -> tuple[int, int, int, int]:
-    """Delete one SKIP LOCKED batch, oldest ``older_than`` first: the stored
-    objects (in bulk), then the rows whose object is gone, in ``conn``'s
-    transaction or a new one.  Returns (rows seen, rows deleted, objects
-    deleted, object errors)."""
+    """Delete one SKIP LOCKED batch, oldest ``older_than`` first: the objects
+    (in bulk), then the rows whose object is gone, in ``conn``'s transaction or a new one.
+    Returns (rows seen, rows deleted, objects deleted, object errors)."""
     if conn is None:
         with transaction() as conn:
             return purge_batch(states, older_than, before, limit, where, conn)
@@ -95,8 +94,7 @@ def evict_over_cap(model: str, cap: int, limit: int, wait: bool = True) -> tuple
 
 def at_admission(caps: Iterable[tuple[str, int]]) -> int:
     """Before a batch's gate step: each capped model's expired jobs, then its
-    excess, bounded.  Best effort: a failure is logged and the submissions
-    go on.  Returns the rows deleted."""
+    excess, bounded; best effort (logged, the submissions go on).  Returns the rows deleted."""
     n = 0
     for model, cap in caps:
         try:

@@ -169,9 +169,8 @@ def read_result_row(principal: Principal, job_id: str, model_name: str | None = 
 
 
 def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None, watch=None) -> Row:
-    """Return when the job is terminal or the budget ends (it may then still be
-    pending/running; pending -> running does not end it).  The waiter caps
-    first (429, no read), one read (404), then the wait (app/infra/wakeups.py).
+    """Return when the job is terminal or the budget ends (pending -> running
+    does not end it): the waiter caps first (429, no read), one read (404), then the wait.
     ``watch``: the client's app.infra.serving.ClientWatch (ends it if the client leaves)."""
     return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, reader(principal, job_id, model_name),
                                      tenant=principal.tenant_id, tenant_cap=waiter_cap(principal), watch=watch)
@@ -196,9 +195,8 @@ class ResultBody:
 
 
 def result_body(principal: Principal, job_id: str, model_name: str | None = None) -> ResultBody:
-    """Never the whole object in memory: a stored result is streamed in
-    chunks (or, with ASYNCH_RESULT_REDIRECT_SECONDS and S3, redirected to a
-    presigned URL); a small one kept in the row is served from it."""
+    """Never the whole object in memory: a stored result is streamed (or
+    redirected to a presigned URL: ASYNCH_RESULT_REDIRECT_SECONDS); a small one comes from the row."""
     row = read_result_row(principal, job_id, model_name)
     if JobState(row.state) not in _READABLE:
         raise JobNotFinished(f"job not finished (state: {v1_name(row.state)})")
@@ -241,10 +239,9 @@ class SyncOutcome:
 
 def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict, wait_s: int,
                     watch=None) -> SyncOutcome:
-    """Sync mode (``Prefer: wait=N``): submit, then wait up to ``wait_s``
-    seconds (capped by ASYNCH_WAIT_MAX_MS) on the long-poll path.  The job is
-    admitted whatever the wait does: caps full means no wait (``waited_s``
-    None), never a refusal of a job that is already in."""
+    """Sync mode (``Prefer: wait=N``): submit, then wait up to ``wait_s`` s
+    (capped by ASYNCH_WAIT_MAX_MS) on the long-poll path.  The job is admitted whatever the wait
+    does: caps full means no wait (``waited_s`` None), never a refusal."""
     sub = submit(principal, model_name, payload, opts)
     wait_s = max(0, min(wait_s, get_settings().wait_max_ms // 1000))
     try:

@@ -63,8 +63,7 @@ def _after(cursor: str | None) -> tuple | None:
 
 def usage(principal: Principal, query: UsageQuery) -> Usage:
     """Counts by day/tenant/creator/model between two days (inclusive), in
-    (day, model, tenant, creator) pages.  Users see their own tenant
-    (another: 403), admins any."""
+    pages.  Users see their own tenant (another: 403), admins any."""
     tenant = query.tenant
     if not principal.is_admin:
         if tenant and tenant != principal.tenant_id:

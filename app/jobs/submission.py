@@ -106,8 +106,7 @@ class SubmitOptions(Shape):
 
 def given(*shapes: BaseModel, **values: Any) -> dict:
     """The option values a face's parsed shapes carry, by option name (the
-    first shape that has a value wins), plus ``values`` (what the face
-    derives: creator, passthrough)."""
+    first shape with a value wins), plus ``values`` (derived: creator, passthrough)."""
     out = {}
     for name in SubmitOptions.model_fields:
         found = [getattr(s, name) for s in shapes if name in type(s).model_fields and getattr(s, name) is not None]
