@@ -33,10 +33,9 @@ from app.states import JobState as S
 # The retention of a claimed result whose model row is gone (the column's default).
 DEFAULT_KEEP_SECONDS = 3600
 
-# The state machine (docs/architecture.md, "Job states"), and nothing else.  running -> pending: the
-# upstream answered busy (no retry spent); retry_wait -> timeout: seed 000, a job waiting to retry still
-# has a budget; pending/retry_wait -> failed: an admin's fail (seed 000: any non-terminal state can be
-# ended); pending -> expired: its caller's deadline passed before it started.
+# The state machine (docs/architecture.md, "Job states"), and nothing else.  running -> pending: a busy upstream
+# (no retry spent); retry_wait -> timeout: it still has a budget; pending/retry_wait -> failed: an admin's fail (seed
+# 000: any non-terminal state can be ended); pending -> expired: its caller's deadline passed before it started.
 ALLOWED: frozenset[tuple[S, S]] = frozenset((a, b) for a, targets in {
     S.PENDING: (S.RUNNING, S.CANCELED, S.TIMEOUT, S.FAILED, S.EXPIRED),
     S.RUNNING: (S.DONE, S.FAILED, S.TIMEOUT, S.RETRY_WAIT, S.PENDING, S.CANCELED),

@@ -8,12 +8,10 @@ caller collects what it won, and the effects run once the transaction committed:
 
 Invariants:
 - Effects run only after the commit of the transaction that won the row
-  (``collecting`` is entered before the transaction, so its exit runs after
-  the transaction's; an exception drops them), at most once per won
-  transition and only for the winner (a lost CAS is None, ``add`` ignores it).
+  (``collecting`` is entered before it, so its exit runs after the commit; an
+  exception drops them), at most once, only for the winner (a lost CAS is None).
 - Best effort: Redis or the broker being away never undoes the transition
-  (reconcile returns a slot, the listener's refetch and the waiters' budgets
-  cover a missed wake-up, the delivery sweep rings a missed bell).
+  (reconcile, the listener's refetch and the delivery sweep repair a miss).
 - Nothing else calls dispatch.finished or metrics.job_finished (tests/test_effects.py).
 """
 from __future__ import annotations

@@ -4,9 +4,8 @@ A submission answers 202 once its row is committed; one sender thread takes
 everything queued in this process's outbox meanwhile into its tenants'
 queues and publishes the run_job messages of what may run now in one LPUSH
 (app/jobs/dispatch.py): the request never waits for Redis or the broker.
-Nothing is lost that recovery does not repair: the row is the truth, so a
-job that never reached its queue (a crash, Redis refusing) is queued by the
-maintenance pass's lost-job scan.  At a clean exit the outbox is flushed.
+Nothing is lost that recovery does not repair (the row is the truth: the
+maintenance pass's lost-job scan queues it).  A clean exit flushes the outbox.
 """
 from __future__ import annotations
 

@@ -8,10 +8,9 @@ Invariants:
   carries it under the option's own field name; ``given`` reads them off by
   that name, so no face maps options by hand.
 - One function (``check``) judges a submission, in one order: the options,
-  the callback and webhook targets (the SSRF guard, events need a URL), the
-  model (404), the modelKey against what the model allows, the payload
-  against the model's form.  Anything else than an admissible submission is
-  a DomainError raised before the gate: bad input takes no slot, writes no row.
+  the callback and webhook targets (SSRF guard), the model (404), the
+  modelKey against what it allows, the payload against its form; anything
+  else is a DomainError before the gate: bad input takes no slot, writes no row.
 - A 422 names the face's own pointers (``Face``): v1 and seed name an option
   by its camelCase name (the key: ``/Idempotency-Key``), a batch item by its
   field under ``/jobs/{index}``.
