@@ -19,6 +19,4 @@ def set_clock(fn: Callable[[], datetime] | None) -> None:
 
 def as_utc(dt: datetime | None) -> datetime | None:
     """A naive datetime (one built without tzinfo) is UTC: every stored time is."""
-    if dt is None:
-        return None
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt
+    return dt.replace(tzinfo=timezone.utc) if dt is not None and dt.tzinfo is None else dt

@@ -47,30 +47,11 @@ def job_error(code: str, message: str) -> str:
 
 # The v1 face (seed 000 wire contract): a caller sees pending until a worker
 # is on it, and done for a claimed job.
-_V1_NAMES = {
-    JobState.PENDING: "pending",
-    JobState.RUNNING: "running",
-    JobState.DONE: "done",
-    JobState.FAILED: "failed",
-    JobState.CLAIMED: "done",
-    JobState.TIMEOUT: "timeout",
-    JobState.CANCELED: "canceled",
-    JobState.RETRY_WAIT: "pending",
-    JobState.EXPIRED: "expired",
-}
+_V1_NAMES = {s: s.label for s in JobState} | {JobState.CLAIMED: "done", JobState.RETRY_WAIT: "pending"}
 
 # The seed-002 face: 0 queued, 1 running, 2 done, 3 failed (and every other end), 4 claimed.
-_SEED_CODES = {
-    JobState.PENDING: 0,
-    JobState.RUNNING: 1,
-    JobState.DONE: 2,
-    JobState.FAILED: 3,
-    JobState.CLAIMED: 4,
-    JobState.TIMEOUT: 3,
-    JobState.CANCELED: 3,
-    JobState.RETRY_WAIT: 3,
-    JobState.EXPIRED: 3,
-}
+_SEED_CODES = {s: 3 for s in JobState} | {JobState.PENDING: 0, JobState.RUNNING: 1, JobState.DONE: 2,
+                                          JobState.CLAIMED: 4}
 
 
 def v1_name(state: int) -> str:

@@ -1,29 +1,18 @@
 """Every change of a job's state, each one conditional UPDATE ... RETURNING.
 
-The row is the truth (docs/architecture.md, invariant 2): a transition names the states
-it may start from and, where a worker's attempt is involved, the attempt it
-expects.  The database applies it or not; whoever gets the row back owns the
-transition and its side effects, everyone else gets ``None`` and backs off.
-Nothing here reads a row and writes it back.
+The row is the truth (docs/architecture.md, invariant 2): a transition names
+the states it may start from and, where a worker's attempt is involved, the
+attempt it expects; whoever gets the row back owns the transition and its
+side effects, everyone else gets ``None``.  Nothing here reads a row and
+writes it back.  A move out of pending/running returns a ``Moved`` (the row
+and the after-commit effects it implies), which callers hand to
+app/jobs/effects.py, the one module that runs them.
 
-A move out of pending/running (into retry_wait or a terminal state) returns
-a ``Moved``: the winning row and the after-commit effects it implies (slots
-and permit back, waiters woken, deliveries rung).  Callers never choose
-those effects: they hand the ``Moved`` to app/jobs/effects.py, the one
-module that runs them, after the commit.
-
-A move into a terminal state (done, failed, timeout, canceled, expired) writes its outbox rows (webhooks; on done the
-callback) in the same statement (data-modifying CTEs over the moved row,
-app/infra/outbox_rows.py): only the winner writes them, exactly once.
-
-A transition the state machine does not allow at all raises
-IllegalTransition before touching the database: that is a bug, not a race.
-
-An attempt that ends (running -> done, retry_wait or failed, by its
-worker or by recovery; or a running job canceled, timed out or failed by an
-admin) appends its row to asynch_task_attempt in the same statement as the
-transition (a data-modifying CTE reading the moved row), so the log holds
-exactly the attempts whose transition applied, each once.
+A move into a terminal state writes its outbox rows (webhooks; on done the
+callback) in the same statement (app/infra/outbox_rows.py), and an attempt
+that ends appends its row to asynch_task_attempt in it too: only the winner
+writes them, exactly once.  A transition the state machine does not allow
+raises IllegalTransition before touching the database (a bug, not a race).
 """
 from __future__ import annotations
 
@@ -44,33 +33,20 @@ from app.states import JobState as S
 # The retention of a claimed result whose model row is gone (the column's default).
 DEFAULT_KEEP_SECONDS = 3600
 
-# The state machine (docs/architecture.md, "Job states"), and nothing else.
-ALLOWED: frozenset[tuple[S, S]] = frozenset({
-    (S.PENDING, S.RUNNING),
-    (S.RUNNING, S.DONE),
-    (S.RUNNING, S.FAILED),
-    (S.RUNNING, S.TIMEOUT),
-    (S.RUNNING, S.RETRY_WAIT),
-    (S.RUNNING, S.PENDING),      # the upstream answered busy: back to the queue, no retry spent
-    (S.RETRY_WAIT, S.PENDING),
-    (S.DONE, S.CLAIMED),
-    (S.PENDING, S.CANCELED),
-    (S.RUNNING, S.CANCELED),
-    (S.RETRY_WAIT, S.CANCELED),
-    (S.PENDING, S.TIMEOUT),
-    (S.RETRY_WAIT, S.TIMEOUT),   # seed 000: a job waiting to retry still has a budget
-    (S.PENDING, S.FAILED),       # an admin's fail (seed 000: any non-terminal state can be ended)
-    (S.RETRY_WAIT, S.FAILED),
-    (S.PENDING, S.EXPIRED),      # its caller's deadline passed before it started
-})
+# The state machine (docs/architecture.md, "Job states"), and nothing else.  running -> pending: a busy upstream
+# (no retry spent); retry_wait -> timeout: it still has a budget; pending/retry_wait -> failed: an admin's fail (seed
+# 000: any non-terminal state can be ended); pending -> expired: its caller's deadline passed before it started.
+ALLOWED: frozenset[tuple[S, S]] = frozenset((a, b) for a, targets in {
+    S.PENDING: (S.RUNNING, S.CANCELED, S.TIMEOUT, S.FAILED, S.EXPIRED),
+    S.RUNNING: (S.DONE, S.FAILED, S.TIMEOUT, S.RETRY_WAIT, S.PENDING, S.CANCELED),
+    S.RETRY_WAIT: (S.PENDING, S.CANCELED, S.TIMEOUT, S.FAILED),
+    S.DONE: (S.CLAIMED,),
+}.items() for b in targets)
 
 
 @dataclass(frozen=True)
 class Moved:
-    """A transition this caller won: ``row`` as it now is (committed once the
-    caller's transaction is), and which after-commit effects are due
-    (app/jobs/effects.py runs them)."""
-
+    """A transition this caller won: ``row`` as it now is, and which after-commit effects are due."""
     row: Row
     release: bool      # the job left pending/running: its gate slots and permit go back
     terminal: bool     # it ended: waiters wake with its snapshot, the finish is counted
@@ -86,8 +62,7 @@ def _moved(row: Row | None) -> Moved | None:
     """What a won move out of pending/running implies; None stays None."""
     if row is None:
         return None
-    terminal = S(row.state) in TERMINAL_STATES
-    return Moved(row=row, release=True, terminal=terminal,
+    return Moved(row=row, release=True, terminal=S(row.state) in TERMINAL_STATES,
                  deliveries=int(getattr(row, "deliveries_queued", 0) or 0))
 
 
@@ -100,47 +75,34 @@ def check_allowed(from_states: Iterable[S], to_state: S) -> None:
 def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *, attempt: int | None = None,
          where: Sequence = (), values: dict | None = None, alongside: tuple | None = None,
          log_attempt: bool | str = False) -> Row | None:
-    """The one writer of ``state``.  ``log_attempt``: the running attempt
-    ends here; its row goes to the attempt log with the same statement
-    (``"open"``: only if the job had a running attempt not logged yet -- a
-    cancel or timeout may also find the job pending or waiting to retry).  ``alongside``: (statement, params) of
-    another write that must commit with this one (the usage count of a
-    model call); both go as ONE statement (a data-modifying CTE: one round
-    trip, its own transaction on an autocommit connection).  The side statement runs
-    whether or not the guard matches: it records what happened, not who
-    owns the row."""
+    """The one writer of ``state``.  ``log_attempt``: the running attempt ends
+    here, logged by the same statement (``"open"``: only if one is running and
+    not logged yet).  ``alongside``: (statement, params) of another write that
+    must commit with this one (a model call's usage count), in ONE statement,
+    whether or not the guard matches: it records what happened, not who owns the row."""
     check_allowed(from_states, to_state)
     vals = {"state": int(to_state), "updated_at": clock_now()}
     if S(to_state) in TERMINAL_STATES:
         # The OSS pass-through credentials are only needed for an upload, the
         # job's modelKey header values only for a model call: neither stays at rest.
-        vals["passthrough_headers"] = None
-        vals["model_key"] = None
+        vals.update(passthrough_headers=None, model_key=None)
     vals.update(values or {})
     states = tuple(int(s) for s in from_states)
-    key = None
-    if where:
-        # Maintenance guards carry their own literals: built per call (rare).
-        stmt = _guarded(states, attempt is not None).where(*where)
-        stmt = stmt.values(**vals).returning(*tasks.c)
-        params = {"_id": job_id, "_attempt": attempt}
-    else:
-        # Hot paths: one statement per shape, built once, values as parameters.
-        key = (states, attempt is not None, tuple(sorted(vals)))
-        stmt = _STATEMENTS.get(key)
-        if stmt is None:
-            stmt = _guarded(states, attempt is not None).values(
-                {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+    # Hot paths: one statement per shape, built once, values as parameters.  Maintenance guards
+    # (``where``) carry their own literals: built per call (rare).
+    key = None if where else (states, attempt is not None, tuple(sorted(vals)))
+    stmt = _STATEMENTS.get(key) if key is not None else None
+    if stmt is None:
+        stmt = _guarded(states, attempt is not None).where(*where).values(
+            {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+        if key is not None:
             _STATEMENTS[key] = stmt
-        params = {f"v_{k}": v for k, v in vals.items()}
-        params.update(_id=job_id, _attempt=attempt)
+    params = {f"v_{k}": v for k, v in vals.items()} | {"_id": job_id, "_attempt": attempt}
     # A terminal state writes its outbox rows with the transition itself
     # (app/infra/outbox_rows.py): never lost, never twice.
     hooks = S(to_state) if S(to_state) in outbox_rows.EVENT_OF_STATE else None
-    side = None
-    if alongside is not None:
-        side, side_params = alongside
-        params.update(side_params)
+    side, side_params = alongside or (None, {})
+    params.update(side_params)
     if side is not None or log_attempt or hooks is not None:
         stmt = _combined(key, stmt, side, log_attempt, hooks)
     return conn.execute(stmt, params).first()
@@ -151,13 +113,11 @@ _COMBINED: dict[tuple, object] = {}
 
 
 def _combined(key: tuple | None, stmt, side, log_attempt: bool | str, hooks: S | None):
-    """WITH moved AS (<the CAS> RETURNING *) [, side AS (<side> RETURNING 1)]
-    [, logged AS (INSERT INTO asynch_task_attempt SELECT ... FROM moved)]
-    [, hook0.. AS (INSERT the outbox rows FROM moved RETURNING id)]
-    SELECT moved.*[, <rows inserted> AS deliveries_queued] FROM moved --
-    built once per shape.  PostgreSQL runs every data-modifying CTE exactly
-    once, so the attempt log and the deliveries commit with the transition
-    or not at all."""
+    """WITH moved AS (<the CAS> RETURNING *) [, side AS (<side>)] [, logged AS
+    (INSERT INTO asynch_task_attempt ... FROM moved)] [, hook0.. AS (INSERT the
+    outbox rows FROM moved)] SELECT moved.*[, <rows inserted> AS deliveries_queued]
+    FROM moved -- built once per shape.  PostgreSQL runs every data-modifying CTE
+    exactly once: the log and the deliveries commit with the transition or not at all."""
     cache_key = (key, id(side) if side is not None else None, log_attempt, hooks)
     combined = _COMBINED.get(cache_key) if key is not None else None
     if combined is None:
@@ -202,27 +162,20 @@ def _guarded(states: tuple[int, ...], with_attempt: bool):
 
 
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
-    """pending -> running for the attempt the message was published for.
-
-    A duplicate delivery of the same message finds attempt already moved on
-    (or the state no longer pending) and gets None: it must not run.
-    ``worker``: the node that runs it (recovery watches its heartbeat).
-    """
-    now = clock_now()
+    """pending -> running for the attempt the message was published for (a
+    duplicate delivery gets None: it must not run).  ``worker``: the node that runs it."""
     return _cas(conn, job_id, [S.PENDING], S.RUNNING, attempt=attempt, values={
-        "attempt": attempt + 1, "started_at": now, "lease_expires_at": lease_until, "worker": worker})
+        "attempt": attempt + 1, "started_at": clock_now(), "lease_expires_at": lease_until, "worker": worker})
 
 
-def complete(
-    conn: Connection, job_id: str, attempt: int, *,
-    location: str, content_type: str, size: int, inline: bytes | None = None, alongside: tuple | None = None,
-) -> Moved | None:
+def complete(conn: Connection, job_id: str, attempt: int, *, location: str, content_type: str, size: int,
+             inline: bytes | None = None, alongside: tuple | None = None) -> Moved | None:
     """running -> done, by the attempt that holds the row.  ``inline``: the
     result itself, kept in the row (``location`` is then ``inline:``)."""
-    return _moved(_cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True, values={
-        "finished_at": clock_now(), "lease_expires_at": None, "error": None, "error_detail": None,
-        "result_location": location, "result_content_type": content_type, "result_size": size,
-        "result_inline": inline}))
+    return _moved(_cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True,
+                       values={"finished_at": clock_now(), "lease_expires_at": None, "error": None,
+                               "error_detail": None, "result_location": location, "result_content_type": content_type,
+                               "result_size": size, "result_inline": inline}))
 
 
 def fail_attempt(
@@ -230,14 +183,9 @@ def fail_attempt(
     *, retry_at: datetime | None, lease_expired_before: datetime | None = None, worker_gone: str | None = None,
     alongside: tuple | None = None, detail: str | None = None,
 ) -> Moved | None:
-    """running -> retry_wait (retry_at given) or failed (no retries left).
-    ``error``: what the tenant sees (app/states.py job_error); ``detail``:
-    the internals behind it, for admin views.
-
-    With ``lease_expired_before`` this is the recovery of a dead worker: it
-    only applies if the attempt's lease has really run out; with
-    ``worker_gone`` only if that node still holds it.
-    """
+    """running -> retry_wait (retry_at given) or failed.  ``error``: what the
+    tenant sees (app/states.py job_error); ``detail``: the internals, for admin views.  Recovery:
+    only if the lease ran out before ``lease_expired_before`` / node ``worker_gone`` still holds it."""
     where = []
     if lease_expired_before is not None:
         where.append(tasks.c.lease_expires_at < lease_expired_before)
@@ -246,45 +194,38 @@ def fail_attempt(
     values = {"error": error[:4000], "error_detail": detail[:4000] if detail else None, "lease_expires_at": None}
     if retry_at is not None:
         values["next_retry_at"] = retry_at
-        return _moved(_cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT, attempt=attempt, where=where, values=values,
-                           alongside=alongside, log_attempt=True))
-    values["finished_at"] = clock_now()
-    return _moved(_cas(conn, job_id, [S.RUNNING], S.FAILED, attempt=attempt, where=where, values=values,
-                       alongside=alongside, log_attempt=True))
+    else:
+        values["finished_at"] = clock_now()
+    return _moved(_cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT if retry_at is not None else S.FAILED,
+                       attempt=attempt, where=where, values=values, alongside=alongside, log_attempt=True))
 
 
 def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy_count: int,
                 detail: str | None = None, alongside: tuple | None = None) -> Moved | None:
-    """running -> pending by the attempt holding the row: the model's upstream
-    answered busy (429/503).  It keeps its gate slot; the effects queue it at
-    its tenant's head.  ``busy_count``: the row's + 1, so no retry is spent."""
-    row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True, values={
-        "busy_count": busy_count, "lease_expires_at": None, "error": error[:4000], "error_detail": detail and detail[:4000]})
+    """running -> pending: the model's upstream answered busy (429/503).  It
+    keeps its gate slot; the effects queue it at its tenant's head.
+    ``busy_count``: the row's + 1, so no retry is spent."""
+    row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True,
+               values={"busy_count": busy_count, "lease_expires_at": None, "error": error[:4000],
+                       "error_detail": detail and detail[:4000]})
     return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, requeue=True)
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
             *, retries: int, promoted_at: datetime | None = None) -> Row | None:
-    """retry_wait -> pending (the caller already holds a gate slot for it).
-
-    ``promoted_at`` is set when the retry is published at high priority
-    straight away (retry_queue_max_seconds = 0); None means it waits at the
-    tail until the promotion pass.  ``retries``: taken with this one,
-    ``attempt - busy_count`` (busy answers spend none).
-    """
+    """retry_wait -> pending (the caller holds a gate slot for it).
+    ``promoted_at``: published at high priority at once (retry_queue_max_seconds = 0); None: at
+    the tail until the promotion pass.  ``retries``: ``attempt - busy_count``."""
     return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
         "retry_count": retries, "enqueue_at": enqueue_at, "next_retry_at": None, "promoted_at": promoted_at})
 
 
 def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime,
                      promote: bool = False) -> Row | None:
-    """Note that a pending attempt's message was sent again (not a state
-    change): ``updated_at`` restarts the lost-message clock, and with
-    ``promote`` the retry is marked as published at high priority, once.
-    None if the job moved on meanwhile (then the message is a no-op anyway).
-    """
-    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING),
-                               tasks.c.attempt == attempt)
+    """A pending attempt's message was sent again (not a state change):
+    ``updated_at`` restarts the lost-message clock; ``promote`` marks the retry published at high
+    priority, once.  None if the job moved on (the message is then a no-op)."""
+    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt)
     vals = {"updated_at": now}
     if promote:
         stmt = stmt.where(tasks.c.promoted_at.is_(None))
@@ -293,12 +234,9 @@ def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: dateti
 
 
 def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> None:
-    """Note that done/claimed jobs' results were read (not a state change):
-    ``last_read_at``, the order a model's max_completed cap evicts in.
-    Advisory: rows another transaction holds (a batch claiming them, which
-    sets last_read_at itself; a cleanup) are skipped, never waited for, so
-    reads never queue behind or deadlock with claims.  Run it on its own
-    (autocommit) connection, after any claim's transaction committed."""
+    """done/claimed results were read (not a state change): ``last_read_at``,
+    the order max_completed evicts in.  Rows another transaction holds are skipped (SKIP LOCKED):
+    reads never wait for or deadlock with claims.  Autocommit, after any claim committed."""
     if not job_ids:
         return
     where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(S.DONE), int(S.CLAIMED)])]
@@ -308,12 +246,9 @@ def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> Non
 
 def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], older_than,
                before: datetime) -> list[Row]:
-    """Hard-delete the jobs of ``job_ids`` that are still in one of ``states``
-    with ``older_than`` (a tasks column: expire_at, finished_at) before
-    ``before``, in one DELETE.  Cleanup deletes the stored objects first; this
-    guard makes sure each row it then removes is still one it judged expired
-    (not claimed, not re-dated meanwhile).  Returns the deleted rows' id,
-    state and result location."""
+    """Hard-delete the jobs of ``job_ids`` still in ``states`` with ``older_than``
+    before ``before`` (one DELETE, after cleanup deleted their objects: only rows still as it
+    judged them).  Returns their id, state and result location."""
     if not job_ids:
         return []
     stmt = delete(tasks).where(tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(x) for x in states]),
@@ -321,29 +256,29 @@ def purge_many(conn: Connection, job_ids: Sequence[str], states: Sequence[S], ol
     return list(conn.execute(stmt.returning(tasks.c.id, tasks.c.state, tasks.c.result_location)).all())
 
 
+def _end_active(conn: Connection, job_id: str, to_state: S, error: str, *, now: datetime | None = None,
+                where: Sequence = (), **values) -> Moved | None:
+    """pending/running/retry_wait -> ``to_state``; a running attempt is logged
+    and its late writes are refused by the attempt guard."""
+    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], to_state, where=where, log_attempt="open",
+                       values={"finished_at": now or clock_now(), "lease_expires_at": None, "error": error, **values}))
+
+
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Moved | None:
-    """pending/running/retry_wait -> canceled."""
-    where = [] if tenant_id is None else [tasks.c.tenant_id == tenant_id]
-    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.CANCELED, where=where, log_attempt="open",
-                       values={"finished_at": clock_now(), "lease_expires_at": None,
-                               "error": job_error("canceled", "canceled by client")}))
+    return _end_active(conn, job_id, S.CANCELED, job_error("canceled", "canceled by client"),
+                       where=[] if tenant_id is None else [tasks.c.tenant_id == tenant_id])
 
 
 def fail_by_admin(conn: Connection, job_id: str, reason: str) -> Moved | None:
-    """pending/running/retry_wait -> failed, by an admin (beside cancel:
-    the job ends as a failure, e.g. a poisoned payload); a running attempt's
-    late writes are refused by the attempt guard."""
-    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.FAILED, log_attempt="open", values={
-        "finished_at": clock_now(), "lease_expires_at": None, "next_retry_at": None,
-        "error": (f"failed by admin: {reason}" if reason else "failed by admin")[:4000]}))
+    """-> failed by an admin (beside cancel: the job ends as a failure, e.g. a poisoned payload)."""
+    return _end_active(conn, job_id, S.FAILED, (f"failed by admin: {reason}" if reason else "failed by admin")[:4000],
+                       next_retry_at=None)
 
 
 def time_out(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
-    """pending/running/retry_wait past the job's budget -> timeout."""
-    return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], S.TIMEOUT, log_attempt="open",
-                       where=[tasks.c.deadline_at < now], values={
-                           "finished_at": now, "lease_expires_at": None,
-                           "error": job_error("job_timeout", "job budget exceeded")}))
+    """Past the job's budget -> timeout."""
+    return _end_active(conn, job_id, S.TIMEOUT, job_error("job_timeout", "job budget exceeded"), now=now,
+                       where=[tasks.c.deadline_at < now])
 
 
 def expire(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
@@ -355,17 +290,10 @@ def expire(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
 def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | None,
                   default_keep_seconds: int = DEFAULT_KEEP_SECONDS, returning: Sequence = tuple(tasks.c)) -> list[Row]:
     """done -> claimed for every job of ``job_ids`` still done (and of
-    ``tenant_id``, unless None), in one UPDATE, with expire_at = now + the
-    job's model's auto_clean_seconds (``default_keep_seconds`` for a model
-    that is gone).
-
-    Rows are locked in id order first, so two batches over overlapping ids
-    queue behind each other instead of deadlocking; the loser re-checks
-    ``state`` on each row after the winner commits and skips it.  Returns only
-    the rows this call moved: each job is claimed (and its expire_at set) by
-    exactly one caller.  ``returning``: the columns to return (a batch of a
-    thousand rows need not carry their payloads back).
-    """
+    ``tenant_id``, unless None), in one UPDATE, expire_at = now + the model's auto_clean_seconds
+    (``default_keep_seconds``: model gone).  Rows are locked in id order first, so overlapping
+    batches queue instead of deadlocking; the loser skips rows no longer done.  Returns only the
+    rows this call moved (each claimed once); ``returning``: the columns (not the payloads)."""
     check_allowed([S.DONE], S.CLAIMED)
     if not job_ids:
         return []

@@ -1,37 +1,22 @@
 """Group-committed admission: the submissions that arrive while a batch is
 in flight share the next one -- one Redis round trip for every gate step,
 one multi-row INSERT, and (through the outbox) one dispatch step and one
-LPUSH.  Each request waits on its own event for its own answer.
+LPUSH; each request waits on its own event for its own answer.  Done one at
+a time, the client libraries' per-call overhead and three serialised round
+trips dominate (bench/bench_admission.py).  Batching is natural, not timed:
+the committer takes whatever is queued the moment it is free.
 
-Why: a submission's work is three round trips (gate, INSERT, dispatch) and
-the code around them; done one request at a time, a gevent worker spends
-most of its CPU in the client libraries' per-call overhead (SQLAlchemy's
-statement handling above all), and the round trips serialise.  Grouped,
-the per-call cost is paid once per batch (bench/bench_admission.py).
-
-Batching is natural, not timed: the committer takes whatever is queued the
-moment it is free, so an idle process answers a lone request at once (a
-batch of one) and a busy one grows its batches with the load, never
-waiting for more.
-
-Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission
-path"):
-- Gate before row: a job's row is inserted only after its gate step
-  admitted it, and the gate steps of a batch run in arrival order, each in
-  one Lua step (gate_admit.lua: the one admission rule, the depth updated
-  between items).
-- Row before message: a job is handed to the outbox only after the INSERT
-  that holds it returned (autocommit: one statement, its own transaction).
-- A 202 only for a committed row: a request's event is set after its row's
-  statement returned; a refused, conflicting or failed item gets its error.
-- No leaked slot: every item the gate admitted whose row was not inserted
-  (the INSERT failed, an Idempotency-Key conflict) has its slots released
-  before its request is answered.
-- Retention before the gate: a batch with a capped model (max_completed)
-  evicts that model's expired and least recently read completed jobs first
-  (seed 000: eviction at admission), never failing a submission for it.
-- Fork: the committer thread and its queue are per process
-  (app/infra/process.py).
+Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission path"):
+- Gate before row: a row is inserted only after its gate step admitted it;
+  a batch's gate steps run in arrival order in one Lua step (gate_admit.lua).
+- Row before message: a job goes to the outbox only after its INSERT returned.
+- A 202 only for a committed row; a refused, conflicting or failed item gets its error.
+- No leaked slot: every admitted item whose row was not inserted has its
+  slots released before its answer.
+- Retention before the gate: a capped model (max_completed) evicts its
+  expired and least recently read completed jobs first (seed 000), never
+  failing a submission for it.
+- Fork: the committer thread and its queue are per process (app/infra/process.py).
 """
 from __future__ import annotations
 
@@ -61,7 +46,6 @@ class IdempotencyConflict(Exception):
 @dataclass(eq=False)
 class Submission:
     """One admitted-or-not job: what its gate step and its row need."""
-
     values: dict[str, Any]                # the asynch_task row
     queue_limit: int                      # the model's configured cap
     tenant_cap: int                       # the tenant's share of it
@@ -71,17 +55,9 @@ class Submission:
     row: Any = None
     error: BaseException | None = None
 
-    @property
-    def job_id(self) -> str:
-        return self.values["id"]
-
-    @property
-    def model(self) -> str:
-        return self.values["model_name"]
-
-    @property
-    def tenant(self) -> str:
-        return self.values["tenant_id"]
+    job_id = property(lambda self: self.values["id"])
+    model = property(lambda self: self.values["model_name"])
+    tenant = property(lambda self: self.values["tenant_id"])
 
     @property
     def score(self) -> float:
@@ -105,14 +81,7 @@ class _Committer:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                commit_batch(batch)
-            except BaseException as exc:  # never leave a request waiting
-                log.exception("admission batch failed")
-                for s in batch:
-                    if not s.event.is_set():
-                        s.error = s.error or Unavailable("admission failed")
-                        s.event.set()
+            admit_many(batch)
             self.batches += 1
 
 
@@ -124,9 +93,8 @@ WAIT_SECONDS = 30.0
 
 
 def admit(sub: Submission) -> Any:
-    """Queue ``sub`` for the next batch and wait for its answer: the
-    committed row, or the domain error (QueueFull, TenantQueueFull,
-    Unavailable, IdempotencyConflict, the database's error)."""
+    """Queue ``sub`` for the next batch and wait for its answer: the committed
+    row, or the error (QueueFull, TenantQueueFull, Unavailable, IdempotencyConflict, the database's)."""
     _committer.get().queue.put(sub)
     if not sub.event.wait(WAIT_SECONDS):
         # Not answered: it may still be committed later.  The row is the truth
@@ -138,20 +106,17 @@ def admit(sub: Submission) -> Any:
 
 
 def admit_many(subs: list[Submission]) -> None:
-    """A batch submit (POST .../jobs:batch): its submissions are one batch of
-    their own, committed in the caller's thread (greenlet) -- one gate step,
-    one INSERT, one outbox group -- and each answered on its own (``row`` or
-    ``error``) before this returns."""
+    """Commit ``subs`` as one batch in the caller's thread (a batch submit's
+    own); each is answered (``row`` or ``error``) before this returns."""
     if not subs:
         return
     try:
         commit_batch(subs)
-    except BaseException:
+    except BaseException:  # never leave a request waiting
         log.exception("admission batch failed")
         for s in subs:
             if not s.event.is_set():
-                s.error = s.error or Unavailable("admission failed")
-                s.event.set()
+                _answer(s, error=s.error or Unavailable("admission failed"))
 
 
 def batches_committed() -> int:
@@ -165,17 +130,16 @@ def _answer(sub: Submission, *, row: Any = None, error: BaseException | None = N
 
 
 def commit_batch(batch: list[Submission]) -> None:
-    """Gate, INSERT and hand-off for ``batch`` (in arrival order); every
-    submission is answered before this returns.  First, each capped
-    model's retention (app/jobs/retention.py: expired jobs, then the least
-    recently read beyond max_completed), bounded and best effort."""
+    """Gate, INSERT and hand-off for ``batch`` (in arrival order), after each
+    capped model's retention (bounded, best effort); every submission is
+    answered before this returns."""
     retention.at_admission({s.model: s.max_completed for s in batch if s.max_completed > 0}.items())
     try:
         decisions = gate.gate_admit_many([(s.model, s.tenant, s.job_id, s.queue_limit, s.tenant_cap) for s in batch])
     except redis.RedisError as exc:
+        log.warning("admission gate unavailable: %s", exc)
         for s in batch:
             _answer(s, error=Unavailable("admission gate unavailable"))
-        log.warning("admission gate unavailable: %s", exc)
         return
     admitted = []
     for s, d in zip(batch, decisions):
@@ -191,8 +155,7 @@ def commit_batch(batch: list[Submission]) -> None:
         rows = _insert([s.values for s in admitted])
     except Unavailable as exc:  # the database is away: nobody's row is in
         for s in admitted:
-            _release(s)
-            _answer(s, error=exc)
+            _refuse(s, exc)
         return
     except Exception:
         # One row the database refused must not fail its neighbours (another
@@ -202,42 +165,31 @@ def commit_batch(batch: list[Submission]) -> None:
             try:
                 rows.update(_insert([s.values]))
             except Exception as exc:
-                _release(s)
-                _answer(s, error=_as_domain(exc))
+                if not isinstance(exc, Unavailable):  # not a domain error: the one handler answers 500
+                    log.error("admission INSERT failed: %s", exc)
+                _refuse(s, exc)
     committed = []
     for s in admitted:
-        if s.event.is_set():
-            continue
-        row = rows.get(s.job_id)
-        if row is None:  # its Idempotency-Key was taken by another row
-            _release(s)
-            _answer(s, error=IdempotencyConflict())
-            continue
-        committed.append((s, row))
+        if not s.event.is_set() and s.job_id not in rows:  # its Idempotency-Key was taken by another row
+            _refuse(s, IdempotencyConflict())
+        elif not s.event.is_set():
+            committed.append((s, rows[s.job_id]))
     # After the commit: the batch's jobs join their tenants' queues as one
-    # group (the outbox batches the dispatch step and the LPUSH across
-    # requests too, and never splits a group).
+    # group (the outbox never splits a group).
     outbox.send_many([(s.model, s.tenant, s.job_id, s.score) for s, _row in committed])
     for s, row in committed:
         _answer(s, row=row)
 
 
-def _as_domain(exc: BaseException) -> BaseException:
-    """What a request is told when its own row was refused."""
-    if isinstance(exc, Unavailable):
-        return exc
-    log.error("admission INSERT failed: %s", exc)
-    return exc  # not a domain error: the one handler answers 500 and logs it
-
-
-def _release(sub: Submission) -> None:
+def _refuse(sub: Submission, error: BaseException) -> None:
+    """An admitted item whose row is not in: its slots back, then its answer."""
     release_slot(sub.model, sub.tenant, sub.job_id)
+    _answer(sub, error=error)
 
 
 def release_slot(model: str, tenant: str, job_id: str) -> None:
     """Give back the gate slots of a job whose row was never committed (or
-    never moved: a retry readmit that lost its CAS).  Best effort: reconcile
-    repairs a miss."""
+    never moved: a readmit that lost its CAS).  Best effort: reconcile repairs a miss."""
     try:
         gate.gate_release(model, tenant, job_id)
     except redis.RedisError:
@@ -256,16 +208,12 @@ _CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS 
 
 def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:
     """One multi-row INSERT ... RETURNING (its own transaction); the rows
-    inserted, by id.  The VALUES list is rendered by the driver
-    (``mogrify``) and sent as one plain statement: building and compiling a
-    Core insert of that many rows cost more than the round trip it saves."""
+    inserted, by id.  The VALUES are rendered by the driver (``mogrify``):
+    compiling a Core insert of that many rows cost more than the round trip."""
     with single_statement() as conn:
-        cur = conn.connection.dbapi_connection.cursor()
-        try:
+        with conn.connection.dbapi_connection.cursor() as cur:
             rendered = b",".join(cur.mogrify(_ROW_TEMPLATE, tuple(v.get(c, _DEFAULTS.get(c)) for c in _COLUMNS))
                                  for v in values)
-        finally:
-            cur.close()
         # SQLAlchemy hands the driver an empty parameter mapping, so psycopg2
         # still reads "%" as a placeholder: a "%s" in a payload or a header
         # raised TypeError (a 500, found by schemathesis).  "%%" is one "%".

@@ -1,28 +1,19 @@
 """Batch submit (POST /v1/models/{model}/jobs:batch): up to BATCH_MAX_JOBS
 jobs of one model, each admitted or refused on its own.
 
-Invariants (the submit's, item by item; docs/architecture.md "The
-admission path"):
-- Validation before the gate, by the submission rule of a single submit
-  (app/jobs/submission.py ``check``): an item that fails its shape, its
-  options (modelKey included) or the model's form is that item's 422 and
-  takes no slot; the others go on.
-  Only what concerns the whole request (key, body, unknown model) refuses
-  the batch.
-- One gate step, one INSERT, one outbox group for every valid item
-  (app/jobs/admission.py ``admit_many``): each item gets the gate's own
-  decision (202, or its 429 with Retry-After), in the items' order.
-- Deadlines: the items that carry one are judged against one estimate
-  step for the whole batch (each item behind the batch's earlier ones)
-  before the gate; a late item is its own 429 deadline_unmeetable.
-- Idempotency keys per item: a key already used by the tenant replays that
-  job (or is a 422 for a different request), found with one SELECT for the
-  batch; a key repeated inside the batch is admitted once, and its later
-  items replay the first (or are its 422 / share its refusal); a key lost to
-  a concurrent request replays the winner.
-- Callback/webhook hosts: each distinct host is looked up once per batch,
-  all under one deadline, at most ASYNCH_BATCH_MAX_URL_HOSTS names (IP
-  literals are free); an item past the cap is its own 422.
+Invariants (the submit's, item by item; docs/architecture.md "The admission path"):
+- Validation before the gate by the single submit's rule (submission.check):
+  a bad item is its own 422 and takes no slot; only the key, the body or an
+  unknown model refuse the whole batch.
+- One gate step, one INSERT, one outbox group (admission.admit_many), each
+  item with the gate's own decision, in order; deadlines judged against one
+  estimate step (each item behind the batch's earlier ones).
+- Idempotency keys per item: one SELECT finds keys already used (replayed,
+  or 422 for a different request); a key repeated in the batch is admitted
+  once, its later items replay the first (or share its refusal); a key lost
+  to a concurrent request replays the winner.
+- Callback/webhook hosts are looked up once per batch, under one deadline,
+  at most ASYNCH_BATCH_MAX_URL_HOSTS names; an item past the cap is its own 422.
 """
 from __future__ import annotations
 
@@ -48,10 +39,18 @@ from app.tenancy.keys import Principal
 @dataclass
 class Outcome:
     """One item: ``submitted`` (admitted or replayed) or ``error``."""
-
     index: int
     submitted: jobs.Submitted | None = None
     error: BaseException | None = None
+
+    def replay(self, row, model_name: str, digest: str) -> None:
+        """Answer with ``row``'s job (None: the winner of a race is unreadable), or the item's error."""
+        try:
+            if row is None:
+                raise Unavailable("database unavailable")
+            self.submitted = jobs.replay(row, model_name, digest, submission.batch_item(self.index))
+        except DomainError as exc:
+            self.error = exc
 
 
 def _existing(principal: Principal, keys: set[str]) -> dict[str, Any]:
@@ -84,19 +83,14 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], **sha
     subs: list[tuple[int, admission.Submission, str]] = []
     for i, checked in valid:
         key, digest = checked.options.idempotency_key, checked.digest
-        try:
-            if key and key in existing:
-                out[i].submitted = jobs.replay(existing[key], model_name, digest, submission.batch_item(i))
-                continue
-        except DomainError as exc:
-            out[i].error = exc
-            continue
-        if key and key in first_of:
+        if key and key in existing:
+            out[i].replay(existing[key], model_name, digest)
+        elif key and key in first_of:
             later.append((i, key, digest))
-            continue
-        if key:
-            first_of[key] = i
-        subs.append((i, jobs.new_submission(principal, checked), digest))
+        else:
+            if key:
+                first_of[key] = i
+            subs.append((i, jobs.new_submission(principal, checked), digest))
     if any(s.values["caller_deadline_at"] for _i, s, _d in subs):  # deadlines: one estimate step for the batch
         ests = estimates.for_new(model, principal.tenant_id, [s.score for _i, s, _d in subs]) or [None] * len(subs)
         kept = []
@@ -112,26 +106,17 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], **sha
     winners = _existing(principal, lost)
     for i, s, digest in subs:
         if isinstance(s.error, admission.IdempotencyConflict):
-            won = winners.get(s.values["idempotency_key"])
-            try:
-                if won is None:
-                    raise Unavailable("database unavailable")
-                out[i].submitted = jobs.replay(won, model_name, digest, submission.batch_item(i))
-            except DomainError as exc:
-                out[i].error = exc
+            out[i].replay(winners.get(s.values["idempotency_key"]), model_name, digest)
         elif s.error is not None:
             out[i].error = s.error
         else:
             out[i].submitted = jobs.Submitted(s.row, replayed=False)
-    for i, key, digest in later:
+    for i, key, digest in later:  # the first item's row, or its refusal
         first = out[first_of[key]]
         if first.submitted is None:
             out[i].error = first.error
-            continue
-        try:  # the first item's row, or the 422 for a different request
-            out[i].submitted = jobs.replay(first.submitted.row, model_name, digest, submission.batch_item(i))
-        except DomainError as exc:
-            out[i].error = exc
+        else:
+            out[i].replay(first.submitted.row, model_name, digest)
     for o in out:
         if o.submitted is not None and not o.submitted.replayed:
             metrics.job_admitted(model_name)

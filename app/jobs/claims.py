@@ -1,15 +1,11 @@
-"""The seed-002 task face: batch status with claim (getTaskBatch) and the
-single-task view (getTaskResult).
+"""The seed-002 task face: batch status with claim (getTaskBatch).
 
-getTaskBatch moves every done task it names to claimed with
-expire_at = now + the model's auto_clean_seconds, through
-transitions.claim_results: one guarded UPDATE, so among any number
-of concurrent calls each task is claimed, and its expire_at set, exactly once
-(``claimed: true`` in the one answer that did it).  Another tenant's ids are
-reported as not found and never touched.  Every done or claimed task a
-call names has its last_read_at set (the claim sets it; later calls with
-transitions.mark_read): a model's max_completed cap evicts the least
-recently read.
+Every done task a call names moves to claimed through
+transitions.claim_results (one guarded UPDATE: each task is claimed, its
+expire_at set, exactly once; ``claimed: true`` in the one answer that did
+it).  Another tenant's ids are not found and never touched.  Every done or
+claimed task named has its last_read_at set (max_completed evicts the least
+recently read).
 """
 from __future__ import annotations
 
@@ -24,17 +20,14 @@ from app.states import JobState
 from app.tenancy.keys import Principal
 
 # What task_view reads: a batch fetches only these, never the payloads.
-VIEW_COLUMNS = tuple(tasks.c[n] for n in (
-    "id", "state", "result_location", "result_content_type", "expire_at", "model_name", "biz_name",
-    "retry_count", "created_at", "finished_at", "error"))
-
-
+VIEW_COLUMNS = tuple(tasks.c[n] for n in ("id", "state", "result_location", "result_content_type", "expire_at",
+                                         "model_name", "biz_name", "retry_count", "created_at", "finished_at", "error"))
 _READABLE = (int(JobState.DONE), int(JobState.CLAIMED))
 
 
 def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
-    """``task_ids`` as declared by TaskIds (app/jobs/schemas.py): at most
-    ASYNCH_BATCH_MAX_IDS strings; duplicates are answered once, in order."""
+    """``task_ids`` as declared by TaskIds (at most ASYNCH_BATCH_MAX_IDS);
+    duplicates are answered once, in order."""
     ids = list(dict.fromkeys(task_ids))
     if not ids:
         return []

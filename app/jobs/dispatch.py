@@ -2,29 +2,24 @@
 its run_job message only when its tenant has a free permit and the fair
 scheduler (app/infra/redis/dispatch.py) picks it.
 
-Who calls what:
-  admission (through the outbox)  ``enqueue_new``: the job joins its tenant's queue
-  the worker, after its claim     ``claimed``: the permit lasts the attempt's lease
-  every move out of pending/running (done, failed, timeout, canceled,
-  retry_wait)                     ``finished``: gate slots and permit back, wake-up
-  retries, promotion, recovery    ``requeue``
-  a busy upstream (running -> pending)  ``returned``: permit back, queued at the head, limit lowered
-  the periodic pass               ``kick_all``: blocked tenants retried, lost messages re-queued
-
-Each call may dispatch jobs (its own tenant's or anyone's): their messages
-are published here, in one LPUSH.  A message carries the attempt the job was
-queued for, so a message that outlived its attempt (the attempt ran from
-another message and failed) is refused by the claim CAS, not run again.
+Who calls what: admission (through the outbox) ``enqueue_new``; the worker
+after its claim ``claimed`` (the permit lasts the lease); every move out of
+pending/running ``finished`` (slots and permit back, wake-up); retries,
+promotion and recovery ``requeue``; a busy upstream ``returned``; the
+periodic pass ``kick_all``.  Each call may dispatch jobs (anyone's): their
+messages are published here, in one LPUSH.  A message carries the attempt
+the job was queued for, so one that outlived its attempt is refused by the
+claim CAS, not run again.
 
 Redis errors are logged, never raised: the row is the truth and the
-maintenance passes put back whatever a lost call left out (a job missing
-from its queue is queued again by ``requeue`` with mode NX; gate slots and
-permits are reconciled).
+maintenance passes put back whatever a lost call left out (``requeue`` with
+mode NX; gate slots and permits are reconciled).
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from datetime import datetime
 from typing import Iterable
 
@@ -39,8 +34,6 @@ log = logging.getLogger(__name__)
 
 # A message for "whatever attempt the row is pending at" (the operator's requeue).
 CURRENT = -1
-
-
 DEFAULT_PRIORITY = 5
 # Seconds between two priorities' bands: far beyond any queue time, and a
 # score stays exact to ~10 µs (float64) at the lowest band.
@@ -49,65 +42,54 @@ PRIORITY_BAND = 1e10
 
 def order_score(at: datetime, priority: int | None = DEFAULT_PRIORITY) -> float:
     """A job's place in its tenant's queue (lower first): its priority's band
-    (9 first, 0 last), then its queue time (earlier first).  Fairness between
-    tenants is the scheduler's and comes before this: a priority only orders
-    a tenant's own jobs.  A retry at the head keeps its first queue time, so
-    it is ahead of every later job of its band (seed 002's head/tail)."""
+    (9 first), then its queue time (a retry at the head keeps its first: seed 002's head/tail)."""
     p = DEFAULT_PRIORITY if priority is None else priority
     return (9 - p) * PRIORITY_BAND + as_utc(at).timestamp()
 
 
 def head(attempt: int) -> str:
-    """The attempt of a retry queued at the head (seed: retryQueueMaxSeconds
-    0, or promoted): its message goes out at high priority too, so it also
-    overtakes the messages already waiting in the broker."""
+    """The attempt of a retry queued at the head (retryQueueMaxSeconds 0, or
+    promoted): its message goes out at high priority too, past the broker's queue."""
     return f"{attempt}h"
 
 
 def _publish(model: str, sent: list[tuple[str, str, str]]) -> None:
-    if not sent:
-        return
-    normal = [(job_id, int(a)) for _t, job_id, a in sent if not a.endswith("h")]
     high = [(job_id, int(a[:-1])) for _t, job_id, a in sent if a.endswith("h")]
+    normal = [(job_id, int(a)) for _t, job_id, a in sent if not a.endswith("h")]
     if high:
         publisher.publish_run_jobs(high, publisher.Priority.HIGH)
     if normal:
         publisher.publish_run_jobs(normal)
-    counts: dict[str, int] = {}
-    for tenant, _, _ in sent:
-        counts[tenant] = counts.get(tenant, 0) + 1
-    for tenant, n in counts.items():
+    for tenant, n in Counter(tenant for tenant, _, _ in sent).items():
         metrics.dispatched(model, tenant, n)
 
 
-def _safely(model: str, what: str, call) -> list[tuple[str, str, str]]:
+def _safely(model: str, what: str, call, *, more: bool = False):
+    """Run a dispatch step and publish what it dispatched; ``more``: the step
+    answers (its value, the pairs).  Redis failing: ``[]`` (``(None, [])``)."""
     try:
-        pairs = call()
+        out = call()
     except redis.RedisError as exc:
         log.warning("dispatch (%s) of %s failed: %s; the maintenance pass repairs it", what, model, exc)
-        return []
-    _publish(model, pairs)
-    return pairs
+        return (None, []) if more else []
+    _publish(model, out[1] if more else out)
+    return out
 
 
 def enqueue_new(items: Iterable[tuple[str, str, str, float]]) -> int:
-    """Queue newly admitted jobs, (model, tenant, job_id, score) each (their
-    first attempt, 0), and dispatch what may run now.  Returns how many were
-    dispatched."""
+    """Queue newly admitted jobs, (model, tenant, job_id, score) each, and
+    dispatch what may run now.  Returns how many were dispatched."""
     by_model: dict[str, list[tuple[str, str, float, int | str]]] = {}
     for model, tenant, job_id, score in items:
         by_model.setdefault(model, []).append((tenant, job_id, score, 0))
-    n = 0
-    for model, entries in by_model.items():
-        n += len(_safely(model, "enqueue", lambda m=model, e=entries: rd.enqueue(m, e, mode="NX")))
-    return n
+    return sum(len(_safely(m, "enqueue", lambda m=m, e=e: rd.enqueue(m, e, mode="NX"))) for m, e in by_model.items())
 
 
 def requeue(model: str, entries: list[tuple[str, str, float, int | str]], *, mode: str = "",
             cap: int | None = None) -> int:
-    """Queue (tenant, job_id, score, attempt) entries again: ``mode`` '' to add or
-    move, 'NX' only where missing (recovery), 'XXLT' only to move a queued
-    job ahead (promotion).  A job holding a permit is never queued twice."""
+    """Queue (tenant, job_id, score, attempt) entries again: ``mode`` '' to add
+    or move, 'NX' only where missing, 'XXLT' only to move a queued job ahead;
+    a job holding a permit is never queued twice."""
     if not entries:
         return 0
     return len(_safely(model, "requeue", lambda: rd.enqueue(model, entries, mode=mode, cap=cap)))
@@ -119,40 +101,22 @@ def claimed(model: str, tenant: str, job_id: str, lease_seconds: float, cap: int
 
 def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
              cap: int | None = None, ran: float | None = None) -> bool:
-    """The job left pending/running: its slots and permit go back and, if
-    ``wake`` (a terminal state), its long-poll waiters are woken with
-    ``message`` (the terminal row's snapshot; empty: the job id, and each
-    API process reads the row); ``ran``: a done attempt's seconds, for the
-    model's run-time average (app/jobs/estimates.py) and the upstream
-    controller's sample.  True if its gate
-    slot was still held (False: released before, or Redis failed)."""
-    held = []
-
-    def call():
-        released, pairs = rd.finish(model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran)
-        held.append(released)
-        return pairs
-
-    _safely(model, "finish", call)
-    return bool(held and held[0])
+    """The job left pending/running: slots and permit back and, if ``wake``, its
+    waiters woken with ``message`` (the row's snapshot; empty: they read the row); ``ran``: a
+    done attempt's seconds.  True if its gate slot was still held (not released, Redis up)."""
+    released, _pairs = _safely(model, "finish", more=True, call=lambda: rd.finish(
+        model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran))
+    return bool(released)
 
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: int, started: float,
              retry_after: float | None, cap: int | None = None) -> None:
-    """A job its upstream answered busy is pending again: queued at the head
-    (``score``) with its permit back, the model's limit lowered and, with a
-    Retry-After, its dispatch paused; a kick is published for the pause's end
-    (if lost, the periodic kick resumes the model)."""
-    paused = []
-
-    def call():
-        till, pairs = rd.returned(model, tenant, job_id, score, head(attempt), started, retry_after, cap=cap)
-        paused.append(till)
-        return pairs
-
-    _safely(model, "return", call)
-    if paused and paused[0] > 0:
-        publisher.publish_task(KICK_MODEL_TASK, [model], countdown=max(0.0, paused[0] - time.time()))
+    """Busy upstream: pending again, queued at the head (``score``), permit back,
+    the model's limit lowered and, with a Retry-After, paused until a kick (or the periodic one)."""
+    till, _pairs = _safely(model, "return", more=True, call=lambda: rd.returned(
+        model, tenant, job_id, score, head(attempt), started, retry_after, cap=cap))
+    if till and till > 0:
+        publisher.publish_task(KICK_MODEL_TASK, [model], countdown=max(0.0, till - time.time()))
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> int:
@@ -161,17 +125,12 @@ def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) 
 
 def kick_all(caps: dict[str, int], *, requeue_inflight: bool = False) -> int:
     """Every model with dispatch state (and every configured one): blocked
-    tenants are tried again (a limit was raised, a dead worker's permit
-    expired) and lost messages re-queued."""
+    tenants tried again, lost messages re-queued."""
     names = sorted(set(caps) | rd.models())
     try:
-        # Each model's dispatch steps read their own copy of the weights (one
-        # hash slot, Redis Cluster): a model that appeared since the last
-        # change gets them here, within one pass.
+        # Each model's steps read their own copy of the weights (one hash slot,
+        # Redis Cluster): a model that appeared since the last change gets them here.
         rd.copy_weights(names)
     except redis.RedisError as exc:
         log.warning("dispatch weights not copied: %s; the next pass tries again", exc)
-    n = 0
-    for model in names:
-        n += kick(model, cap=caps.get(model), requeue_inflight=requeue_inflight)
-    return n
+    return sum(kick(model, cap=caps.get(model), requeue_inflight=requeue_inflight) for model in names)

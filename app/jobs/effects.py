@@ -1,27 +1,18 @@
 """The after-commit effects of a job's transitions: the one module that runs
-them (docs/architecture.md, "Effects follow from the transitions").
-
-A transition that moves a job out of pending/running returns a
-``transitions.Moved``: the winning row and which effects its commit implies.
-The caller collects what it won and this module runs the effects once the
-transaction committed -- the message-bus shape (collect what the change
-implies, handle it after the commit), kept explicit:
+them (docs/architecture.md, "Effects follow from the transitions").  A
+transition out of pending/running returns a ``transitions.Moved``; the
+caller collects what it won, and the effects run once the transaction committed:
 
     with effects.collecting() as due, transaction() as conn:
         won = due.add(transitions.cancel(conn, job_id, tenant))
 
 Invariants:
 - Effects run only after the commit of the transaction that won the row
-  (``collecting`` is entered before the transaction, so its exit runs after
-  the transaction's; an exception drops them): a worker or waiter never
-  acts on a state that could still roll back.
-- They run at most once per won transition, and only for the winner (a
-  lost CAS returns None, which ``add`` ignores).
-- Best effort: Redis or the broker being away never undoes the transition.
-  Reconcile returns a slot, the wake-up listener's refetch and the waiters'
-  budgets cover a missed wake-up, the delivery sweep rings a missed bell.
-- Nothing else calls dispatch.finished or metrics.job_finished
-  (tests/test_effects.py checks it).
+  (``collecting`` is entered before it, so its exit runs after the commit; an
+  exception drops them), at most once, only for the winner (a lost CAS is None).
+- Best effort: Redis or the broker being away never undoes the transition
+  (reconcile, the listener's refetch and the delivery sweep repair a miss).
+- Nothing else calls dispatch.finished or metrics.job_finished (tests/test_effects.py).
 """
 from __future__ import annotations
 
@@ -40,25 +31,15 @@ from app.transitions import Moved
 log = logging.getLogger(__name__)
 
 
-class Due:
-    """The transitions a transaction won, whose effects are due after its commit."""
-
-    def __init__(self) -> None:
-        self._won: list[tuple[Moved, int | None, float | None]] = []
+class Due(list):
+    """The transitions a transaction won, (moved, cap, retry_after) each, whose effects are due after its commit."""
 
     def add(self, moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> Moved | None:
         """Note a transition's result (None: lost, nothing due); returns it.
-        ``cap``: the model's max_concurrency, when the caller has it;
-        ``retry_after``: a busy upstream's Retry-After (seconds)."""
+        ``cap``: the model's max_concurrency if known; ``retry_after``: a busy upstream's."""
         if moved is not None:
-            self._won.append((moved, cap, retry_after))
+            self.append((moved, cap, retry_after))
         return moved
-
-    def __iter__(self):
-        return (m for m, _cap, _ra in self._won)
-
-    def __len__(self) -> int:
-        return len(self._won)
 
 
 @contextmanager
@@ -67,26 +48,23 @@ def collecting() -> Iterator[Due]:
     it BEFORE the transaction, so the commit comes first)."""
     due = Due()
     yield due
-    for moved, cap, retry_after in due._won:
+    for moved, cap, retry_after in due:
         run(moved, cap=cap, retry_after=retry_after)
 
 
 def run(moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> None:
-    """The effects of one committed transition: its slots and permit back
-    (the next job is dispatched) with, for a terminal state, its waiters
-    woken with the row's snapshot; its finish counted; its outbox rows' bell
-    rung; a done attempt's run time measured (the model's estimate and the
-    upstream controller's sample).  A busy return keeps its slot: permit
-    back, queued at its tenant's head, the model's limit lowered (paused for
-    ``retry_after``)."""
+    """The effects of one committed transition: slots and permit back (the next
+    job dispatched; a terminal state's waiters woken with the row's snapshot; a done attempt's
+    run time measured), the finish counted, the outbox bell rung.  A busy return keeps its slot:
+    permit back, queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
     if moved is None:
         return
     row = moved.row
     if moved.terminal:
         metrics.job_finished(row)
     if moved.release:
-        dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal,
-                          message=snapshot_message(row) if moved.terminal else "", cap=cap,
+        dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal, cap=cap,
+                          message=snapshot_message(row) if moved.terminal else "",
                           ran=estimates.ran_seconds(row) if moved.state == JobState.DONE else None)
     for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
         publish_task(DELIVER_TASK, [])
@@ -96,8 +74,6 @@ def run(moved: Moved | None, cap: int | None = None, retry_after: float | None =
 
 
 def release_stale_dispatch(model: str, tenant: str, job_id: str) -> None:
-    """A dispatch of a job that already ended (its queue entry came back
-    after a slow or lost message): nobody will claim it, so its permit and
-    in-flight entry go back now instead of cycling through the queue (the
-    terminal job's slot is long released; the removals are idempotent)."""
+    """A dispatch of a job that already ended (its queue entry came back after a
+    slow or lost message): its permit and in-flight entry go back now (idempotent removals)."""
     dispatch.finished(model, tenant, job_id, wake=False)

@@ -2,36 +2,29 @@
 and queue estimates"): where a pending job stands in the dispatcher's order
 and when it should start and end.
 
-The formula.  T is the model's run time: an EWMA of its done attempts'
-seconds (``ran_seconds``, added by the finish step, dispatch_finish.lua:
-x_n = a * sample + (1 - a) * x_(n-1), a = ASYNCH_ESTIMATE_ALPHA, x_1 = the
-first sample; until a sample exists, the model's expected_seconds).  c is the model's max_concurrency (its runtime
-override if lower): the permits each tenant may hold.  From the dispatcher's
-state (dispatch_position.lua, one read-only step) come, for a job of tenant
-U: k, U's own jobs ahead of it (priority band, then queue time), and p, every
-tenant's jobs dispatched before it (stride scheduling projected forward:
-fair share and weights), r_U and r, the slots U and everyone hold but not
-ready (dispatched or running), A, the tenants with ready work.  With
+The formula.  T: the model's run time, an EWMA of done attempts' seconds
+(dispatch_finish.lua, weight ASYNCH_ESTIMATE_ALPHA; expected_seconds until
+a first sample).  c: the model's max_concurrency (its runtime override if
+lower).  For a job of tenant U, dispatch_position.lua (one read-only step)
+gives k, U's own jobs ahead of it; p, every tenant's jobs dispatched before
+it (stride scheduling projected forward); r_U and r, the slots U and
+everyone hold but not ready; A, the tenants with ready work.  With
 
     wave(n, busy, slots) = (0 if n mod slots < slots - min(busy, slots) else T/2) + floor(n / slots) * T
 
-(``slots`` servers; the busy ones are taken to be half done, the free ones
-free now; the n-th job in line takes the (n mod slots)-th server to come
-free after floor(n / slots) whole rounds), a job starts at
+(busy servers taken as half done), a job starts at
 
     start = now + max(wave(k, r_U, c), wave(p, r, c * A)),   done = start + T
 
--- its own tenant's lane (its permits) or the model's whole line, whichever
-binds.  ``queue_position`` is p (0: next to start).  A batch's item also
-counts the batch's earlier items at or before its score, in its own lane.  The estimate does not
-know the worker count: with fewer worker processes than c * A it is early.
+-- its tenant's lane or the model's whole line, whichever binds.
+``queue_position`` is p (0: next).  A batch's item also counts the batch's
+earlier items at or before its score, in its own lane.  The worker count is
+not known: with fewer worker processes than c * A the estimate is early.
 
 Invariants:
-- Read only: estimating never changes the dispatcher's order (it drops
-  expired permits and records max_concurrency, as every dispatch step does).
+- Read only: estimating never changes the dispatcher's order.
 - Deadline admission happens before the gate (``refuse_late``): a refused
-  job takes no slot and writes no row.  An estimate that cannot be made
-  (Redis away) refuses nothing: the gate's own answer stands.
+  job takes no slot and writes no row; no estimate (Redis away) refuses nothing.
 - Monotone: a job behind another of the same tenant and band is never
   estimated to start earlier (k and p grow with the line).
 """
@@ -46,8 +39,7 @@ from datetime import datetime, timedelta
 import redis
 
 from app.catalog.registry import enabled_model
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.contract import iso_z
 from app.errors import DeadlineUnmeetable, DomainError
 from app.infra.redis import dispatch as rd
@@ -65,8 +57,7 @@ class Estimate:
 
     def fields(self) -> dict:
         """The poll body's and the 202's estimate fields."""
-        return {"queue_position": self.position, "estimated_start_at": self.start_at,
-                "estimated_done_at": self.done_at}
+        return {"queue_position": self.position, "estimated_start_at": self.start_at, "estimated_done_at": self.done_at}
 
 
 def _wave(n: int, busy: int, slots: int, t: float) -> float:
@@ -77,11 +68,9 @@ def _wave(n: int, busy: int, slots: int, t: float) -> float:
 def _estimates(model, tenant: str, job_id: str, scores: list[float], now: datetime) -> list[Estimate]:
     out = rd.position(model.model_name, tenant, job_id, scores, cap=model.max_concurrency)
     cap, running, own_running, tenants = (int(x) for x in out[:4])
-    t = float(out[4]) if out[4] not in (None, "", b"") else float(model.expected_seconds)
-    t = max(t, 0.001)
+    t = max(float(out[4]) if out[4] not in (None, "", b"") else float(model.expected_seconds), 0.001)
     ests = []
-    for k, p in zip(out[6::2], out[7::2]):
-        k, p = int(k), int(p)
+    for k, p in zip(map(int, out[6::2]), map(int, out[7::2])):
         wait = 0.0 if p < 0 else max(_wave(k, own_running, cap, t), _wave(p, running, cap * tenants, t))
         start = now + timedelta(seconds=wait)
         ests.append(Estimate(max(p, 0), start, start + timedelta(seconds=t)))
@@ -89,15 +78,15 @@ def _estimates(model, tenant: str, job_id: str, scores: list[float], now: dateti
 
 
 def for_new(model, tenant: str, scores: list[float]) -> list[Estimate] | None:
-    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``
-    (a batch's in its order: each counts the batch's earlier jobs at or
-    before its score as ahead of it); None if Redis cannot say."""
+    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``, each
+    behind the batch's earlier ones at or before its score; None if Redis cannot say."""
+    distinct = sorted(set(scores))
     try:
-        base = _estimates(model, tenant, "", sorted(set(scores)), clock_now())
+        base = _estimates(model, tenant, "", distinct, clock_now())
     except redis.RedisError as exc:
         log.warning("queue estimate unavailable: %s", exc)
         return None
-    by_score = dict(zip(sorted(set(scores)), base))
+    by_score = dict(zip(distinct, base))
     t = base[0].done_at - base[0].start_at
     earlier: list[float] = []
     out = []

@@ -4,31 +4,22 @@ job of a tenant, resumable with Last-Event-ID.
 Invariants:
 - The row is the truth: events are derived from job rows, never kept
   elsewhere, so nothing a stream shows can disagree with a poll.
-- A job's stream: its states form one line, pending (attempt 0) ->
-  running (1) -> [pending (1) -> running (2) ...] -> a terminal state, so
-  each non-terminal event's id is its place on that line (pending of
-  attempt a: 2a, running of attempt a: 2a-1) and the terminal event's id is
-  ``end``.  A stream (or a resumed one) sends every place after the last id
-  up to the row's current one, in order: a state passed while the client was
-  away is still sent (from the row, with the attempt it had), so a client
-  misses nothing; the terminal event carries the full poll body and ends the
-  stream.  Resuming after ``end`` answers the terminal event again.
-- A tenant's stream: an event per job change (the poll body and its
-  ``tenant``), id ``<updated_at µs>.<job_id>``,
-  in (updated_at, id) order, read in pages keyed by that pair (index
-  ix_asynch_task_tenant_updated for the time range), so any number of rows
-  sharing one timestamp (one getTaskBatch claim) are all sent, and a
-  Last-Event-ID from among them resumes right after that row.  Each pass
-  re-reads from ``LATE_SECONDS`` before the previous pass began (a
-  transition's time is taken just before its commit, so a commit can land a
-  little behind a newer one), page after page, and sends what it has not
-  sent: at-least-once, a client dedupes by id.  Each event is the job's
-  state when read: two changes within one poll interval show as the newer.
-- Tenant-scoped: a caller sees only its own tenant's jobs (admins: any job,
-  and ``tenant`` on the tenant stream).
-- Every open stream holds one place under the waiter caps
-  (app/jobs/waitcaps.py, app/infra/wakeups.py) for its whole life, checked
-  before anything is read or sent (429), and given back in a ``finally``.
+- A job's stream: its states form one line, pending (attempt 0) -> running
+  (1) -> [pending (1) -> running (2) ...] -> a terminal state; an event's id
+  is its place on that line (pending of attempt a: 2a, running: 2a-1; the
+  terminal one ``end``, with the full poll body, ending the stream).  A stream
+  sends every place after the last id up to the row's, so a state passed
+  while the client was away is still sent; resuming after ``end`` answers it again.
+- A tenant's stream: an event per job change (the poll body and ``tenant``),
+  id ``<updated_at µs>.<job_id>``, in (updated_at, id) order, read in pages
+  keyed by that pair, so rows sharing one timestamp are all sent and a
+  Last-Event-ID among them resumes right after its row.  Each pass re-reads
+  from ``LATE_SECONDS`` before the previous one began (a commit can land a
+  little behind a newer one): at-least-once, a client dedupes by id.
+- Tenant-scoped: a caller sees only its own tenant's jobs (admins: any).
+- Every open stream holds one place under the waiter caps (app/jobs/waitcaps.py)
+  for its whole life, checked before anything is read or sent (429), given
+  back in a ``finally``.
 """
 from __future__ import annotations
 
@@ -40,8 +31,7 @@ from typing import Iterator
 
 from sqlalchemy import select, tuple_
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.errors import NotFound
 from app.infra.db import single_statement
@@ -72,8 +62,7 @@ class Stream:
     its place under the caps back even if it was never iterated."""
 
     def __init__(self, events: Iterator[Event], waiter) -> None:
-        self._events = events
-        self._waiter = waiter
+        self._events, self._waiter = events, waiter
 
     def __iter__(self) -> Iterator[Event]:
         return self._events
@@ -88,9 +77,7 @@ def place(row) -> int | None:
     state = JobState(row.state)
     if is_terminal(state):
         return None
-    if state == JobState.RUNNING:
-        return 2 * row.attempt - 1
-    return 2 * row.attempt  # pending, retry_wait (shown as pending)
+    return 2 * row.attempt - 1 if state == JobState.RUNNING else 2 * row.attempt  # retry_wait shows as pending
 
 
 def _last_place(row) -> int:
@@ -101,29 +88,20 @@ def _last_place(row) -> int:
 
 def parse_job_id(last: str | None) -> int | str:
     """A job stream's Last-Event-ID: -1 (none, or junk: from the start), a place, or "end"."""
-    if last is None:
-        return -1
-    last = last.strip()
+    last = (last or "").strip()
     if last == "end":
         return "end"
     # isascii: "²" is a digit to str.isdigit but not to int().
     return int(last) if last.isascii() and last.isdigit() else -1
 
 
-def _brief(row, state: str, attempt: int) -> dict:
-    return {"job_id": row.id, "model": row.model_name, "state": state, "attempt": attempt}
-
-
 def _since(row, after: int) -> list[Event]:
     """The events after place ``after`` up to the row's current state."""
     now = place(row)
-    top = now if now is not None else _last_place(row)
     out = []
-    for k in range(after + 1, top + 1):
-        if k % 2:
-            out.append(Event(str(k), "running", _brief(row, "running", (k + 1) // 2)))
-        else:
-            out.append(Event(str(k), "pending", _brief(row, "pending", k // 2)))
+    for k in range(after + 1, (now if now is not None else _last_place(row)) + 1):
+        name, attempt = ("running", (k + 1) // 2) if k % 2 else ("pending", k // 2)
+        out.append(Event(str(k), name, {"job_id": row.id, "model": row.model_name, "state": name, "attempt": attempt}))
     if now is None:
         out.append(Event("end", v1_name(row.state), _poll_body(row)))
     return out
@@ -135,14 +113,10 @@ def _poll_body(row) -> dict:
     return dump(JobStatus.from_row(row))
 
 
-def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None,
-               watch=None) -> Stream:
+def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None, watch=None) -> Stream:
     """One job's events after ``last_id``; the caps are checked and the job
     read (404) before this returns, the rest as the iterator is consumed."""
-    def read():
-        with single_statement() as conn:
-            return jobs.load_job(conn, principal, job_id, model_name)
-
+    read = jobs.reader(principal, job_id, model_name)
     last = parse_job_id(last_id)  # before the place is taken: nothing may raise between the two
     w = hub.register(job_id, principal.tenant_id, waiter_cap(principal))
     try:
@@ -150,62 +124,70 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
     except BaseException:
         hub.unregister(w)
         raise
-    return Stream(_follow_job(w, row, read, last, watch), w)
+    return Stream(_follow(w, watch, _job_passes(w, row, read, last)), w)
 
 
-def _pause(w, watch, seconds: float) -> bool:
-    """Sleep until woken or ``seconds``; False when the client has gone
-    (``watch``: app.infra.serving.ClientWatch, armed to wake ``w``)."""
-    poll = watch.poll_seconds if watch is not None else None
-    w.event.wait(seconds if poll is None else min(seconds, poll))
-    w.event.clear()
-    return not (watch is not None and watch.gone())
+def _job_passes(w, row, read, last) -> Iterator[Event | None]:
+    """The job's events since ``last``, then None (the pass is over) and the row again."""
+    if last == "end":
+        last = _last_place(row) if is_terminal(row.state) else -1
+    while True:
+        for ev in _since(row, last):
+            yield ev
+            if ev.id != "end":
+                last = int(ev.id)
+        yield None
+        got = w.take()
+        row = got if got is not None and got is not GONE else read()
 
 
-def _follow_job(w, row, read, last, watch) -> Iterator[Event]:
+def _follow(w, watch, passes: Iterator[Event | None]) -> Iterator[Event]:
+    """A stream's life: the events of ``passes`` (None ends a pass: a keep-alive
+    when due, a pause until woken) up to ``end``, the client gone (``watch``), ASYNCH_EVENTS_MAX_SECONDS
+    or a drain; its place under the caps back at the end."""
     s = get_settings()
     if watch is not None:
         watch.arm(w.event.set)
     try:
-        if last == "end":
-            last = _last_place(row) if is_terminal(row.state) else -1
-        t0 = time.monotonic()
-        quiet_since = t0
-        while True:
-            for ev in _since(row, last):
+        t0 = quiet_since = time.monotonic()
+        for ev in passes:
+            if ev is not None:
                 yield ev
                 quiet_since = time.monotonic()
                 if ev.id == "end":
                     return
-                last = int(ev.id)
-            now = time.monotonic()
-            if now - t0 >= s.events_max_seconds or hub.draining:
+                continue
+            if _ending(t0, s):
                 return
-            if now - quiet_since >= s.events_keepalive_seconds:
+            if time.monotonic() - quiet_since >= s.events_keepalive_seconds:
                 yield KEEPALIVE
-                quiet_since = now
-            if not _pause(w, watch, min(s.events_poll_seconds, s.events_keepalive_seconds)):
+                quiet_since = time.monotonic()
+            poll = min(s.events_poll_seconds, s.events_keepalive_seconds)
+            w.event.wait(poll if watch is None or watch.poll_seconds is None else min(poll, watch.poll_seconds))
+            w.event.clear()
+            if watch is not None and watch.gone():
                 return
-            got = w.take()
-            try:
-                row = got if got is not None and got is not GONE else read()
-            except NotFound:
-                return  # deleted meanwhile (cleanup): nothing more will happen
+    except NotFound:
+        return  # deleted meanwhile (cleanup): nothing more will happen
     finally:
         if watch is not None:
             watch.close()
         hub.unregister(w)
 
 
+def _ending(t0: float, s) -> bool:
+    return time.monotonic() - t0 >= s.events_max_seconds or hub.draining
+
+
 # --- a tenant's stream -------------------------------------------------------------------
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
-    """A tenant stream's Last-Event-ID: ``<updated_at µs>.<job_id>`` (what
-    the stream sends), or ``<updated_at µs>`` alone (from that instant's
-    first row); None (junk: from now)."""
-    if not last:
-        return None
-    micros, _, job_id = last.strip().partition(".")
+    """A tenant stream's Last-Event-ID: ``<updated_at µs>.<job_id>``, or
+    ``<updated_at µs>`` alone (from that instant's first row); None (junk: from now)."""
+    micros, _, job_id = (last or "").strip().partition(".")
     if not (micros.isascii() and micros.isdigit()) or len(micros) > 18:
         return None
     try:  # integer microseconds: a float would round a cursor onto its neighbour
@@ -214,25 +196,15 @@ def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
         return None
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _tenant_id(row) -> str:
-    micros = (as_utc(row.updated_at) - _EPOCH) // timedelta(microseconds=1)
-    return f"{micros}.{row.id}"
-
-
 def tenant_events(principal: Principal, model_name: str | None, last_id: str | None,
                   tenant: str | None = None, watch=None) -> Stream:
     """The events of the tenant's jobs (of ``model_name`` if given) changed
     after ``last_id`` (none: from now); caps checked before this returns."""
     scope = tenant if principal.is_admin else principal.tenant_id
-    cursor = parse_tenant_cursor(last_id)
-    if cursor is None:
-        cursor = (clock_now(), "")
+    cursor = parse_tenant_cursor(last_id) or (clock_now(), "")
     # Last: nothing between taking the place and handing it to the Stream may raise.
     w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, waiter_cap(principal))
-    return Stream(_follow_tenant(w, scope, model_name, cursor, watch), w)
+    return Stream(_follow(w, watch, _tenant_passes(scope, model_name, cursor)), w)
 
 
 def _changed(scope: str | None, model_name: str | None, after: tuple[datetime, str]) -> list:
@@ -249,56 +221,37 @@ def _changed(scope: str | None, model_name: str | None, after: tuple[datetime, s
     # The plain bound is the index range (tenant_id, updated_at); the row
     # value orders within one timestamp.
     q = q.where(tasks.c.updated_at >= at, tuple_(tasks.c.updated_at, tasks.c.id) > tuple_(at, job_id))
-    q = q.order_by(tasks.c.updated_at, tasks.c.id).limit(TENANT_PAGE)
     with single_statement() as conn:
-        return conn.execute(q).all()
+        return conn.execute(q.order_by(tasks.c.updated_at, tasks.c.id).limit(TENANT_PAGE)).all()
 
 
-def _follow_tenant(w, scope, model_name, cursor, watch) -> Iterator[Event]:
+def _tenant_passes(scope, model_name, cursor) -> Iterator[Event | None]:
     s = get_settings()
     late = timedelta(seconds=LATE_SECONDS)
-    if watch is not None:
-        watch.arm(w.event.set)
     sent: dict[str, datetime] = {}  # event id -> its time, within the late window
     # A pass reads page after page from ``start`` to the newest row.  A row
     # a pass could not see yet commits within LATE_SECONDS of its time, so
     # the next pass starts LATE_SECONDS before this one began: an idle
     # stream re-reads the last moments, not a burst it sent long ago.
-    start = cursor[0] - late
-    try:
-        t0 = quiet_since = time.monotonic()
+    start, t0 = cursor[0] - late, time.monotonic()
+    while True:
+        began, pos = clock_now(), (start, "")
         while True:
-            began, pos = clock_now(), (start, "")
-            while True:
-                rows = _changed(scope, model_name, pos)
-                for row in rows:
-                    ev_id, key = _tenant_id(row), (as_utc(row.updated_at), row.id)
-                    if ev_id in sent or key <= cursor:
-                        continue  # sent already, or before the client's own cursor
-                    sent[ev_id] = key[0]
-                    yield Event(ev_id, v1_name(row.state), {**_poll_body(row), "tenant": row.tenant_id})
-                    quiet_since = time.monotonic()
-                if len(rows) < TENANT_PAGE or _ending(t0, s):
-                    break
-                pos = (as_utc(rows[-1].updated_at), rows[-1].id)  # a full page: on from the pair
-            start = max(start, began - late)  # never back: a clock that moved back re-sends nothing
-            for k in [k for k, t in sent.items() if t < start]:
-                del sent[k]  # no later pass reads that far back
-            if _ending(t0, s):
-                return
-            if time.monotonic() - quiet_since >= s.events_keepalive_seconds:
-                yield KEEPALIVE
-                quiet_since = time.monotonic()
-            if not _pause(w, watch, min(s.events_poll_seconds, s.events_keepalive_seconds)):
-                return
-    finally:
-        if watch is not None:
-            watch.close()
-        hub.unregister(w)
-
-
-def _ending(t0: float, s) -> bool:
-    return time.monotonic() - t0 >= s.events_max_seconds or hub.draining
+            rows = _changed(scope, model_name, pos)
+            for row in rows:
+                micros = (as_utc(row.updated_at) - _EPOCH) // timedelta(microseconds=1)
+                ev_id, key = f"{micros}.{row.id}", (as_utc(row.updated_at), row.id)
+                if ev_id in sent or key <= cursor:
+                    continue  # sent already, or before the client's own cursor
+                sent[ev_id] = key[0]
+                yield Event(ev_id, v1_name(row.state), {**_poll_body(row), "tenant": row.tenant_id})
+            if len(rows) < TENANT_PAGE or _ending(t0, s):
+                break
+            pos = (as_utc(rows[-1].updated_at), rows[-1].id)  # a full page: on from the pair
+        start = max(start, began - late)  # never back: a clock that moved back re-sends nothing
+        for k in [k for k, t in sent.items() if t < start]:
+            del sent[k]  # no later pass reads that far back
+        yield None
 
 
 def render(ev: Event) -> str:

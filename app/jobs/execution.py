@@ -1,14 +1,12 @@
-"""One attempt of a job, on a worker: permit -> claim -> call the model ->
-store the response -> done, or a failed attempt (retry_wait / failed).
+"""One attempt of a job, on a worker: claim -> call the model -> store the
+response -> done, or a failed attempt (retry_wait / failed).
 
 Every state change goes through app.transitions with the attempt this
 worker claimed, so a worker that lost its row (lease expired, canceled,
 timed out) has its late writes refused and only cleans up after itself.
-The tenant+model permit (maxConcurrency) is taken before the claim, so a job
-without one stays pending at the same attempt ("no_permit").  An upstream
-that answers busy (429/503) sends the attempt back to pending ("busy"),
-spending no retry, up to ASYNCH_UPSTREAM_BUSY_BUDGET busy answers per job:
-retries count ``attempt - busy_count``.
+An upstream that answers busy (429/503) sends the attempt back to pending
+("busy"), spending no retry, up to ASYNCH_UPSTREAM_BUSY_BUDGET busy answers
+per job: retries count ``attempt - busy_count``.
 """
 from __future__ import annotations
 
@@ -44,16 +42,9 @@ INLINE = "inline:"  # the location of a result kept in its row
 
 def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) -> str:
     """Run the attempt a run_job(job_id, attempt) message stands for
-    (``CURRENT``: whatever attempt the row is pending at).
-
-    Returns what happened ("stale", "expired", "done", "retry_wait", "failed", "lost", "busy")
-    for logs and tests.  A duplicate or outdated message is "stale": the
-    claim CAS refuses it before anything else happens.  The tenant's permit
-    (maxConcurrency) was taken when the job was dispatched; the claim makes
-    it last the attempt's lease.  ``worker``: this Celery node's name,
-    recorded with the claim (recovery watches its heartbeat).
-    """
-    settings = get_settings()
+    (``CURRENT``: whatever attempt the row is pending at).  Returns what happened ("stale",
+    "expired", "done", "retry_wait", "failed", "lost", "busy"); a duplicate or outdated message is
+    "stale", refused by the claim CAS.  ``worker``: this Celery node (recovery watches its heartbeat)."""
     # Two single-statement round trips (no BEGIN/COMMIT): read the job with
     # its model, then the claim CAS, which re-checks state and attempt itself.
     with single_statement() as conn:
@@ -71,50 +62,42 @@ def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) 
             won = due.add(transitions.expire(conn, job_id, now=clock_now()))
         return "expired" if won is not None else "stale"
     model = job if job.model_id is not None else None
-    lease_seconds = (model.timeout_seconds if model is not None else 60) + settings.lease_grace_seconds
+    lease_seconds = (model.timeout_seconds if model is not None else 60) + get_settings().lease_grace_seconds
     with single_statement() as conn:
         row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds), worker)
     if row is None:
         return "stale"
     dispatch.claimed(row.model_name, row.tenant_id, job_id, lease_seconds,
                      cap=model.max_concurrency if model is not None else 1)
-    return _run_claimed(row, model, attempt + 1)
+    return run_claimed(row, model, attempt + 1)
 
 
 # The job's pending-check fields and its model's whole row in one round trip
 # (an outer join: a deleted model leaves model_id NULL).
 _JOB_WITH_MODEL = (
     select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, tasks.c.model_name.label("task_model"),
-           tasks.c.caller_deadline_at,
-           models.c.id.label("model_id"),
-           *[c for c in models.c if c.name != "id"])
+           tasks.c.caller_deadline_at, models.c.id.label("model_id"), *[c for c in models.c if c.name != "id"])
     .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
     .where(tasks.c.id == bindparam("job_id"))
 )
 
 
 def run_claimed(row, model, mine: int) -> str:
-    """Run attempt ``mine`` of a row this caller just claimed (the claim's
-    returned row; ``model``: its model's row, None if gone) -- the Celery
-    worker's run_attempt above and the worker-less runWork pass
-    (app/maintenance/run_once.py) share it."""
-    return _run_claimed(row, model, mine)
-
-
-def _run_claimed(row, model, mine: int) -> str:
+    """Run attempt ``mine`` of a row this caller just claimed (``model``: its
+    model's row, None if gone): run_attempt above and the worker-less runWork
+    pass (app/maintenance/run_once.py) share it."""
     settings = get_settings()
     job_id = row.id
     ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
-
     if model is None:
         return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), permanent=True,
                      retry_times=0, ctx=ctx)
-
     try:
         t0 = time.monotonic()
         try:
             resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
-                              head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key, payload=json.loads(row.request_payload),
+                              head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key,
+                              payload=json.loads(row.request_payload),
                               timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes,
                               job=(row.id, mine), model_key_headers=model.model_key_headers)
         except ModelCallError as exc:
@@ -125,18 +108,15 @@ def _run_claimed(row, model, mine: int) -> str:
             return _fail(row, mine, job_error(exc.code, exc.public), permanent=exc.permanent,
                          retry_times=model.retry_times, ctx=ctx, counted=exc.called, detail=str(exc))
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
-
         inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
-        if inline is not None:
-            location = INLINE  # kept in the row by the done write itself
-        else:
+        location = INLINE  # kept in the row by the done write itself
+        if inline is None:
             try:
                 location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
             except StorageError as exc:
                 return _fail(row, mine, job_error("storage_error", "result upload failed"), permanent=False,
                              retry_times=model.retry_times, ctx=ctx, counted=True,
                              detail=f"result upload failed: {exc}")
-
         with effects.collecting() as due, atomic_statement() as conn:
             # The call is counted whether or not the job is still ours (the
             # model did the work), in the same statement as the transition.
@@ -165,34 +145,27 @@ def _run_claimed(row, model, mine: int) -> str:
 
 def passthrough_of(row) -> dict[str, str] | None:
     """The job's OSS pass-through headers (never log or return them)."""
-    raw = getattr(row, "passthrough_headers", None)
-    return json.loads(raw) if raw else None
+    return json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
 
 
 def _call_counted(conn, row) -> tuple:
-    """One real call to the model service (asynch_model_stat), as a write
-    for the transition to carry."""
+    """One real call to the model service (asynch_model_stat), for the transition to carry."""
     return stats.call_counted(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 
 
-def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None,
-            ctx: dict) -> str:
-    """Store the response; retried here so the model is never called twice
-    for one response.  ``passthrough``: the job's headers for the OSS file
-    service (secrets: never logged)."""
-    settings = get_settings()
-    storage = get_storage()
+def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None, ctx: dict) -> str:
+    """Store the response, retried here so the model is never called twice for
+    one response.  ``passthrough``: the job's OSS headers (secrets: never logged)."""
+    storage, tries = get_storage(), max(1, get_settings().upload_attempts)
     key = f"{clock_now():%Y/%m/%d}/{job_id}/{attempt}"
-    last: StorageError | None = None
-    for i in range(max(1, settings.upload_attempts)):
+    for i in range(tries):
         try:
             return storage.put(key, body, content_type, context=passthrough)
         except StorageError as exc:
-            last = exc
             log.warning("upload try %d failed: %s", i + 1, exc, extra=ctx)
+            if i + 1 == tries:
+                raise
             time.sleep(min(2.0, 0.2 * (2 ** i)))
-    assert last is not None
-    raise last
 
 
 def _delete_quietly(location: str) -> None:
@@ -204,10 +177,8 @@ def _delete_quietly(location: str) -> None:
 
 def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,
           counted: bool = False, detail: str | None = None) -> str:
-    """A failed attempt; ``counted``: the model was called (count it in the
-    same commit as the transition).  ``error``: what the tenant sees (a code
-    and a short message); ``detail``: the internals, logged and kept for
-    admin views."""
+    """A failed attempt; ``counted``: the model was called (counted with the
+    transition).  ``error``: what the tenant sees; ``detail``: the internals (logs, admin views)."""
     spent = attempt - row.busy_count  # busy answers that came back unspent are no retries
     retry = not permanent and spent <= retry_times
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(spent)) if retry else None
@@ -217,17 +188,14 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
     if won is None:
         log.info("attempt lost its job before failing", extra=ctx)
         return "lost"
-    if won.state == JobState.RETRY_WAIT:
-        # Not terminal: the slot goes back, waiters keep waiting.
-        log.info("attempt failed, will retry: %s", detail or error, extra=ctx)
-        return "retry_wait"
-    log.info("job failed: %s", detail or error, extra=ctx)
-    return "failed"
+    retrying = won.state == JobState.RETRY_WAIT  # not terminal: the slot goes back, waiters keep waiting
+    log.info("attempt failed, will retry: %s" if retrying else "job failed: %s", detail or error, extra=ctx)
+    return "retry_wait" if retrying else "failed"
+
 
 
 def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
-    """The model's upstream answered busy (429/503): the attempt goes back to
-    pending at the head of its tenant's queue, spending no retry; the
+    """The upstream answered busy: back to pending at its tenant's head; the
     effects lower the model's concurrency and pause it for Retry-After."""
     with effects.collecting() as due, atomic_statement() as conn:
         error = job_error("model_busy", exc.public + ", queued again")

@@ -1,17 +1,11 @@
 """Newly admitted jobs, handed to the dispatcher off the request path.
 
-A submission answers 202 as soon as its row is committed; the job goes into
-this process's outbox, and one sender thread takes everything queued
-meanwhile into its tenants' queues (one Lua step per model) and publishes
-the run_job messages of the jobs that may run now with a single LPUSH
-(app/jobs/dispatch.py).  The request thread never waits for Redis or the
-broker after its commit.
-
-Nothing is lost that recovery does not already repair: the row is the truth
-(docs/architecture.md, invariant 1), so a job that never reached its queue
-(a crash between the commit and the send, Redis refusing the batch) is
-queued by the maintenance pass's lost-job scan.  At a clean exit the outbox
-is flushed.
+A submission answers 202 once its row is committed; one sender thread takes
+everything queued in this process's outbox meanwhile into its tenants'
+queues and publishes the run_job messages of what may run now in one LPUSH
+(app/jobs/dispatch.py): the request never waits for Redis or the broker.
+Nothing is lost that recovery does not repair (the row is the truth: the
+maintenance pass's lost-job scan queues it).  A clean exit flushes the outbox.
 """
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ class _Outbox:
     def _send_forever(self) -> None:
         while True:
             # An entry is a group of jobs (one request's, or one admission
-            # batch's): never split, so a batch submit is one dispatch step
-            # and one LPUSH.
+            # batch's): never split, so a batch submit is one dispatch step and one LPUSH.
             batch = list(self.queue.get())
             while len(batch) < MAX_BATCH:
                 try:
@@ -56,13 +49,12 @@ _current: PerProcess[_Outbox] = PerProcess(_Outbox)
 
 
 def send_soon(model: str, tenant: str, job_id: str, score: float) -> None:
-    """Queue a committed job for dispatch; returns at once."""
     send_many([(model, tenant, job_id, score)])
 
 
 def send_many(items: list[tuple[str, str, str, float]]) -> None:
-    """Queue committed jobs, (model, tenant, job_id, score) each, for
-    dispatch in one pass of the sender (one group); returns at once."""
+    """Queue committed jobs, (model, tenant, job_id, score) each, for one
+    pass of the sender (one group); returns at once."""
     if not items:
         return
     box = _current.get()

@@ -14,25 +14,13 @@ from app.config import get_settings
 from app.contract import NO_NUL, Loose, Params, QueryInt, Shape, Text, rule
 from app.infra.http.headers import HEADER_SPEC_PATTERN
 from app.jobs.schemas import V1State
-from app.jobs.submission import (
-    DEADLINE_HELP,
-    HEADER_SPEC_HELP,
-    WEBHOOK_EVENTS_HELP,
-    WEBHOOK_EVENTS_PATTERN,
-    BizName,
-    Creator,
-    DeadlineSeconds,
-    IdempotencyKey,
-    WebhookEvents,
-    carried,
-)
+from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, WEBHOOK_EVENTS_HELP, WEBHOOK_EVENTS_PATTERN,
+                                  BizName, Creator, DeadlineSeconds, IdempotencyKey, WebhookEvents, carried)
 
-# --- submission ------------------------------------------------------------------------
-# The options and their rule are app/jobs/submission.py's; these shapes only
-# say how each face's wire spells them, under the options' own field names.
-# What the rule judges (modelKey, callback and webhook URLs and events,
-# priority) a face takes as its wire type: the document states the option's
-# own schema (``carried``), the 422 comes from the rule with the face's pointer.
+# The options and their rule are app/jobs/submission.py's; these shapes only say how each face's
+# wire spells them, under the options' own field names.  What the rule judges a face takes as its
+# wire type (the document states the option's own schema: ``carried``; the 422 comes from the rule).
+
 
 def _event_list(v: str | None) -> list[str] | None:
     return [e.strip() for e in v.split(",")] if v else None
@@ -47,21 +35,17 @@ class CallerHeaders(Params):
     """What every submitting face reads from headers for the values a
     request derives (app/web/v1_jobs.py ``caller``): the creator and the OSS
     pass-through.  (A batch's apply to each of its jobs.)"""
-
     creator: Creator | None = _header("X-Creator", "who submitted it (stats)")
-    oss_authorization: str | None = _header("X-Oss-Authorization",
-                                            "sent as Authorization to the OSS file service")
+    oss_authorization: str | None = _header("X-Oss-Authorization", "sent as Authorization to the OSS file service")
     user_info: str | None = _header("X-User-Info", "only with the gateway's proof: the creator, and passed to "
                                            "the OSS file service; otherwise ignored")
 
 
 class SubmitHeaders(CallerHeaders):
     """What a v1 submission carries in headers besides its body (the payload)."""
-
     idempotency_key: IdempotencyKey | None = _header(
         "Idempotency-Key", "1-255 printable ASCII; the same key returns the first job")
-    model_key: str | None = _header("X-Model-Key", HEADER_SPEC_HELP,
-                                    json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
+    model_key: str | None = _header("X-Model-Key", HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     biz_name: BizName | None = _header("X-Biz-Name", "business name (callbacks)")
     callback_url: str | None = _header("X-Callback-Url", "GET on done (see docs/api.md, Callbacks)")
     priority: str | None = _header("X-Priority", "0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
@@ -70,13 +54,10 @@ class SubmitHeaders(CallerHeaders):
     # The header's own syntax (a comma list), read as the option's list.
     webhook_events: Annotated[str | None, AfterValidator(_event_list)] = _header(
         "X-Webhook-Events", WEBHOOK_EVENTS_HELP, max_length=64, pattern=WEBHOOK_EVENTS_PATTERN)
-    deadline_seconds: carried(DeadlineSeconds | None, str | None) = _header(
-        "X-Deadline", DEADLINE_HELP, max_length=32)
+    deadline_seconds: carried(DeadlineSeconds | None, str | None) = _header("X-Deadline", DEADLINE_HELP, max_length=32)
     prefer: str | None = _header("Prefer", "RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                        "with the terminal job if it ends within N s (sync mode)", max_length=1024)
 
-
-# --- batch submission (POST /v1/models/{model}/jobs:batch) ------------------------------
 
 BATCH_MAX_JOBS = 1000
 
@@ -84,7 +65,6 @@ BATCH_MAX_JOBS = 1000
 class BatchItem(Shape):
     """One job of a batch, judged on its own (a bad item is that item's 422,
     not the batch's)."""
-
     invalid: ClassVar[str] = "invalid batch item"
 
     payload: dict[str, Any] = Field(description="the JSON object forwarded to the model service")
@@ -112,8 +92,6 @@ class BatchHeaders(CallerHeaders):
     """Headers that apply to every job of a batch."""
 
 
-# --- queries ---------------------------------------------------------------------------
-
 def _iso_time(v: Any) -> Any:
     if v is None or v == "":
         return None
@@ -126,6 +104,7 @@ def _iso_time(v: Any) -> Any:
 
 
 QueryTime = Annotated[datetime | None, BeforeValidator(_iso_time)]
+_TIME_OR_EMPTY = {"anyOf": [{"type": "string", "format": "date-time"}, {"const": ""}]}
 
 
 class JobListQuery(Params):
@@ -134,11 +113,9 @@ class JobListQuery(Params):
     cursor: Text | None = Field(None, description="next_cursor of the previous page")
     tenant: Text | None = Field(None, description="admins: only this tenant's jobs")
     since: QueryTime = Field(None, description="only jobs created at or after this time (ISO 8601; no offset: UTC)",
-                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
-                                                          {"const": ""}]})
+                             json_schema_extra=_TIME_OR_EMPTY)
     until: QueryTime = Field(None, description="only jobs created before this time (ISO 8601; no offset: UTC)",
-                             json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"},
-                                                          {"const": ""}]})
+                             json_schema_extra=_TIME_OR_EMPTY)
 
     @field_validator("limit")
     @classmethod
@@ -176,6 +153,5 @@ class TenantEventsQuery(Params):
 
 class FailRequest(Loose):
     """An admin's fail: the optional reason, kept in the job's error."""
-
     invalid: ClassVar[str] = "invalid fail request"
     reason: Annotated[str, Field(max_length=1000, pattern=NO_NUL)] = rule("a string of at most 1000 characters", "")

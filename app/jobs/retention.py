@@ -1,27 +1,18 @@
 """Retention: terminal jobs hard-deleted with their stored results -- by
-time (claimed past expire_at, done after ASYNCH_DONE_RETENTION_SECONDS,
-failed/timeout/canceled after ASYNCH_FAILED_RETENTION_SECONDS) and, for a
-model with max_completed > 0, the least recently read done and claimed jobs
-beyond that many (seed 000's async_max_completed; last_read_at, else
-finished_at).  The periodic cleanup (app/maintenance/cleanup.py) runs it
-for everything; every submit to a capped model runs it for that model
-first (``at_admission``), so nothing waits for a periodic pass.
+time (claimed past expire_at, done after ASYNCH_DONE_RETENTION_SECONDS, the
+other ends after ASYNCH_FAILED_RETENTION_SECONDS) and, for a model with
+max_completed > 0, its least recently read done/claimed jobs beyond that
+many.  The periodic cleanup (app/maintenance/cleanup.py) runs it for
+everything; a submit to a capped model runs it for that model first.
 
 Invariants:
-- Objects first, rows after, under the rows' locks (SKIP LOCKED): two
-  passes delete each object once; a row whose object could not be deleted
-  stays (it still points at the object for the next pass).
-- A row goes only while it is still what it was judged
-  (``transitions.purge_many``'s guard: still in the state, still expired).
-- The cap is counted and evicted inside one transaction holding the
-  model's advisory lock (``_EVICT_LOCK``), so concurrent submits and the
-  periodic pass never evict the same excess twice (two counters each
-  evicting "the 3 over" would leave none).  A submit that finds the lock
-  taken skips: whoever holds it is evicting.
-- At admission the work is bounded: at most ``AT_ADMISSION`` rows per kind
-  per model and batch, found through indexes (ix_asynch_task_completed_read:
-  a model's done/claimed rows by last read; the expiry indexes of revision
-  0004), never a scan; the periodic pass is the backstop for the rest.
+- Objects first, rows after, under the rows' locks (SKIP LOCKED): a row
+  whose object could not be deleted stays for the next pass; a row goes only
+  while still what it was judged (``transitions.purge_many``'s guard).
+- The cap is counted and evicted under the model's advisory lock: never the
+  same excess twice; a submit that finds the lock taken skips.
+- At admission the work is bounded (``AT_ADMISSION`` rows per kind), found
+  through indexes, never a scan; the periodic pass does the rest.
 """
 from __future__ import annotations
 
@@ -61,10 +52,9 @@ def expiry_kinds(now) -> tuple:
 
 def purge_batch(states: Sequence[JobState], older_than, before, limit: int, where: Sequence = (),
                 conn=None) -> tuple[int, int, int, int]:
-    """Delete one SKIP LOCKED batch, oldest ``older_than`` first: the stored
-    objects (in bulk), then the rows whose object is gone (one guarded
-    DELETE), in ``conn``'s transaction or a new one.  Returns (rows seen,
-    rows deleted, objects deleted, object errors)."""
+    """Delete one SKIP LOCKED batch, oldest ``older_than`` first: the objects
+    (in bulk), then the rows whose object is gone, in ``conn``'s transaction or a new one.
+    Returns (rows seen, rows deleted, objects deleted, object errors)."""
     if conn is None:
         with transaction() as conn:
             return purge_batch(states, older_than, before, limit, where, conn)
@@ -85,17 +75,16 @@ def purge_batch(states: Sequence[JobState], older_than, before, limit: int, wher
 
 def evict_over_cap(model: str, cap: int, limit: int, wait: bool = True) -> tuple[int, int, int, int]:
     """One round of ``model``'s max_completed: the least recently read done
-    and claimed jobs beyond ``cap``, at most ``limit`` of them, counted and
-    deleted under the model's advisory lock (``wait`` False: skip when
-    another holds it).  Returns purge_batch's numbers."""
+    and claimed jobs beyond ``cap``, at most ``limit``, under the model's
+    advisory lock (``wait`` False: skip when another holds it)."""
     with transaction() as conn:
         key = func.hashtext(_EVICT_LOCK + model)
         lock = func.pg_advisory_xact_lock(key) if wait else func.pg_try_advisory_xact_lock(key)
         if conn.execute(select(lock)).scalar() is False:
             return 0, 0, 0, 0
         mine = tasks.c.model_name == model
-        kept = conn.execute(select(func.count()).where(mine, tasks.c.state.in_([int(x) for x in COMPLETED])
-                                                       )).scalar_one()
+        done = tasks.c.state.in_([int(x) for x in COMPLETED])
+        kept = conn.execute(select(func.count()).where(mine, done)).scalar_one()
         if kept <= cap:
             return 0, 0, 0, 0
         # now + 1 s: every completed row qualifies for the guard; the order is the least recently read.
@@ -104,10 +93,8 @@ def evict_over_cap(model: str, cap: int, limit: int, wait: bool = True) -> tuple
 
 
 def at_admission(caps: Iterable[tuple[str, int]]) -> int:
-    """Before a batch's gate step: each capped model's expired terminal jobs,
-    then its least recently read completed jobs beyond the cap, bounded.
-    Best effort: a failure is logged and the submissions go on (the
-    periodic pass catches up).  Returns the rows deleted."""
+    """Before a batch's gate step: each capped model's expired jobs, then its
+    excess, bounded; best effort (logged, the submissions go on).  Returns the rows deleted."""
     n = 0
     for model, cap in caps:
         try:

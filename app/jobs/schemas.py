@@ -1,12 +1,9 @@
-"""The jobs' view contracts, both faces: how a job is shown (the v1 poll
-body, a list page, the operator's detail with its timeline, the seed's task
-entry).  The requests and queries are app/jobs/requests.py's.
-
-Views are built from rows here and nowhere else (``from_row``): one place
-decides what a job shows, in the one time format (app/contract.py).
-Output shapes are built with ``model_construct`` (no validation: our own
-rows) and serialised with ``exclude_unset``: a field a state does not have
-(``error``, ``result_size``) is absent rather than null.
+"""The jobs' view contracts: how a job is shown (the v1 poll body, a list
+page, the operator's detail with its timeline); the requests are
+app/jobs/requests.py's.  Views are built from rows here and nowhere else
+(``from_row``), with ``model_construct`` (our own rows: no validation), and
+serialised with ``exclude_unset``: a field a state does not have (``error``,
+``result_size``) is absent rather than null.
 """
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from app.clock import as_utc
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.contract import Shape, Timestamp, iso_z
 from app.states import JobState, v1_name
 
@@ -29,12 +25,9 @@ def _elapsed_ms(row) -> int:
     return max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
 
 
-# --- views -----------------------------------------------------------------------------
-
 class QueueEstimate(Shape):
     """Where a pending job stands (app/jobs/estimates.py): absent in any
     other state, or when the dispatcher cannot say."""
-
     queue_position: int | None = Field(None, ge=0, description="pending: jobs that start before it on its model, "
                                        "in the dispatcher's order (fair share, weights, priority); 0: next")
     estimated_start_at: Timestamp | None = Field(None, description="pending: when it should start")
@@ -50,7 +43,6 @@ class JobAccepted(QueueEstimate):
 
 class JobStatus(QueueEstimate):
     """The v1 poll body."""
-
     job_id: JobId
     model: str
     state: V1State
@@ -72,8 +64,7 @@ class JobStatus(QueueEstimate):
         out = {"job_id": row.id, "model": row.model_name, "state": v1_name(row.state), "elapsed_ms": _elapsed_ms(row),
                "attempt": row.attempt, "retry_count": row.retry_count, "created_at": row.created_at,
                "started_at": row.started_at, "finished_at": row.finished_at}
-        if row.error and state in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT,
-                                   JobState.EXPIRED):
+        if row.error and state not in (JobState.PENDING, JobState.RUNNING, JobState.DONE, JobState.CLAIMED):
             out["error"] = row.error
         if getattr(row, "priority", None) is not None:
             out["priority"] = row.priority
@@ -95,7 +86,6 @@ class JobListItem(JobStatus):
 class JobSync(JobListItem):
     """The sync-mode answer (``Prefer: wait=N``): the terminal poll body,
     its urls, and the result itself when it is JSON and small."""
-
     result: Any = Field(None, description="done, JSON content type, at most ASYNCH_SYNC_RESULT_MAX_BYTES: the "
                                           "result itself; otherwise fetch result_url")
 
@@ -104,7 +94,6 @@ class BatchItemResult(Shape):
     """One item's answer: ``status`` is what a submit of it alone would have
     answered (202 admitted or replayed, 422, 429, 503), with that answer's
     fields."""
-
     index: int = Field(ge=0, description="the item's position in `jobs`")
     status: int
     job_id: JobId | None = None
@@ -126,7 +115,6 @@ class BatchAccepted(Shape):
 
 class JobListEntry(JobListItem):
     """A job in a listing: the poll body, its urls and its tenant."""
-
     tenant: str
 
 
@@ -142,10 +130,9 @@ class TimelineEvent(Shape):
 
 
 def timeline(row, attempts=()) -> list[TimelineEvent]:
-    """A job's history: the row (created, the running attempt's start, retry due, finished, claimed)
-    and each ended attempt (its start; a retried one's failure and requeue).  The row keeps the
-    latest requeue's time only (``enqueue_at``; ``promoted_at`` when a head retry backdated
-    ``enqueue_at`` to the creation): an earlier requeue's ``at`` is null."""
+    """A job's history from the row and each ended attempt.  The row keeps the latest requeue's time
+    only (``enqueue_at``; ``promoted_at`` when a head retry backdated ``enqueue_at`` to the creation):
+    an earlier requeue's ``at`` is null."""
     state, ended = JobState(row.state), {a.attempt: a for a in attempts}
     requeued_at = row.enqueue_at if as_utc(row.enqueue_at) > as_utc(row.created_at) else row.promoted_at
     ev = [("created", row.created_at, "admitted through the gate")]
@@ -177,7 +164,6 @@ def timeline(row, attempts=()) -> list[TimelineEvent]:
 
 class AttemptView(Shape):
     """One ended attempt (asynch_task_attempt): how it ended and why."""
-
     attempt: int = Field(ge=1)
     outcome: Literal["done", "failed", "retry_wait", "timeout", "canceled", "pending"] = Field(
         description="the state the attempt left the job in (retry_wait: it is retried; pending: the model was "
@@ -202,7 +188,6 @@ class AttemptView(Shape):
 class JobDetail(JobListEntry):
     """The poll body plus what an operator or the console's job page needs.
     Never the secrets: modelKey and the callback URL stay out."""
-
     internal_state: Literal["pending", "running", "done", "failed", "claimed", "timeout", "canceled", "retry_wait",
                             "expired"]
     creator: str
@@ -226,9 +211,7 @@ class JobDetail(JobListEntry):
             payload = json.loads(row.request_payload)
         except ValueError:
             payload = None
-        values = cls.values_of(row)
-        if row.error:
-            values["error"] = row.error
+        values = cls.values_of(row) | ({"error": row.error} if row.error else {})
         if admin and getattr(row, "error_detail", None):
             values["error_detail"] = row.error_detail
         return cls.model_construct(

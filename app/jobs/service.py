@@ -1,11 +1,10 @@
 """Jobs as callers see them: submit, status, wait, result, cancel, list.
 
 Submit order matters (invariants 1, 3, 4): the submission rule judges
-everything first (app/jobs/submission.py: bad input never touches the
-gate), then app/jobs/admission.py takes the gate
-slot, inserts the row (committed) and only then hands the job to dispatch,
-for every submission of its batch.  Any failure between the gate and the
-commit gives the slot back.
+everything first (app/jobs/submission.py: bad input never touches the gate),
+then app/jobs/admission.py takes the gate slot, inserts the row (committed)
+and only then hands the job to dispatch.  Any failure between the gate and
+the commit gives the slot back.
 """
 from __future__ import annotations
 
@@ -17,22 +16,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection, Row
 
 from app import transitions
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.errors import (
-    Conflict,
-    DomainError,
-    Gone,
-    JobNotFinished,
-    NotFound,
-    TooManyWaiters,
-    Unavailable,
-    ValidationFailed,
-)
+from app.errors import (Conflict, DomainError, Gone, JobNotFinished, NotFound, TooManyWaiters, Unavailable,
+                        ValidationFailed)
 from app.infra import metrics, outbox_rows
 from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
@@ -50,6 +41,9 @@ from app.tenancy.keys import Principal
 log = logging.getLogger(__name__)
 
 
+_READABLE = (JobState.DONE, JobState.CLAIMED)  # the states a result is read in
+
+
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(12)
 
@@ -63,43 +57,39 @@ class Submitted:
 
 def retry_after_seconds(model_row) -> int:
     # About one job's turn at the model's concurrency; bounded to be useful.
-    per_slot = model_row.expected_seconds / max(1, model_row.max_concurrency)
-    return int(min(300, max(1, math.ceil(per_slot))))
+    return int(min(300, max(1, math.ceil(model_row.expected_seconds / max(1, model_row.max_concurrency)))))
 
 
 def job_deadline(model_row, created):
     """The job's whole budget: every allowed attempt at its full model timeout
     plus lease grace, plus the queue allowance.  Past it: timeout."""
     s = get_settings()
-    attempts = model_row.retry_times + 1
-    return created + timedelta(seconds=attempts * (model_row.timeout_seconds + s.lease_grace_seconds)
+    return created + timedelta(seconds=(model_row.retry_times + 1) * (model_row.timeout_seconds + s.lease_grace_seconds)
                                + s.job_queue_budget_seconds)
 
 
-def _find_idempotent(conn: Connection, tenant_id: str, key: str) -> Row | None:
-    return conn.execute(select(tasks).where(tasks.c.tenant_id == tenant_id,
-                                            tasks.c.idempotency_key == key)).first()
+def _find_idempotent(tenant_id: str, key: str) -> Row | None:
+    with transaction() as conn:
+        return conn.execute(select(tasks).where(tasks.c.tenant_id == tenant_id, tasks.c.idempotency_key == key)).first()
 
 
 def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
+    """The earlier job of an Idempotency-Key, or 422 for a different request under it."""
     if existing.model_name != model or existing.request_hash != digest:
-        raise ValidationFailed("Idempotency-Key was already used with a different request",
-                               [{"pointer": face.pointer("idempotency_key"),
-                                 "message": "reused with a different body"}])
+        raise ValidationFailed("Idempotency-Key was already used with a different request", [
+            {"pointer": face.pointer("idempotency_key"), "message": "reused with a different body"}])
     return Submitted(existing, replayed=True, estimate=estimates.of_job(existing))
 
 
 def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict | None = None,
            face: submission.Face = submission.V1) -> Submitted:
-    """Judge (app/jobs/submission.py: ``opts`` are the option values a face
-    gave, or the options themselves) and admit one job."""
+    """Judge (``opts``: a face's option values, or the options) and admit one job."""
     try:
         out = _submit(principal, submission.check(face, model_name, payload, opts if opts is not None else {},
                                                          Lookups(principal.tenant_id)), face)
     except DomainError as exc:
         metrics.job_rejected(model_name, exc)
-        log.info("submission refused: %s", exc.message,
-                 extra={"model": model_name, "tenant": principal.tenant_id})
+        log.info("submission refused: %s", exc.message, extra={"model": model_name, "tenant": principal.tenant_id})
         raise
     if not out.replayed:
         metrics.job_admitted(model_name)
@@ -108,28 +98,21 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
 
 
 def _submit(principal: Principal, sub: submission.Checked, face: submission.Face) -> Submitted:
-    model_name, opts = sub.model.model_name, sub.options
-    if opts.idempotency_key:
-        with transaction() as conn:
-            existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
-        if existing is not None:
-            return replay(existing, model_name, sub.digest, face)
-    pending = new_submission(principal, sub)
-    est = (estimates.for_new(sub.model, principal.tenant_id, [pending.score]) or [None])[0]
-    estimates.refuse_late(est, pending.values["caller_deadline_at"])  # before the gate: no slot, no row
-    try:
-        # Gate, row and doorbell, shared with whatever else arrives meanwhile
-        # (app/jobs/admission.py: gate before row before message, 202 only
-        # for a committed row).
-        row = admission.admit(pending)
-    except admission.IdempotencyConflict:
-        # Lost a race with the same key: answer with the winner's job.
-        with transaction() as conn:
-            existing = _find_idempotent(conn, principal.tenant_id, opts.idempotency_key)
-        if existing is None:
-            raise Unavailable("database unavailable") from None
-        return replay(existing, model_name, sub.digest, face)
-    return Submitted(row, replayed=False, estimate=est)
+    key = sub.options.idempotency_key
+    existing = _find_idempotent(principal.tenant_id, key) if key else None
+    if existing is None:
+        pending = new_submission(principal, sub)
+        est = (estimates.for_new(sub.model, principal.tenant_id, [pending.score]) or [None])[0]
+        estimates.refuse_late(est, pending.values["caller_deadline_at"])  # before the gate: no slot, no row
+        try:
+            # Gate, row and doorbell, shared with whatever else arrives meanwhile (app/jobs/admission.py).
+            return Submitted(admission.admit(pending), replayed=False, estimate=est)
+        except admission.IdempotencyConflict:
+            # Lost a race with the same key: answer with the winner's job.
+            existing = _find_idempotent(principal.tenant_id, key)
+            if existing is None:
+                raise Unavailable("database unavailable") from None
+    return replay(existing, sub.model.model_name, sub.digest, face)
 
 
 def new_submission(principal: Principal, sub: submission.Checked) -> admission.Submission:
@@ -170,43 +153,35 @@ def get_job(principal: Principal, job_id: str, model_name: str | None = None) ->
         return load_job(conn, principal, job_id, model_name)
 
 
+def reader(principal: Principal, job_id: str, model_name: str | None = None):
+    """``get_job`` as a function of nothing, for the waits and streams to call again."""
+    return lambda: get_job(principal, job_id, model_name)
+
+
 def read_result_row(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
-    """get_job for a read of the result (the result download, the seed's
-    getTaskResult): a done/claimed job's last_read_at is set, the order a
-    model's max_completed cap evicts in (least recently read first)."""
+    """get_job for a read of the result: a done/claimed job's last_read_at
+    is set (a model's max_completed cap evicts the least recently read)."""
     row = get_job(principal, job_id, model_name)
-    if JobState(row.state) in (JobState.DONE, JobState.CLAIMED):
+    if JobState(row.state) in _READABLE:
         with single_statement() as conn:
             transitions.mark_read(conn, [job_id], now=clock_now())
     return row
 
 
-def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None,
-             watch=None) -> Row:
-    """Return when the job is terminal or the budget ends (it may then still be
-    pending/running).  Never returns early on pending -> running.  The
-    waiter caps are checked first (429, no read); then one read (404 for a
-    job the principal cannot see); then the wait, woken by the process's
-    listener (app/infra/wakeups.py).  ``watch``: the client's
-    app.infra.serving.ClientWatch, which ends the wait if the client leaves."""
-    def read():
-        with single_statement() as conn:
-            return load_job(conn, principal, job_id, model_name)
-
-    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, read, tenant=principal.tenant_id,
-                                     tenant_cap=waiter_cap(principal), watch=watch)
+def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None, watch=None) -> Row:
+    """Return when the job is terminal or the budget ends (pending -> running
+    does not end it): the waiter caps first (429, no read), one read (404), then the wait.
+    ``watch``: the client's app.infra.serving.ClientWatch (ends it if the client leaves)."""
+    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, reader(principal, job_id, model_name),
+                                     tenant=principal.tenant_id, tenant_cap=waiter_cap(principal), watch=watch)
 
 
 def begin_wait(principal: Principal, job_id: str, model_name: str | None = None):
     """The first half of ``wait_job`` for a server that parks waits
-    (app/infra/parking.py): caps, then one read.  ``(row, waiter)``; the
-    waiter is None when the row is the answer now, else the caller owns
-    its place and gives it back with ``waiters.hub.unregister``."""
-    def read():
-        with single_statement() as conn:
-            return load_job(conn, principal, job_id, model_name)
-
-    return waiters.begin_wait(job_id, read, tenant=principal.tenant_id, tenant_cap=waiter_cap(principal))
+    (app/infra/parking.py): ``(row, waiter)``; waiter None: the row is the
+    answer now, else the caller gives its place back (``waiters.hub.unregister``)."""
+    return waiters.begin_wait(job_id, reader(principal, job_id, model_name), tenant=principal.tenant_id,
+                              tenant_cap=waiter_cap(principal))
 
 
 @dataclass(frozen=True)
@@ -220,18 +195,16 @@ class ResultBody:
 
 
 def result_body(principal: Principal, job_id: str, model_name: str | None = None) -> ResultBody:
-    """Never the whole object in memory: a stored result is streamed in
-    chunks (or, with ASYNCH_RESULT_REDIRECT_SECONDS and S3, redirected to a
-    presigned URL); a small one kept in the row is served from it."""
+    """Never the whole object in memory: a stored result is streamed (or
+    redirected to a presigned URL: ASYNCH_RESULT_REDIRECT_SECONDS); a small one comes from the row."""
     row = read_result_row(principal, job_id, model_name)
-    if JobState(row.state) not in (JobState.DONE, JobState.CLAIMED):
+    if JobState(row.state) not in _READABLE:
         raise JobNotFinished(f"job not finished (state: {v1_name(row.state)})")
     ctype = row.result_content_type or "application/octet-stream"
     if row.result_inline is not None:  # a small result kept in the row (app/jobs/execution.py)
         return ResultBody(row, ctype, bytes(row.result_inline))
-    storage = get_storage()
+    storage, seconds = get_storage(), get_settings().result_redirect_seconds
     try:
-        seconds = get_settings().result_redirect_seconds
         url = storage.presign(row.result_location, seconds) if seconds > 0 else None
         if url:
             return ResultBody(row, ctype, redirect=url)
@@ -246,10 +219,9 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
 def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
     """The whole result (callers that need it at once: the CLI, tests)."""
     out = result_body(principal, job_id, model_name)
-    data = out.data if isinstance(out.data, bytes) else b"".join(out.data)
     if out.redirect:
-        data = get_storage().get(out.row.result_location)
-    return data, out.content_type, out.row
+        return get_storage().get(out.row.result_location), out.content_type, out.row
+    return out.data if isinstance(out.data, bytes) else b"".join(out.data), out.content_type, out.row
 
 
 @dataclass(frozen=True)
@@ -257,7 +229,6 @@ class SyncOutcome:
     """A submission in sync mode: ``row`` is the newest copy seen (terminal
     when ``finished``); ``waited_s`` the wait honoured (None: not waited, the
     waiter caps were full); ``result`` the inline JSON result, if any."""
-
     submitted: Submitted
     row: Any
     finished: bool
@@ -268,65 +239,58 @@ class SyncOutcome:
 
 def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: SubmitOptions | dict, wait_s: int,
                     watch=None) -> SyncOutcome:
-    """Sync mode (``Prefer: wait=N``): submit, then wait up to ``wait_s``
-    seconds (capped by ASYNCH_WAIT_MAX_MS) for the job's terminal state on the
-    long-poll path (app/infra/wakeups.py: no thread parked under gevent, the
-    waiter caps apply).  The job is admitted whatever the wait does: caps
-    full means no wait (``waited_s`` None), never a refusal of a job that is
-    already in."""
+    """Sync mode (``Prefer: wait=N``): submit, then wait up to ``wait_s`` s
+    (capped by ASYNCH_WAIT_MAX_MS) on the long-poll path.  The job is admitted whatever the wait
+    does: caps full means no wait (``waited_s`` None), never a refusal."""
     sub = submit(principal, model_name, payload, opts)
     wait_s = max(0, min(wait_s, get_settings().wait_max_ms // 1000))
-    if wait_s <= 0:
-        return SyncOutcome(sub, sub.row, is_terminal(sub.row.state), None)
     try:
-        row = wait_job(principal, sub.row.id, wait_s * 1000, model_name, watch=watch)
+        row = wait_job(principal, sub.row.id, wait_s * 1000, model_name, watch=watch) if wait_s > 0 else None
     except TooManyWaiters:
+        row = None
+    if row is None:
         return SyncOutcome(sub, sub.row, is_terminal(sub.row.state), None)
     if not is_terminal(row.state):
         return SyncOutcome(sub, row, False, wait_s)
-    limit = get_settings().sync_result_max_bytes
     ctype = (row.result_content_type or "").split(";")[0].strip().lower()
-    json_type = ctype == "application/json" or ctype.endswith("+json")
-    if (JobState(row.state) in (JobState.DONE, JobState.CLAIMED) and json_type
-            and row.result_size is not None and row.result_size <= limit):
+    if (JobState(row.state) in _READABLE and (ctype == "application/json" or ctype.endswith("+json"))
+            and row.result_size is not None and row.result_size <= get_settings().sync_result_max_bytes):
         try:
-            data, _ctype, _row = result_bytes(principal, row.id, model_name)
-            return SyncOutcome(sub, row, True, wait_s, json.loads(data), True)
+            return SyncOutcome(sub, row, True, wait_s, json.loads(result_bytes(principal, row.id, model_name)[0]), True)
         except (DomainError, ValueError, UnicodeDecodeError):
             pass  # gone meanwhile, or not JSON after all: result_url says it
     return SyncOutcome(sub, row, True, wait_s)
 
 
-def cancel_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
+def _end(principal: Principal, job_id: str, model_name: str | None, move) -> Row:
+    """``move(conn, due)``: one guarded transition of a job the principal may
+    see, handed to ``due``; 409 if it already ended."""
     with effects.collecting() as due, transaction() as conn:
         row = load_job(conn, principal, job_id, model_name)
-        won = due.add(transitions.cancel(conn, job_id, None if principal.is_admin else principal.tenant_id))
+        won = move(conn, due)
     if won is None:
         raise Conflict(f"job already finished (state: {v1_name(row.state)})")
     return won.row
+
+
+def cancel_job(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
+    tenant = None if principal.is_admin else principal.tenant_id
+    return _end(principal, job_id, model_name, lambda conn, due: due.add(transitions.cancel(conn, job_id, tenant)))
 
 
 def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: str | None = None) -> Row:
     """An admin ends a pending, running or waiting-to-retry job as failed
-    (seed 000: any non-terminal state can be ended); 409 if it already
-    ended.  One guarded UPDATE (transitions.fail_by_admin)."""
-    with effects.collecting() as due, transaction() as conn:
-        row = load_job(conn, principal, job_id, model_name)
-        won = due.add(transitions.fail_by_admin(conn, job_id, reason))
-    if won is None:
-        raise Conflict(f"job already finished (state: {v1_name(row.state)})")
-    return won.row
+    (seed 000: any non-terminal state can be ended)."""
+    return _end(principal, job_id, model_name,
+                lambda conn, due: due.add(transitions.fail_by_admin(conn, job_id, reason)))
 
 
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
-    """A page of jobs, newest first; ``query`` is the declared listing query
-    (state, limit, cursor, tenant for admins, since, until)."""
+    """A page of jobs, newest first (``query``: state, limit, cursor, tenant for admins, since, until)."""
     q = select(tasks)
-    if principal.is_admin:
-        if query.tenant:
-            q = q.where(tasks.c.tenant_id == query.tenant)
-    else:
-        q = q.where(tasks.c.tenant_id == principal.tenant_id)
+    tenant = (query.tenant or None) if principal.is_admin else principal.tenant_id
+    if tenant is not None:
+        q = q.where(tasks.c.tenant_id == tenant)
     if model_name:
         q = q.where(tasks.c.model_name == model_name)
     if query.state:
@@ -345,8 +309,6 @@ def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None 
             anchor = conn.execute(aq).first()
             if anchor is None:
                 raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}])
-            q = q.where(or_(tasks.c.created_at < anchor.created_at,
-                            and_(tasks.c.created_at == anchor.created_at, tasks.c.id < anchor.id)))
+            q = q.where(tuple_(tasks.c.created_at, tasks.c.id) < tuple_(anchor.created_at, anchor.id))
         rows = conn.execute(q.order_by(tasks.c.created_at.desc(), tasks.c.id.desc()).limit(query.limit + 1)).all()
-    nxt = rows[query.limit - 1].id if len(rows) > query.limit else None
-    return rows[:query.limit], nxt
+    return rows[:query.limit], rows[query.limit - 1].id if len(rows) > query.limit else None

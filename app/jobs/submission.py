@@ -2,22 +2,18 @@
 for every face that submits (v1 single, v1 batch, seed createTask).
 
 Invariants:
-- One declared option set (``SubmitOptions``): every option's type, rule
-  and default is written here once.  A face's shape (app/jobs/schemas.py,
-  app/jobs/seed_schemas.py) only says how its wire spells an option (a
-  header, a batch item field, a seed camelCase field) and carries it under
-  the option's own field name; ``given`` reads them off by that name, so no
-  face maps options by hand.
-- One function (``check``) judges a submission, in one order: the options
-  (types, rules, the modelKey syntax, priority 0-9), the callback and
-  webhook targets (the SSRF guard, events need a URL), the model (404), the
-  modelKey against what the model allows, the payload against the model's
-  form.  A submission it returns is admissible; anything else is a
-  DomainError raised before the gate, so bad input takes no slot and writes
-  no row.
-- A 422 names the face's own pointers (``Face``): the v1 and seed faces name
-  an option by its camelCase name (``/modelKey``; the key is
-  ``/Idempotency-Key``), a batch item by its field under ``/jobs/{index}``.
+- One declared option set (``SubmitOptions``): every option's type, rule and
+  default is written here once.  A face's shape (app/jobs/requests.py,
+  app/jobs/seed_schemas.py) only says how its wire spells an option and
+  carries it under the option's own field name; ``given`` reads them off by
+  that name, so no face maps options by hand.
+- One function (``check``) judges a submission, in one order: the options,
+  the callback and webhook targets (SSRF guard), the model (404), the
+  modelKey against what it allows, the payload against its form; anything
+  else is a DomainError before the gate: bad input takes no slot, writes no row.
+- A 422 names the face's own pointers (``Face``): v1 and seed name an option
+  by its camelCase name (the key: ``/Idempotency-Key``), a batch item by its
+  field under ``/jobs/{index}``.
 """
 from __future__ import annotations
 
@@ -63,14 +59,13 @@ DeadlineSeconds = Annotated[float, Field(gt=0, le=DEADLINE_MAX_SECONDS, allow_in
 
 
 def carried(option_type: Any, wire_type: Any) -> Any:
-    """A face's field for an option the rule judges: taken as ``wire_type``
-    (only JSON's own type is checked there), documented as ``option_type``
-    (the document states the rule the 422 will come from)."""
+    """A face's field for an option the rule judges: taken as ``wire_type``,
+    documented as ``option_type`` (the rule the 422 will come from)."""
     return Annotated[wire_type, WithJsonSchema(TypeAdapter(option_type).json_schema())]
 
 
+# Every face sends "" (or null) for "no URL" / "the default".
 def _none_if_empty(v: Any) -> Any:
-    # Every face sends "" (or null) for "no URL" / "the default".
     return None if v == "" else v
 
 
@@ -81,7 +76,6 @@ def _default_priority(v: Any) -> Any:
 class SubmitOptions(Shape):
     """What a job carries besides its payload: the one declaration of every
     option (constructed by field name)."""
-
     invalid: ClassVar[str] = "invalid job options"
     model_config = ConfigDict(frozen=True)
 
@@ -96,15 +90,13 @@ class SubmitOptions(Shape):
     # secrets, kept only until the job is terminal.  Not a wire field: the
     # faces build it from X-Oss-Authorization / X-User-Info.
     passthrough: dict[str, HeaderValue] | None = None
-    priority: Annotated[Priority, BeforeValidator(_default_priority)] = rule(
-        "from 0 to 9 (9 first; default 5)", 5)
+    priority: Annotated[Priority, BeforeValidator(_default_priority)] = rule("from 0 to 9 (9 first; default 5)", 5)
     # The job's own webhook (docs/api.md, Webhooks): a signed JSON POST on
     # each terminal state of ``webhook_events`` (default: all four).
     webhook_url: Annotated[CallbackUrl | None, BeforeValidator(_none_if_empty)] = Field(
         None, description="a signed JSON POST (Standard Webhooks) on the job's terminal state "
                           "(see docs/api.md, Webhooks)")
-    webhook_events: WebhookEvents | None = Field(
-        None, description=WEBHOOK_EVENTS_HELP)
+    webhook_events: WebhookEvents | None = Field(None, description=WEBHOOK_EVENTS_HELP)
     # The caller's deadline (docs/api.md, Deadlines): judged against the
     # queue's estimate at admission (app/jobs/estimates.py), kept as
     # caller_deadline_at.
@@ -113,23 +105,18 @@ class SubmitOptions(Shape):
 
 def given(*shapes: BaseModel, **values: Any) -> dict:
     """The option values a face's parsed shapes carry, by option name (the
-    first shape that has a value wins), plus ``values`` (what the face
-    derives: creator, passthrough)."""
+    first shape with a value wins), plus ``values`` (derived: creator, passthrough)."""
     out = {}
     for name in SubmitOptions.model_fields:
-        for shape in shapes:
-            v = getattr(shape, name, None) if name in type(shape).model_fields else None
-            if v is not None:
-                out[name] = v
-                break
-    out.update(values)
-    return out
+        found = [getattr(s, name) for s in shapes if name in type(s).model_fields and getattr(s, name) is not None]
+        if found:
+            out[name] = found[0]
+    return out | values
 
 
 @dataclass(frozen=True)
 class Face:
     """How one face's 422 names an option (``pointer``) and the payload."""
-
     pointer: Callable[[str], str]
     payload: str = ""
 
@@ -158,7 +145,6 @@ def request_hash(model: str, payload: Any, opts: SubmitOptions) -> str:
 @dataclass(frozen=True)
 class Checked:
     """An admissible submission: its model row, payload, options, digest."""
-
     model: Any
     payload: dict
     options: SubmitOptions
@@ -185,9 +171,8 @@ def _options(face: Face, values: SubmitOptions | dict) -> SubmitOptions:
 def check(face: Face, model_name: str, payload: Any, values: SubmitOptions | dict, lookups: Lookups,
           model=None) -> Checked:
     """THE submission rule (see the module's invariants).  ``lookups``: the
-    request's host lookups (its tenant's cap, a batch's dedupe:
-    app/infra/http/netguard.py).  ``model``: the enabled model row when the
-    caller resolved it already (a batch: once for all its items)."""
+    request's host lookups (app/infra/http/netguard.py).  ``model``: the
+    enabled model row if resolved already (a batch: once for all its items)."""
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
     opts = _options(face, values)

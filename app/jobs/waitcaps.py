@@ -1,15 +1,10 @@
 """How many concurrent long-polls a tenant may hold on one API process.
 
-Invariants:
-- ``waiter_cap(principal)`` is the only place the per-tenant number is
-  decided; app/infra/wakeups.py counts and enforces it (and the process-wide
-  ``ASYNCH_WAITERS_MAX``) when a wait registers, before any read.
-- The default resolver, ``tenant_cap``, answers the tenant's ``max_waiters``
-  (asynch_tenant_limits, through the per-process limits cache), else
-  ``ASYNCH_WAITERS_PER_TENANT``; ``set_waiter_cap_resolver`` replaces it
-  (tests), ``None`` restores the default.  A resolver runs on every wait:
-  keep it in memory (a cached lookup), never a network round trip per
-  request.
+Invariants: ``waiter_cap`` is the only place the per-tenant number is
+decided (app/infra/wakeups.py enforces it, and ASYNCH_WAITERS_MAX, before
+any read).  The default answers the tenant's ``max_waiters`` (the limits
+cache), else ASYNCH_WAITERS_PER_TENANT; a resolver runs on every wait, so it
+stays in memory.
 """
 from __future__ import annotations
 
@@ -19,21 +14,19 @@ from app.config import get_settings
 from app.tenancy import limits
 from app.tenancy.keys import Principal
 
-Resolver = Callable[[Principal], int]
-
 
 def tenant_cap(principal: Principal) -> int:
     own = limits.limits_of(principal.tenant_id).max_waiters
     return own if own is not None else get_settings().waiters_per_tenant
 
 
-_resolver: Resolver = tenant_cap
+_resolver: Callable[[Principal], int] = tenant_cap
 
 
-def set_waiter_cap_resolver(fn: Resolver | None) -> None:
-    """Install the resolver (per-tenant caps); None restores the default."""
+def set_waiter_cap_resolver(fn: Callable[[Principal], int] | None) -> None:
+    """Install the resolver (tests: per-tenant caps); None restores the default."""
     global _resolver
-    _resolver = fn if fn is not None else tenant_cap
+    _resolver = fn or tenant_cap
 
 
 def waiter_cap(principal: Principal) -> int:
