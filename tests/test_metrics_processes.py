@@ -151,19 +151,25 @@ def test_two_api_servers_scraped_and_summed_give_the_true_totals(two_api_servers
     assert not os.path.exists(dirs[1]), "the temporary directory goes with its server"
 
 
-def test_a_second_server_on_the_same_directory_refuses_to_start(two_api_servers, test_env, tmp_path, make_model,
-                                                                 user_key):
+def test_a_second_server_on_the_same_directory_refuses_to_start(test_env, tmp_path, make_model, user_key):
     make_model("echo", queue_limit=10)
-    a = two_api_servers[0]
-    _submit_split([a, a], user_key, 4)
-    intruder = ApiServer(test_env, tmp_path, "intruder", metrics_dir=tmp_path / "api1-metrics")
+    # One running server on an operator's directory is all this needs (the
+    # default-directory server of two_api_servers took no part: its start was
+    # a gunicorn master and two workers spent for nothing).
+    a = ApiServer(test_env, tmp_path, "api1", metrics_dir=tmp_path / "api1-metrics")
     try:
-        assert intruder.proc.wait(30) != 0
+        wait_until(a.up, timeout=120, what="gunicorn up")  # a bound: up() fails at once if it exits
+        _submit_split([a, a], user_key, 4)
+        intruder = ApiServer(test_env, tmp_path, "intruder", metrics_dir=tmp_path / "api1-metrics")
+        try:
+            assert intruder.proc.wait(30) != 0
+        finally:
+            intruder.stop()
+        assert "in use by another process group" in intruder.log.read_text()
+        # ... and did not wipe the running server's counts.
+        assert value(scrape(a.base + "/metrics"), "asynch_admissions_total", model="echo") == 4
     finally:
-        intruder.stop()
-    assert "in use by another process group" in intruder.log.read_text()
-    # ... and did not wipe the running server's counts.
-    assert value(scrape(a.base + "/metrics"), "asynch_admissions_total", model="echo") == 4
+        a.stop()
 
 
 def _listening_pids(port: int, pids: list[int]) -> set[int]:

@@ -4,6 +4,7 @@ match the schemas it documents for their status."""
 from __future__ import annotations
 
 import re
+from functools import cache
 
 import pytest
 from helpers import auth
@@ -79,11 +80,26 @@ def _resolve(node, doc):
     return node
 
 
+@cache
+def _operation(path: str, method: str) -> dict:
+    """The documented operation, its $refs resolved.  The document is built
+    once per process (building it is ~0.3 CPU-s, and the real-responses test
+    checks ~80 responses): it depends only on the registered routes, which no
+    request changes, and test_served_document_is_the_generated_document
+    checks that the served document is this generated one."""
+    doc = _document()
+    return _resolve(doc["paths"][path][method], doc)
+
+
+@cache
+def _document() -> dict:
+    return document(create_app())
+
+
 def conforms(resp, path: str, method: str) -> None:
     """The response's status is documented for the operation, and a JSON body
     matches its schema."""
-    doc = document(create_app())
-    op = _resolve(doc["paths"][path][method], doc)
+    op = _operation(path, method)
     documented = op["responses"].get(str(resp.status_code))
     assert documented is not None, f"{method.upper()} {path} answered undocumented {resp.status_code}"
     content = documented.get("content", {})
