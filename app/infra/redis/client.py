@@ -1,12 +1,10 @@
 """The process's Redis clients (fork-safe: app/infra/process.py).
 
-``ASYNCH_REDIS_URL`` is one Redis (``redis://``, ``rediss://``, ``unix://``)
-or a Redis Cluster (``redis+cluster://host:port[,host:port...]``,
-``rediss+cluster://`` with TLS): then the gate's client is redis-py's
-``RedisCluster``, which routes each command and script by its keys' hash
-slot (keys.py gives every model's keys one slot).  The Celery broker is
-never a cluster (kombu cannot use one): app/config.py refuses a cluster URL
-without an ASYNCH_BROKER_URL of its own."""
+``ASYNCH_REDIS_URL`` is one Redis (``redis://``, ``rediss://``, ``unix://``) or a Redis Cluster
+(``redis+cluster://host:port[,host:port...]``, ``rediss+cluster://`` with TLS): then the gate's client is
+redis-py's ``RedisCluster``, which routes each command and script by its keys' hash slot (keys.py gives every
+model's keys one slot).  The Celery broker is never a cluster (kombu cannot use one): app/config.py refuses a
+cluster URL without an ASYNCH_BROKER_URL of its own."""
 from __future__ import annotations
 
 import itertools

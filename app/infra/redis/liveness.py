@@ -1,6 +1,5 @@
-"""Worker liveness: one hash per Celery node (app/infra/metrics.py writes
-it, app/observe/cluster.py renders it, app/maintenance/recovery.py acts on
-its absence); it expires by itself when the node stops touching it."""
+"""Worker liveness: one hash per Celery node (app/infra/metrics.py writes it, app/observe/cluster.py renders it,
+app/maintenance/recovery.py acts on its absence); it expires by itself when the node stops touching it."""
 from __future__ import annotations
 
 from app.infra.redis import keys
