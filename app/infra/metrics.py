@@ -305,9 +305,8 @@ def _configured_models() -> list[str]:
 
 @_never_raise  # as any recording: a metric never fails a request
 def seed(target: str) -> None:
-    """Write this target's zeros ("api" or "node") for the label sets known now: per configured
-    model its final states, rejection reasons, call and delivery outcomes; per target the caps
-    and the run_job outcomes."""
+    """Write this target's zeros ("api" or "node") for the label sets known now: per configured model its final
+    states, rejection reasons, call and delivery outcomes; per target the caps and the run_job outcomes."""
     if (target, "") not in _seeded:
         if target == "api":
             _REJECTIONS.labels("_unknown", "not_found")

@@ -52,9 +52,8 @@ def can_park(environ: dict) -> bool:
 
 
 def park(environ: dict, waiter, row, budget_seconds: float, render: Callable, release: Callable) -> None:
-    """Park this request once the app has rendered its response.  ``render(row, job_id)`` ->
-    (status line, body bytes) for a row or GONE, outside any request; ``release(waiter)`` gives
-    the place back."""
+    """Park this request once the app has rendered its response.  ``render(row, job_id)`` -> (status line, body
+    bytes) for a row or GONE, outside any request; ``release(waiter)`` gives the place back."""
     environ[ENVIRON_KEY] = (waiter, row, budget_seconds, render, release)
 
 

@@ -62,9 +62,8 @@ def tune_gc() -> None:
 
 
 def raise_nofile(wanted: int) -> tuple[int, int]:
-    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never above the hard limit, never
-    lowered): every waiting client holds a socket, and the usual soft default is 1,024.
-    Returns (soft, hard) as set."""
+    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never above the hard limit, never lowered): every
+    waiting client holds a socket, and the usual soft default is 1,024. Returns (soft, hard) as set."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if target > soft:
@@ -99,10 +98,9 @@ def stop_watcher(owner, attr: str) -> None:
 
 
 class ClientWatch:
-    """Notices that the client of a waiting request closed its connection.  ``arm(wake)``: under
-    gevent the hub calls ``wake()`` once the socket turns readable (one libev io watcher);
-    ``gone()`` then tells EOF or a reset from a pipelined next request.  Outside gevent the
-    waiter polls ``gone()`` every ``poll_seconds``."""
+    """Notices that the client of a waiting request closed its connection.  ``arm(wake)``: under gevent the hub
+    calls ``wake()`` once the socket turns readable (one libev io watcher); ``gone()`` then tells EOF or a reset
+    from a pipelined next request.  Outside gevent the waiter polls ``gone()`` every ``poll_seconds``."""
 
     def __init__(self, sock) -> None:
         self._sock = sock

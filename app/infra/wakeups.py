@@ -316,10 +316,9 @@ hub = WaitHub()
 
 def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], object], tenant: str = "",
                       tenant_cap: int | None = None, process_cap: int | None = None, watch=None):
-    """Block until the job is terminal or the budget ends; returns the last row seen.
-    ``read`` loads the row as the caller may see it.  Order: register (caps) -> read -> sleep; a
-    delivered row replaces a read.  ``watch`` (app.infra.serving.ClientWatch) ends the wait early
-    when the client has gone."""
+    """Block until the job is terminal or the budget ends; returns the last row seen. ``read`` loads the row as
+    the caller may see it.  Order: register (caps) -> read -> sleep; a delivered row replaces a read.  ``watch``
+    (app.infra.serving.ClientWatch) ends the wait early when the client has gone."""
     deadline = time.monotonic() + max(0.0, budget_seconds)
     s = _state.get()
     w = s.register(job_id, tenant, tenant_cap, process_cap)

@@ -59,9 +59,8 @@ class ModelResponse:
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
                job: tuple[str, int] | None = None, model_key_headers: str = "") -> ModelResponse:
-    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt
-    so a model (or a proxy) can deduplicate: an attempt calls it at most once.
-    ``model_key_headers``: the names ``model_key`` may set."""
+    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt so a model (or a proxy) can
+    deduplicate: an attempt calls it at most once. ``model_key_headers``: the names ``model_key`` may set."""
     try:
         configured = job_headers(head_msg, model_key, model_key_headers)
     except HeaderSpecError as exc:

@@ -45,8 +45,7 @@ def _triples(flat: list) -> list[tuple[str, str, str]]:
 
 def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int]], *, cap: int | None = None,
             mode: str = "", most: int | None = None) -> list[tuple[str, str, str]]:
-    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry
-    at the head) entries and dispatch."""
+    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry at the head) entries and dispatch."""
     flat = [x for t, job, score, attempt in entries for x in (t, job, repr(float(score)), str(attempt))]
     return _triples(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat, most=most))
 
@@ -144,9 +143,8 @@ def replace_weights(weights: dict[str, int], models_: Iterable[str] = ()) -> Non
 
 
 def copy_weights(model_names: Iterable[str]) -> None:
-    """Make each model's copy of the weights (what its steps read) equal the
-    global hash.  Each copy is replaced in one MULTI of its own slot; a step
-    between two copies sees the old or the new weights whole."""
+    """Make each model's copy of the weights (what its steps read) equal the global hash.  Each copy is replaced
+    in one MULTI of its own slot; a step between two copies sees the old or the new weights whole."""
     names = sorted(set(model_names))
     if not names:
         return
