@@ -1,16 +1,15 @@
-"""Parked long-polls: a ``/wait`` that must sleep is kept as a small record (its socket, its waiter, a timer)
-instead of a request greenlet, and is answered by the wake-up hub with bytes rendered once per job.
+"""Parked long-polls: a ``/wait`` that must sleep is kept as a small record (its socket, its waiter, a timer) instead
+of a request greenlet, and is answered by the wake-up hub with bytes rendered once per job.
 
-Why (docs/architecture.md, "Serving"): a waiting greenlet keeps ~60 objects in the heap, and at 10,000 waits
-the collector's pauses were another tenant's submit p99; a parked wait is ~6.
+Why (docs/architecture.md, "Serving"): a waiting greenlet keeps ~60 objects in the heap, and at 10,000 waits the
+collector's pauses were another tenant's submit p99; a parked wait is ~6.
 
 How, under gunicorn's gevent worker (app/web/gunicorn_conf.py installs ``ParkingMiddleware``):
 the route does the first half (auth, caps, the first read: app/infra/wakeups.py ``begin_wait``), renders its
-response through every after-request hook and, if the job is not terminal, calls ``park``.  The middleware
-keeps the headers, duplicates the client socket, returns ``PARKED``. The record is answered once by the first
-of: a delivered terminal row (``Waiter.on_wake``), its budget's end (a libev timer: the last row seen), a row
-gone (404, rendered by the route), the server draining (``drain``), or the client hanging up (a libev io
-watcher: no answer).
+response through every after-request hook and, if the job is not terminal, calls ``park``.  The middleware keeps the
+headers, duplicates the client socket, returns ``PARKED``. The record is answered once by the first of: a delivered
+terminal row (``Waiter.on_wake``), its budget's end (a libev timer: the last row seen), a row gone (404, rendered by
+the route), the server draining (``drain``), or the client hanging up (a libev io watcher: no answer).
 
 Invariants:
 - No lost wake-up: the waiter was registered before the first read, and a row delivered between that read and

@@ -1,14 +1,12 @@
-"""What the API's serving model needs below the web layer: knowing whether this process runs on
-gevent, making psycopg2 cooperative there, the collector and descriptor limits, and noticing that
-a long-polling client went away.
+"""What the API's serving model needs below the web layer: knowing whether this process runs on gevent, making psycopg2
+cooperative there, the collector and descriptor limits, and noticing that a long-polling client went away.
 
 Invariants:
-- Under gevent (the API's default worker class) nothing may block the hub: sockets, locks,
-  sleeps and threads are gevent's (patched first: app/web/gunicorn_gevent.py), and psycopg2,
-  whose C code talks to libpq's socket directly, waits through psycogreen's callback
-  (``make_green``), installed before the process's first connection.
-- ``ClientWatch`` never reads a byte of the request stream: it only peeks, and a pipelined next
-  request disarms it (the wait goes on unwatched).
+- Under gevent (the API's default worker class) nothing may block the hub: sockets, locks, sleeps and threads are
+  gevent's (patched first: app/web/gunicorn_gevent.py), and psycopg2, whose C code talks to libpq's socket directly,
+  waits through psycogreen's callback (``make_green``), installed before the process's first connection.
+- ``ClientWatch`` never reads a byte of the request stream: it only peeks, and a pipelined next request disarms it
+  (the wait goes on unwatched).
 - Outside gevent (gthread, werkzeug in tests) the watch is polled by the waiting thread.
 """
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""Calls a configured model service exactly as its row says: base_url+route, GET with the payload as query
-parameters or POST with it as JSON, head_msg merged with the job's modelKey headers (headers.py), a cap on the
-response size, connections kept alive per thread and process, and ``timeout_seconds`` as a hard deadline for
-the whole call (deadline.py).
+"""Calls a configured model service exactly as its row says: base_url+route, GET with the payload as query parameters
+or POST with it as JSON, head_msg merged with the job's modelKey headers (headers.py), a cap on the response size,
+connections kept alive per thread and process, and ``timeout_seconds`` as a hard deadline for the whole call
+(deadline.py).
 
-Errors (ModelCallError): ``code`` and ``public`` are what the tenant sees (no model body, addresses or
-exception text); ``str(exc)`` is for logs and admins.  ``permanent`` ones are not retried (other 3xx/4xx, an
-oversize answer, a request we cannot send); 5xx, 408, 429, timeouts and network failures are.  ``called``: a
-byte reached the model (only those count in the stats).  A 429 or 503 is also ``busy``, with its Retry-After
-in seconds.
+Errors (ModelCallError): ``code`` and ``public`` are what the tenant sees (no model body, addresses or exception
+text); ``str(exc)`` is for logs and admins.  ``permanent`` ones are not retried (other 3xx/4xx, an oversize answer,
+a request we cannot send); 5xx, 408, 429, timeouts and network failures are.  ``called``: a byte reached the model
+(only those count in the stats).  A 429 or 503 is also ``busy``, with its Retry-After in seconds.
 """
 from __future__ import annotations
 
