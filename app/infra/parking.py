@@ -168,8 +168,7 @@ class ParkingMiddleware:
             return result
         waiter, row, budget, render, release = spec
         if not captured or not captured[0].startswith("200"):
-            # An after-request hook turned the answer into an error: send
-            # that as it is, and wait for nothing.
+            # An after-request hook turned the answer into an error: send that as it is, and wait for nothing.
             release(waiter)
             if captured:
                 start_response(*captured)

@@ -51,9 +51,8 @@ def _broker_client() -> redis.Redis | bool:
     return redis.Redis.from_url(url, retry_on_timeout=True, **_common())
 
 
-# redis-py re-creates pooled connections after fork itself; a fresh client
-# per process keeps the registered scripts (they live on the client) and the
-# pool obviously ours.
+# redis-py re-creates pooled connections after fork itself; a fresh client per process keeps the registered scripts
+# (they live on the client) and the pool obviously ours.
 _client: PerProcess[redis.Redis] = PerProcess(_gate_client)
 _broker: PerProcess[redis.Redis | bool] = PerProcess(_broker_client)
 _next_node = itertools.count()
