@@ -1,12 +1,11 @@
-"""The per-process TTL caches of the admission path (API keys, model rows), on cachetools, and
-the one switch that clears them all.
+"""The per-process TTL caches of the admission path (API keys, model rows), on cachetools, and the one switch that
+clears them all.
 
-Invariants: a revoked key or a changed model is seen by every API process within the TTL (at
-once by the process that changed it, and by the others when the invalidation message reaches
-their listener: app/infra/wakeups.py).  A lookup that raced an invalidation never re-caches what
-it read: a reader takes ``token()`` before it reads and passes it to ``set``, which drops the
-value if a ``clear``/``pop`` came in between.  Each cache has a lock (cachetools' are not
-thread-safe) and is built from the settings on first use (``clear_all`` rebuilds them).
+Invariants: a revoked key or a changed model is seen by every API process within the TTL (at once by the process
+that changed it, and by the others when the invalidation message reaches their listener: app/infra/wakeups.py).  A
+lookup that raced an invalidation never re-caches what it read: a reader takes ``token()`` before it reads and
+passes it to ``set``, which drops the value if a ``clear``/``pop`` came in between.  Each cache has a lock
+(cachetools' are not thread-safe) and is built from the settings on first use (``clear_all`` rebuilds them).
 """
 from __future__ import annotations
 

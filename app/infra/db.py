@@ -78,10 +78,9 @@ def transaction() -> Iterator[Connection]:
 
 @contextmanager
 def single_statement() -> Iterator[Connection]:
-    """A pooled connection in autocommit mode, for ONE statement that is its
-    own transaction (the admission INSERT ... RETURNING): one round trip
-    instead of BEGIN, statement, COMMIT.  Never run two dependent statements
-    in it; use transaction()."""
+    """A pooled connection in autocommit mode, for ONE statement that is its own transaction (the admission
+    INSERT ... RETURNING): one round trip instead of BEGIN, statement, COMMIT.  Never run two dependent
+    statements in it; use transaction()."""
     with _lost_database_is_unavailable(), get_engine(autocommit=True).connect() as conn:
         yield conn
 

@@ -1,22 +1,20 @@
 """Prometheus counters and histograms of ONE scrape target, and worker liveness stamps.
 
-A scrape target is a process group: an API server (gunicorn's master and workers) or a worker
-node (a Celery main process and its pool), reporting only what its processes recorded.  The
-cluster's gauges (jobs by state, gates, liveness) are app/observe/cluster.py's.
+A scrape target is a process group: an API server (gunicorn's master and workers) or a worker node (a Celery main
+process and its pool), reporting only what its processes recorded.  The cluster's gauges (jobs by state, gates,
+liveness) are app/observe/cluster.py's.
 
 Invariants:
-- Recording never raises and never leaves the host: a write to memory or, in a group, to an
-  mmap'd file in the group's directory (prometheus_client's multiprocess mode, on when
-  PROMETHEUS_MULTIPROC_DIR was set, by ``group_env``, before the import).  The group's main
-  process takes the directory (``prepare_group_dir``: a lock, the previous run's files deleted)
-  before any child exists.  A lost metric must not fail a job.
-- A dead process's counters keep counting in the group's sum (a counter never goes backwards);
-  ``process_dead`` drops only the live gauge.
-- The first scrape lists every documented family (``FAMILIES``, docs/operations.md) with a 0 for
-  each label set known in advance (``seed``: "no traffic" is not "broken"), written by the
-  rendering process like any value (a 0 adds nothing to the sum); a family whose labels come
-  only with traffic (dispatched: the tenants) by HELP and TYPE alone.  A database that does not
-  answer costs the per-model zeros of that scrape, never the scrape.
+- Recording never raises and never leaves the host: a write to memory or, in a group, to an mmap'd file in the
+  group's directory (prometheus_client's multiprocess mode, on when PROMETHEUS_MULTIPROC_DIR was set, by
+  ``group_env``, before the import).  The group's main process takes the directory (``prepare_group_dir``: a lock,
+  the previous run's files deleted) before any child exists.  A lost metric must not fail a job.
+- A dead process's counters keep counting in the group's sum (a counter never goes backwards); ``process_dead``
+  drops only the live gauge.
+- The first scrape lists every documented family (``FAMILIES``, docs/operations.md) with a 0 for each label set
+  known in advance (``seed``: "no traffic" is not "broken"), written by the rendering process like any value (a 0
+  adds nothing to the sum); a family whose labels come only with traffic (dispatched: the tenants) by HELP and TYPE
+  alone.  A database that does not answer costs the per-model zeros of that scrape, never the scrape.
 - This module imports nothing above app/infra.
 """
 from __future__ import annotations
@@ -306,9 +304,8 @@ def _configured_models() -> list[str]:
 
 @_never_raise  # as any recording: a metric never fails a request
 def seed(target: str) -> None:
-    """Write this target's zeros ("api" or "node") for the label sets known now: per configured
-    model its final states, rejection reasons, call and delivery outcomes; per target the caps
-    and the run_job outcomes."""
+    """Write this target's zeros ("api" or "node") for the label sets known now: per configured model its final
+    states, rejection reasons, call and delivery outcomes; per target the caps and the run_job outcomes."""
     if (target, "") not in _seeded:
         if target == "api":
             _REJECTIONS.labels("_unknown", "not_found")

@@ -1,13 +1,12 @@
-"""A worker node's metrics port, served from threads of the node's main process: ``GET /metrics``
-(app/infra/metrics.py ``render``, behind ASYNCH_METRICS_TOKEN) and ``GET /healthz`` (``ok``, no
-token, no data: for probes).
+"""A worker node's metrics port, served from threads of the node's main process: ``GET /metrics`` (app/infra/metrics.py
+``render``, behind ASYNCH_METRICS_TOKEN) and ``GET /healthz`` (``ok``, no token, no data: for probes).
 
 Invariants:
 - It binds ASYNCH_WORKER_METRICS_BIND, 127.0.0.1 unless a deployment says otherwise (plain HTTP).
 - At most ASYNCH_WORKER_METRICS_MAX_CONNECTIONS at once: one beyond is closed on accept.
-- A connection has ASYNCH_WORKER_METRICS_TIMEOUT_SECONDS in all to send its request head (one
-  deadline: a client dribbling a byte at a time is cut too), then as long for each write of the
-  answer; an incomplete head is dropped unanswered.  One GET per connection (HTTP/1.0).
+- A connection has ASYNCH_WORKER_METRICS_TIMEOUT_SECONDS in all to send its request head (one deadline: a client
+  dribbling a byte at a time is cut too), then as long for each write of the answer; an incomplete head is dropped
+  unanswered.  One GET per connection (HTTP/1.0).
 - Never fatal: a port in use is logged; the node works, unscraped.
 """
 from __future__ import annotations

@@ -36,8 +36,7 @@ def events_of(bits: int | None) -> list[str]:
 
 
 def inserts(source, to_state: S) -> list:
-    """The INSERT ... SELECT statements for the row(s) of ``source`` (the
-    moved CTE) reaching ``to_state``."""
+    """The INSERT ... SELECT statements for the row(s) of ``source`` (the moved CTE) reaching ``to_state``."""
     event = EVENT_OF_STATE[S(to_state)]
     c, sub = source.c, webhook_subscriptions.c
 

@@ -1,21 +1,19 @@
-"""Parked long-polls: a ``/wait`` that must sleep is kept as a small record (its socket, its
-waiter, a timer) instead of a request greenlet, and is answered by the wake-up hub with bytes
-rendered once per job.
+"""Parked long-polls: a ``/wait`` that must sleep is kept as a small record (its socket, its waiter, a timer) instead
+of a request greenlet, and is answered by the wake-up hub with bytes rendered once per job.
 
-Why (docs/architecture.md, "Serving"): a waiting greenlet keeps ~60 objects in the heap, and at
-10,000 waits the collector's pauses were another tenant's submit p99; a parked wait is ~6.
+Why (docs/architecture.md, "Serving"): a waiting greenlet keeps ~60 objects in the heap, and at 10,000 waits the
+collector's pauses were another tenant's submit p99; a parked wait is ~6.
 
 How, under gunicorn's gevent worker (app/web/gunicorn_conf.py installs ``ParkingMiddleware``):
-the route does the first half (auth, caps, the first read: app/infra/wakeups.py ``begin_wait``),
-renders its response through every after-request hook and, if the job is not terminal, calls
-``park``.  The middleware keeps the headers, duplicates the client socket, returns ``PARKED``.
-The record is answered once by the first of: a delivered terminal row (``Waiter.on_wake``),
-its budget's end (a libev timer: the last row seen), a row gone (404, rendered by the route),
-the server draining (``drain``), or the client hanging up (a libev io watcher: no answer).
+the route does the first half (auth, caps, the first read: app/infra/wakeups.py ``begin_wait``), renders its
+response through every after-request hook and, if the job is not terminal, calls ``park``.  The middleware keeps the
+headers, duplicates the client socket, returns ``PARKED``. The record is answered once by the first of: a delivered
+terminal row (``Waiter.on_wake``), its budget's end (a libev timer: the last row seen), a row gone (404, rendered by
+the route), the server draining (``drain``), or the client hanging up (a libev io watcher: no answer).
 
 Invariants:
-- No lost wake-up: the waiter was registered before the first read, and a row delivered
-  between that read and ``park`` is in ``waiter.row``, settled right after ``on_wake`` is hooked.
+- No lost wake-up: the waiter was registered before the first read, and a row delivered between that read and
+  ``park`` is in ``waiter.row``, settled right after ``on_wake`` is hooked.
 - Every parked wait gives its place under the caps back exactly once (``_close``).
 - Nothing here blocks the hub: libev callbacks only spawn a greenlet.
 """
@@ -53,9 +51,8 @@ def can_park(environ: dict) -> bool:
 
 
 def park(environ: dict, waiter, row, budget_seconds: float, render: Callable, release: Callable) -> None:
-    """Park this request once the app has rendered its response.  ``render(row, job_id)`` ->
-    (status line, body bytes) for a row or GONE, outside any request; ``release(waiter)`` gives
-    the place back."""
+    """Park this request once the app has rendered its response.  ``render(row, job_id)`` -> (status line, body
+    bytes) for a row or GONE, outside any request; ``release(waiter)`` gives the place back."""
     environ[ENVIRON_KEY] = (waiter, row, budget_seconds, render, release)
 
 
@@ -171,8 +168,7 @@ class ParkingMiddleware:
             return result
         waiter, row, budget, render, release = spec
         if not captured or not captured[0].startswith("200"):
-            # An after-request hook turned the answer into an error: send
-            # that as it is, and wait for nothing.
+            # An after-request hook turned the answer into an error: send that as it is, and wait for nothing.
             release(waiter)
             if captured:
                 start_response(*captured)

@@ -1,15 +1,14 @@
-"""Sends run_job (and other) messages by task name: the API needs a producer, not the task code
-(app/ never imports workers/).  A message is a doorbell; the row is the truth, so a lost message
-is repaired by recovery, not by the caller.
+"""Sends run_job (and other) messages by task name: the API needs a producer, not the task code (app/ never imports
+workers/).  A message is a doorbell; the row is the truth, so a lost message is repaired by recovery, not by the
+caller.
 
-With a Redis broker run_job messages are written with one LPUSH in exactly the form Celery's own
-producer writes (protocol 2, kombu's Redis transport): ``send_task`` costs more CPU than the rest
-of an admission (bench/bench_admission.py; tests/test_publisher.py compares the two forms).  Any
-other broker (amqp://) goes through Celery's producer.
+With a Redis broker run_job messages are written with one LPUSH in exactly the form Celery's own producer writes
+(protocol 2, kombu's Redis transport): ``send_task`` costs more CPU than the rest of an admission
+(bench/bench_admission.py; tests/test_publisher.py compares the two forms).  Any other broker (amqp://) goes through
+Celery's producer.
 
-Priorities are semantic (``Priority``) and mapped per transport: kombu's Redis transport BRPOPs
-its per-priority lists in ascending order (0 first), RabbitMQ (``x-max-priority``) serves the
-HIGHEST number first.
+Priorities are semantic (``Priority``) and mapped per transport: kombu's Redis transport BRPOPs its per-priority
+lists in ascending order (0 first), RabbitMQ (``x-max-priority``) serves the HIGHEST number first.
 """
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
-"""What the API's serving model needs below the web layer: knowing whether this process runs on
-gevent, making psycopg2 cooperative there, the collector and descriptor limits, and noticing that
-a long-polling client went away.
+"""What the API's serving model needs below the web layer: knowing whether this process runs on gevent, making psycopg2
+cooperative there, the collector and descriptor limits, and noticing that a long-polling client went away.
 
 Invariants:
-- Under gevent (the API's default worker class) nothing may block the hub: sockets, locks,
-  sleeps and threads are gevent's (patched first: app/web/gunicorn_gevent.py), and psycopg2,
-  whose C code talks to libpq's socket directly, waits through psycogreen's callback
-  (``make_green``), installed before the process's first connection.
-- ``ClientWatch`` never reads a byte of the request stream: it only peeks, and a pipelined next
-  request disarms it (the wait goes on unwatched).
+- Under gevent (the API's default worker class) nothing may block the hub: sockets, locks, sleeps and threads are
+  gevent's (patched first: app/web/gunicorn_gevent.py), and psycopg2, whose C code talks to libpq's socket directly,
+  waits through psycogreen's callback (``make_green``), installed before the process's first connection.
+- ``ClientWatch`` never reads a byte of the request stream: it only peeks, and a pipelined next request disarms it
+  (the wait goes on unwatched).
 - Outside gevent (gthread, werkzeug in tests) the watch is polled by the waiting thread.
 """
 from __future__ import annotations
@@ -62,9 +60,8 @@ def tune_gc() -> None:
 
 
 def raise_nofile(wanted: int) -> tuple[int, int]:
-    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never above the hard limit, never
-    lowered): every waiting client holds a socket, and the usual soft default is 1,024.
-    Returns (soft, hard) as set."""
+    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never above the hard limit, never lowered): every
+    waiting client holds a socket, and the usual soft default is 1,024. Returns (soft, hard) as set."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if target > soft:
@@ -99,10 +96,9 @@ def stop_watcher(owner, attr: str) -> None:
 
 
 class ClientWatch:
-    """Notices that the client of a waiting request closed its connection.  ``arm(wake)``: under
-    gevent the hub calls ``wake()`` once the socket turns readable (one libev io watcher);
-    ``gone()`` then tells EOF or a reset from a pipelined next request.  Outside gevent the
-    waiter polls ``gone()`` every ``poll_seconds``."""
+    """Notices that the client of a waiting request closed its connection.  ``arm(wake)``: under gevent the hub
+    calls ``wake()`` once the socket turns readable (one libev io watcher); ``gone()`` then tells EOF or a reset
+    from a pipelined next request.  Outside gevent the waiter polls ``gone()`` every ``poll_seconds``."""
 
     def __init__(self, sock) -> None:
         self._sock = sock

@@ -1,14 +1,13 @@
 """Result storage behind one small interface.
 
-``put`` returns a location that ``get`` and ``delete`` accept, shown to callers as ``oss_file``.
-Deleting what is gone is fine; ``delete_many`` (one request per 1,000 objects on S3) answers what
-it could not delete (location -> reason) instead of raising.  Backends: a local directory
-(default), S3, and the seed's OSS file service (``oss+http(s)://host:port/base``; only it uses
-``put``'s ``context``: the job's headers to pass through).
+``put`` returns a location that ``get`` and ``delete`` accept, shown to callers as ``oss_file``. Deleting what is
+gone is fine; ``delete_many`` (one request per 1,000 objects on S3) answers what it could not delete (location ->
+reason) instead of raising.  Backends: a local directory (default), S3, and the seed's OSS file service
+(``oss+http(s)://host:port/base``; only it uses ``put``'s ``context``: the job's headers to pass through).
 
-``stream`` raises ObjectMissing/StorageError before it returns (the caller can still answer
-410/503), then yields CHUNK-byte pieces, never the whole object.  ``presign`` (S3 only) gives a
-time-limited GET URL.  OSS downloads follow no redirects and stop at ASYNCH_MAX_RESULT_BYTES.
+``stream`` raises ObjectMissing/StorageError before it returns (the caller can still answer 410/503), then yields
+CHUNK-byte pieces, never the whole object.  ``presign`` (S3 only) gives a time-limited GET URL.  OSS downloads
+follow no redirects and stop at ASYNCH_MAX_RESULT_BYTES.
 """
 from __future__ import annotations
 
@@ -184,13 +183,12 @@ class S3Storage(Storage):
 
 
 class OssStorage(Storage):
-    """The seed's OSS file service: ``POST {base}/oss/file/uploadFile`` with a multipart ``file``
-    part; the job's ``Authorization`` and ``X-User-Info`` are passed through (else the operator's
-    ASYNCH_OSS_AUTHORIZATION, and then without X-User-Info: the operator's credential is never
-    combined with an identity the job brought).  The location (oss_file) is the answer's file URL:
-    ``data`` (a string), ``data.url`` / ``data.fileUrl`` / ``data.path``, or a top-level ``url``;
-    a ``code`` other than 0/200 or ``success: false`` is a failed upload.  No delete: ``delete``
-    only logs (the file service's own retention applies)."""
+    """The seed's OSS file service: ``POST {base}/oss/file/uploadFile`` with a multipart ``file`` part; the job's
+    ``Authorization`` and ``X-User-Info`` are passed through (else the operator's ASYNCH_OSS_AUTHORIZATION, and then
+    without X-User-Info: the operator's credential is never combined with an identity the job brought).  The
+    location (oss_file) is the answer's file URL: ``data`` (a string), ``data.url`` / ``data.fileUrl`` /
+    ``data.path``, or a top-level ``url``; a ``code`` other than 0/200 or ``success: false`` is a failed upload.  No
+    delete: ``delete`` only logs (the file service's own retention applies)."""
 
     PASS_THROUGH = ("Authorization", "X-User-Info")
 

@@ -1,23 +1,22 @@
-"""Long-poll wake-ups: one Redis pub/sub listener and one row fetcher per API process, shared by
-every waiter of the process.  The same listener carries cache invalidations (revoked keys,
-changed models): every API process drops its per-process caches at once.
+"""Long-poll wake-ups: one Redis pub/sub listener and one row fetcher per API process, shared by every waiter of the
+process.  The same listener carries cache invalidations (revoked keys, changed models): every API process drops its
+per-process caches at once.
 
 Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
-- A waiter registers before its first read, then sleeps: a terminal commit is either visible to
-  that read or its message (published only after the commit) arrives while it is registered.
-- A terminal wake-up carries the committed row's snapshot (``snapshot_message``, published by
-  the transition's winner after its commit): only what a poll body and a job event show
-  (``SNAPSHOT_FIELDS``), never the payload, the modelKey, the callback URL or a secret.  Only a
-  terminal state is taken (absorbing, so final): it is handed to every waiter of the job at once,
-  with no read, and its v1 body is rendered once for all (``Snapshot.v1_body``).
-- Single flight, for a bare job id (an older publisher) and after a reconnect: the fetcher reads
-  the fetch set (``FETCH_BATCH`` ids per SELECT, started after the message arrived) and hands
-  each row to every waiter of that job, by id only (tenant and model never change on a row); a
-  job gone is handed over as GONE and the waiter re-reads it itself (its own read says 404).
-- On every (re)subscribe all waited jobs are fetched; while unsubscribed, and after a failed
-  fetch, the fetcher re-reads them every ``DEGRADED_POLL_SECONDS``, on its own connection.
-- Caps: a register past the tenant's or the process's cap raises ``TooManyWaiters`` and counts
-  nothing; every register is matched by one unregister (``finally``), a client gone included.
+- A waiter registers before its first read, then sleeps: a terminal commit is either visible to that read or its
+  message (published only after the commit) arrives while it is registered.
+- A terminal wake-up carries the committed row's snapshot (``snapshot_message``, published by the transition's
+  winner after its commit): only what a poll body and a job event show (``SNAPSHOT_FIELDS``), never the payload, the
+  modelKey, the callback URL or a secret.  Only a terminal state is taken (absorbing, so final): it is handed to
+  every waiter of the job at once, with no read, and its v1 body is rendered once for all (``Snapshot.v1_body``).
+- Single flight, for a bare job id (an older publisher) and after a reconnect: the fetcher reads the fetch set
+  (``FETCH_BATCH`` ids per SELECT, started after the message arrived) and hands each row to every waiter of that
+  job, by id only (tenant and model never change on a row); a job gone is handed over as GONE and the waiter
+  re-reads it itself (its own read says 404).
+- On every (re)subscribe all waited jobs are fetched; while unsubscribed, and after a failed fetch, the fetcher
+  re-reads them every ``DEGRADED_POLL_SECONDS``, on its own connection.
+- Caps: a register past the tenant's or the process's cap raises ``TooManyWaiters`` and counts nothing; every
+  register is matched by one unregister (``finally``), a client gone included.
 - Fork: the whole state is per process (app/infra/process.py).
 """
 from __future__ import annotations
@@ -316,10 +315,9 @@ hub = WaitHub()
 
 def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], object], tenant: str = "",
                       tenant_cap: int | None = None, process_cap: int | None = None, watch=None):
-    """Block until the job is terminal or the budget ends; returns the last row seen.
-    ``read`` loads the row as the caller may see it.  Order: register (caps) -> read -> sleep; a
-    delivered row replaces a read.  ``watch`` (app.infra.serving.ClientWatch) ends the wait early
-    when the client has gone."""
+    """Block until the job is terminal or the budget ends; returns the last row seen. ``read`` loads the row as
+    the caller may see it.  Order: register (caps) -> read -> sleep; a delivered row replaces a read.  ``watch``
+    (app.infra.serving.ClientWatch) ends the wait early when the client has gone."""
     deadline = time.monotonic() + max(0.0, budget_seconds)
     s = _state.get()
     w = s.register(job_id, tenant, tenant_cap, process_cap)

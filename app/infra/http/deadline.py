@@ -1,29 +1,21 @@
-"""HTTP/1.1 requests with a HARD wall-clock deadline over the whole exchange
-(resolution, connect, TLS, sending, status line, headers, body): a peer that
-never answers, or trickles a byte every half second, costs at most
-``timeout``, never ``n_bytes * read_timeout`` (urllib3's timeouts are per
-read: issue "Capacity isolation").  Mechanism: h11 on a socket we own, and
-EVERY blocking socket call gets the time left as its timeout (``_Clock.left``
-raises once it is gone): ``recv`` returns on any byte and is re-armed with
-the remainder, the send loop re-arms before every ``send``, CPython's SSL
-handshake and recv take one deadline for all their WANT_READ/WANT_WRITE
-waits (Modules/_ssl.c ``_PyDeadline_Init``), and ``getaddrinfo`` (no timeout
-of its own) runs on a daemon thread waited for at most the time left.  No
-watchdog thread, so no fork hook and no race with the pool.
+"""HTTP/1.1 requests with a HARD wall-clock deadline over the whole exchange (resolution, connect, TLS, sending, status
+line, headers, body): a peer that never answers, or trickles a byte every half second, costs at most ``timeout``,
+never ``n_bytes * read_timeout`` (urllib3's timeouts are per read: issue "Capacity isolation"). Mechanism: h11 on a
+socket we own, and EVERY blocking socket call gets the time left as its timeout (``_Clock.left`` raises once it is
+gone): ``recv`` returns on any byte and is re-armed with the remainder, the send loop re-arms before every ``send``,
+CPython's SSL handshake and recv take one deadline for all their WANT_READ/WANT_WRITE waits (Modules/_ssl.c
+``_PyDeadline_Init``), and ``getaddrinfo`` (no timeout of its own) runs on a daemon thread waited for at most the
+time left.  No watchdog thread, so no fork hook and no race with the pool.
 
 Invariants:
-  * ``request`` raises or returns by the deadline; failures are
-    ``RequestError``s whose ``reached`` says whether a byte was sent (False
-    for resolution, connect and TLS failures).
-  * ``address=`` connects to that (checked) IP only, never resolving the
-    URL's host, while Host and TLS (SNI, certificate name) use the URL's
-    host: a DNS answer that changes after the check cannot redirect it.
-  * Redirects are never followed; a body over ``max_bytes`` (or such a
-    Content-Length) fails, or with ``truncate=True`` is cut there and the
-    connection closed; h11 caps header blocks (``MAX_HEADER_BYTES``).
-  * ``keep_alive=True`` reuses connections from a per-thread, per-process
-    pool (a forked child never touches its parent's sockets), dropping one
-    idle too long or readable (closed by the peer).
+  * ``request`` raises or returns by the deadline; failures are ``RequestError``s whose ``reached`` says whether a
+    byte was sent (False for resolution, connect and TLS failures).
+  * ``address=`` connects to that (checked) IP only, never resolving the URL's host, while Host and TLS (SNI,
+    certificate name) use the URL's host: a DNS answer that changes after the check cannot redirect it.
+  * Redirects are never followed; a body over ``max_bytes`` (or such a Content-Length) fails, or with
+    ``truncate=True`` is cut there and the connection closed; h11 caps header blocks (``MAX_HEADER_BYTES``).
+  * ``keep_alive=True`` reuses connections from a per-thread, per-process pool (a forked child never touches its
+    parent's sockets), dropping one idle too long or readable (closed by the peer).
 """
 from __future__ import annotations
 

@@ -1,18 +1,14 @@
 """head_msg / modelKey: "Key:Value,Key2:Value2" header lists (seed 002).
 
-Values are sent as strings.  A name is an HTTP token, a value Latin-1 text;
-CR, LF and NUL are refused anywhere, so a spec that validated can always be
-sent and never splits a request.  Values are secrets: only names are shown.
+Values are sent as strings.  A name is an HTTP token, a value Latin-1 text; CR, LF and NUL are refused anywhere, so
+a spec that validated can always be sent and never splits a request.  Values are secrets: only names are shown.
 
-A job's modelKey may set only the headers its model allows
-(``model_key_headers``: names, or ``*`` for any but the protected ones; empty
-allows none).  Protected -- framing, routing and credentials (Host,
-Content-Length, Transfer-Encoding, TE, Connection, Keep-Alive, Trailer,
-Upgrade, Expect, Proxy-*, Cookie, Forwarded, X-Forwarded-*, X-Real-IP, Via)
-and every header head_msg sets -- pass only when named explicitly; reserved
-(X-Asynch-*, the middleware's own) never.  ``override_problem`` judges at
-submit (a 422), ``job_headers`` again at call time.  Names compare
-case-insensitively everywhere: a request never carries one name twice.
+A job's modelKey may set only the headers its model allows (``model_key_headers``: names, or ``*`` for any but the
+protected ones; empty allows none).  Protected -- framing, routing and credentials (Host, Content-Length,
+Transfer-Encoding, TE, Connection, Keep-Alive, Trailer, Upgrade, Expect, Proxy-*, Cookie, Forwarded, X-Forwarded-*,
+X-Real-IP, Via) and every header head_msg sets -- pass only when named explicitly; reserved (X-Asynch-*, the
+middleware's own) never.  ``override_problem`` judges at submit (a 422), ``job_headers`` again at call time.  Names
+compare case-insensitively everywhere: a request never carries one name twice.
 """
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""Calls a configured model service exactly as its row says: base_url+route,
-GET with the payload as query parameters or POST with it as JSON, head_msg
-merged with the job's modelKey headers (headers.py), a cap on the response
-size, connections kept alive per thread and process, and ``timeout_seconds``
-as a hard deadline for the whole call (deadline.py).
+"""Calls a configured model service exactly as its row says: base_url+route, GET with the payload as query parameters
+or POST with it as JSON, head_msg merged with the job's modelKey headers (headers.py), a cap on the response size,
+connections kept alive per thread and process, and ``timeout_seconds`` as a hard deadline for the whole call
+(deadline.py).
 
-Errors (ModelCallError): ``code`` and ``public`` are what the tenant sees
-(no model body, addresses or exception text); ``str(exc)`` is for logs and
-admins.  ``permanent`` ones are not retried (other 3xx/4xx, an oversize
-answer, a request we cannot send); 5xx, 408, 429, timeouts and network
-failures are.  ``called``: a byte reached the model (only those count in the
-stats).  A 429 or 503 is also ``busy``, with its Retry-After in seconds.
+Errors (ModelCallError): ``code`` and ``public`` are what the tenant sees (no model body, addresses or exception
+text); ``str(exc)`` is for logs and admins.  ``permanent`` ones are not retried (other 3xx/4xx, an oversize answer,
+a request we cannot send); 5xx, 408, 429, timeouts and network failures are.  ``called``: a byte reached the model
+(only those count in the stats).  A 429 or 503 is also ``busy``, with its Retry-After in seconds.
 """
 from __future__ import annotations
 
@@ -61,9 +58,8 @@ class ModelResponse:
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
                job: tuple[str, int] | None = None, model_key_headers: str = "") -> ModelResponse:
-    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt
-    so a model (or a proxy) can deduplicate: an attempt calls it at most once.
-    ``model_key_headers``: the names ``model_key`` may set."""
+    """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt so a model (or a proxy) can
+    deduplicate: an attempt calls it at most once. ``model_key_headers``: the names ``model_key`` may set."""
     try:
         configured = job_headers(head_msg, model_key, model_key_headers)
     except HeaderSpecError as exc:

@@ -1,25 +1,18 @@
-"""SSRF guard: which client-supplied URLs (callbacks, webhooks) may be
-called.  Every face that takes one (v1 submit headers, batch items, seed
-createTask, webhook subscriptions) and every delivery attempt checks it here.
+"""SSRF guard: which client-supplied URLs (callbacks, webhooks) may be called.  Every face that takes one (v1 submit
+headers, batch items, seed createTask, webhook subscriptions) and every delivery attempt checks it here.
 
-A URL is judged on the addresses its host resolves to (resolver.py turns
-every spelling, ``0x7f000001``, ``0177.0.0.1``, ``[::ffff:127.0.0.1]``, a DNS
-name, into the address the kernel would connect to).  Only globally routable
-unicast passes: loopback, private, link-local (169.254.169.254, the metadata
-service), CGNAT, unspecified, multicast and reserved ranges are refused, also
-wrapped in IPv6 (mapped, translated ``::ffff:0:a.b.c.d``, compatible
-``::a.b.c.d``, 6to4, Teredo, NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48``),
-as is IPv6 outside ``2000::/3``, unless on ``ASYNCH_DELIVERY_ALLOW_HOSTS``
-(IPs, CIDRs or host names).  Every address must pass, and the caller connects
-to a checked one instead of resolving again (no DNS rebinding).  Ports: 80,
-443 and 1024-65535, another only for an allowlisted target (its name, or
-each address in a listed network); ``:0`` never.
+A URL is judged on the addresses its host resolves to (resolver.py turns every spelling, ``0x7f000001``,
+``0177.0.0.1``, ``[::ffff:127.0.0.1]``, a DNS name, into the address the kernel would connect to).  Only globally
+routable unicast passes: loopback, private, link-local (169.254.169.254, the metadata service), CGNAT, unspecified,
+multicast and reserved ranges are refused, also wrapped in IPv6 (mapped, translated ``::ffff:0:a.b.c.d``, compatible
+``::a.b.c.d``, 6to4, Teredo, NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48``), as is IPv6 outside ``2000::/3``, unless
+on ``ASYNCH_DELIVERY_ALLOW_HOSTS`` (IPs, CIDRs or host names).  Every address must pass, and the caller connects to
+a checked one instead of resolving again (no DNS rebinding). Ports: 80, 443 and 1024-65535, another only for an
+allowlisted target (its name, or each address in a listed network); ``:0`` never.
 
-The refusal never names the resolved address (only the log line does).  A
-lookup costs at most ``ASYNCH_RESOLVE_TIMEOUT_SECONDS``; a request's lookups
-go through one ``Lookups`` (its tenant's cap on lookups in flight; a batch's
-hosts looked up once, under one deadline, at most
-``ASYNCH_BATCH_MAX_URL_HOSTS`` names).
+The refusal never names the resolved address (only the log line does).  A lookup costs at most
+``ASYNCH_RESOLVE_TIMEOUT_SECONDS``; a request's lookups go through one ``Lookups`` (its tenant's cap on lookups in
+flight; a batch's hosts looked up once, under one deadline, at most ``ASYNCH_BATCH_MAX_URL_HOSTS`` names).
 """
 from __future__ import annotations
 

@@ -1,21 +1,18 @@
-"""Host -> addresses for the SSRF guard (netguard.py), bounded in time and
-per tenant.
+"""Host -> addresses for the SSRF guard (netguard.py), bounded in time and per tenant.
 
 Invariants:
-- An IP literal, in every spelling the C library takes (``0x7f000001``,
-  ``2130706433``, ``0177.0.0.1``, ``::ffff:127.0.0.1``), is parsed by the
-  unpatched C ``getaddrinfo`` with ``AI_NUMERICHOST``: no DNS, no thread.
-- A name in /etc/hosts is answered from that file (re-read when it changes),
-  as the C library's "files" source goes first; dnspython does not read it.
-- Other names go to DNS with dnspython (/etc/resolv.conf or
-  ``ASYNCH_RESOLVE_NAMESERVERS``), A and AAAA under one lifetime of at most
-  ``ASYNCH_RESOLVE_TIMEOUT_SECONDS``, on the caller's own thread or greenlet
-  (dnspython reads ``socket.socket`` and the selector at call time, so under
-  gevent it parks the greenlet): no pool that slow names can fill.
-- At most ``ASYNCH_RESOLVE_TENANT_INFLIGHT`` DNS lookups per tenant are in
-  flight in this process; one with no place before its deadline fails.
-- DNS answers and failures are kept ``ASYNCH_RESOLVE_CACHE_SECONDS`` for
-  every tenant; the guard judges cached addresses as fresh ones.
+- An IP literal, in every spelling the C library takes (``0x7f000001``, ``2130706433``, ``0177.0.0.1``,
+  ``::ffff:127.0.0.1``), is parsed by the unpatched C ``getaddrinfo`` with ``AI_NUMERICHOST``: no DNS, no thread.
+- A name in /etc/hosts is answered from that file (re-read when it changes), as the C library's "files" source goes
+  first; dnspython does not read it.
+- Other names go to DNS with dnspython (/etc/resolv.conf or ``ASYNCH_RESOLVE_NAMESERVERS``), A and AAAA under one
+  lifetime of at most ``ASYNCH_RESOLVE_TIMEOUT_SECONDS``, on the caller's own thread or greenlet (dnspython reads
+  ``socket.socket`` and the selector at call time, so under gevent it parks the greenlet): no pool that slow names
+  can fill.
+- At most ``ASYNCH_RESOLVE_TENANT_INFLIGHT`` DNS lookups per tenant are in flight in this process; one with no place
+  before its deadline fails.
+- DNS answers and failures are kept ``ASYNCH_RESOLVE_CACHE_SECONDS`` for every tenant; the guard judges cached
+  addresses as fresh ones.
 """
 from __future__ import annotations
 

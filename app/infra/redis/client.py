@@ -1,12 +1,10 @@
 """The process's Redis clients (fork-safe: app/infra/process.py).
 
-``ASYNCH_REDIS_URL`` is one Redis (``redis://``, ``rediss://``, ``unix://``)
-or a Redis Cluster (``redis+cluster://host:port[,host:port...]``,
-``rediss+cluster://`` with TLS): then the gate's client is redis-py's
-``RedisCluster``, which routes each command and script by its keys' hash
-slot (keys.py gives every model's keys one slot).  The Celery broker is
-never a cluster (kombu cannot use one): app/config.py refuses a cluster URL
-without an ASYNCH_BROKER_URL of its own."""
+``ASYNCH_REDIS_URL`` is one Redis (``redis://``, ``rediss://``, ``unix://``) or a Redis Cluster
+(``redis+cluster://host:port[,host:port...]``, ``rediss+cluster://`` with TLS): then the gate's client is
+redis-py's ``RedisCluster``, which routes each command and script by its keys' hash slot (keys.py gives every
+model's keys one slot).  The Celery broker is never a cluster (kombu cannot use one): app/config.py refuses a
+cluster URL without an ASYNCH_BROKER_URL of its own."""
 from __future__ import annotations
 
 import itertools
@@ -53,9 +51,8 @@ def _broker_client() -> redis.Redis | bool:
     return redis.Redis.from_url(url, retry_on_timeout=True, **_common())
 
 
-# redis-py re-creates pooled connections after fork itself; a fresh client
-# per process keeps the registered scripts (they live on the client) and the
-# pool obviously ours.
+# redis-py re-creates pooled connections after fork itself; a fresh client per process keeps the registered scripts
+# (they live on the client) and the pool obviously ours.
 _client: PerProcess[redis.Redis] = PerProcess(_gate_client)
 _broker: PerProcess[redis.Redis | bool] = PerProcess(_broker_client)
 _next_node = itertools.count()

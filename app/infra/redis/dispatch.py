@@ -1,26 +1,19 @@
-"""Fair dispatch: which pending job gets a run_job message next (the
-algorithm: docs/architecture.md "Fair dispatch").
+"""Fair dispatch: which pending job gets a run_job message next (the algorithm: docs/architecture.md "Fair dispatch").
 
 Invariants:
-- Per model, each tenant's ready jobs wait in their own sorted set; the
-  tenants with ready work and a free permit form a ring, lowest virtual
-  *pass* first.  A dispatch charges the pass the job's estimated run seconds
-  over the tenant's weight (1 with ``ASYNCH_DISPATCH_FAIRNESS=turns``), and
-  the finish corrects it to the seconds really run (Redis time); a tenant
-  back from a pause starts at the current virtual time.  Below its
-  guaranteed minimum (``set_shares``) a tenant goes first, free of charge; at
-  its burst ceiling or its permit limit it is not dispatched (``blocked``).
-- A dispatch takes the tenant's permit in the same step: a message in the
-  broker always has one.  At most ``window`` messages per model wait
-  unclaimed; one not claimed within ``lease`` seconds goes back to the head
-  of its tenant's queue with its permit and charge returned (a duplicate
-  message is harmless: the claim CAS lets one through).
-- Every decision is one Lua step over the model's keys (dispatch_*.lua, with
-  their KEYS/ARGV); per-tenant keys are built from ARGV prefixes carrying the
-  model's hash tag, so a step touches one slot (keys.py) and reads the
-  model's copy of the tenant weights (``copy_weights``, on every change and
-  every periodic kick).  Derived state: app/maintenance rebuilds it from the
-  rows after a wipe.
+- Per model, each tenant's ready jobs wait in their own sorted set; the tenants with ready work and a free permit
+  form a ring, lowest virtual *pass* first.  A dispatch charges the pass the job's estimated run seconds over the
+  tenant's weight (1 with ``ASYNCH_DISPATCH_FAIRNESS=turns``), and the finish corrects it to the seconds really run
+  (Redis time); a tenant back from a pause starts at the current virtual time.  Below its guaranteed minimum
+  (``set_shares``) a tenant goes first, free of charge; at its burst ceiling or its permit limit it is not
+  dispatched (``blocked``).
+- A dispatch takes the tenant's permit in the same step: a message in the broker always has one.  At most ``window``
+  messages per model wait unclaimed; one not claimed within ``lease`` seconds goes back to the head of its tenant's
+  queue with its permit and charge returned (a duplicate message is harmless: the claim CAS lets one through).
+- Every decision is one Lua step over the model's keys (dispatch_*.lua, with their KEYS/ARGV); per-tenant keys are
+  built from ARGV prefixes carrying the model's hash tag, so a step touches one slot (keys.py) and reads the model's
+  copy of the tenant weights (``copy_weights``, on every change and every periodic kick).  Derived state:
+  app/maintenance rebuilds it from the rows after a wipe.
 """
 from __future__ import annotations
 
@@ -50,8 +43,7 @@ def _triples(flat: list) -> list[tuple[str, str, str]]:
 
 def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int]], *, cap: int | None = None,
             mode: str = "", most: int | None = None) -> list[tuple[str, str, str]]:
-    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry
-    at the head) entries and dispatch."""
+    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry at the head) entries and dispatch."""
     flat = [x for t, job, score, attempt in entries for x in (t, job, repr(float(score)), str(attempt))]
     return _triples(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat, most=most))
 
@@ -149,9 +141,8 @@ def replace_weights(weights: dict[str, int], models_: Iterable[str] = ()) -> Non
 
 
 def copy_weights(model_names: Iterable[str]) -> None:
-    """Make each model's copy of the weights (what its steps read) equal the
-    global hash.  Each copy is replaced in one MULTI of its own slot; a step
-    between two copies sees the old or the new weights whole."""
+    """Make each model's copy of the weights (what its steps read) equal the global hash.  Each copy is replaced
+    in one MULTI of its own slot; a step between two copies sees the old or the new weights whole."""
     names = sorted(set(model_names))
     if not names:
         return

@@ -1,10 +1,8 @@
-"""Wipe detection: every Redis we depend on (the gate's, and the broker's
-when it is a database of its own) carries an epoch mark.  Where ``SET NX``
-of the mark succeeds the store lost everything (or first start, or a layout
-change: the mark's name carries its version), so recovery rebuilds it from
-the rows.  Under Redis Cluster a master can lose its data alone, so each
-master has its own mark, hash-tagged into a slot it serves (a resharding
-that moves that slot costs one rebuild).
+"""Wipe detection: every Redis we depend on (the gate's, and the broker's when it is a database of its own)
+carries an epoch mark.  Where ``SET NX`` of the mark succeeds the store lost everything (or first start, or a
+layout change: the mark's name carries its version), so recovery rebuilds it from the rows.  Under Redis
+Cluster a master can lose its data alone, so each master has its own mark, hash-tagged into a slot it serves
+(a resharding that moves that slot costs one rebuild).
 """
 from __future__ import annotations
 

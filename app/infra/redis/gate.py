@@ -1,11 +1,9 @@
-"""The admission gate: a model's pending + running jobs, one slot per job id
-(docs/architecture.md, invariants 3 and 4, "Fair share at admission").
-Admission is one Lua step (gate_admit.lua: one rule, for one job or a list:
-the model's limit, the tenant's static cap, its weighted fair share among
-the tenants holding slots, a reserve for newcomers); release is idempotent
-(members are job ids); reconcile makes the sets equal the database's rows.
-The set of tenants holding slots (``keys.gate_tenants``) is an index the
-admission step prunes itself and reconcile re-fills after a wipe."""
+"""The admission gate: a model's pending + running jobs, one slot per job id (docs/architecture.md, invariants 3
+and 4, "Fair share at admission"). Admission is one Lua step (gate_admit.lua: one rule, for one job or a list:
+the model's limit, the tenant's static cap, its weighted fair share among the tenants holding slots, a reserve
+for newcomers); release is idempotent (members are job ids); reconcile makes the sets equal the database's
+rows. The set of tenants holding slots (``keys.gate_tenants``) is an index the admission step prunes itself
+and reconcile re-fills after a wipe."""
 from __future__ import annotations
 
 import time

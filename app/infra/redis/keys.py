@@ -1,16 +1,13 @@
 """Every Redis key name, under ASYNCH_REDIS_PREFIX (default ``asynch``).
 
-Layout (Redis Cluster, docs/operations.md "Redis topologies"): every key of a
-model carries its name as a hash tag, ``{model}``, so all of them (gates,
-ready queues, permits, dispatch state, runtime overrides, a copy of the
-tenant weights) live in ONE slot and a Lua script over them runs on one
-node; keys a script builds from an ARGV prefix carry the same tag.  Global
-keys are single-key or share their own tag (``{beat}``).  Model names never
-contain a brace (app/catalog/schemas.py).  The runtime overrides are seed
-002's ``asynch:runtime:queue_limit:{model}`` (and max_concurrency), the
-braces now literal.  The older untagged layout is ignored: the epoch key was
-renamed with it, so the first pass after an upgrade sees a "wiped" Redis and
-rebuilds from the rows (app/maintenance/recovery.py repair_after_wipe).
+Layout (Redis Cluster, docs/operations.md "Redis topologies"): every key of a model carries its name as a hash
+tag, ``{model}``, so all of them (gates, ready queues, permits, dispatch state, runtime overrides, a copy of
+the tenant weights) live in ONE slot and a Lua script over them runs on one node; keys a script builds from an
+ARGV prefix carry the same tag.  Global keys are single-key or share their own tag (``{beat}``).  Model names
+never contain a brace (app/catalog/schemas.py).  The runtime overrides are seed 002's
+``asynch:runtime:queue_limit:{model}`` (and max_concurrency), the braces now literal.  The older untagged
+layout is ignored: the epoch key was renamed with it, so the first pass after an upgrade sees a "wiped" Redis
+and rebuilds from the rows (app/maintenance/recovery.py repair_after_wipe).
 """
 from __future__ import annotations
 

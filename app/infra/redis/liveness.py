@@ -1,6 +1,5 @@
-"""Worker liveness: one hash per Celery node (app/infra/metrics.py writes
-it, app/observe/cluster.py renders it, app/maintenance/recovery.py acts on
-its absence); it expires by itself when the node stops touching it."""
+"""Worker liveness: one hash per Celery node (app/infra/metrics.py writes it, app/observe/cluster.py renders it,
+app/maintenance/recovery.py acts on its absence); it expires by itself when the node stops touching it."""
 from __future__ import annotations
 
 from app.infra.redis import keys
@@ -28,9 +27,8 @@ def workers_read() -> dict[str, dict[str, str]]:
 
 
 def liveness_settled(ttl_seconds: float) -> bool:
-    """Whether a missing node hash means a dead node: only once this Redis
-    has held liveness for a whole TTL (after a wipe every hash is missing at
-    once until the next beats; the mark set here is wiped with them)."""
+    """Whether a missing node hash means a dead node: only once this Redis has held liveness for a whole TTL
+    (after a wipe every hash is missing at once until the next beats; the mark set here is wiped with them)."""
     r = get_redis()
     now = float(r.time()[0])
     r.set(keys.liveness_since(), now, nx=True)

@@ -1,13 +1,12 @@
 """Token buckets in Redis, for request rate limits (app/web/ratelimit.py).
 
 Invariants:
-- A take is ONE Lua script (ratelimit_token_bucket.lua: refill, take, write
-  back), so any number of takers admit at most ``burst + rate * t`` over
-  any span ``t``.
-- Time is the Redis server's (``TIME``): skewed API hosts share a bucket; a
-  clock stepping back refills nothing and never freezes a bucket.
-- A bucket is one hash (``tk`` tokens, ``ts`` last take) that expires once
-  it would be full again: an absent bucket IS a full one.
+- A take is ONE Lua script (ratelimit_token_bucket.lua: refill, take, write back), so any number of takers
+  admit at most ``burst + rate * t`` over any span ``t``.
+- Time is the Redis server's (``TIME``): skewed API hosts share a bucket; a clock stepping back refills
+  nothing and never freezes a bucket.
+- A bucket is one hash (``tk`` tokens, ``ts`` last take) that expires once it would be full again: an absent
+  bucket IS a full one.
 """
 from __future__ import annotations
 

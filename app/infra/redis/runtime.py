@@ -1,7 +1,6 @@
-"""Runtime limits (autotune's overrides of a model's max_concurrency and
-queue_limit): each lives with a TTL and is never above the configured cap
-(the gate and the dispatcher take min(override, cap)).  Autotune writes
-both in one compare-and-set step (runtime_limits_cas.lua)."""
+"""Runtime limits (autotune's overrides of a model's max_concurrency and queue_limit): each lives with a TTL and
+is never above the configured cap (the gate and the dispatcher take min(override, cap)).  Autotune writes both
+in one compare-and-set step (runtime_limits_cas.lua)."""
 from __future__ import annotations
 
 from app.infra.redis import keys, scripts

@@ -1,19 +1,17 @@
-"""The registry of our Lua scripts, each a ``<module>_<name>.lua`` file in
-this package beside the module that owns its keys, run through ``get(name)``.
+"""The registry of our Lua scripts, each a ``<module>_<name>.lua`` file in this package beside the module that
+owns its keys, run through ``get(name)``.
 
 Invariants:
-- Each script is written once, in its file, which opens with a comment
-  stating its KEYS and ARGV (tests/test_redis_scripts.py checks both, and
-  that no Python module in app/ holds Lua).
-- All of ``NAMES`` are read at import: a missing file (a broken install;
-  pyproject.toml ships them as package data) fails at start.
-- A line ``--@include <file>.lua`` is replaced by that file's text (the
-  dispatch steps share dispatch_lib.lua, the upstream controller's
-  upstream_lib.lua); one level: an included file includes nothing.
-- Scripts run by EVALSHA, loaded on NOSCRIPT (redis-py's ``Script``); under
-  Redis Cluster each touches the keys of one slot (keys.py), routed by them.
-- A script is registered once per client, its ``Script`` kept on the client
-  itself: it dies with it (reset_redis, fork) and never outlives it.
+- Each script is written once, in its file, which opens with a comment stating its KEYS and ARGV
+  (tests/test_redis_scripts.py checks both, and that no Python module in app/ holds Lua).
+- All of ``NAMES`` are read at import: a missing file (a broken install; pyproject.toml ships them as package
+  data) fails at start.
+- A line ``--@include <file>.lua`` is replaced by that file's text (the dispatch steps share dispatch_lib.lua,
+  the upstream controller's upstream_lib.lua); one level: an included file includes nothing.
+- Scripts run by EVALSHA, loaded on NOSCRIPT (redis-py's ``Script``); under Redis Cluster each touches the
+  keys of one slot (keys.py), routed by them.
+- A script is registered once per client, its ``Script`` kept on the client itself: it dies with it
+  (reset_redis, fork) and never outlives it.
 """
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""The upstream controller: each model's effective concurrency, adapted to
-an upstream that pushes back (docs/architecture.md, "Upstream backpressure").
+"""The upstream controller: each model's effective concurrency, adapted to an upstream that pushes back
+(docs/architecture.md, "Upstream backpressure").
 
 Invariants:
-- One state per model, fields of its dispatch conf hash, written only by
-  upstream_lib.lua inside the dispatch steps (dispatch_finish.lua,
-  dispatch_return.lua): an update is atomic and costs no round trip.
-- The limit is within [1, the ceiling (max_concurrency or autotune's lower
-  override)] and absent at the ceiling; dispatch_lib.lua caps every tenant's
-  permits at it, and at 0 while the model is paused.
-- Derived state: a wiped Redis starts at the ceiling; with
-  ASYNCH_UPSTREAM_CONTROL off the next finish forgets it.
+- One state per model, fields of its dispatch conf hash, written only by upstream_lib.lua inside the dispatch steps
+  (dispatch_finish.lua, dispatch_return.lua): an update is atomic and costs no round trip.
+- The limit is within [1, the ceiling (max_concurrency or autotune's lower override)] and absent at the ceiling;
+  dispatch_lib.lua caps every tenant's permits at it, and at 0 while the model is paused.
+- Derived state: a wiped Redis starts at the ceiling; with ASYNCH_UPSTREAM_CONTROL off the next finish forgets it.
 """
 from __future__ import annotations
 
