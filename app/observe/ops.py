@@ -7,7 +7,7 @@ Invariants:
   live state, never process memory: any API process answers the same.
 - Tenant-scoped: a job's attempts only of a job the principal may see; a
   tenant's state only for its own keys or an admin; workers and maintenance
-  are admin routes (app/web/v1_observe.py).
+  are admin routes (app/web/v1_admin.py).
 """
 from __future__ import annotations
 
