@@ -26,6 +26,8 @@ SLOT_STATES = frozenset({JobState.PENDING, JobState.RUNNING})
 TERMINAL_STATES = frozenset(
     {JobState.DONE, JobState.FAILED, JobState.CLAIMED, JobState.TIMEOUT, JobState.CANCELED, JobState.EXPIRED}
 )
+# The states a result is read in.
+RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
 # States that still have work ahead of them.
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.RETRY_WAIT})
 

@@ -27,7 +27,7 @@ from app.clock import now as clock_now
 from app.errors import IllegalTransition
 from app.infra import outbox_rows
 from app.infra.tables import deliveries, models, task_attempts, tasks
-from app.states import TERMINAL_STATES, job_error
+from app.states import RESULT_STATES, TERMINAL_STATES, job_error
 from app.states import JobState as S
 
 # The retention of a claimed result whose model row is gone (the column's default).
@@ -239,7 +239,7 @@ def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> Non
     reads never wait for or deadlock with claims.  Autocommit, after any claim committed."""
     if not job_ids:
         return
-    where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(S.DONE), int(S.CLAIMED)])]
+    where = [tasks.c.id.in_(list(job_ids)), tasks.c.state.in_([int(s) for s in RESULT_STATES])]
     free = select(tasks.c.id).where(*where).with_for_update(skip_locked=True).scalar_subquery()
     conn.execute(update(tasks).where(tasks.c.id.in_(free)).values(last_read_at=now))
 

@@ -243,7 +243,7 @@ def world(make_model, client):
         transitions.claim(conn, done, 0, now() + timedelta(hours=1))
         loc = get_storage().put(done, body, "application/json")
         row = transitions.complete(conn, done, 1, location=loc, content_type="application/json", size=len(body))
-        stats.count_call(conn, now().date(), A, "", MODEL)
+        conn.execute(*stats.call_counted(conn, now().date(), A, "", MODEL))
         # The done transition wrote A's webhook delivery; it failed (a replay's target).
         a_delivery = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.job_id == done,
                                                                          webhook_deliveries.c.kind == "webhook")

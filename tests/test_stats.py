@@ -81,7 +81,7 @@ def _seed_stats():
                                                (date(2026, 1, 2), "tenant-a", "bob", "m1", 4),
                                                (date(2026, 1, 2), "tenant-a", "alice", "m2", 5),
                                                (date(2026, 1, 3), "tenant-b", "carol", "m1", 7)):
-            stats.count_call(conn, day, tenant, creator, model, n)
+            conn.execute(*stats.call_counted(conn, day, tenant, creator, model, n))
 
 
 def test_users_read_their_own_tenant_and_admins_any(client, user_key, admin_key):

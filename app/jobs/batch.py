@@ -20,16 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from app.catalog.registry import enabled_model
 from app.config import get_settings
 from app.contract import parse
 from app.errors import DomainError, Unavailable
 from app.infra import metrics
-from app.infra.db import transaction
 from app.infra.http.netguard import Lookups
-from app.infra.tables import tasks
 from app.jobs import admission, estimates, submission
 from app.jobs import service as jobs
 from app.jobs.requests import BatchItem
@@ -53,15 +49,6 @@ class Outcome:
             self.error = exc
 
 
-def _existing(principal: Principal, keys: set[str]) -> dict[str, Any]:
-    if not keys:
-        return {}
-    with transaction() as conn:
-        rows = conn.execute(select(tasks).where(tasks.c.tenant_id == principal.tenant_id,
-                                                tasks.c.idempotency_key.in_(sorted(keys)))).all()
-    return {r.idempotency_key: r for r in rows}
-
-
 def submit_batch(principal: Principal, model_name: str, items: list[dict], **shared: Any) -> list[Outcome]:
     """Judge, admit and answer every item (see the module's invariants).
     ``shared``: option values every item carries (creator, passthrough)."""
@@ -77,7 +64,7 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], **sha
                                               submission.given(item, **shared), lookups, model=model)))
         except DomainError as exc:
             out[i].error = exc
-    existing = _existing(principal, {c.options.idempotency_key for _i, c in valid if c.options.idempotency_key})
+    existing = jobs.find_idempotent(principal.tenant_id, {c.options.idempotency_key for _i, c in valid if c.options.idempotency_key})
     first_of: dict[str, int] = {}  # a key's first item in this batch
     later: list[tuple[int, str, str]] = []  # (index, key, digest) of repeats
     subs: list[tuple[int, admission.Submission, str]] = []
@@ -103,7 +90,7 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], **sha
         subs = kept
     admission.admit_many([s for _i, s, _d in subs])
     lost = {s.values["idempotency_key"] for _i, s, _d in subs if isinstance(s.error, admission.IdempotencyConflict)}
-    winners = _existing(principal, lost)
+    winners = jobs.find_idempotent(principal.tenant_id, lost)
     for i, s, digest in subs:
         if isinstance(s.error, admission.IdempotencyConflict):
             out[i].replay(winners.get(s.values["idempotency_key"]), model_name, digest)

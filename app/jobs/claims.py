@@ -16,13 +16,12 @@ from app.clock import now as clock_now
 from app.infra.db import single_statement, transaction
 from app.infra.tables import tasks
 from app.jobs.seed_schemas import SeedTask
-from app.states import JobState
+from app.states import RESULT_STATES
 from app.tenancy.keys import Principal
 
 # What task_view reads: a batch fetches only these, never the payloads.
 VIEW_COLUMNS = tuple(tasks.c[n] for n in ("id", "state", "result_location", "result_content_type", "expire_at",
                                          "model_name", "biz_name", "retry_count", "created_at", "finished_at", "error"))
-_READABLE = (int(JobState.DONE), int(JobState.CLAIMED))
 
 
 def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
@@ -42,7 +41,7 @@ def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
             if tenant is not None:
                 q = q.where(tasks.c.tenant_id == tenant)
             rows.update((r.id, r) for r in conn.execute(q))
-    again = [i for i in ids if i in rows and i not in claimed and rows[i].state in _READABLE]
+    again = [i for i in ids if i in rows and i not in claimed and rows[i].state in RESULT_STATES]
     if again:
         with single_statement() as conn:
             transitions.mark_read(conn, again, now=clock_now())

@@ -193,7 +193,6 @@ def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, c
     return "retry_wait" if retrying else "failed"
 
 
-
 def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
     """The upstream answered busy: back to pending at its tenant's head; the
     effects lower the model's concurrency and pause it for Retry-After."""

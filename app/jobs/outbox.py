@@ -48,10 +48,6 @@ class _Outbox:
 _current: PerProcess[_Outbox] = PerProcess(_Outbox)
 
 
-def send_soon(model: str, tenant: str, job_id: str, score: float) -> None:
-    send_many([(model, tenant, job_id, score)])
-
-
 def send_many(items: list[tuple[str, str, str, float]]) -> None:
     """Queue committed jobs, (model, tenant, job_id, score) each, for one
     pass of the sender (one group); returns at once."""

@@ -29,12 +29,11 @@ from app.infra.db import transaction
 from app.infra.storage import get_storage
 from app.infra.tables import tasks
 from app.jobs.execution import INLINE
-from app.states import JobState
+from app.states import RESULT_STATES, JobState
 
 log = logging.getLogger(__name__)
 
 AT_ADMISSION = 64  # rows per kind one batch of submissions may evict for a model
-COMPLETED = [JobState.DONE, JobState.CLAIMED]
 _LAST_READ = func.coalesce(tasks.c.last_read_at, tasks.c.finished_at)
 _EVICT_LOCK = "asynch-evict:"  # + model: pg advisory lock (hashtext) held while a cap is counted and evicted
 
@@ -83,12 +82,12 @@ def evict_over_cap(model: str, cap: int, limit: int, wait: bool = True) -> tuple
         if conn.execute(select(lock)).scalar() is False:
             return 0, 0, 0, 0
         mine = tasks.c.model_name == model
-        done = tasks.c.state.in_([int(x) for x in COMPLETED])
+        done = tasks.c.state.in_([int(x) for x in RESULT_STATES])
         kept = conn.execute(select(func.count()).where(mine, done)).scalar_one()
         if kept <= cap:
             return 0, 0, 0, 0
         # now + 1 s: every completed row qualifies for the guard; the order is the least recently read.
-        return purge_batch(COMPLETED, _LAST_READ, clock_now() + timedelta(seconds=1), min(kept - cap, limit),
+        return purge_batch(RESULT_STATES, _LAST_READ, clock_now() + timedelta(seconds=1), min(kept - cap, limit),
                            where=[mine], conn=conn)
 
 

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from app.clock import as_utc, now as clock_now
 from app.contract import Shape, Timestamp, iso_z
-from app.states import JobState, v1_name
+from app.states import RESULT_STATES, JobState, v1_name
 
 V1State = Literal["canceled", "done", "expired", "failed", "pending", "running", "timeout"]
 JobId = Annotated[str, Field(pattern="^job_")]
@@ -68,7 +68,7 @@ class JobStatus(QueueEstimate):
             out["error"] = row.error
         if getattr(row, "priority", None) is not None:
             out["priority"] = row.priority
-        if row.result_size is not None and state in (JobState.DONE, JobState.CLAIMED):
+        if row.result_size is not None and state in RESULT_STATES:
             out["result_size"] = row.result_size
             out["content_type"] = row.result_content_type
         return out

@@ -15,7 +15,7 @@ from app.jobs.requests import CallerHeaders
 from app.jobs.schemas import JobId
 from app.jobs.submission import (HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, DeadlineSeconds, IdempotencyKey,
                                  ModelKey, carried)
-from app.states import JobState, seed_code
+from app.states import RESULT_STATES, JobState, seed_code
 
 
 class TaskHeaders(CallerHeaders):
@@ -79,7 +79,6 @@ def _cap_ids(ids: list[str]) -> list[str]:
     return ids
 
 
-_RESULT_STATES = (JobState.DONE, JobState.CLAIMED)
 _ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT, JobState.EXPIRED)
 
 
@@ -109,7 +108,7 @@ class SeedTask(Shape):
         """``claimed``: True on the getTaskBatch answer that moved the row 2 -> 4,
         which shows it as 2 (the seed's flow: "download what is in 2"); later reads show 4."""
         state = JobState(row.state)
-        result = state in _RESULT_STATES
+        result = state in RESULT_STATES
         values = {"task_id": row.id, "state": 2 if claimed else seed_code(state),
                   "oss_file": public_location(row.result_location, row.model_name, row.id) if result else None,
                   "file_type": row.result_content_type if result else None,

@@ -34,14 +34,12 @@ from app.jobs import admission, effects, estimates, submission
 from app.jobs.requests import JobListQuery
 from app.jobs.submission import SubmitOptions
 from app.jobs.waitcaps import waiter_cap
-from app.states import JobState, is_terminal, parse_v1_filter, v1_name
+from app.states import RESULT_STATES, JobState, is_terminal, parse_v1_filter, v1_name
 from app.tenancy import limits
 from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
 
-
-_READABLE = (JobState.DONE, JobState.CLAIMED)  # the states a result is read in
 
 
 def new_job_id() -> str:
@@ -68,9 +66,14 @@ def job_deadline(model_row, created):
                                + s.job_queue_budget_seconds)
 
 
-def _find_idempotent(tenant_id: str, key: str) -> Row | None:
+def find_idempotent(tenant_id: str, keys: set[str]) -> dict[str, Row]:
+    """The tenant's jobs of these Idempotency-Keys, by key."""
+    if not keys:
+        return {}
     with transaction() as conn:
-        return conn.execute(select(tasks).where(tasks.c.tenant_id == tenant_id, tasks.c.idempotency_key == key)).first()
+        rows = conn.execute(select(tasks).where(tasks.c.tenant_id == tenant_id,
+                                                tasks.c.idempotency_key.in_(sorted(keys)))).all()
+    return {r.idempotency_key: r for r in rows}
 
 
 def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
@@ -99,7 +102,7 @@ def submit(principal: Principal, model_name: str, payload: Any, opts: SubmitOpti
 
 def _submit(principal: Principal, sub: submission.Checked, face: submission.Face) -> Submitted:
     key = sub.options.idempotency_key
-    existing = _find_idempotent(principal.tenant_id, key) if key else None
+    existing = find_idempotent(principal.tenant_id, {key}).get(key) if key else None
     if existing is None:
         pending = new_submission(principal, sub)
         est = (estimates.for_new(sub.model, principal.tenant_id, [pending.score]) or [None])[0]
@@ -109,7 +112,7 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
             return Submitted(admission.admit(pending), replayed=False, estimate=est)
         except admission.IdempotencyConflict:
             # Lost a race with the same key: answer with the winner's job.
-            existing = _find_idempotent(principal.tenant_id, key)
+            existing = find_idempotent(principal.tenant_id, {key}).get(key)
             if existing is None:
                 raise Unavailable("database unavailable") from None
     return replay(existing, sub.model.model_name, sub.digest, face)
@@ -162,7 +165,7 @@ def read_result_row(principal: Principal, job_id: str, model_name: str | None = 
     """get_job for a read of the result: a done/claimed job's last_read_at
     is set (a model's max_completed cap evicts the least recently read)."""
     row = get_job(principal, job_id, model_name)
-    if JobState(row.state) in _READABLE:
+    if JobState(row.state) in RESULT_STATES:
         with single_statement() as conn:
             transitions.mark_read(conn, [job_id], now=clock_now())
     return row
@@ -198,7 +201,7 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
     """Never the whole object in memory: a stored result is streamed (or
     redirected to a presigned URL: ASYNCH_RESULT_REDIRECT_SECONDS); a small one comes from the row."""
     row = read_result_row(principal, job_id, model_name)
-    if JobState(row.state) not in _READABLE:
+    if JobState(row.state) not in RESULT_STATES:
         raise JobNotFinished(f"job not finished (state: {v1_name(row.state)})")
     ctype = row.result_content_type or "application/octet-stream"
     if row.result_inline is not None:  # a small result kept in the row (app/jobs/execution.py)
@@ -253,7 +256,7 @@ def submit_and_wait(principal: Principal, model_name: str, payload: Any, opts: S
     if not is_terminal(row.state):
         return SyncOutcome(sub, row, False, wait_s)
     ctype = (row.result_content_type or "").split(";")[0].strip().lower()
-    if (JobState(row.state) in _READABLE and (ctype == "application/json" or ctype.endswith("+json"))
+    if (JobState(row.state) in RESULT_STATES and (ctype == "application/json" or ctype.endswith("+json"))
             and row.result_size is not None and row.result_size <= get_settings().sync_result_max_bytes):
         try:
             return SyncOutcome(sub, row, True, wait_s, json.loads(result_bytes(principal, row.id, model_name)[0]), True)

@@ -19,10 +19,6 @@ from app.jobs.usage_schemas import Usage, UsageQuery, UsageRow
 from app.tenancy.keys import Principal
 
 
-def count_call(conn: Connection, day: date, tenant_id: str, creator: str, model_name: str, n: int = 1) -> None:
-    conn.execute(*call_counted(conn, day, tenant_id, creator, model_name, n))
-
-
 def call_counted(conn: Connection, day: date, tenant_id: str, creator: str, model_name: str,
                  n: int = 1) -> tuple[object, dict]:
     """The count as (statement, params), for a transition to carry along
