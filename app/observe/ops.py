@@ -60,9 +60,7 @@ def workers() -> dict:
     by_node: dict[str, list[dict]] = {}
     for r in running:
         worker = r.worker or ""
-        node, sep, inst = worker.rpartition("#")
-        if not sep:
-            node, inst = worker, ""
+        node, inst = worker.rsplit("#", 1) if "#" in worker else (worker, "")
         known = live.get(node, {}).get("instance")
         where = node if node in live and (not known or not inst or known == inst) else worker
         by_node.setdefault(where, []).append(

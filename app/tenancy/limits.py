@@ -12,7 +12,6 @@ Redis hashes every change rewrites and the wipe repair restores.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from cachetools import TTLCache
 from sqlalchemy import delete, or_, select
@@ -35,36 +34,24 @@ _MODEL_FIELDS = {"queue_limits": "queue_limit", "min_concurrency": "min_concurre
                  "burst_concurrency": "burst_concurrency"}
 
 
-@dataclass(frozen=True)
-class Limits:
-    """A tenant's configured limits (None: the default)."""
-
-    weight: int | None = None
-    rate_per_second: float | None = None
-    burst: int | None = None
-    max_waiters: int | None = None
-    queue_limits: dict[str, int] = field(default_factory=dict)
-    min_concurrency: dict[str, int] = field(default_factory=dict)
-    burst_concurrency: dict[str, int] = field(default_factory=dict)
-    updated_at: object = None
-
-
 _cache = caches.register(lambda: TTLCache(maxsize=10_000, ttl=max(1e-6, get_settings().auth_cache_seconds)),
                          enabled=lambda: get_settings().auth_cache_seconds > 0)
 
 
-def _load(tenant: str) -> Limits:
+def _load(tenant: str) -> TenantLimits:
+    """A tenant's configured limits (None: the default)."""
     with transaction() as conn:
         rows = conn.execute(select(tenant_limits).where(tenant_limits.c.tenant_id == tenant)).all()
     base = next((r for r in rows if r.model_name == ""), None)
-    return Limits(**({k: getattr(base, k) for k in _TENANT_FIELDS} if base else {}),
-                  **{f: {r.model_name: getattr(r, c) for r in rows if r.model_name and getattr(r, c) is not None}
-                     for f, c in _MODEL_FIELDS.items()},
-                  updated_at=max((r.updated_at for r in rows), default=None))
+    return TenantLimits.model_construct(
+        tenant=tenant, **{k: getattr(base, k) if base else None for k in _TENANT_FIELDS},
+        **{f: {r.model_name: getattr(r, c) for r in rows if r.model_name and getattr(r, c) is not None}
+           for f, c in _MODEL_FIELDS.items()},
+        updated_at=max((r.updated_at for r in rows), default=None))
 
 
-def limits_of(tenant: str) -> Limits:
-    """The tenant's limits, through the per-process cache."""
+def limits_of(tenant: str) -> TenantLimits:
+    """The tenant's limits, through the per-process cache (callers only read it)."""
     found = _cache.get(tenant)
     if found is caches.MISSING:
         found = _load(tenant)
@@ -90,13 +77,7 @@ def read(principal: Principal, tenant: str) -> TenantLimits:
     """A tenant's limits for its own keys or an admin (else 403)."""
     check_tenant(tenant)
     principal.check_access(tenant)
-    return _view(tenant, _load(tenant))
-
-
-def _view(tenant: str, lim: Limits) -> TenantLimits:
-    return TenantLimits.model_construct(tenant=tenant, **{k: getattr(lim, k) for k in _TENANT_FIELDS},
-                                        **{f: dict(getattr(lim, f)) for f in _MODEL_FIELDS},
-                                        updated_at=lim.updated_at)
+    return _load(tenant)
 
 
 def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
@@ -128,7 +109,7 @@ def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
     lim = _load(tenant)
     redis_dispatch.set_weight(tenant, lim.weight or 1, _model_names())
     sync_shares({m for f in ("min_concurrency", "burst_concurrency") for m in (given.get(f) or {})})
-    return _view(tenant, lim)
+    return lim
 
 
 def _model_names() -> list[str]:
