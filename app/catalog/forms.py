@@ -41,11 +41,6 @@ def _matcher(pattern: str):
         return lambda v: legacy.search(v[:PATTERN_FALLBACK_CHARS])
 
 
-def _escape(token: str) -> str:
-    # JSON Pointer (RFC 6901) escaping.
-    return token.replace("~", "~0").replace("/", "~1")
-
-
 def _option_value(o: Any) -> Any:
     # Options may be plain values or {"value", "label"} objects.
     return o.get("value") if isinstance(o, dict) and "value" in o else o
@@ -80,14 +75,13 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
     errs: list[dict] = []
     for f in form or []:
         name = f["field"]
-        p = f"{base}/{_escape(name)}"
-        t = f.get("type", "string")
+        p = base + "/" + name.replace("~", "~0").replace("/", "~1")  # a JSON Pointer (RFC 6901) token
         if name not in payload or payload[name] is None:
             if f.get("required"):
                 errs.append({"pointer": p, "message": "is required"})
             continue
         v = payload[name]
-        msg = next((m for ok, m in _CHECKS.get(t, ()) if not ok(v)), None)
+        msg = next((m for ok, m in _CHECKS.get(f.get("type", "string"), ()) if not ok(v)), None)
         if msg:
             errs.append({"pointer": p, "message": msg})
             continue

@@ -307,7 +307,6 @@ class SeedAnyModelView(RootModel[SeedModelView | SeedModelUserView]):
 
 model_view.admin = ModelView  # type: ignore[attr-defined]  (the shapes routes declare)
 model_view.any = AnyModelView  # type: ignore[attr-defined]
-model_view.seed_admin = SeedModelView  # type: ignore[attr-defined]
 model_view.seed_any = SeedAnyModelView  # type: ignore[attr-defined]
 
 

@@ -251,22 +251,18 @@ def _send(target: netguard.Target, d: Row, url: str, body: str, keys: list[str])
     return resp.status
 
 
-def settle(attempts: int, error: str | None, transient: bool, now: datetime) -> tuple[dict, Outcome]:
-    """A finished try's columns and outcome: delivered, due again after the
-    backoff (a transient error under the cap), or failed."""
-    if error is None:
-        return {"status": DELIVERED, "delivered_at": now, "last_error": None}, Outcome("delivered")
-    if transient and attempts < get_settings().delivery_max_attempts:
-        delay = backoff_seconds(attempts)
-        return ({"status": PENDING, "next_attempt_at": now + timedelta(seconds=delay), "last_error": error},
-                Outcome("retry", delay))
-    return {"status": FAILED, "last_error": error}, Outcome("failed")
-
-
 def _record(d: Row, started_at: datetime, duration_ms: int, address: str | None, http_status: int | None,
             error: str | None, transient: bool) -> Outcome:
+    """The attempt logged; the row delivered, due again after the backoff
+    (a transient error under the cap), or failed."""
     now = clock_now()
-    values, out = settle(d.attempts, error, transient, now)
+    if error is None:
+        values, out = {"status": DELIVERED, "delivered_at": now, "last_error": None}, Outcome("delivered")
+    elif transient and d.attempts < get_settings().delivery_max_attempts:
+        out = Outcome("retry", backoff_seconds(d.attempts))
+        values = {"status": PENDING, "next_attempt_at": now + timedelta(seconds=out.retry_in), "last_error": error}
+    else:
+        values, out = {"status": FAILED, "last_error": error}, Outcome("failed")
     with transaction() as conn:
         conn.execute(insert(delivery_attempts).values(
             delivery_id=d.id, attempt=d.attempts, started_at=started_at, duration_ms=duration_ms,

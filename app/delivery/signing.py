@@ -67,10 +67,8 @@ def verify(secret: str, headers, payload: str | bytes, tolerance: int = DEFAULT_
     """What a receiver does: raises SignatureInvalid unless one of the
     ``webhook-signature`` entries is ``secret``'s over this id, timestamp and
     payload, and the timestamp is within ``tolerance`` seconds of ``now``."""
-    get = headers.get
-    msg_id = get("webhook-id") or get("Webhook-Id")
-    ts_text = get("webhook-timestamp") or get("Webhook-Timestamp")
-    sigs = get("webhook-signature") or get("Webhook-Signature")
+    msg_id, ts_text, sigs = (headers.get(n) or headers.get(n.title())
+                             for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
     if not msg_id or not ts_text or not sigs:
         raise SignatureInvalid("missing webhook-id, webhook-timestamp or webhook-signature")
     try:

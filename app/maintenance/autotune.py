@@ -50,10 +50,6 @@ class Decision:
     old: Limits
     new: Limits | None   # None: nothing to write
 
-    @property
-    def changes(self) -> bool:
-        return self.new is not None and self.new != self.old
-
 
 def _clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
@@ -148,7 +144,7 @@ def tune_model(name: str, window: int, dry_run: bool) -> dict | None:
             name, raw, d.new.max_concurrency, d.new.queue_limit, s.autotune_ttl_seconds)
         if not item["applied"]:
             item["reason"] += "; not written: the limits changed meanwhile"
-        elif d.changes:
+        elif d.new != d.old:
             item["changed"] = True
             conn.execute(insert(autotune_log).values(
                 model_name=name, action=d.action, window_seconds=window, created_at=now, **asdict(inputs),

@@ -54,10 +54,7 @@ class Leadership:
             self.token = 0
         self._checked = time.monotonic()
         if self.token != before:
-            if self.token:
-                log.warning("beat %s leads (fencing token %d)", self.owner, self.token)
-            else:
-                log.warning("beat %s stands by", self.owner)
+            log.warning("beat %s %s", self.owner, f"leads (fencing token {self.token})" if self.token else "stands by")
         return self.token
 
     def fence(self) -> dict | None:

@@ -134,11 +134,7 @@ def recover_expired_leases(limit: int | None = None) -> Report:
     """A running job whose lease ran out lost its worker: that attempt failed."""
     now = clock_now()
     with effects.collecting() as due, transaction() as conn:
-        rows = conn.execute(locked(conn, select(
-            tasks.c.id, tasks.c.attempt, tasks.c.busy_count, models.c.retry_times,
-        ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
-            tasks.c.state == int(JobState.RUNNING), tasks.c.lease_expires_at < now,
-        ).limit(batch_size(limit)))).all()
+        rows = conn.execute(locked(conn, _running(tasks.c.lease_expires_at < now).limit(batch_size(limit)))).all()
         rep, _won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (lease expired)"),
                                    lambda r: now + timedelta(seconds=backoff_seconds(r.attempt - r.busy_count)),
                                    lease_expired_before=lambda r: now)
@@ -161,11 +157,8 @@ def recover_dead_workers(limit: int | None = None) -> Report:
         return Report(details={"skipped": f"redis: {exc}"})
     now = clock_now()
     with effects.collecting() as due, transaction() as conn:
-        q = select(tasks.c.id, tasks.c.attempt, tasks.c.busy_count, tasks.c.worker, models.c.retry_times).join(
-            models, models.c.model_name == tasks.c.model_name, isouter=True).where(
-            tasks.c.state == int(JobState.RUNNING), tasks.c.worker.is_not(None),
-            # Claimed at least a TTL ago: its node has had time to be seen.
-            tasks.c.started_at < now - timedelta(seconds=ttl))
+        # Claimed at least a TTL ago: its node has had time to be seen.
+        q = _running(tasks.c.worker.is_not(None), tasks.c.started_at < now - timedelta(seconds=ttl))
         if live:
             q = q.where(tasks.c.worker.not_in(sorted(live)))
         rows = conn.execute(locked(conn, q.limit(batch_size(limit)))).all()
@@ -179,6 +172,13 @@ def recover_dead_workers(limit: int | None = None) -> Report:
         log.warning("recovered %d attempt(s) of worker node(s) without a heartbeat: %s", len(won),
                     ", ".join(rep.details["nodes"]))
     return rep
+
+
+def _running(*where):
+    """Running attempts with what failing them needs (the model's retry_times)."""
+    return select(tasks.c.id, tasks.c.attempt, tasks.c.busy_count, tasks.c.worker, models.c.retry_times).join(
+        models, models.c.model_name == tasks.c.model_name, isouter=True).where(
+        tasks.c.state == int(JobState.RUNNING), *where)
 
 
 def _fail_attempts(conn, due: effects.Due, rows, error: str, retry_at_of, **guard_of) -> tuple[Report, list]:

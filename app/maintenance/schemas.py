@@ -35,10 +35,6 @@ class AutotuneRequest(Loose):
         f"an integer number of seconds, at most {MAX_WINDOW_SECONDS}", None)
     dry_run: StrictBool = Field(False, description="decide, write nothing")
 
-    @property
-    def window(self) -> int | None:
-        return self.window_seconds if self.window_seconds and self.window_seconds > 0 else None
-
 
 class Limits(_Snake):
     max_concurrency: int

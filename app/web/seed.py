@@ -163,4 +163,4 @@ def clean_work(body: Ignored):
 @bp.post("/model/autoTune")
 @endpoint("Run autotune now", body=AutotuneRequest, ok=Ok(AutotuneReport, "the decisions"), **MAINTENANCE)
 def auto_tune(body: AutotuneRequest):
-    return autotune.autotune(body.window, body.dry_run).as_dict()
+    return autotune.autotune(body.window_seconds, body.dry_run).as_dict()

@@ -117,7 +117,7 @@ def run_pass(name: str):
 @endpoint("Run autotune now", tag="maintenance", auth="admin", body=AutotuneRequest, body_required=False,
           nul_allowed=("",), ok=Ok(AutotuneReport, "the decisions"))
 def run_autotune(body: AutotuneRequest):
-    return autotune.autotune(body.window, body.dry_run).as_dict()
+    return autotune.autotune(body.window_seconds, body.dry_run).as_dict()
 
 
 @bp.get("/maintenance/runs")
