@@ -63,7 +63,7 @@ def test_submit_wait_result_events_cancel_batch(api_url, workers, make_model, us
         assert res.items[1].error.errors[0]["pointer"] == "/jobs/1/payload"
 
 
-def test_typed_errors_carry_the_api_text(api_url, make_model, user_key):
+def test_typed_errors_carry_the_api_text(api_url, make_model, user_key, model_server):
     make_model("cle")
     with Client(api_url, user_key, retries=0) as c:
         with pytest.raises(NotFound) as e:
@@ -72,10 +72,14 @@ def test_typed_errors_carry_the_api_text(api_url, make_model, user_key):
         with pytest.raises(ValidationError) as e:
             c.submit("cle", {}, priority=12)
         assert e.value.errors[0]["pointer"] == "/priority"
-        job = c.submit("cle", {})
-        with pytest.raises(NotFinished) as e:
-            c.result("cle", job.job_id)
-        assert e.value.status == 409 and e.value.message.startswith("job not finished")
+        # Held at the stub: the module's workers (started by an earlier test) must not finish it first.
+        job = c.submit("cle", {"hold": "cle"})
+        try:
+            with pytest.raises(NotFinished) as e:
+                c.result("cle", job.job_id)
+            assert e.value.status == 409 and e.value.message.startswith("job not finished")
+        finally:
+            model_server.state.release("cle")
 
 
 def test_retries_on_429_honour_retry_after(api_url, workers, make_model, user_key, model_server):
