@@ -198,3 +198,28 @@ def test_the_position_follows_the_dispatchers_weights_and_priorities(r):
     assert (int(a[6]), int(a[7]), int(b[6]), int(b[7])) == (6, 12, 6, 9), (a, b)
     assert (int(a[8]), int(a[9])) == (0, 0)  # priority 9: before A's own line, and A's turn is next
     assert rd.position("w", "ta", "ta-3", [last], cap=1)[6:8] == [3, 9]  # a queued job's own place wins
+    # Ids handed over: the dispatcher holds ta-0 (counted in the ZCOUNT), not the ghost.
+    assert rd.position("w", "ta", "", [last], cap=1, handed=["ta-0", "ghost"])[8:] == [1, 0]
+
+
+def test_a_new_jobs_place_counts_its_tenants_jobs_still_in_this_process_outbox(r, monkeypatch):
+    """A job admitted here whose hand-over to the dispatcher has not run yet
+    stands ahead of the next submission, once: not again when the
+    dispatcher already holds it (the back-to-back submits of the test above)."""
+    from types import SimpleNamespace
+
+    from app.infra.redis import dispatch as rd
+    from app.jobs import estimates, outbox
+    from app.jobs.dispatch import order_score
+
+    r.set(keys.runtime_max_concurrency("w"), 0)
+    now = datetime.now().astimezone()
+    rd.enqueue("w", [("ta", f"ta-{i}", order_score(now) + i / 1000, 0) for i in range(3)], cap=1)
+    model = SimpleNamespace(model_name="w", max_concurrency=1, expected_seconds=2)
+    new = order_score(now) + 1
+    base = estimates.for_new(model, "ta", [new])[0]
+    assert base.position == 3
+    monkeypatch.setattr(outbox, "unsent", lambda m, t: {"ta-1": order_score(now) + 0.001, "ghost": new - 0.5,
+                                                        "later": new + 1} if (m, t) == ("w", "ta") else {})
+    ahead = estimates.for_new(model, "ta", [new])[0]
+    assert ahead.position == 4 and (ahead.start_at - base.start_at).total_seconds() >= 2 - 0.01, (base, ahead)

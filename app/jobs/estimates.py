@@ -18,7 +18,9 @@ everyone hold but not ready; A, the tenants with ready work.  With
 
 -- its tenant's lane or the model's whole line, whichever binds.
 ``queue_position`` is p (0: next).  A batch's item also counts the batch's
-earlier items at or before its score, in its own lane.  The worker count is
+earlier items at or before its score, in its own lane, and so does a new job
+for its tenant's jobs this process admitted that the dispatcher does not hold
+yet (app/jobs/outbox.py hands them over just after their 202).  The worker count is
 not known: with fewer worker processes than c * A the estimate is early.
 
 Invariants:
@@ -43,6 +45,7 @@ from app.clock import as_utc, now as clock_now
 from app.contract import iso_z
 from app.errors import DeadlineUnmeetable, DomainError
 from app.infra.redis import dispatch as rd
+from app.jobs import outbox
 from app.jobs.dispatch import order_score
 from app.states import JobState
 
@@ -65,30 +68,37 @@ def _wave(n: int, busy: int, slots: int, t: float) -> float:
     return (0.0 if n % slots < slots - min(busy, slots) else t / 2) + (n // slots) * t
 
 
-def _estimates(model, tenant: str, job_id: str, scores: list[float], now: datetime) -> list[Estimate]:
-    out = rd.position(model.model_name, tenant, job_id, scores, cap=model.max_concurrency)
+def _estimates(model, tenant: str, job_id: str, scores: list[float], now: datetime,
+               handed: dict[str, float] | None = None) -> tuple[list[Estimate], list[float]]:
+    """The estimates at ``scores``, and the scores of the ``handed`` jobs the dispatcher does not hold yet."""
+    ids = list(handed or {})
+    out = rd.position(model.model_name, tenant, job_id, scores, cap=model.max_concurrency, handed=ids)
     cap, running, own_running, tenants = (int(x) for x in out[:4])
     t = max(float(out[4]) if out[4] not in (None, "", b"") else float(model.expected_seconds), 0.001)
     ests = []
-    for k, p in zip(map(int, out[6::2]), map(int, out[7::2])):
+    pairs = out[6:6 + 2 * len(scores)]
+    for k, p in zip(map(int, pairs[0::2]), map(int, pairs[1::2])):
         wait = 0.0 if p < 0 else max(_wave(k, own_running, cap, t), _wave(p, running, cap * tenants, t))
         start = now + timedelta(seconds=wait)
         ests.append(Estimate(max(p, 0), start, start + timedelta(seconds=t)))
-    return ests
+    held = out[6 + 2 * len(scores):]
+    return ests, [handed[j] for j, h in zip(ids, held) if not int(h)]
 
 
 def for_new(model, tenant: str, scores: list[float]) -> list[Estimate] | None:
     """Estimates for jobs of ``tenant`` about to be admitted at ``scores``, each
-    behind the batch's earlier ones at or before its score; None if Redis cannot say."""
+    behind the batch's earlier ones and this process's jobs not handed to the
+    dispatcher yet at or before its score; None if Redis cannot say."""
     distinct = sorted(set(scores))
     try:
-        base = _estimates(model, tenant, "", distinct, clock_now())
+        base, unsent = _estimates(model, tenant, "", distinct, clock_now(),
+                                  outbox.unsent(model.model_name, tenant))
     except redis.RedisError as exc:
         log.warning("queue estimate unavailable: %s", exc)
         return None
     by_score = dict(zip(distinct, base))
     t = base[0].done_at - base[0].start_at
-    earlier: list[float] = []
+    earlier = sorted(unsent)
     out = []
     for s in scores:
         est, extra = by_score[s], bisect.bisect_right(earlier, s)
@@ -107,7 +117,7 @@ def of_job(row) -> Estimate | None:
         return None
     try:
         model = enabled_model(row.model_name)
-        return _estimates(model, row.tenant_id, row.id, [order_score(row.enqueue_at, row.priority)], clock_now())[0]
+        return _estimates(model, row.tenant_id, row.id, [order_score(row.enqueue_at, row.priority)], clock_now())[0][0]
     except (redis.RedisError, DomainError):
         return None
 

@@ -6,12 +6,18 @@ queues and publishes the run_job messages of what may run now in one LPUSH
 (app/jobs/dispatch.py): the request never waits for Redis or the broker.
 Nothing is lost that recovery does not repair (the row is the truth: the
 maintenance pass's lost-job scan queues it).  A clean exit flushes the outbox.
+
+Invariant: a job is listed as unsent (``unsent``) from before its 202 until
+after the dispatcher holds it, so the next submission's estimate counts it
+ahead exactly once (app/jobs/estimates.py): back-to-back submits get
+distinct places in line.
 """
 from __future__ import annotations
 
 import atexit
 import queue
 import threading
+from collections import defaultdict
 
 from app.infra.process import PerProcess
 from app.jobs import dispatch
@@ -26,6 +32,7 @@ class _Outbox:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.cond = threading.Condition()
         self.unsent = 0  # queued or being sent: flush() waits for 0
+        self.jobs: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)  # the same, by (model, tenant)
         threading.Thread(target=self._send_forever, name="asynch-outbox", daemon=True).start()
 
     def _send_forever(self) -> None:
@@ -41,6 +48,11 @@ class _Outbox:
             dispatch.enqueue_new(batch)  # logs and moves on if Redis refuses
             with self.cond:
                 self.unsent -= len(batch)
+                for model, tenant, job, _score in batch:
+                    left = self.jobs[(model, tenant)]
+                    left.pop(job, None)
+                    if not left:
+                        del self.jobs[(model, tenant)]
                 self.cond.notify_all()
 
 
@@ -56,7 +68,20 @@ def send_many(items: list[tuple[str, str, str, float]]) -> None:
     box = _current.get()
     with box.cond:
         box.unsent += len(items)
+        for model, tenant, job, score in items:
+            box.jobs[(model, tenant)][job] = score
     box.queue.put(list(items))
+
+
+def unsent(model: str, tenant: str) -> dict[str, float]:
+    """This process's jobs of ``tenant`` on ``model`` queued here and not yet
+    handed over (job id -> order score).  One may be in the dispatcher already,
+    its entry not yet dropped: dispatch_position.lua tells which."""
+    box = _current.peek()
+    if box is None:
+        return {}
+    with box.cond:
+        return dict(box.jobs.get((model, tenant), {}))
 
 
 def flush(timeout: float = 5.0) -> bool:

@@ -78,11 +78,13 @@ def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) 
     return _triples(_step(scripts.get("dispatch_kick"), model, cap, "1" if requeue_inflight else ""))
 
 
-def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None) -> list:
+def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None,
+             handed: list[str] = ()) -> list:
     """Where jobs of ``tenant`` at ``scores`` stand (read only): [cap, running, the tenant's permits, tenants,
-    EWMA seconds or '', samples, then (own ahead, all ahead) per score; -1 -1 for a queued ``job_id`` dispatched]."""
-    return _step(scripts.get("dispatch_position"), model, cap, tenant, job_id, *[repr(float(x)) for x in scores],
-                 gate=True)
+    EWMA seconds or '', samples, then (own ahead, all ahead) per score; -1 -1 for a queued ``job_id`` dispatched;
+    then per ``handed`` id 1 if the dispatcher holds it, else 0]."""
+    return _step(scripts.get("dispatch_position"), model, cap, tenant, job_id, len(scores),
+                 *[repr(float(x)) for x in scores], *handed, gate=True)
 
 
 def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:

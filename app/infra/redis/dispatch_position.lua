@@ -1,10 +1,12 @@
 -- Where jobs stand in the dispatcher's order (app/jobs/estimates.py), read only:
 -- the ring as dispatch_lib.lua's dispatch() runs it, projected forward.
 -- KEYS 1..12 and ARGV 1..7: as dispatch_lib.lua.  KEYS 13 the model's gate (zset)  14 its run-time hash
--- ARGV 8 tenant  9 job id ('' : jobs not queued yet)  10.. order scores (for a queued job: its own wins)
+-- ARGV 8 tenant  9 job id ('' : jobs not queued yet)  10 m  11..10+m order scores (for a queued job: its
+--   own wins)  then job ids the caller admitted whose hand-over it has not seen done (app/jobs/outbox.py)
 -- Returns {cap, running (slots held but not ready: dispatched or running), the tenant's permits held,
 --   tenants with ready work (the tenant included), EWMA seconds ('' none), samples,
---   then per score: its tenant's jobs ahead, every tenant's jobs ahead (-1 -1: dispatched already)}.
+--   then per score: its tenant's jobs ahead, every tenant's jobs ahead (-1 -1: dispatched already),
+--   then per handed-over id: 1 if the dispatcher holds it (counted above), 0 if not yet}.
 -- Each dispatch of U's adds step(U) to its pass: its estimated run seconds over its weight
 -- (1/weight in turns mode; as take() charges it).  The tenant's k-th next turn comes at pass
 -- p + k*step; another tenant U (pass pU, nU ready) gets min(nU, ceil((p + k*step - pU) / step(U)))
@@ -45,7 +47,8 @@ local rt = redis.call('HMGET', KEYS[14], 's', 'n')
 local out = {cap, running, own_running, tenants, rt[1] or '', tonumber(rt[2] or '0')}
 local dispatched = job ~= '' and (redis.call('ZSCORE', K_INF, job) or redis.call('ZSCORE', SEM .. t, job))
 local pt, st = pass_of(t), step(t)
-for i = 10, #ARGV do
+local m = tonumber(ARGV[10])
+for i = 11, 10 + m do
   if dispatched then
     out[#out + 1] = -1; out[#out + 1] = -1
   else
@@ -61,4 +64,5 @@ for i = 10, #ARGV do
     out[#out + 1] = k; out[#out + 1] = ahead
   end
 end
+for i = 11 + m, #ARGV do out[#out + 1] = redis.call('HEXISTS', K_ATT, ARGV[i]) end
 return out
