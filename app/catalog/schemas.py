@@ -94,10 +94,6 @@ def _ints(lo: int, hi: int, default: Any = PydanticUndefined) -> Any:
     return rule(f"an integer from {lo} to {hi}", default)
 
 
-def default_timeout() -> int:
-    return min(1800, get_settings().max_model_timeout_seconds)
-
-
 class FormField(Shape):
     """One field of a model's form.  Keys it does not name (a hint, a
     placeholder) are kept for the console and ignored here."""
@@ -192,7 +188,8 @@ class ModelInput(Shape):
         "an integer from 0 to 1000000: how many of queue_limit one tenant may hold (null: "
         "ASYNCH_TENANT_QUEUE_SHARE of it)", None)
     timeout_seconds: Annotated[JsonInt, AfterValidator(_timeout_cap)] = rule(
-        "an integer from 1 to ASYNCH_MAX_MODEL_TIMEOUT_SECONDS: one model call's whole time", default_timeout,
+        "an integer from 1 to ASYNCH_MAX_MODEL_TIMEOUT_SECONDS: one model call's whole time",
+        lambda: min(1800, get_settings().max_model_timeout_seconds),
         minimum=1, **{"x-maximum-setting": "max_model_timeout_seconds"})
     expected_seconds: Int(1, 7 * 86400) = _ints(1, 7 * 86400, 600)
     retry_times: Int(0, 100) = rule("an integer from 0 to 100: retries after the first try", 3)

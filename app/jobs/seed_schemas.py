@@ -63,20 +63,20 @@ class CreateTask(Shape):
         return None if v == "" else v
 
 
-class TaskIds(Shape):
-
-    invalid: ClassVar[str] = "invalid task ids"
-    task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
-                        AfterValidator(lambda ids: _cap_ids(ids))] = rule(
-        "an array of task ids (at most ASYNCH_BATCH_MAX_IDS); duplicates are answered once",
-        **{"x-maxItems-setting": "batch_max_ids"})
-
-
 def _cap_ids(ids: list[str]) -> list[str]:
     cap = get_settings().batch_max_ids
     if len(ids) > cap:
         raise PydanticCustomError("cap", "must name at most {cap} ids", {"cap": cap})
     return ids
+
+
+class TaskIds(Shape):
+
+    invalid: ClassVar[str] = "invalid task ids"
+    task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
+                        AfterValidator(_cap_ids)] = rule(
+        "an array of task ids (at most ASYNCH_BATCH_MAX_IDS); duplicates are answered once",
+        **{"x-maxItems-setting": "batch_max_ids"})
 
 
 _ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT, JobState.EXPIRED)
