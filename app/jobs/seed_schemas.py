@@ -14,7 +14,7 @@ from app.infra.storage import public_location
 from app.jobs.requests import CallerHeaders
 from app.jobs.schemas import JobId
 from app.jobs.submission import (HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, DeadlineSeconds, IdempotencyKey,
-                                 ModelKey, carried)
+                                 ModelKey, _none_if_empty, carried)
 from app.states import RESULT_STATES, JobState, seed_code
 
 
@@ -57,10 +57,7 @@ class CreateTask(Shape):
     deadline_seconds: carried(DeadlineSeconds | None, float | None) = Field(
         None, alias="deadline", description="seconds from now, as v1's X-Deadline (docs/api.md, Deadlines)")
 
-    @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
-    @classmethod
-    def _empty_is_none(cls, v: Any) -> Any:
-        return None if v == "" else v
+    _empty_is_none = field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")(_none_if_empty)
 
 
 def _cap_ids(ids: list[str]) -> list[str]:
