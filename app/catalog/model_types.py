@@ -70,19 +70,15 @@ def list_types() -> list[Row]:
         return list(conn.execute(select(model_types).order_by(model_types.c.type_id)).all())
 
 
-def _users_of(conn: Connection, type_id: int) -> list[str]:
-    # models_type is a short comma list on a small table: parse it here.
-    rows = conn.execute(select(models.c.model_name, models.c.models_type).where(models.c.models_type != ""))
-    return [r.model_name for r in rows if str(type_id) in r.models_type.split(",")]
-
-
 def delete_type(type_id: int) -> None:
     with transaction() as conn:
         # Lock the type first so a model saved concurrently either sees it gone or blocks us.
         if conn.execute(select(model_types.c.type_id).where(model_types.c.type_id == type_id)
                         .with_for_update()).first() is None:
             raise NotFound(f"model type not found: {type_id}")
-        users = _users_of(conn, type_id)
+        # models_type is a short comma list on a small table: parse it here.
+        rows = conn.execute(select(models.c.model_name, models.c.models_type).where(models.c.models_type != ""))
+        users = [r.model_name for r in rows if str(type_id) in r.models_type.split(",")]
         if users:
             raise Conflict(f"model type {type_id} is used by: {', '.join(sorted(users))}")
         conn.execute(delete(model_types).where(model_types.c.type_id == type_id))

@@ -72,11 +72,10 @@ def _create(conn: Connection, spec: ModelInput) -> Row:
     now = clock_now()
     try:
         with conn.begin_nested():
-            row = conn.execute(insert(models).values(created_at=now, updated_at=now, **values)
-                               .returning(*models.c)).one()
+            return conn.execute(insert(models).values(created_at=now, updated_at=now, **values)
+                                .returning(*models.c)).one()
     except IntegrityError as exc:
         raise Conflict(f"model already exists: {spec.model_name}") from exc
-    return row
 
 
 def _update(conn: Connection, name: str, change: ModelPatch) -> Row:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 import re2
-from pydantic import AfterValidator, Field, RootModel, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, RootModel, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.catalog.forms import re2_compile
@@ -92,10 +92,6 @@ def _regex(v: str) -> str:
 
 def _ints(lo: int, hi: int, default: Any = PydanticUndefined) -> Any:
     return rule(f"an integer from {lo} to {hi}", default)
-
-
-def default_timeout() -> int:
-    return min(1800, get_settings().max_model_timeout_seconds)
 
 
 class FormField(Shape):
@@ -192,7 +188,8 @@ class ModelInput(Shape):
         "an integer from 0 to 1000000: how many of queue_limit one tenant may hold (null: "
         "ASYNCH_TENANT_QUEUE_SHARE of it)", None)
     timeout_seconds: Annotated[JsonInt, AfterValidator(_timeout_cap)] = rule(
-        "an integer from 1 to ASYNCH_MAX_MODEL_TIMEOUT_SECONDS: one model call's whole time", default_timeout,
+        "an integer from 1 to ASYNCH_MAX_MODEL_TIMEOUT_SECONDS: one model call's whole time",
+        lambda: min(1800, get_settings().max_model_timeout_seconds),
         minimum=1, **{"x-maximum-setting": "max_model_timeout_seconds"})
     expected_seconds: Int(1, 7 * 86400) = _ints(1, 7 * 86400, 600)
     retry_times: Int(0, 100) = rule("an integer from 0 to 100: retries after the first try", 3)
@@ -251,19 +248,12 @@ class ModelView(Shape):
     updated_at: Timestamp | None
 
 
-class ModelUserView(Shape):
-    """What a non-admin key sees of a model: enough to submit to it."""
-
-    model_name: str
-    models_type: str
-    form: list[dict] | None
-    enabled: bool
-    expected_seconds: int
-    timeout_seconds: int
-    queue_limit: int
-    tenant_queue_limit: int | None
-    max_concurrency: int
-    remark: str
+# What a non-admin key sees of a model: these of ModelView's fields, in this order.
+ModelUserView = create_model(
+    "ModelUserView", __base__=Shape, __doc__="What a non-admin key sees of a model: enough to submit to it.",
+    **{name: (ModelView.model_fields[name].annotation, ...) for name in (
+        "model_name", "models_type", "form", "enabled", "expected_seconds", "timeout_seconds", "queue_limit",
+        "tenant_queue_limit", "max_concurrency", "remark")})
 
 
 class SeedModelView(ModelView):
@@ -272,18 +262,18 @@ class SeedModelView(ModelView):
     enabled: Literal[0, 1]  # type: ignore[assignment]
 
 
-class SeedModelUserView(ModelUserView):
+class SeedModelUserView(ModelUserView):  # type: ignore[misc, valid-type]
     enabled: Literal[0, 1]  # type: ignore[assignment]
 
 
-class AnyModelView(RootModel[ModelView | ModelUserView]):
+class AnyModelView(RootModel[ModelView | ModelUserView]):  # type: ignore[valid-type]
     """Admins see every field; other keys see model_name, models_type, form,
     enabled, expected_seconds, timeout_seconds, queue_limit, max_concurrency,
     remark."""
 
 
 class ModelList(Shape):
-    models: list[ModelView | ModelUserView]
+    models: list[ModelView | ModelUserView]  # type: ignore[valid-type]
 
 
 def model_view(row, is_admin: bool, face: str = "v1") -> Shape:
@@ -354,8 +344,7 @@ class ModelTypeView(Shape):
 
     @classmethod
     def from_row(cls, row) -> "ModelTypeView":
-        return cls.model_construct(type_id=row.type_id, type_name=row.type_name, remark=row.remark,
-                                   created_at=row.created_at)
+        return cls.model_construct(**{k: getattr(row, k) for k in cls.model_fields})
 
 
 class ModelTypeList(Shape):

@@ -14,7 +14,7 @@ from app.infra.storage import public_location
 from app.jobs.requests import CallerHeaders
 from app.jobs.schemas import JobId
 from app.jobs.submission import (HEADER_SPEC_HELP, BizName, CallbackUrl, Creator, DeadlineSeconds, IdempotencyKey,
-                                 ModelKey, carried)
+                                 ModelKey, _none_if_empty, carried)
 from app.states import RESULT_STATES, JobState, seed_code
 
 
@@ -57,19 +57,7 @@ class CreateTask(Shape):
     deadline_seconds: carried(DeadlineSeconds | None, float | None) = Field(
         None, alias="deadline", description="seconds from now, as v1's X-Deadline (docs/api.md, Deadlines)")
 
-    @field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")
-    @classmethod
-    def _empty_is_none(cls, v: Any) -> Any:
-        return None if v == "" else v
-
-
-class TaskIds(Shape):
-
-    invalid: ClassVar[str] = "invalid task ids"
-    task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
-                        AfterValidator(lambda ids: _cap_ids(ids))] = rule(
-        "an array of task ids (at most ASYNCH_BATCH_MAX_IDS); duplicates are answered once",
-        **{"x-maxItems-setting": "batch_max_ids"})
+    _empty_is_none = field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")(_none_if_empty)
 
 
 def _cap_ids(ids: list[str]) -> list[str]:
@@ -77,6 +65,15 @@ def _cap_ids(ids: list[str]) -> list[str]:
     if len(ids) > cap:
         raise PydanticCustomError("cap", "must name at most {cap} ids", {"cap": cap})
     return ids
+
+
+class TaskIds(Shape):
+
+    invalid: ClassVar[str] = "invalid task ids"
+    task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
+                        AfterValidator(_cap_ids)] = rule(
+        "an array of task ids (at most ASYNCH_BATCH_MAX_IDS); duplicates are answered once",
+        **{"x-maxItems-setting": "batch_max_ids"})
 
 
 _ERROR_STATES = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELED, JobState.RETRY_WAIT, JobState.EXPIRED)

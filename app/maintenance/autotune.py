@@ -22,17 +22,12 @@ from app.infra.db import transaction
 from app.infra.redis import runtime
 from app.infra.tables import autotune_log, models, tasks
 from app.maintenance.report import Report
+from app.maintenance.schemas import Limits
 from app.states import JobState
 
 # A P90 below this (sub-millisecond stub models) is treated as this, so the
 # capacity estimate stays finite.
 MIN_SERVICE_SECONDS = 0.001
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_concurrency: int
-    queue_limit: int
 
 
 @dataclass(frozen=True)

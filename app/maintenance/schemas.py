@@ -2,6 +2,7 @@
 and the record of periodic runs."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field
@@ -36,7 +37,10 @@ class AutotuneRequest(Loose):
     dry_run: StrictBool = Field(False, description="decide, write nothing")
 
 
-class Limits(_Snake):
+# Autotune's rule computes with it too (a dataclass); no docstring: none in OpenAPI.
+@dataclass(frozen=True)
+class Limits:
+    __pydantic_config__ = ConfigDict(extra="forbid")
     max_concurrency: int
     queue_limit: int
 
