@@ -58,8 +58,8 @@ class Count:
         self.sql.append(statement.split(None, 1)[0].upper())
 
 
-def _sub(principal: Principal, model_row, i: int, key: str | None = None) -> admission.Submission:
-    """A submission as service.submit builds it, for a direct batch."""
+def _sub(principal: Principal, model_row, i: int, key: str | None = None, estimate: bool = False) -> admission.Submission:
+    """A submission as service.submit builds it, for a direct batch (``estimate``: with its place in line)."""
     from app.clock import now
     from app.tenancy import limits
 
@@ -71,7 +71,7 @@ def _sub(principal: Principal, model_row, i: int, key: str | None = None) -> adm
                     state=int(JobState.PENDING), attempt=0, retry_count=0, created_at=t, enqueue_at=t, updated_at=t,
                     deadline_at=jobs.job_deadline(model_row, t)),
         queue_limit=model_row.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model_row),
-        retry_after=1)
+        retry_after=1, model_row=model_row if estimate else None, want_estimate=estimate)
 
 
 def _model(name: str):
@@ -104,6 +104,35 @@ def test_a_batch_is_one_gate_step_one_insert_and_one_lpush(make_model, settings,
     pushes = int(broker.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0)) - pushes0
     assert pushes == 1, pushes  # every dispatched job's message in one LPUSH
     assert _rows("grp") == 41 and gate.gate_depth("grp") == 41
+
+
+def test_a_batch_is_estimated_in_one_step_per_tenant_and_a_deadline_it_cannot_meet_keeps_nothing(make_model, r):
+    """Single submits that share a batch share its estimate steps: one per
+    (model, tenant), each item behind its tenant's earlier ones; an item that
+    cannot meet its deadline is answered 429 before the gate."""
+    from datetime import timedelta
+
+    from app.clock import now
+    from app.errors import DeadlineUnmeetable
+
+    make_model("est", queue_limit=100, max_concurrency=1, expected_seconds=10)
+    m = _model("est")
+    warm = [_sub(A, m, 99, estimate=True)]
+    admission.commit_batch(warm)
+    assert outbox.flush(5) and warm[0].estimate is not None
+    batch = [_sub(A if i % 2 else B, m, i, estimate=True) for i in range(10)]
+    late = _sub(A, m, 50, estimate=True)
+    late.values["caller_deadline_at"] = now() + timedelta(seconds=5)
+    with Count() as c:
+        admission.commit_batch(batch + [late])
+        assert outbox.flush(5)
+    assert c.redis.count("EVALSHA") == 4, c.redis  # A's and B's estimates, the gate, the outbox's dispatch
+    for tenant in (A, B):
+        mine = [s.estimate.position for s in batch if s.tenant == tenant.tenant_id]
+        assert mine == sorted(mine) and len(set(mine)) == 5, mine
+    assert all(s.error is None and s.row is not None for s in batch)
+    assert isinstance(late.error, DeadlineUnmeetable) and late.row is None
+    assert _rows("est") == 11 and gate.gate_depth("est") == 11 and late.job_id not in gate.gate_members("est")
 
 
 def test_refusals_in_a_batch_are_answered_each_and_keep_nothing(make_model, r):

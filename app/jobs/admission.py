@@ -1,7 +1,8 @@
 """Group-committed admission: the submissions that arrive while a batch is
-in flight share the next one -- one Redis round trip for every gate step,
-one multi-row INSERT, and (through the outbox) one dispatch step and one
-LPUSH; each request waits on its own event for its own answer.  Done one at
+in flight share the next one -- one queue-estimate step per model and
+tenant, one Redis round trip for every gate step, one multi-row INSERT, and
+(through the outbox) one dispatch step and one LPUSH; each request waits on
+its own event for its own answer.  Done one at
 a time, the client libraries' per-call overhead and three serialised round
 trips dominate (bench/bench_admission.py).  Batching is natural, not timed:
 the committer takes whatever is queued the moment it is free.
@@ -16,6 +17,9 @@ Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission path"):
 - Retention before the gate: a capped model (max_completed) evicts its
   expired and least recently read completed jobs first (seed 000), never
   failing a submission for it.
+- Deadlines before the gate: each item's estimate counts its tenant's
+  earlier items of the batch; one that cannot meet its deadline is refused
+  (429 deadline_unmeetable) with no slot taken and no row written.
 - Fork: the committer thread and its queue are per process (app/infra/process.py).
 """
 from __future__ import annotations
@@ -27,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from app.errors import QueueFull, TenantQueueFull, Unavailable
+from app.errors import DomainError, QueueFull, TenantQueueFull, Unavailable
 from app.infra.db import single_statement
 from app.infra.process import PerProcess
 from app.infra.redis import gate
 from app.infra.tables import tasks
-from app.jobs import dispatch, outbox, retention
+from app.jobs import dispatch, estimates, outbox, retention
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +55,12 @@ class Submission:
     tenant_cap: int                       # the tenant's share of it
     retry_after: int                      # for a 429
     max_completed: int = 0                # the model's cap on kept done/claimed jobs (0: none)
+    model_row: Any = None                 # its model (name, max_concurrency, expected_seconds): the estimate's
+    want_estimate: bool = True            # the 202 shows it (a job with a deadline is estimated anyway)
     event: threading.Event = field(default_factory=threading.Event)
     row: Any = None
     error: BaseException | None = None
+    estimate: Any = None                  # estimates.Estimate: where it stood in line (None: not asked, Redis away)
 
     job_id = property(lambda self: self.values["id"])
     model = property(lambda self: self.values["model_name"])
@@ -134,6 +141,9 @@ def commit_batch(batch: list[Submission]) -> None:
     capped model's retention (bounded, best effort); every submission is
     answered before this returns."""
     retention.at_admission({s.model: s.max_completed for s in batch if s.max_completed > 0}.items())
+    batch = _estimated(batch)
+    if not batch:
+        return
     try:
         decisions = gate.gate_admit_many([(s.model, s.tenant, s.job_id, s.queue_limit, s.tenant_cap) for s in batch])
     except redis.RedisError as exc:
@@ -179,6 +189,26 @@ def commit_batch(batch: list[Submission]) -> None:
     outbox.send_many([(s.model, s.tenant, s.job_id, s.score) for s, _row in committed])
     for s, row in committed:
         _answer(s, row=row)
+
+
+def _estimated(batch: list[Submission]) -> list[Submission]:
+    """Estimate each (model, tenant) group in one step, in arrival order (each
+    item behind the group's earlier ones); answer those that cannot meet their
+    deadline; return the rest."""
+    groups: dict[tuple[str, str], list[Submission]] = {}
+    for s in batch:
+        groups.setdefault((s.model, s.tenant), []).append(s)
+    for (_model, tenant), subs in groups.items():
+        if subs[0].model_row is None or not any(s.want_estimate or s.values.get("caller_deadline_at") for s in subs):
+            continue
+        ests = estimates.for_new(subs[0].model_row, tenant, [s.score for s in subs]) or [None] * len(subs)
+        for s, est in zip(subs, ests):
+            s.estimate = est
+            try:
+                estimates.refuse_late(est, s.values.get("caller_deadline_at"))
+            except DomainError as exc:
+                _answer(s, error=exc)
+    return [s for s in batch if not s.event.is_set()]
 
 
 def _refuse(sub: Submission, error: BaseException) -> None:

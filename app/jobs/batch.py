@@ -6,8 +6,8 @@ Invariants (the submit's, item by item; docs/architecture.md "The admission path
   a bad item is its own 422 and takes no slot; only the key, the body or an
   unknown model refuse the whole batch.
 - One gate step, one INSERT, one outbox group (admission.admit_many), each
-  item with the gate's own decision, in order; deadlines judged against one
-  estimate step (each item behind the batch's earlier ones).
+  item with the gate's own decision, in order; deadlines judged there
+  against one estimate step (each item behind the batch's earlier ones).
 - Idempotency keys per item: one SELECT finds keys already used (replayed,
   or 422 for a different request); a key repeated in the batch is admitted
   once, its later items replay the first (or share its refusal); a key lost
@@ -26,7 +26,7 @@ from app.contract import parse
 from app.errors import DomainError, Unavailable
 from app.infra import metrics
 from app.infra.http.netguard import Lookups
-from app.jobs import admission, estimates, submission
+from app.jobs import admission, submission
 from app.jobs import service as jobs
 from app.jobs.requests import BatchItem
 from app.tenancy.keys import Principal
@@ -77,17 +77,7 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], **sha
         else:
             if key:
                 first_of[key] = i
-            subs.append((i, jobs.new_submission(principal, checked), digest))
-    if any(s.values["caller_deadline_at"] for _i, s, _d in subs):  # deadlines: one estimate step for the batch
-        ests = estimates.for_new(model, principal.tenant_id, [s.score for _i, s, _d in subs]) or [None] * len(subs)
-        kept = []
-        for (i, s, digest), est in zip(subs, ests):
-            try:
-                estimates.refuse_late(est, s.values["caller_deadline_at"])
-                kept.append((i, s, digest))
-            except DomainError as exc:
-                out[i].error = exc
-        subs = kept
+            subs.append((i, jobs.new_submission(principal, checked, want_estimate=False), digest))
     admission.admit_many([s for _i, s, _d in subs])
     lost = {s.values["idempotency_key"] for _i, s, _d in subs if isinstance(s.error, admission.IdempotencyConflict)}
     winners = jobs.find_idempotent(principal.tenant_id, lost)

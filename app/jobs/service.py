@@ -105,11 +105,10 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
     existing = find_idempotent(principal.tenant_id, {key}).get(key) if key else None
     if existing is None:
         pending = new_submission(principal, sub)
-        est = (estimates.for_new(sub.model, principal.tenant_id, [pending.score]) or [None])[0]
-        estimates.refuse_late(est, pending.values["caller_deadline_at"])  # before the gate: no slot, no row
         try:
-            # Gate, row and doorbell, shared with whatever else arrives meanwhile (app/jobs/admission.py).
-            return Submitted(admission.admit(pending), replayed=False, estimate=est)
+            # Estimate (a deadline judged before the gate: no slot, no row), gate, row and doorbell,
+            # shared with whatever else arrives meanwhile (app/jobs/admission.py).
+            return Submitted(admission.admit(pending), replayed=False, estimate=pending.estimate)
         except admission.IdempotencyConflict:
             # Lost a race with the same key: answer with the winner's job.
             existing = find_idempotent(principal.tenant_id, {key}).get(key)
@@ -118,8 +117,9 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
     return replay(existing, sub.model.model_name, sub.digest, face)
 
 
-def new_submission(principal: Principal, sub: submission.Checked) -> admission.Submission:
-    """The row and gate step of a judged submission (app/jobs/admission.py)."""
+def new_submission(principal: Principal, sub: submission.Checked, want_estimate: bool = True) -> admission.Submission:
+    """The row and gate step of a judged submission (app/jobs/admission.py); ``want_estimate``:
+    its place in line is asked for (a job with a deadline is estimated anyway)."""
     model, payload, opts, digest = sub.model, sub.payload, sub.options, sub.digest
     now = clock_now()
     return admission.Submission(
@@ -135,7 +135,8 @@ def new_submission(principal: Principal, sub: submission.Checked) -> admission.S
                     webhook_events=(outbox_rows.bits_of(opts.webhook_events or outbox_rows.EVENTS)
                                     if opts.webhook_url else None)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
-        retry_after=retry_after_seconds(model), max_completed=getattr(model, "max_completed", 0) or 0)
+        retry_after=retry_after_seconds(model), max_completed=getattr(model, "max_completed", 0) or 0,
+        model_row=model, want_estimate=want_estimate)
 
 
 def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:
