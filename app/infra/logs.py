@@ -44,8 +44,7 @@ class JsonFormatter(logging.Formatter):
         bound = _ctx.get()  # formatted in the logging thread: its request's or task's fields
         for k in _FIELDS:
             v = getattr(record, k, None)
-            if v is None:
-                v = bound.get(k)
+            v = bound.get(k) if v is None else v  # an ``extra`` field wins over the bound one
             if v is not None:
                 out[k] = v
         if record.exc_info:

@@ -259,12 +259,9 @@ def render(target: str = "api") -> tuple[bytes, str]:
     """This scrape target's counters and histograms (target "api" or "node"):
     the sum over the group's processes' files, or this process's memory."""
     seed(target)
-    if MULTIPROCESS:
-        files = CollectorRegistry(auto_describe=False)
-        multiprocess.MultiProcessCollector(files, path=prometheus_multiproc_dir())
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Listed(files, target))
-        return generate_latest(registry), CONTENT_TYPE_LATEST
+    if MULTIPROCESS:  # generate_latest takes any collector: the files' sum, listed
+        files = multiprocess.MultiProcessCollector(None, path=prometheus_multiproc_dir())
+        return generate_latest(_Listed(files, target)), CONTENT_TYPE_LATEST
     return generate_latest(_REGISTRY), CONTENT_TYPE_LATEST
 
 
@@ -293,15 +290,6 @@ RUN_JOB_OUTCOMES = ("done", "retry_wait", "failed", "lost", "stale", "expired", 
 _seeded: set[tuple[str, str]] = set()  # (target, model or "") this process wrote zeros for
 
 
-def _configured_models() -> list[str]:
-    try:
-        with transaction() as conn:
-            return list(conn.execute(select(models.c.model_name)).scalars())
-    except Exception as exc:
-        log.warning("metrics: models not read for the zero series: %s", exc)
-        return []
-
-
 @_never_raise  # as any recording: a metric never fails a request
 def seed(target: str) -> None:
     """Write this target's zeros ("api" or "node") for the label sets known now: per configured model its final
@@ -317,7 +305,13 @@ def seed(target: str) -> None:
             for outcome in RUN_JOB_OUTCOMES:
                 _RUN_JOB.labels(outcome)
         _seeded.add((target, ""))
-    for name in _configured_models():
+    try:
+        with transaction() as conn:
+            names = list(conn.execute(select(models.c.model_name)).scalars())
+    except Exception as exc:
+        log.warning("metrics: models not read for the zero series: %s", exc)
+        return
+    for name in names:
         if (target, name) in _seeded:
             continue
         for state in FINAL_STATES:

@@ -25,7 +25,7 @@ from email.utils import formatdate
 from typing import Callable
 
 from app.infra import metrics
-from app.infra.serving import peek, stop_watcher
+from app.infra.serving import ClientWatch, stop_watcher
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def park(environ: dict, waiter, row, budget_seconds: float, render: Callable, re
 
 
 class ParkedWait:
-    __slots__ = ("waiter", "sock", "head", "row", "render", "release", "timer", "watcher", "done", "__weakref__")
+    __slots__ = ("waiter", "sock", "head", "row", "render", "release", "timer", "watch", "done", "__weakref__")
 
     def __init__(self, waiter, sock, head: bytes, row, render, release, budget_seconds: float) -> None:
         import gevent
@@ -70,8 +70,8 @@ class ParkedWait:
         # libev callbacks run in the hub, which must never block: each hands over to a greenlet.
         self.timer = loop.timer(max(0.0, budget_seconds))
         self.timer.start(gevent.spawn, self._expired)
-        self.watcher = loop.io(self.sock.fileno(), 1)
-        self.watcher.start(gevent.spawn, self._client_readable)
+        self.watch = ClientWatch(self.sock)
+        self.watch.arm(lambda: gevent.spawn(self._client_readable))
         self.waiter.on_wake = self._woken
         if self.waiter.row is not None:  # delivered between the first read and now
             self._woken(self.waiter)
@@ -93,10 +93,8 @@ class ParkedWait:
             self._answer(self.render(self.row, self.waiter.job_id))
 
     def _client_readable(self) -> None:
-        there = None if self.done else peek(self.sock)  # None: spurious (the watcher is still armed)
-        if there:  # a pipelined next request: answered (with Connection: close) as any other
-            stop_watcher(self, "watcher")
-        elif there is False:
+        # A pipelined next request stops the watch (it is answered, with Connection: close, as any other).
+        if not self.done and self.watch.gone():
             self._close()  # the client hung up: its place comes back now
 
     def _answer(self, rendered: tuple[str, bytes]) -> None:
@@ -118,7 +116,7 @@ class ParkedWait:
         self.done = True
         _open.discard(self)
         self.waiter.on_wake = None
-        stop_watcher(self, "watcher")
+        self.watch.close()
         stop_watcher(self, "timer")
         with suppress(OSError):
             self.sock.close()

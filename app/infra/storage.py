@@ -225,18 +225,14 @@ class OssStorage(Storage):
 
     @staticmethod
     def _file_url(body) -> str | None:
-        if not isinstance(body, dict):
-            return None
-        if body.get("success") is False or body.get("code", 0) not in (0, 200, "0", "200"):
+        ok = isinstance(body, dict) and body.get("success") is not False and body.get("code", 0) in (0, 200, "0", "200")
+        if not ok:
             return None
         data = body.get("data")
-        if isinstance(data, dict):
-            data = next((data[k] for k in ("url", "fileUrl", "path") if isinstance(data.get(k), str) and data[k]), None)
-        if isinstance(data, str) and data:
-            return data
-        return body.get("url") if isinstance(body.get("url"), str) else None
+        found = [data.get(k) for k in ("url", "fileUrl", "path")] if isinstance(data, dict) else [data]
+        return next((url for url in (*found, body.get("url")) if isinstance(url, str) and url), None)
 
-    def _download(self, location: str) -> requests.Response:
+    def stream(self, location: str) -> Iterator[bytes]:
         try:
             resp = self.session.get(location, timeout=self.timeout, stream=True, allow_redirects=False)
         except requests.RequestException as exc:
@@ -251,7 +247,7 @@ class OssStorage(Storage):
         if declared.isdigit() and int(declared) > self.max_bytes:
             resp.close()
             raise StorageError(f"oss download exceeds {self.max_bytes} bytes")
-        return resp
+        return self._capped(resp)
 
     def _capped(self, resp: requests.Response) -> Iterator[bytes]:
         seen = 0
@@ -265,9 +261,6 @@ class OssStorage(Storage):
             raise StorageError(f"oss download failed: {type(exc).__name__}") from exc
         finally:
             resp.close()
-
-    def stream(self, location: str) -> Iterator[bytes]:
-        return self._capped(self._download(location))
 
     def delete(self, location: str) -> None:
         log.info("oss file service has no delete; left to its retention: %s", location)

@@ -42,8 +42,7 @@ from app.infra.caches import clear_all as clear_caches
 from app.infra.db import make_engine
 from app.infra.process import PerProcess
 from app.infra.redis.client import pubsub_client
-from app.infra.redis.keys import invalidate_channel as invalidate_channel
-from app.infra.redis.keys import terminal_channel as terminal_channel
+from app.infra.redis.keys import invalidate_channel, terminal_channel
 from app.infra.tables import tasks
 from app.states import is_terminal
 
@@ -248,19 +247,17 @@ class _State:
         for w in woken:
             w.wake()
 
-    def register(self, job_id: str, tenant: str, tenant_cap: int | None = None,
-                 process_cap: int | None = None) -> Waiter:
-        """The hub started, then a place under the caps (None: the settings'), TooManyWaiters past
+    def register(self, job_id: str, tenant: str, tenant_cap: int | None = None) -> Waiter:
+        """The hub started, then a place under the caps (the tenant's: None for the settings'), TooManyWaiters past
         them.  Also for an event stream (app/jobs/events.py), which must ``unregister`` in a
         ``finally``; ``job_id`` may name no job (a tenant's stream): it is then only counted."""
         settings = get_settings()
         self.ensure_started()
         tenant_cap = settings.waiters_per_tenant if tenant_cap is None else tenant_cap
-        process_cap = settings.waiters_max if process_cap is None else process_cap
         with self.lock:
             n = self.per_tenant[tenant]
             for cap, used, limit, whose in (("tenant", n, tenant_cap, "for this tenant "),
-                                            ("process", self.total, process_cap, "")):
+                                            ("process", self.total, settings.waiters_max, "")):
                 if used >= limit:
                     metrics.wait_refused(cap)
                     raise TooManyWaiters(f"too many concurrent waits {whose}on this API process (per-{cap} cap "
@@ -314,13 +311,13 @@ hub = WaitHub()
 
 
 def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], object], tenant: str = "",
-                      tenant_cap: int | None = None, process_cap: int | None = None, watch=None):
+                      tenant_cap: int | None = None, watch=None):
     """Block until the job is terminal or the budget ends; returns the last row seen. ``read`` loads the row as
     the caller may see it.  Order: register (caps) -> read -> sleep; a delivered row replaces a read.  ``watch``
     (app.infra.serving.ClientWatch) ends the wait early when the client has gone."""
     deadline = time.monotonic() + max(0.0, budget_seconds)
     s = _state.get()
-    w = s.register(job_id, tenant, tenant_cap, process_cap)
+    w = s.register(job_id, tenant, tenant_cap)
     try:
         if watch is not None:
             watch.arm(w.event.set)
@@ -347,13 +344,12 @@ def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], obj
         s.unregister(w)
 
 
-def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None,
-               process_cap: int | None = None):
+def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None):
     """The first half of a wait a server parks (app/infra/parking.py): register -> read.
     ``(row, waiter)``; waiter is None when there is nothing to wait for (terminal, gone,
     draining), else the caller owns it (a wake-up from now on is in ``waiter.row``)."""
     s = _state.get()
-    w = s.register(job_id, tenant, tenant_cap, process_cap)
+    w = s.register(job_id, tenant, tenant_cap)
     try:
         row = read()
     except BaseException:

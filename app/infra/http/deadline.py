@@ -5,7 +5,7 @@ socket we own, and EVERY blocking socket call gets the time left as its timeout 
 gone): ``recv`` returns on any byte and is re-armed with the remainder, the send loop re-arms before every ``send``,
 CPython's SSL handshake and recv take one deadline for all their WANT_READ/WANT_WRITE waits (Modules/_ssl.c
 ``_PyDeadline_Init``), and ``getaddrinfo`` (no timeout of its own) runs on a daemon thread waited for at most the
-time left.  No watchdog thread, so no fork hook and no race with the pool.
+time left.  No watchdog thread, so nothing to restart after a fork and no race with the pool.
 
 Invariants:
   * ``request`` raises or returns by the deadline; failures are ``RequestError``s whose ``reached`` says whether a
@@ -15,14 +15,13 @@ Invariants:
   * Redirects are never followed; a body over ``max_bytes`` (or such a Content-Length) fails, or with
     ``truncate=True`` is cut there and the connection closed; h11 caps header blocks (``MAX_HEADER_BYTES``).
   * ``keep_alive=True`` reuses connections from a per-thread, per-process pool (a forked child never touches its
-    parent's sockets), dropping one idle too long or readable (closed by the peer).
+    parent's sockets: app/infra/process.py), dropping one idle too long or readable (closed by the peer).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import json as jsonlib
-import os
 import select
 import socket
 import ssl
@@ -34,6 +33,8 @@ from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 import h11
+
+from app.infra.process import PerProcess
 
 MAX_HEADER_BYTES = 64 * 1024
 POOL_IDLE_SECONDS = 1.0      # below common server keep-alive timeouts (gunicorn 2 s, uvicorn 5 s)
@@ -233,13 +234,9 @@ class _Conn:
 
 class _Pool(threading.local):
     def __init__(self):
-        self.pid = os.getpid()
         self.idle: dict[tuple, list[_Conn]] = {}
 
-    def get(self, key: tuple) -> _Conn | None:
-        if self.pid != os.getpid():
-            # Forked: these sockets are the parent's; forget them without closing.
-            self.pid, self.idle = os.getpid(), {}
+    def take(self, key: tuple) -> _Conn | None:
         conns = self.idle.get(key) or []
         while conns:
             c = conns.pop()
@@ -256,7 +253,7 @@ class _Pool(threading.local):
             conns.pop(0).close()
 
 
-_pool = _Pool()
+_pool = PerProcess(_Pool)  # a forked child forgets its parent's sockets (they are the parent's) unclosed
 
 
 def _header_list(t: _Target, headers: Mapping[str, str] | Iterable[tuple[str, str]], body: bytes | None,
@@ -294,7 +291,8 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
         req = h11.Request(method=method.upper(), target=t.target.encode("ascii"), headers=hdrs)
     except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
         raise InvalidRequest(f"cannot send this request: {exc}", reached=False) from exc
-    conn = (_pool.get(key) if keep_alive else None) or _Conn(_connect(t, address, clock, connect_timeout, tls_context))
+    pool = _pool.get()
+    conn = (pool.take(key) if keep_alive else None) or _Conn(_connect(t, address, clock, connect_timeout, tls_context))
     try:
         resp = _exchange(conn, req, body, clock, max_bytes, truncate)
     except BaseException:
@@ -302,7 +300,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
         raise
     if keep_alive and conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
         conn.h11.start_next_cycle()
-        _pool.put(key, conn)
+        pool.put(key, conn)
     else:
         conn.close()
     return resp

@@ -20,13 +20,12 @@ REDACTED = "***"
 # The rule, once (the JSON Schema of head_msg / modelKey carries it too): comma-separated parts, each blank or
 # "token:value", a value being tab, printable ASCII but the comma, or the rest of Latin-1.
 _VALUE_CHARS = r"[\t\x20-\x2b\x2d-\x7e\x80-\xff]*"
-HEADER_SPEC_PATTERN = (r"^[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*:" + _VALUE_CHARS + r")?"
-                       r"(?:,[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*:" + _VALUE_CHARS + r")?)*$")
+_LIST = r"^[ \t]*(?:{0})?(?:,[ \t]*(?:{0})?)*$"  # comma-separated items, each may be blank
+HEADER_SPEC_PATTERN = _LIST.format(_TOKEN_CHARS + r"[ \t]*:" + _VALUE_CHARS)
 HEADER_SPEC_TEXT = ("Key:Value pairs separated by commas (names are HTTP tokens, values are Latin-1 text "
                     "without control characters but tab)")
 # model_key_headers: header names (or *) separated by commas.
-HEADER_NAMES_PATTERN = (r"^[ \t]*(?:" + _TOKEN_CHARS + r"[ \t]*)?(?:,[ \t]*(?:" + _TOKEN_CHARS
-                        + r"[ \t]*)?)*$")
+HEADER_NAMES_PATTERN = _LIST.format(_TOKEN_CHARS + r"[ \t]*")
 HEADER_NAMES_TEXT = "header names (HTTP tokens) separated by commas, or * for any unprotected name"
 PROTECTED = frozenset({"host", "content-length", "transfer-encoding", "te", "connection", "keep-alive",
                        "trailer", "upgrade", "expect", "cookie", "forwarded", "x-real-ip", "via"})
