@@ -25,7 +25,7 @@ import calendar
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from sqlalchemy import bindparam, func, literal, select, text, union_all
+from sqlalchemy import bindparam, func, select, text
 
 from app.clock import as_utc, now as clock_now
 from app.infra.db import transaction
@@ -45,28 +45,33 @@ def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q)}
 
 
-def _per_model(conn, parts: list):
-    """The rows of one-row selects, as UNION ALLs of at most 200 (one statement for a normal catalog)."""
-    for i in range(0, len(parts), 200):
-        chunk = parts[i:i + 200]
-        yield from conn.execute(union_all(*chunk) if len(chunk) > 1 else chunk[0])
+# Per (model, state) of the arrays: its rows, at most its cap (NULL: LIMIT ALL).  One statement; the
+# subquery's model and state are parameters, so the planner cannot match a partial index on one state
+# (whose scan walks every model's rows of that state) and ranges ix_asynch_task_model_state, index-only.
+_COUNTS = """
+SELECT q.m, q.s, (SELECT count(*) FROM (SELECT 1 FROM {table} AS t
+                  WHERE t.model_name = q.m AND t.state = q.s {tenant} LIMIT q.cap) AS r)
+FROM unnest(CAST(:models AS text[]), CAST(:states AS smallint[]), CAST(:caps AS bigint[])) AS q(m, s, cap)
+"""
+# Per model of the array: the enqueue_at of its oldest pending row, first on ix_asynch_task_pending_enqueue.
+_HEADS = """
+SELECT q.m, (SELECT min(t.enqueue_at) FROM {table} AS t WHERE t.state = :pending AND t.model_name = q.m)
+FROM unnest(CAST(:models AS text[])) AS q(m)
+"""
 
 
 def row_counts(conn, model_names: list[str], caps: dict[JobState, int | None],
                tenant_id: str | None = None) -> dict[tuple[str, str], int]:
     """(model, state label) -> rows of each state in ``caps``, at most its
-    cap (None: all), of one tenant or all: one index range per model and
-    state (ix_asynch_task_model_state), each stopped by its LIMIT."""
-    parts = []
-    for m in model_names:
-        for s, cap in caps.items():
-            rows = select(literal(1)).where(tasks.c.model_name == m, tasks.c.state == int(s))
-            if tenant_id is not None:
-                rows = rows.where(tasks.c.tenant_id == tenant_id)
-            rows = (rows.limit(cap) if cap is not None else rows).subquery()
-            parts.append(select(literal(m).label("m"), literal(int(s)).label("s"),
-                                select(func.count()).select_from(rows).scalar_subquery().label("n")))
-    return {(m, JobState(s).label): n for m, s, n in _per_model(conn, parts)}
+    cap (None: all), of one tenant or all: ``_COUNTS``, one index range per
+    model and state, each stopped by its LIMIT."""
+    pairs = [(m, s) for m in model_names for s in caps]
+    q = text(_COUNTS.format(table=tasks.name, tenant="AND t.tenant_id = :tenant" if tenant_id is not None else ""))
+    params = {"models": [m for m, _ in pairs], "states": [int(s) for _, s in pairs],
+              "caps": [caps[s] for _, s in pairs]}
+    if tenant_id is not None:
+        params["tenant"] = tenant_id
+    return {(m, JobState(s).label): n for m, s, n in conn.execute(q, params)}
 
 
 def finished_caps(cap: int) -> dict[JobState, int | None]:
@@ -75,12 +80,11 @@ def finished_caps(cap: int) -> dict[JobState, int | None]:
 
 
 def oldest_pending(conn, model_names: list[str]) -> dict[str, datetime]:
-    """model -> enqueue_at of its queue's head: one probe of ix_asynch_task_pending_enqueue per model.  Only
-    ask for models with pending jobs: for one without, the probe walks every other model's pending rows."""
-    parts = [select(literal(m).label("m"), select(func.min(tasks.c.enqueue_at)).where(
-        tasks.c.state == int(JobState.PENDING), tasks.c.model_name == m).scalar_subquery().label("t"))
-        for m in model_names]
-    return {m: as_utc(t) for m, t in _per_model(conn, parts) if t is not None}
+    """model -> enqueue_at of its queue's head (``_HEADS``: for a model whose jobs are the older ones, one
+    probe).  Ask only for models with pending jobs: for one without, the probe walks every pending row."""
+    rows = conn.execute(text(_HEADS.format(table=tasks.name)),
+                        {"models": list(model_names), "pending": int(JobState.PENDING)})
+    return {m: as_utc(t) for m, t in rows if t is not None}
 
 
 def active_counts(conn, model_names: list[str], tenant_id: str | None = None) -> dict[tuple[str, str], int]:
