@@ -33,8 +33,8 @@ from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
 from app.infra.redis import dispatch as rd, gate, liveness
 from app.infra.tables import models
-from app.observe.live import finished_caps, job_counts, model_live, oldest_pending, row_counts
-from app.states import JobState
+from app.observe.live import job_counts, model_live, oldest_pending, row_counts
+from app.states import TERMINAL_STATES, JobState
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,10 @@ class ClusterCollector:
         try:
             with transaction() as conn:
                 names = conn.execute(select(models.c.model_name)).scalars().all()
-                counts = row_counts(conn, names, finished_caps(get_settings().metrics_job_count_cap))
+                # Retry_wait exactly, each terminal state up to the cap.
+                caps = {JobState.RETRY_WAIT: None,
+                        **dict.fromkeys(sorted(TERMINAL_STATES), get_settings().metrics_job_count_cap)}
+                counts = row_counts(conn, names, caps)
         except Exception as exc:  # a scrape reports what it can
             log.warning("metrics: database unavailable: %s", exc)
         active = None

@@ -8,8 +8,9 @@ Invariants:
   the gate IS the admission truth, what a caller is refused against.  A
   count may be off by a job mid-transition (a slot taken before its row
   commits, a row claimed before its worker tells the dispatcher, a slot
-  released just after its row left the state); reconcile makes the gates
-  equal the rows again within a pass (docs/architecture.md, invariant 4).
+  released just after its row left the state), or by what a wiped Redis lost
+  until recovery rebuilds it; reconcile makes the gates equal the rows again
+  within a pass (docs/architecture.md, invariants 1 and 4).
 - Retry_wait (no slot) and terminal states are counted on their rows, one
   index range per model and state (``ix_asynch_task_model_state``):
   retry_wait exactly (bounded by the failures waiting out their delay, not
@@ -31,7 +32,7 @@ from app.clock import as_utc, now as clock_now
 from app.infra.db import transaction
 from app.infra.redis import gate, upstream
 from app.infra.tables import models, tasks
-from app.states import ACTIVE_STATES, TERMINAL_STATES, JobState
+from app.states import ACTIVE_STATES, JobState
 
 
 def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]:
@@ -72,11 +73,6 @@ def row_counts(conn, model_names: list[str], caps: dict[JobState, int | None],
     if tenant_id is not None:
         params["tenant"] = tenant_id
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q, params)}
-
-
-def finished_caps(cap: int) -> dict[JobState, int | None]:
-    """row_counts' caps for /metrics/cluster: terminal states up to ``cap``, retry_wait exactly."""
-    return {JobState.RETRY_WAIT: None, **{s: cap for s in sorted(TERMINAL_STATES)}}
 
 
 def oldest_pending(conn, model_names: list[str]) -> dict[str, datetime]:
