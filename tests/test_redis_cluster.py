@@ -77,6 +77,10 @@ def test_every_script_runs_on_one_slot_and_each_models_keys_share_a_node(on_clus
         assert gate.gate_reconcile(m, [f"{m}-j1", f"{m}-j2"], grace_seconds=0) == ([], [])
         assert runtime.runtime_limits_cas(m, (None, None), 1, 5, 60)
         assert runtime.runtime_limits_raw(m) == ("1", "5")
+    # The operator reads' split of each gate (pipelines over every model's slot): pending + running = its slots.
+    split, own = gate.slot_split(MODELS), gate.slot_split(MODELS, "a")
+    assert all(sum(split[m]) == gate.gate_depth(m) and sum(own[m]) == gate.tenant_depth(m, "a") for m in MODELS)
+    assert all(split[m][1] >= own[m][1] for m in MODELS)
     # The gate reads the runtime override: 2 slots held, a limit of 2 refuses a tenant holding one
     # (a newcomer's first job could still enter the fair share's reserve above it).
     m = MODELS[0]

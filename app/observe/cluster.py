@@ -9,9 +9,13 @@ Invariants:
   "Metrics").
 - A source that does not answer is ``asynch_metrics_source_up{source} 0`` and
   its gauges are absent (not zero: no alert fires on a made-up value).
-- A scrape's cost does not grow with the history: active states are counted
-  exactly (admission bounds them), terminal ones up to
-  ASYNCH_METRICS_JOB_COUNT_CAP rows per model and state.
+- A scrape's cost does not grow with the backlog or the history: pending and
+  running are the gates' (app/observe/live.py says what they mean),
+  retry_wait its rows exactly, terminal states up to
+  ASYNCH_METRICS_JOB_COUNT_CAP rows per model and state, the queue head one
+  probe per model with pending jobs.  With Redis away, the active states
+  fall back to one GROUP BY on the rows (today's exact count, slower at
+  depth) and the Redis gauges are absent.
 """
 from __future__ import annotations
 
@@ -27,10 +31,10 @@ from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
-from app.infra.redis import dispatch as rd, liveness
+from app.infra.redis import dispatch as rd, gate, liveness
 from app.infra.tables import models
-from app.observe.live import finished_counts, job_counts, model_live, oldest_pending
-from app.states import JobState
+from app.observe.live import job_counts, model_live, oldest_pending, row_counts
+from app.states import TERMINAL_STATES, JobState
 
 log = logging.getLogger(__name__)
 
@@ -56,28 +60,45 @@ class ClusterCollector:
 
     def collect(self):
         up = GaugeMetricFamily("asynch_metrics_source_up", "1 if the source answered this scrape", labels=["source"])
+        counts = heads = None
         try:
             with transaction() as conn:
-                active, heads = job_counts(conn), oldest_pending(conn)
                 names = conn.execute(select(models.c.model_name)).scalars().all()
-                counts = {**active, **finished_counts(conn, names, get_settings().metrics_job_count_cap)}
-            at = clock_now()
-            up.add_metric(["database"], 1)
+                # Retry_wait exactly, each terminal state up to the cap.
+                caps = {JobState.RETRY_WAIT: None,
+                        **dict.fromkeys(sorted(TERMINAL_STATES), get_settings().metrics_job_count_cap)}
+                counts = row_counts(conn, names, caps)
         except Exception as exc:  # a scrape reports what it can
             log.warning("metrics: database unavailable: %s", exc)
-            counts = heads = None
-            up.add_metric(["database"], 0)
+        active = None
         try:
-            live = model_live(counts=active) if counts is not None else []
+            live = []
+            if counts is not None:
+                active = {(m, s.label): n for m, pair in gate.slot_split(names).items()
+                          for s, n in zip((JobState.PENDING, JobState.RUNNING), pair)}
+                live = model_live(counts={**counts, **active})
             workers = liveness.workers_read()
             fairness = {m["model_name"]: (rd.ready_counts(m["model_name"]), len(rd.inflight(m["model_name"])))
                         for m in live}
             weights = rd.weights()
-            up.add_metric(["redis"], 1)
+            redis_up = True
         except Exception as exc:
             log.warning("metrics: redis unavailable: %s", exc)
             live, workers, fairness, weights = [], None, {}, {}
-            up.add_metric(["redis"], 0)
+            active, redis_up = None, False
+        if counts is not None:
+            try:
+                with transaction() as conn:
+                    if active is None:  # Redis away: the active rows, by their GROUP BY (slower at depth)
+                        active = job_counts(conn)
+                    counts.update(active)
+                    heads = oldest_pending(conn, sorted(m for (m, s), n in active.items() if s == "pending" and n))
+                at = clock_now()
+            except Exception as exc:
+                log.warning("metrics: database unavailable: %s", exc)
+                counts = None
+        up.add_metric(["database"], int(counts is not None))
+        up.add_metric(["redis"], int(redis_up))
         yield up
         if counts is not None:
             names = sorted({m for m, _ in counts} | {m["model_name"] for m in live})

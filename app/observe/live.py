@@ -1,24 +1,44 @@
 """Live numbers per model (the console's models page, /metrics/cluster),
-throughput and P90 latency over a window.  Reads only, at request time,
-from the rows (the truth) and the Redis gates (the admission view)."""
+throughput and P90 latency over a window.  Reads only, at request time.
+
+Invariants:
+- The cost of a read does not grow with the backlog or the history.  Pending
+  and running come from the Redis gates (``gate.slot_split``), which hold
+  exactly the jobs admission let in and the transitions have not released:
+  the gate IS the admission truth, what a caller is refused against.  A
+  count may be off by a job mid-transition (a slot taken before its row
+  commits, a row claimed before its worker tells the dispatcher, a slot
+  released just after its row left the state), or by what a wiped Redis lost
+  until recovery rebuilds it; reconcile makes the gates equal the rows again
+  within a pass (docs/architecture.md, invariants 1 and 4).
+- Retry_wait (no slot) and terminal states are counted on their rows, one
+  index range per model and state (``ix_asynch_task_model_state``):
+  retry_wait exactly (bounded by the failures waiting out their delay, not
+  by the backlog), terminal states up to a cap; never a GROUP BY.
+- The queue's head is one probe per model with pending jobs, on the
+  pending partial index.
+- With Redis away, ``job_counts`` (one GROUP BY on the rows, the one read
+  whose cost grows with the backlog) is the fallback of /metrics/cluster.
+"""
 from __future__ import annotations
 
 import calendar
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from sqlalchemy import bindparam, func, literal, select, text, union_all
+from sqlalchemy import bindparam, func, select, text
 
 from app.clock import as_utc, now as clock_now
 from app.infra.db import transaction
 from app.infra.redis import gate, upstream
 from app.infra.tables import models, tasks
-from app.states import ACTIVE_STATES, TERMINAL_STATES, JobState
+from app.states import ACTIVE_STATES, JobState
 
 
 def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]:
     """(model, state label) -> rows of the active states, of one tenant or
-    all: one GROUP BY on ix_asynch_task_model_state, bounded by admission."""
+    all: one GROUP BY on ix_asynch_task_model_state (what the gates replace;
+    the fallback with Redis away)."""
     q = (select(tasks.c.model_name, tasks.c.state, func.count())
          .where(tasks.c.state.in_([int(s) for s in ACTIVE_STATES])).group_by(tasks.c.model_name, tasks.c.state))
     if tenant_id is not None:
@@ -26,27 +46,52 @@ def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q)}
 
 
-def finished_counts(conn, model_names: list[str], cap: int) -> dict[tuple[str, str], int]:
-    """(model, state label) -> rows of each terminal state, at most ``cap``
-    each: index-range subqueries, each stopped by its LIMIT."""
-    parts = []
-    for m in model_names:
-        for s in TERMINAL_STATES:
-            rows = select(literal(1)).where(tasks.c.model_name == m, tasks.c.state == int(s)).limit(cap).subquery()
-            parts.append(select(literal(m).label("m"), literal(int(s)).label("s"),
-                                select(func.count()).select_from(rows).scalar_subquery().label("n")))
-    out = {}
-    for i in range(0, len(parts), 200):
-        for m, s, n in conn.execute(union_all(*parts[i:i + 200]) if len(parts[i:i + 200]) > 1 else parts[i]):
-            out[(m, JobState(s).label)] = n
+# Per (model, state) of the arrays: its rows, at most its cap (NULL: LIMIT ALL).  One statement; the
+# subquery's model and state are parameters, so the planner cannot match a partial index on one state
+# (whose scan walks every model's rows of that state) and ranges ix_asynch_task_model_state, index-only.
+_COUNTS = """
+SELECT q.m, q.s, (SELECT count(*) FROM (SELECT 1 FROM {table} AS t
+                  WHERE t.model_name = q.m AND t.state = q.s {tenant} LIMIT q.cap) AS r)
+FROM unnest(CAST(:models AS text[]), CAST(:states AS smallint[]), CAST(:caps AS bigint[])) AS q(m, s, cap)
+"""
+# Per model of the array: the enqueue_at of its oldest pending row, first on ix_asynch_task_pending_enqueue.
+_HEADS = """
+SELECT q.m, (SELECT min(t.enqueue_at) FROM {table} AS t WHERE t.state = :pending AND t.model_name = q.m)
+FROM unnest(CAST(:models AS text[])) AS q(m)
+"""
+
+
+def row_counts(conn, model_names: list[str], caps: dict[JobState, int | None],
+               tenant_id: str | None = None) -> dict[tuple[str, str], int]:
+    """(model, state label) -> rows of each state in ``caps``, at most its
+    cap (None: all), of one tenant or all: ``_COUNTS``, one index range per
+    model and state, each stopped by its LIMIT."""
+    pairs = [(m, s) for m in model_names for s in caps]
+    q = text(_COUNTS.format(table=tasks.name, tenant="AND t.tenant_id = :tenant" if tenant_id is not None else ""))
+    params = {"models": [m for m, _ in pairs], "states": [int(s) for _, s in pairs],
+              "caps": [caps[s] for _, s in pairs]}
+    if tenant_id is not None:
+        params["tenant"] = tenant_id
+    return {(m, JobState(s).label): n for m, s, n in conn.execute(q, params)}
+
+
+def oldest_pending(conn, model_names: list[str]) -> dict[str, datetime]:
+    """model -> enqueue_at of its queue's head (``_HEADS``: for a model whose jobs are the older ones, one
+    probe).  Ask only for models with pending jobs: for one without, the probe walks every pending row."""
+    rows = conn.execute(text(_HEADS.format(table=tasks.name)),
+                        {"models": list(model_names), "pending": int(JobState.PENDING)})
+    return {m: as_utc(t) for m, t in rows if t is not None}
+
+
+def active_counts(conn, model_names: list[str], tenant_id: str | None = None) -> dict[tuple[str, str], int]:
+    """(model, state label) -> jobs of the active states, of one tenant or all:
+    pending and running from the gates, retry_wait from its rows."""
+    split = gate.slot_split(model_names, tenant_id)
+    out = row_counts(conn, model_names, {JobState.RETRY_WAIT: None}, tenant_id)
+    for m, (pending, running) in split.items():
+        out[(m, JobState.PENDING.label)] = pending
+        out[(m, JobState.RUNNING.label)] = running
     return out
-
-
-def oldest_pending(conn) -> dict[str, datetime]:
-    """model -> enqueue_at of its queue's head (ix_asynch_task_pending_enqueue's rows)."""
-    q = select(tasks.c.model_name, func.min(tasks.c.enqueue_at)).where(
-        tasks.c.state == int(JobState.PENDING)).group_by(tasks.c.model_name)
-    return {m: as_utc(t) for m, t in conn.execute(q)}
 
 
 def model_live(include_disabled: bool = True, tenant_id: str | None = None,
@@ -54,15 +99,15 @@ def model_live(include_disabled: bool = True, tenant_id: str | None = None,
     """Every configured model's queue and concurrency, configured and
     effective (autotune, the upstream controller).  With ``tenant_id`` the
     job numbers are that tenant's only (queue_depth too, never the gate's
-    total: other tenants' load).  ``counts``: ``job_counts`` the caller
-    already read (a scrape reads that GROUP BY, its main cost, once)."""
+    total: other tenants' load).  ``counts``: the active counts the caller
+    already read (a scrape reads them once)."""
     with transaction() as conn:
         rows = conn.execute(select(models.c.model_name, models.c.enabled, models.c.queue_limit,
                                    models.c.max_concurrency).order_by(models.c.model_name)).all()
+        if not include_disabled:
+            rows = [r for r in rows if r.enabled]
         if counts is None:
-            counts = job_counts(conn, tenant_id)
-    if not include_disabled:
-        rows = [r for r in rows if r.enabled]
+            counts = active_counts(conn, [r.model_name for r in rows], tenant_id)
     gates = gate.gate_snapshot(r.model_name for r in rows)
     ups = upstream.snapshot(r.model_name for r in rows)
     out = []

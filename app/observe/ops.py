@@ -5,6 +5,10 @@ rows) and a tenant's queue share in use.
 Invariants:
 - Reads only, at request time, from the rows and the Redis keys holding the
   live state, never process memory: any API process answers the same.
+- A tenant's pending and running are its gate set's (app/observe/live.py
+  says what they mean); the maintenance state counts the slot-holding rows
+  themselves, one index range per model, since comparing the gates with
+  them is what it is for.
 - Tenant-scoped: a job's attempts only of a job the principal may see; a
   tenant's state only for its own keys or an admin; workers and maintenance
   are admin routes (app/web/v1_admin.py).
@@ -14,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import func, select, union
+from sqlalchemy import select, union
 
 from app.clock import as_utc, now as clock_now
 from app.contract import iso_z
@@ -23,7 +27,7 @@ from app.infra.metrics import worker_ttl
 from app.infra.redis import gate, leader, liveness
 from app.infra.tables import api_keys, models, task_attempts, tasks, tenant_limits
 from app.jobs import service as jobs
-from app.observe.live import job_counts
+from app.observe.live import active_counts, row_counts
 from app.states import SLOT_STATES, JobState
 from app.tenancy import limits
 from app.tenancy.keys import Principal
@@ -85,9 +89,10 @@ def maintenance_state(runs: int = 200) -> dict:
     latest = {e["task"]: e for e in map(json.loads, leader.beat_history(runs))}
     with transaction() as conn:
         names = [r.model_name for r in conn.execute(select(models.c.model_name).order_by(models.c.model_name))]
-        rows = dict(conn.execute(select(tasks.c.model_name, func.count()).where(
-            tasks.c.state.in_([int(s) for s in SLOT_STATES])).group_by(tasks.c.model_name)).all())
-    gate_names = sorted(set(names) | set(gate.gate_models()))
+        gate_names = sorted(set(names) | set(gate.gate_models()))
+        # The rows themselves (this view checks the gates against them): one index range per model and state.
+        counted = row_counts(conn, gate_names, dict.fromkeys(sorted(SLOT_STATES)))
+    rows = {m: sum(counted[(m, s.label)] for s in SLOT_STATES) for m in gate_names}
     snap = gate.gate_snapshot(gate_names)
     gates = [{"model": m, "slots": snap[m][0], "active_rows": int(rows.get(m, 0)),
               "drift": snap[m][0] - int(rows.get(m, 0)), "configured": m in names} for m in gate_names]
@@ -112,8 +117,8 @@ def tenant_state(principal: Principal, tenant: str) -> dict:
     with transaction() as conn:
         model_rows = conn.execute(select(models).where(models.c.enabled.is_(True))
                                   .order_by(models.c.model_name)).all()
-        by = job_counts(conn, tenant)
+        by = active_counts(conn, [m.model_name for m in model_rows], tenant)
     return {"tenant": tenant, "models": [
-        {"model": m.model_name, "in_use": gate.tenant_depth(m.model_name, tenant),
+        {"model": m.model_name, "in_use": by[(m.model_name, "pending")] + by[(m.model_name, "running")],
          "cap": limits.tenant_queue_cap(tenant, m), "queue_limit": m.queue_limit,
          **{s: by.get((m.model_name, s), 0) for s in ("pending", "running", "retry_wait")}} for m in model_rows]}
