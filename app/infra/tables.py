@@ -114,6 +114,7 @@ tasks = Table(
     _partial("ix_asynch_task_retry_due", ["next_retry_at"], _in(S.RETRY_WAIT)),
     _partial("ix_asynch_task_running_lease", ["lease_expires_at"], _in(S.RUNNING)),
     _partial("ix_asynch_task_pending_enqueue", ["enqueue_at", "id"], _in(S.PENDING)),
+    _partial("ix_asynch_task_pending_model_enqueue", ["model_name", "enqueue_at"], _in(S.PENDING)),  # queue heads
     _partial("ix_asynch_task_slot_deadline", ["deadline_at"], _in(S.PENDING, S.RUNNING)),
     _partial("ix_asynch_task_claimed_expire", ["expire_at"], _in(S.CLAIMED)),
     _partial("ix_asynch_task_ended_finished", ["finished_at"],

@@ -16,7 +16,7 @@ Invariants:
   retry_wait exactly (bounded by the failures waiting out their delay, not
   by the backlog), terminal states up to a cap; never a GROUP BY.
 - The queue's head is one probe per model with pending jobs, on the
-  pending partial index.
+  per-model pending partial index (revision 0023).
 - With Redis away, ``job_counts`` (one GROUP BY on the rows, the one read
   whose cost grows with the backlog) is the fallback of /metrics/cluster.
 """
@@ -54,7 +54,8 @@ SELECT q.m, q.s, (SELECT count(*) FROM (SELECT 1 FROM {table} AS t
                   WHERE t.model_name = q.m AND t.state = q.s {tenant} LIMIT q.cap) AS r)
 FROM unnest(CAST(:models AS text[]), CAST(:states AS smallint[]), CAST(:caps AS bigint[])) AS q(m, s, cap)
 """
-# Per model of the array: the enqueue_at of its oldest pending row, first on ix_asynch_task_pending_enqueue.
+# Per model of the array: the enqueue_at of its oldest pending row, the first entry of its range of
+# ix_asynch_task_pending_model_enqueue (revision 0023).
 _HEADS = """
 SELECT q.m, (SELECT min(t.enqueue_at) FROM {table} AS t WHERE t.state = :pending AND t.model_name = q.m)
 FROM unnest(CAST(:models AS text[])) AS q(m)
@@ -76,8 +77,7 @@ def row_counts(conn, model_names: list[str], caps: dict[JobState, int | None],
 
 
 def oldest_pending(conn, model_names: list[str]) -> dict[str, datetime]:
-    """model -> enqueue_at of its queue's head (``_HEADS``: for a model whose jobs are the older ones, one
-    probe).  Ask only for models with pending jobs: for one without, the probe walks every pending row."""
+    """model -> enqueue_at of its queue's head (``_HEADS``: one index probe per model, revision 0023)."""
     rows = conn.execute(text(_HEADS.format(table=tasks.name)),
                         {"models": list(model_names), "pending": int(JobState.PENDING)})
     return {m: as_utc(t) for m, t in rows if t is not None}
