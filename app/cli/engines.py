@@ -76,7 +76,6 @@ class _Server:
     """One server process; a subclass gives ``_argv()`` (its command line) and
     ``ready()`` (answering with its own protocol, which refuses at once while it is down)."""
 
-    name = "server"
     stop_signal = signal.SIGTERM
 
     def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
