@@ -220,7 +220,8 @@ class Api:
     operations.  Each operation is a generator: it yields a ``Call`` (the
     client answers with an ``Answer``, or the connection failure it raised)
     or a pause in seconds, and returns the method's value; ``Client`` runs
-    it blocking, ``AsyncClient`` as a coroutine (``driven``)."""
+    it blocking, ``AsyncClient`` as a coroutine (``driven``).  Each client
+    reads event streams (``_stream``) with its own transport."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 5,
                  backoff: float = 0.5, max_backoff: float = 30.0) -> None:
@@ -322,9 +323,6 @@ class Api:
     def tenant_events(self, model: str | None = None, last_event_id: str | None = None) -> Iterator[Event]:
         """Every change of the tenant's jobs (of ``model``), endlessly; resumes on reconnect."""
         return self._stream("/v1/events", {"model": model} if model else None, last_event_id, False)
-
-    def _stream(self, path: str, params: dict | None, last: str | None, until_end: bool):
-        raise NotImplementedError
 
 
 OPERATIONS = ("submit", "get", "job", "wait", "result", "run", "cancel", "batch")

@@ -103,7 +103,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, ready_timeout: float = 60) -> "WorkerProcess":
-        from app.cli import worker_argv
+        from app.cli.processes import worker_argv
 
         argv = (worker_argv(self.concurrency, self.queue)
                 + ["-n", f"{self.name}-{time.time_ns()}@%h"] + self.extra_args)

@@ -41,7 +41,7 @@ def test_one_leader_renews_and_a_standby_takes_over_with_a_larger_token(settings
 
 
 def _beat(env: dict, schedule: str, log) -> subprocess.Popen:
-    from app.cli import beat_argv
+    from app.cli.processes import beat_argv
 
     return subprocess.Popen(beat_argv(schedule), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

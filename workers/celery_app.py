@@ -17,7 +17,7 @@ from app.config import get_settings
 from app.infra import metrics, metrics_server
 from app.infra.celery_config import celery_settings
 from app.infra.logs import bind, configure_logging, reset
-from workers.heartbeat import install as install_heartbeat
+from workers.heartbeat import ConsumingHeartbeat
 
 configure_logging(get_settings().log_level)
 
@@ -27,7 +27,7 @@ celery.conf.beat_schedule = __import__("beat_schedule").build_schedule(get_setti
 # Only the beat holding the Redis lock sends (workers/beat.py).
 celery.conf.beat_scheduler = "workers.beat:LeaderScheduler"
 celery.conf.imports = ("workers.tasks",)
-install_heartbeat(celery)
+celery.steps["consumer"].add(ConsumingHeartbeat)
 
 
 @worker_process_init.connect

@@ -54,10 +54,6 @@ class ConsumingHeartbeat(bootsteps.StartStopStep):
     shutdown = stop
 
 
-def install(celery_app) -> None:
-    celery_app.steps["consumer"].add(ConsumingHeartbeat)
-
-
 @task_prerun.connect
 def _consumed(sender=None, **_kw):
     hostname = getattr(getattr(sender, "request", None), "hostname", None)

