@@ -19,9 +19,18 @@ def _changed_elsewhere(stmt) -> None:
         conn.execute(stmt)
 
 
+def _settled(cache) -> None:
+    """Every invalidation published so far has reached this process (pub/sub keeps order: ours comes
+    last).  make_model publishes one; arriving after the next read, it would drop what that read cached."""
+    token = cache.token()
+    events.publish_invalidate("models")
+    wait_until(lambda: cache.token() != token, timeout=5, what="this process's listener caught up")
+
+
 def test_model_cache_is_dropped_on_an_invalidation_message(make_model):
     make_model("m", queue_limit=5)
     hub.ensure_started()
+    _settled(model_registry._cache)
     assert model_registry.enabled_model("m").queue_limit == 5
     _changed_elsewhere(update(models).where(models.c.model_name == "m").values(queue_limit=7))
     assert model_registry.enabled_model("m").queue_limit == 5  # cached
