@@ -58,7 +58,8 @@ class Count:
         self.sql.append(statement.split(None, 1)[0].upper())
 
 
-def _sub(principal: Principal, model_row, i: int, key: str | None = None, estimate: bool = False) -> admission.Submission:
+def _sub(principal: Principal, model_row, i: int, key: str | None = None,
+         estimate: bool = False) -> admission.Submission:
     """A submission as service.submit builds it, for a direct batch (``estimate``: with its place in line)."""
     from app.clock import now
     from app.tenancy import limits

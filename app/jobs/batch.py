@@ -64,7 +64,8 @@ def submit_batch(principal: Principal, model_name: str, items: list[dict], **sha
                                               submission.given(item, **shared), lookups, model=model)))
         except DomainError as exc:
             out[i].error = exc
-    existing = jobs.find_idempotent(principal.tenant_id, {c.options.idempotency_key for _i, c in valid if c.options.idempotency_key})
+    keys = {c.options.idempotency_key for _i, c in valid if c.options.idempotency_key}
+    existing = jobs.find_idempotent(principal.tenant_id, keys)
     first_of: dict[str, int] = {}  # a key's first item in this batch
     later: list[tuple[int, str, str]] = []  # (index, key, digest) of repeats
     subs: list[tuple[int, admission.Submission, str]] = []
