@@ -41,7 +41,6 @@ from app.tenancy.keys import Principal
 log = logging.getLogger(__name__)
 
 
-
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(12)
 
@@ -306,12 +305,10 @@ def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None 
         if query.cursor:
             # Only the caller's own jobs are cursors: another tenant's id must not
             # answer differently from an unknown one (that would confirm it exists).
-            aq = select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == query.cursor)
-            if not principal.is_admin:
-                aq = aq.where(tasks.c.tenant_id == principal.tenant_id)
-            anchor = conn.execute(aq).first()
-            if anchor is None:
-                raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}])
+            try:
+                anchor = load_job(conn, principal, query.cursor)
+            except NotFound:
+                raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}]) from None
             q = q.where(tuple_(tasks.c.created_at, tasks.c.id) < tuple_(anchor.created_at, anchor.id))
         rows = conn.execute(q.order_by(tasks.c.created_at.desc(), tasks.c.id.desc()).limit(query.limit + 1)).all()
     return rows[:query.limit], rows[query.limit - 1].id if len(rows) > query.limit else None

@@ -39,8 +39,7 @@ HEADER_SPEC_HELP = ("K:V,K2:V2 headers for this job only (secret): names are HTT
                     "control characters")
 
 IdempotencyKey = Annotated[str, pattern(_PRINTABLE_KEY, "1-255 printable ASCII characters")]
-BizName = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
-Creator = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
+BizName = Creator = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
 CallbackUrl = Annotated[str, Field(max_length=2048, description="http(s) to a public address (docs/api.md, Callbacks)")]
 # Values passed on to the OSS file service as headers.
 HeaderValue = Annotated[str, Field(max_length=8192), pattern("^[^\\r\\n\\x00]*$", "text without CR, LF or NUL")]

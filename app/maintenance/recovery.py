@@ -133,12 +133,10 @@ def repair_after_wipe() -> Report:
 def recover_expired_leases(limit: int | None = None) -> Report:
     """A running job whose lease ran out lost its worker: that attempt failed."""
     now = clock_now()
-    with effects.collecting() as due, transaction() as conn:
-        rows = conn.execute(locked(conn, _running(tasks.c.lease_expires_at < now).limit(batch_size(limit)))).all()
-        rep, _won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (lease expired)"),
-                                   lambda r: now + timedelta(seconds=backoff_seconds(r.attempt - r.busy_count)),
-                                   lease_expired_before=lambda r: now)
-    return rep
+    return _fail_attempts(_running(tasks.c.lease_expires_at < now), limit,
+                          job_error("worker_lost", "worker lost (lease expired)"),
+                          lambda r: now + timedelta(seconds=backoff_seconds(r.attempt - r.busy_count)),
+                          lease_expired_before=lambda r: now)[0]
 
 
 def recover_dead_workers(limit: int | None = None) -> Report:
@@ -156,17 +154,15 @@ def recover_dead_workers(limit: int | None = None) -> Report:
     except redis.RedisError as exc:
         return Report(details={"skipped": f"redis: {exc}"})
     now = clock_now()
-    with effects.collecting() as due, transaction() as conn:
-        # Claimed at least a TTL ago: its node has had time to be seen.
-        q = _running(tasks.c.worker.is_not(None), tasks.c.started_at < now - timedelta(seconds=ttl))
-        if live:
-            q = q.where(tasks.c.worker.not_in(sorted(live)))
-        rows = conn.execute(locked(conn, q.limit(batch_size(limit)))).all()
-        # Due at once, no backoff: a node that died is not the model
-        # failing, so run_work's retry step (next in the same sweep) puts it
-        # back in its queue.  The attempt still counts.
-        rep, won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (stopped heartbeating)"),
-                                  lambda r: now, worker_gone=lambda r: r.worker)
+    # Claimed at least a TTL ago: its node has had time to be seen.
+    q = _running(tasks.c.worker.is_not(None), tasks.c.started_at < now - timedelta(seconds=ttl))
+    if live:
+        q = q.where(tasks.c.worker.not_in(sorted(live)))
+    # Due at once, no backoff: a node that died is not the model
+    # failing, so run_work's retry step (next in the same sweep) puts it
+    # back in its queue.  The attempt still counts.
+    rep, won = _fail_attempts(q, limit, job_error("worker_lost", "worker lost (stopped heartbeating)"),
+                              lambda r: now, worker_gone=lambda r: r.worker)
     rep.details["nodes"] = sorted({r.worker for r, _moved in won})
     if won:
         log.warning("recovered %d attempt(s) of worker node(s) without a heartbeat: %s", len(won),
@@ -181,21 +177,22 @@ def _running(*where):
         tasks.c.state == int(JobState.RUNNING), *where)
 
 
-def _fail_attempts(conn, due: effects.Due, rows, error: str, retry_at_of, **guard_of) -> tuple[Report, list]:
-    """Fail the running attempts of ``rows``: retry_wait at ``retry_at_of(row)``
+def _fail_attempts(q, limit: int | None, error: str, retry_at_of, **guard_of) -> tuple[Report, list]:
+    """Fail the running attempts of one SKIP LOCKED batch of ``q``: retry_wait at ``retry_at_of(row)``
     if the model allows another attempt, else failed; ``guard_of``: the
-    transition's guard arguments as functions of the row.  Won moves go to
-    ``due`` (effects after the commit).  Returns the report and (row, move)s won."""
+    transition's guard arguments as functions of the row.  Won moves' effects
+    run after the commit.  Returns the report and (row, move)s won."""
     rep = Report(details={"retry_wait": 0, "failed": 0})
     won = []
-    for r in rows:
-        retry = r.attempt - r.busy_count <= (r.retry_times or 0)  # busy answers spent none
-        moved = due.add(transitions.fail_attempt(conn, r.id, r.attempt, error,
-                                                 retry_at=retry_at_of(r) if retry else None,
-                                                 **{k: f(r) for k, f in guard_of.items()}))
-        if moved is not None:
-            won.append((r, moved))
-            rep.details["retry_wait" if moved.state == JobState.RETRY_WAIT else "failed"] += 1
+    with effects.collecting() as due, transaction() as conn:
+        for r in conn.execute(locked(conn, q.limit(batch_size(limit)))).all():
+            retry = r.attempt - r.busy_count <= (r.retry_times or 0)  # busy answers spent none
+            moved = due.add(transitions.fail_attempt(conn, r.id, r.attempt, error,
+                                                     retry_at=retry_at_of(r) if retry else None,
+                                                     **{k: f(r) for k, f in guard_of.items()}))
+            if moved is not None:
+                won.append((r, moved))
+                rep.details["retry_wait" if moved.state == JobState.RETRY_WAIT else "failed"] += 1
     rep.processed = len(won)
     return rep, won
 
