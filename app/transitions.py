@@ -206,17 +206,13 @@ def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
         "retry_count": retries, "enqueue_at": enqueue_at, "next_retry_at": None, "promoted_at": promoted_at})
 
 
-def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime,
-                     promote: bool = False) -> Row | None:
-    """A pending attempt's message was sent again (not a state change):
-    ``updated_at`` restarts the lost-message clock; ``promote`` marks the retry published at high
-    priority, once.  None if the job moved on (the message is then a no-op)."""
-    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt)
-    vals = {"updated_at": now}
-    if promote:
-        stmt = stmt.where(tasks.c.promoted_at.is_(None))
-        vals["promoted_at"] = now
-    return conn.execute(stmt.values(**vals).returning(tasks.c.id)).first()
+def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime) -> Row | None:
+    """A waiting retry's message was sent again at high priority (not a state change): ``promoted_at``
+    marks it, once; ``updated_at`` restarts the lost-message clock.  None if the job moved on or was
+    promoted already (the message is then a no-op)."""
+    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt,
+                               tasks.c.promoted_at.is_(None))
+    return conn.execute(stmt.values(updated_at=now, promoted_at=now).returning(tasks.c.id)).first()
 
 
 def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> None:

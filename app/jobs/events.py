@@ -17,7 +17,7 @@ Invariants:
   from ``LATE_SECONDS`` before the previous one began (a commit can land a
   little behind a newer one): at-least-once, a client dedupes by id.
 - Tenant-scoped: a caller sees only its own tenant's jobs (admins: any).
-- Every open stream holds one place under the waiter caps (app/jobs/waitcaps.py)
+- Every open stream holds one place under the waiter caps (app/jobs/service.py)
   for its whole life, checked before anything is read or sent (429), given
   back in a ``finally``.
 """
@@ -39,7 +39,6 @@ from app.infra.tables import tasks
 from app.infra.wakeups import GONE, hub
 from app.jobs import service as jobs
 from app.jobs.schemas import JobStatus
-from app.jobs.waitcaps import waiter_cap
 from app.states import JobState, is_terminal, v1_name
 from app.tenancy.keys import Principal
 
@@ -118,7 +117,7 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
     read (404) before this returns, the rest as the iterator is consumed."""
     read = jobs.reader(principal, job_id, model_name)
     last = parse_job_id(last_id)  # before the place is taken: nothing may raise between the two
-    w = hub.register(job_id, principal.tenant_id, waiter_cap(principal))
+    w = hub.register(job_id, principal.tenant_id, jobs.waiter_cap(principal))
     try:
         row = read()
     except BaseException:
@@ -203,7 +202,7 @@ def tenant_events(principal: Principal, model_name: str | None, last_id: str | N
     scope = tenant if principal.is_admin else principal.tenant_id
     cursor = parse_tenant_cursor(last_id) or (clock_now(), "")
     # Last: nothing between taking the place and handing it to the Stream may raise.
-    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, waiter_cap(principal))
+    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, jobs.waiter_cap(principal))
     return Stream(_follow(w, watch, _tenant_passes(scope, model_name, cursor)), w)
 
 

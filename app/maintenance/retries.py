@@ -98,6 +98,6 @@ def promote_waiting_retries(limit: int | None = None) -> Report:
             except redis.RedisError:
                 continue
             for r in rows:
-                transitions.mark_republished(conn, r.id, r.attempt, now=now, promote=True)
+                transitions.mark_republished(conn, r.id, r.attempt, now=now)
                 n += 1
     return Report(processed=n)
