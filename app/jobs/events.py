@@ -71,18 +71,12 @@ class Stream:
         hub.unregister(self._waiter)
 
 
-def place(row) -> int | None:
-    """The row's place on its job's line; None for a terminal row."""
-    state = JobState(row.state)
-    if is_terminal(state):
-        return None
-    return 2 * row.attempt - 1 if state == JobState.RUNNING else 2 * row.attempt  # retry_wait shows as pending
-
-
-def _last_place(row) -> int:
-    """The last non-terminal place a terminal row passed: running of its
-    last attempt (or pending, if it never ran)."""
-    return 2 * row.attempt - 1 if row.attempt >= 1 else 0
+def place(row) -> int:
+    """The row's place on its job's line; a terminal row's is the last non-terminal
+    place it passed: running of its last attempt (or pending, if it never ran)."""
+    if is_terminal(row.state):
+        return 2 * row.attempt - 1 if row.attempt >= 1 else 0
+    return 2 * row.attempt - 1 if row.state == JobState.RUNNING else 2 * row.attempt  # retry_wait shows as pending
 
 
 def parse_job_id(last: str | None) -> int | str:
@@ -96,12 +90,11 @@ def parse_job_id(last: str | None) -> int | str:
 
 def _since(row, after: int) -> list[Event]:
     """The events after place ``after`` up to the row's current state."""
-    now = place(row)
     out = []
-    for k in range(after + 1, (now if now is not None else _last_place(row)) + 1):
+    for k in range(after + 1, place(row) + 1):
         name, attempt = ("running", (k + 1) // 2) if k % 2 else ("pending", k // 2)
         out.append(Event(str(k), name, {"job_id": row.id, "model": row.model_name, "state": name, "attempt": attempt}))
-    if now is None:
+    if is_terminal(row.state):
         out.append(Event("end", v1_name(row.state), _poll_body(row)))
     return out
 
@@ -129,7 +122,7 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
 def _job_passes(w, row, read, last) -> Iterator[Event | None]:
     """The job's events since ``last``, then None (the pass is over) and the row again."""
     if last == "end":
-        last = _last_place(row) if is_terminal(row.state) else -1
+        last = place(row) if is_terminal(row.state) else -1
     while True:
         for ev in _since(row, last):
             yield ev

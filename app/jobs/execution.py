@@ -85,7 +85,7 @@ _JOB_WITH_MODEL = (
 def run_claimed(row, model, mine: int) -> str:
     """Run attempt ``mine`` of a row this caller just claimed (``model``: its
     model's row, None if gone): run_attempt above and the worker-less runWork
-    pass (app/maintenance/run_once.py) share it."""
+    pass (app/maintenance/passes.py run_once) share it."""
     settings = get_settings()
     job_id = row.id
     ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
