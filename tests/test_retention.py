@@ -18,7 +18,7 @@ from sqlalchemy import update
 from app.clock import now
 from app.infra.db import transaction
 from app.infra.tables import tasks
-from app.jobs import batch, execution
+from app.jobs import execution
 from app.jobs import service as jobs
 from app.maintenance import passes
 from app.states import JobState
@@ -74,7 +74,7 @@ def test_concurrent_submits_evict_the_excess_once(make_model, model_server):
 
     def one(i):
         start.wait()
-        return batch.submit_batch(USER, "capped3", [{"payload": {"b": i}}])[0].error
+        return jobs.submit_batch(USER, "capped3", [{"payload": {"b": i}}])[0].error
 
     with ThreadPoolExecutor(8) as ex:
         assert list(ex.map(one, range(8))) == [None] * 8

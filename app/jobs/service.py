@@ -1,10 +1,26 @@
-"""Jobs as callers see them: submit, status, wait, result, cancel, list.
+"""Jobs as callers see them: submit, batch submit, status, wait, result, cancel, list.
 
 Submit order matters (invariants 1, 3, 4): the submission rule judges
 everything first (app/jobs/submission.py: bad input never touches the gate),
 then app/jobs/admission.py takes the gate slot, inserts the row (committed)
 and only then hands the job to dispatch.  Any failure between the gate and
 the commit gives the slot back.
+
+Batch submit (POST /v1/models/{model}/jobs:batch): up to BATCH_MAX_JOBS jobs
+of one model, each admitted or refused on its own; the submit's invariants,
+item by item (docs/architecture.md "The admission path"):
+- Validation before the gate by the single submit's rule (submission.check):
+  a bad item is its own 422 and takes no slot; only the key, the body or an
+  unknown model refuse the whole batch.
+- One gate step, one INSERT, one outbox group (admission.admit_many), each
+  item with the gate's own decision, in order; deadlines judged against one
+  estimate step (each item behind the batch's earlier ones).
+- Idempotency keys per item: one SELECT finds keys already used (replayed,
+  or 422 for a different request); a key repeated in the batch is admitted
+  once, its later items replay the first (or share its refusal); a key lost
+  to a concurrent request replays the winner.
+- Callback/webhook hosts are looked up once per batch, under one deadline,
+  at most ASYNCH_BATCH_MAX_URL_HOSTS names; an item past the cap is its own 422.
 
 Waiter caps: ``waiter_cap`` is the only place the number of concurrent
 long-polls a tenant may hold on one API process is decided
@@ -33,8 +49,10 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection, Row
 
 from app import transitions
+from app.catalog.registry import enabled_model
 from app.clock import now as clock_now
 from app.config import get_settings
+from app.contract import parse
 from app.errors import (Conflict, DomainError, Gone, JobNotFinished, NotFound, TooManyWaiters, Unavailable,
                         ValidationFailed)
 from app.infra import metrics, outbox_rows
@@ -44,7 +62,7 @@ from app.infra.http.netguard import Lookups
 from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
 from app.jobs import admission, effects, estimates, submission
-from app.jobs.requests import JobListQuery
+from app.jobs.requests import BatchItem, JobListQuery
 from app.jobs.seed_schemas import SeedTask
 from app.jobs.submission import SubmitOptions
 from app.states import RESULT_STATES, JobState, is_terminal, parse_v1_filter, v1_name
@@ -167,6 +185,86 @@ def new_submission(principal: Principal, sub: submission.Checked) -> admission.S
                                     if opts.webhook_url else None)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
         retry_after=retry_after_seconds(model), max_completed=getattr(model, "max_completed", 0) or 0)
+
+
+@dataclass
+class Outcome:
+    """One item: ``submitted`` (admitted or replayed) or ``error``."""
+    index: int
+    submitted: Submitted | None = None
+    error: BaseException | None = None
+
+    def replay(self, row, model_name: str, digest: str) -> None:
+        """Answer with ``row``'s job (None: the winner of a race is unreadable), or the item's error."""
+        try:
+            if row is None:
+                raise Unavailable("database unavailable")
+            self.submitted = replay(row, model_name, digest, submission.batch_item(self.index))
+        except DomainError as exc:
+            self.error = exc
+
+
+def submit_batch(principal: Principal, model_name: str, items: list[dict], **shared: Any) -> list[Outcome]:
+    """Judge, admit and answer every item (see the module's invariants).
+    ``shared``: option values every item carries (creator, passthrough)."""
+    model = enabled_model(model_name)  # 404 for the whole batch
+    out = [Outcome(i) for i in range(len(items))]
+    valid: list[tuple[int, submission.Checked]] = []
+    # Each host looked up once for the whole batch, at most so many names.
+    lookups = Lookups(principal.tenant_id, max_names=get_settings().batch_max_url_hosts)
+    for i, raw in enumerate(items):
+        try:
+            item = parse(BatchItem, raw, base=f"/jobs/{i}")
+            valid.append((i, submission.check(submission.batch_item(i), model_name, item.payload,
+                                              submission.given(item, **shared), lookups, model=model)))
+        except DomainError as exc:
+            out[i].error = exc
+    existing = find_idempotent(principal.tenant_id, {c.options.idempotency_key for _i, c in valid if c.options.idempotency_key})
+    first_of: dict[str, int] = {}  # a key's first item in this batch
+    later: list[tuple[int, str, str]] = []  # (index, key, digest) of repeats
+    subs: list[tuple[int, admission.Submission, str]] = []
+    for i, checked in valid:
+        key, digest = checked.options.idempotency_key, checked.digest
+        if key and key in existing:
+            out[i].replay(existing[key], model_name, digest)
+        elif key and key in first_of:
+            later.append((i, key, digest))
+        else:
+            if key:
+                first_of[key] = i
+            subs.append((i, new_submission(principal, checked), digest))
+    if any(s.values["caller_deadline_at"] for _i, s, _d in subs):  # deadlines: one estimate step for the batch
+        ests = estimates.for_new(model, principal.tenant_id, [s.score for _i, s, _d in subs]) or [None] * len(subs)
+        kept = []
+        for (i, s, digest), est in zip(subs, ests):
+            try:
+                estimates.refuse_late(est, s.values["caller_deadline_at"])
+                kept.append((i, s, digest))
+            except DomainError as exc:
+                out[i].error = exc
+        subs = kept
+    admission.admit_many([s for _i, s, _d in subs])
+    lost = {s.values["idempotency_key"] for _i, s, _d in subs if isinstance(s.error, admission.IdempotencyConflict)}
+    winners = find_idempotent(principal.tenant_id, lost)
+    for i, s, digest in subs:
+        if isinstance(s.error, admission.IdempotencyConflict):
+            out[i].replay(winners.get(s.values["idempotency_key"]), model_name, digest)
+        elif s.error is not None:
+            out[i].error = s.error
+        else:
+            out[i].submitted = Submitted(s.row, replayed=False)
+    for i, key, digest in later:  # the first item's row, or its refusal
+        first = out[first_of[key]]
+        if first.submitted is None:
+            out[i].error = first.error
+        else:
+            out[i].replay(first.submitted.row, model_name, digest)
+    for o in out:
+        if o.submitted is not None and not o.submitted.replayed:
+            metrics.job_admitted(model_name)
+        elif isinstance(o.error, DomainError):
+            metrics.job_rejected(model_name, o.error)
+    return out
 
 
 def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:

@@ -17,7 +17,7 @@ from app.catalog.schemas import (ModelInput, ModelNameBody, ModelTypeInput, Mode
 from app.contract import NO_NUL, Int, Loose, Params, rule
 from app.jobs import service as jobs, stats, submission
 from app.jobs.seed_schemas import CreatedTask, CreateTask, SeedTask, TaskHeaders, TaskIds
-from app.jobs.usage_schemas import Usage, UsageQuery
+from app.jobs.stats import Usage, UsageQuery
 from app.maintenance import autotune, passes
 from app.maintenance.schemas import AutotuneReport, AutotuneRequest, Report
 from app.web.auth import current_principal

@@ -8,7 +8,7 @@ from app.config import get_settings
 from app.infra import parking
 from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, Snapshot, hub
-from app.jobs import batch as batches, estimates, events as job_events, service as jobs, submission
+from app.jobs import estimates, events as job_events, service as jobs, submission
 from app.jobs.requests import (BATCH_MAX_JOBS, BatchHeaders, BatchSubmit, EventHeaders, FailRequest, JobListQuery,
                                SubmitHeaders, TenantEventsQuery, WaitQuery)
 from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync
@@ -108,7 +108,7 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
                       "key, body or model refuses the whole batch as for a submit.")
 def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
     results = []
-    for o in batches.submit_batch(current_principal(), model, body.jobs, **caller(headers)):
+    for o in jobs.submit_batch(current_principal(), model, body.jobs, **caller(headers)):
         if o.submitted is not None:
             row, replayed = o.submitted.row, o.submitted.replayed
             values = dict(status=202, job_id=row.id, state=JobStatus.from_row(row).state if replayed else "pending",
