@@ -178,10 +178,7 @@ def fail_attempt(
     if worker_gone is not None:
         where.append(tasks.c.worker == worker_gone)
     values = {"error": error[:4000], "error_detail": detail[:4000] if detail else None, "lease_expires_at": None}
-    if retry_at is not None:
-        values["next_retry_at"] = retry_at
-    else:
-        values["finished_at"] = clock_now()
+    values |= {"next_retry_at": retry_at} if retry_at is not None else {"finished_at": clock_now()}
     return _moved(_cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT if retry_at is not None else S.FAILED,
                        attempt=attempt, where=where, values=values, alongside=alongside, log_attempt=True))
 

@@ -33,6 +33,7 @@ from sqlalchemy import select, tuple_
 
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
+from app.contract import dump
 from app.errors import NotFound
 from app.infra.db import single_statement
 from app.infra.tables import tasks
@@ -95,14 +96,8 @@ def _since(row, after: int) -> list[Event]:
         name, attempt = ("running", (k + 1) // 2) if k % 2 else ("pending", k // 2)
         out.append(Event(str(k), name, {"job_id": row.id, "model": row.model_name, "state": name, "attempt": attempt}))
     if is_terminal(row.state):
-        out.append(Event("end", v1_name(row.state), _poll_body(row)))
+        out.append(Event("end", v1_name(row.state), dump(JobStatus.from_row(row))))
     return out
-
-
-def _poll_body(row) -> dict:
-    from app.contract import dump
-
-    return dump(JobStatus.from_row(row))
 
 
 def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None, watch=None) -> Stream:
@@ -236,13 +231,12 @@ def _tenant_passes(scope, model_name, cursor) -> Iterator[Event | None]:
                 if ev_id in sent or key <= cursor:
                     continue  # sent already, or before the client's own cursor
                 sent[ev_id] = key[0]
-                yield Event(ev_id, v1_name(row.state), {**_poll_body(row), "tenant": row.tenant_id})
+                yield Event(ev_id, v1_name(row.state), {**dump(JobStatus.from_row(row)), "tenant": row.tenant_id})
             if len(rows) < TENANT_PAGE or _ending(t0, s):
                 break
             pos = (as_utc(rows[-1].updated_at), rows[-1].id)  # a full page: on from the pair
         start = max(start, began - late)  # never back: a clock that moved back re-sends nothing
-        for k in [k for k, t in sent.items() if t < start]:
-            del sent[k]  # no later pass reads that far back
+        sent = {k: t for k, t in sent.items() if t >= start}  # no later pass reads that far back
         yield None
 
 

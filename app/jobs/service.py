@@ -125,8 +125,11 @@ def find_idempotent(tenant_id: str, keys: set[str]) -> dict[str, Row]:
     return {r.idempotency_key: r for r in rows}
 
 
-def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
-    """The earlier job of an Idempotency-Key, or 422 for a different request under it."""
+def replay(existing: Row | None, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
+    """The earlier job of an Idempotency-Key, or 422 for a different request under it
+    (None: the winner of a race is unreadable, 503)."""
+    if existing is None:
+        raise Unavailable("database unavailable")
     if existing.model_name != model or existing.request_hash != digest:
         raise ValidationFailed("Idempotency-Key was already used with a different request", [
             {"pointer": face.pointer("idempotency_key"), "message": "reused with a different body"}])
@@ -162,8 +165,6 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
         except admission.IdempotencyConflict:
             # Lost a race with the same key: answer with the winner's job.
             existing = find_idempotent(principal.tenant_id, {key}).get(key)
-            if existing is None:
-                raise Unavailable("database unavailable") from None
     return replay(existing, sub.model.model_name, sub.digest, face)
 
 
@@ -195,10 +196,8 @@ class Outcome:
     error: BaseException | None = None
 
     def replay(self, row, model_name: str, digest: str) -> None:
-        """Answer with ``row``'s job (None: the winner of a race is unreadable), or the item's error."""
+        """Answer with ``row``'s job, or the item's error."""
         try:
-            if row is None:
-                raise Unavailable("database unavailable")
             self.submitted = replay(row, model_name, digest, submission.batch_item(self.index))
         except DomainError as exc:
             self.error = exc

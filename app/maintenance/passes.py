@@ -48,17 +48,13 @@ from app.infra.tables import models, tasks
 from app.jobs import dispatch, execution, retention
 from app.jobs.admission import release_slot
 from app.maintenance.autotune import effective
+# Re-exported too: beat, the CLI and the HTTP triggers reach every part through this module.
 from app.maintenance.recovery import (expire_past_deadline, kick_dispatch, reconcile_gates, recover_dead_workers,
                                       recover_expired_leases, repair_after_wipe, republish_stale_pending,
                                       requeue_all_pending, time_out_overdue)
 from app.maintenance.report import Report, batch_size, compose, locked
 from app.states import JobState
 from app.tenancy import limits
-
-__all__ = ["Report", "clean_work", "cleanup", "expire_past_deadline", "kick_dispatch", "promote_waiting_retries",
-           "recover", "recover_dead_workers", "recover_expired_leases", "reconcile_gates", "repair_after_wipe",
-           "republish_stale_pending", "requeue_all_pending", "retry_due", "run_once", "run_work", "time_out_overdue"]
-
 
 def run_work(max_tasks: int | None = None) -> Report:
     """One worker pass (seed: /task/runWork): every job that should be queued
