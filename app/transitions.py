@@ -88,77 +88,63 @@ def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *
         vals.update(passthrough_headers=None, model_key=None)
     vals.update(values or {})
     states = tuple(int(s) for s in from_states)
-    # Hot paths: one statement per shape, built once, values as parameters.  Maintenance guards
-    # (``where``) carry their own literals: built per call (rare).
-    key = None if where else (states, attempt is not None, tuple(sorted(vals)))
-    stmt = _STATEMENTS.get(key) if key is not None else None
-    if stmt is None:
-        stmt = _guarded(states, attempt is not None).where(*where).values(
-            {k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
-        if key is not None:
-            _STATEMENTS[key] = stmt
-    params = {f"v_{k}": v for k, v in vals.items()} | {"_id": job_id, "_attempt": attempt}
     # A terminal state writes its outbox rows with the transition itself
     # (app/infra/outbox_rows.py): never lost, never twice.
     hooks = S(to_state) if S(to_state) in outbox_rows.EVENT_OF_STATE else None
     side, side_params = alongside or (None, {})
-    params.update(side_params)
-    if side is not None or log_attempt or hooks is not None:
-        stmt = _combined(key, stmt, side, log_attempt, hooks)
-    return conn.execute(stmt, params).first()
+    # Hot paths: one statement per shape, built once, values as parameters.  Maintenance guards
+    # (``where``) carry their own literals: built per call (rare).
+    key = None if where else (states, attempt is not None, tuple(sorted(vals)), id(side), log_attempt, hooks)
+    stmt = _STATEMENTS.get(key) if key is not None else None
+    if stmt is None:
+        # UPDATE asynch_task WHERE id = :_id AND state IN (...) [AND attempt = :_attempt]
+        stmt = update(tasks).where(tasks.c.id == bindparam("_id"))
+        stmt = stmt.where(tasks.c.state == states[0]) if len(states) == 1 else stmt.where(tasks.c.state.in_(states))
+        if attempt is not None:
+            stmt = stmt.where(tasks.c.attempt == bindparam("_attempt"))
+        stmt = stmt.where(*where).values({k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+        if side is not None or log_attempt or hooks is not None:
+            stmt = _combined(stmt, side, log_attempt, hooks)
+        if key is not None:
+            _STATEMENTS[key] = stmt
+    params = {f"v_{k}": v for k, v in vals.items()} | {"_id": job_id, "_attempt": attempt}
+    return conn.execute(stmt, params | side_params).first()
 
 
 _ATTEMPT_COLS = ("job_id", "attempt", "worker", "started_at", "ended_at", "outcome", "error", "error_detail")
-_COMBINED: dict[tuple, object] = {}
-
-
-def _combined(key: tuple | None, stmt, side, log_attempt: bool | str, hooks: S | None):
-    """WITH moved AS (<the CAS> RETURNING *) [, side AS (<side>)] [, logged AS
-    (INSERT INTO asynch_task_attempt ... FROM moved)] [, hook0.. AS (INSERT the
-    outbox rows FROM moved)] SELECT moved.*[, <rows inserted> AS deliveries_queued]
-    FROM moved -- built once per shape.  PostgreSQL runs every data-modifying CTE
-    exactly once: the log and the deliveries commit with the transition or not at all."""
-    cache_key = (key, id(side) if side is not None else None, log_attempt, hooks)
-    combined = _COMBINED.get(cache_key) if key is not None else None
-    if combined is None:
-        moved = stmt.cte("moved")
-        cols = [moved]
-        ctes = []
-        if side is not None:
-            ctes.append(side.returning(literal_column("1")).cte("side"))
-        if log_attempt:
-            c = moved.c
-            rows = select(c.id, c.attempt, c.worker, c.started_at, c.updated_at, c.state, c.error, c.error_detail)
-            if log_attempt == "open":  # the statement's snapshot: earlier attempts' rows are committed
-                logged = select(task_attempts.c.id).where(task_attempts.c.job_id == c.id,
-                                                          task_attempts.c.attempt == c.attempt)
-                rows = rows.where(c.attempt > 0, ~logged.exists())
-            log = insert(task_attempts).from_select(list(_ATTEMPT_COLS), rows)
-            ctes.append(log.returning(literal_column("1")).cte("logged"))
-        if hooks is not None:
-            made = [ins.returning(deliveries.c.id).cte(f"hook{i}")
-                    for i, ins in enumerate(outbox_rows.inserts(moved, hooks))]
-            ctes.extend(made)
-            counted = [select(func.count()).select_from(h).scalar_subquery() for h in made]
-            cols.append(sum(counted[1:], counted[0]).label("deliveries_queued"))
-        combined = select(*cols)
-        for cte in ctes:
-            combined = combined.add_cte(cte)
-        if key is not None:
-            _COMBINED[cache_key] = combined
-    return combined
-
-
 _STATEMENTS: dict[tuple, object] = {}
 
 
-def _guarded(states: tuple[int, ...], with_attempt: bool):
-    """UPDATE asynch_task WHERE id = :_id AND state IN (...) [AND attempt = :_attempt]."""
-    stmt = update(tasks).where(tasks.c.id == bindparam("_id"))
-    stmt = stmt.where(tasks.c.state == states[0]) if len(states) == 1 else stmt.where(tasks.c.state.in_(states))
-    if with_attempt:
-        stmt = stmt.where(tasks.c.attempt == bindparam("_attempt"))
-    return stmt
+def _combined(stmt, side, log_attempt: bool | str, hooks: S | None):
+    """WITH moved AS (<the CAS> RETURNING *) [, side AS (<side>)] [, logged AS
+    (INSERT INTO asynch_task_attempt ... FROM moved)] [, hook0.. AS (INSERT the
+    outbox rows FROM moved)] SELECT moved.*[, <rows inserted> AS deliveries_queued]
+    FROM moved.  PostgreSQL runs every data-modifying CTE exactly once: the log
+    and the deliveries commit with the transition or not at all."""
+    moved = stmt.cte("moved")
+    cols = [moved]
+    ctes = []
+    if side is not None:
+        ctes.append(side.returning(literal_column("1")).cte("side"))
+    if log_attempt:
+        c = moved.c
+        rows = select(c.id, c.attempt, c.worker, c.started_at, c.updated_at, c.state, c.error, c.error_detail)
+        if log_attempt == "open":  # the statement's snapshot: earlier attempts' rows are committed
+            logged = select(task_attempts.c.id).where(task_attempts.c.job_id == c.id,
+                                                      task_attempts.c.attempt == c.attempt)
+            rows = rows.where(c.attempt > 0, ~logged.exists())
+        log = insert(task_attempts).from_select(list(_ATTEMPT_COLS), rows)
+        ctes.append(log.returning(literal_column("1")).cte("logged"))
+    if hooks is not None:
+        made = [ins.returning(deliveries.c.id).cte(f"hook{i}")
+                for i, ins in enumerate(outbox_rows.inserts(moved, hooks))]
+        ctes.extend(made)
+        counted = [select(func.count()).select_from(h).scalar_subquery() for h in made]
+        cols.append(sum(counted[1:], counted[0]).label("deliveries_queued"))
+    combined = select(*cols)
+    for cte in ctes:
+        combined = combined.add_cte(cte)
+    return combined
 
 
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
@@ -192,10 +178,7 @@ def fail_attempt(
     if worker_gone is not None:
         where.append(tasks.c.worker == worker_gone)
     values = {"error": error[:4000], "error_detail": detail[:4000] if detail else None, "lease_expires_at": None}
-    if retry_at is not None:
-        values["next_retry_at"] = retry_at
-    else:
-        values["finished_at"] = clock_now()
+    values |= {"next_retry_at": retry_at} if retry_at is not None else {"finished_at": clock_now()}
     return _moved(_cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT if retry_at is not None else S.FAILED,
                        attempt=attempt, where=where, values=values, alongside=alongside, log_attempt=True))
 
@@ -220,17 +203,13 @@ def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
         "retry_count": retries, "enqueue_at": enqueue_at, "next_retry_at": None, "promoted_at": promoted_at})
 
 
-def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime,
-                     promote: bool = False) -> Row | None:
-    """A pending attempt's message was sent again (not a state change):
-    ``updated_at`` restarts the lost-message clock; ``promote`` marks the retry published at high
-    priority, once.  None if the job moved on (the message is then a no-op)."""
-    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt)
-    vals = {"updated_at": now}
-    if promote:
-        stmt = stmt.where(tasks.c.promoted_at.is_(None))
-        vals["promoted_at"] = now
-    return conn.execute(stmt.values(**vals).returning(tasks.c.id)).first()
+def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime) -> Row | None:
+    """A waiting retry's message was sent again at high priority (not a state change): ``promoted_at``
+    marks it, once; ``updated_at`` restarts the lost-message clock.  None if the job moved on or was
+    promoted already (the message is then a no-op)."""
+    stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt,
+                               tasks.c.promoted_at.is_(None))
+    return conn.execute(stmt.values(updated_at=now, promoted_at=now).returning(tasks.c.id)).first()
 
 
 def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> None:

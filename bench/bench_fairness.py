@@ -184,7 +184,7 @@ def deep(worker_pids, depth: int, seconds: float = 20.0) -> dict:
     from app.infra.db import get_engine
     from app.infra.tables import tasks
     from app.jobs import dispatch
-    from app.maintenance.gates import model_caps
+    from app.maintenance.recovery import model_caps
 
     with get_engine().begin() as c:
         c.execute(text("TRUNCATE asynch_task CASCADE"))

@@ -113,10 +113,10 @@ def hot_operations():
         ("republish stale pending", maintenance.republish_stale_pending),
         ("reconcile gates", maintenance.reconcile_gates),
     ]
-    from app.jobs import claims
+    from app.jobs import service
 
     ids = ["job_" + format(i, "x").zfill(24) for i in range(EXPIRED + 1, EXPIRED + 1001)]
-    ops.append(("getTaskBatch 1000", lambda: claims.get_task_batch(Principal("admin", "admin", None), ids)))
+    ops.append(("getTaskBatch 1000", lambda: service.get_task_batch(Principal("admin", "admin", None), ids)))
     return ops
 
 
@@ -125,7 +125,7 @@ def timed_batches(n: int = 11) -> dict:
     the rest failed or already claimed): every call claims for real."""
     import statistics
 
-    from app.jobs import claims
+    from app.jobs import service
     from app.tenancy.keys import Principal
 
     admin = Principal("admin", "admin", None)
@@ -134,7 +134,7 @@ def timed_batches(n: int = 11) -> dict:
         start = EXPIRED + 1 + k * 1000
         ids = ["job_" + format(i, "x").zfill(24) for i in range(start, start + 1000)]
         t0 = time.monotonic()
-        out = claims.get_task_batch(admin, ids)
+        out = service.get_task_batch(admin, ids)
         took.append((time.monotonic() - t0) * 1000)
         claimed += sum(1 for d in out if d["claimed"])
     med = statistics.median(took)

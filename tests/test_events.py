@@ -13,7 +13,7 @@ import requests
 from helpers import auth, job_row, submit, wait_until
 
 from app.config import set_settings
-from app.jobs.waitcaps import set_waiter_cap_resolver
+from app.jobs.service import set_waiter_cap_resolver
 
 pytestmark = pytest.mark.e2e
 

@@ -105,7 +105,7 @@ def test_64_threads_through_the_api_admit_no_more_rows_than_the_limit(api_url, m
 def test_reconcile_refills_the_index_of_tenants_holding_slots(client, make_model, r):
     """After a wipe the index is rebuilt from the rows with the gates, so the
     shares count every tenant with work again."""
-    from app.maintenance.gates import reconcile_gates
+    from app.maintenance.recovery import reconcile_gates
 
     make_model("q", queue_limit=20)
     for t in ("tenant-a", "tenant-b"):

@@ -20,7 +20,7 @@ from app.infra.db import transaction
 from app.infra.tables import tasks
 from app.jobs import batch, execution
 from app.jobs import service as jobs
-from app.maintenance import cleanup
+from app.maintenance import passes
 from app.states import JobState
 from app.tenancy.keys import Principal
 
@@ -62,7 +62,7 @@ def test_the_next_submit_keeps_exactly_the_most_recently_read_beyond_max_complet
     assert resp.status_code == 202, resp.text
     assert {j for j in ids if job_row(j) is not None} == {ids[1], ids[3]}
     assert readable() == {ids[1], ids[3]}
-    assert cleanup.cleanup().details["evicted"] == 0  # the periodic pass finds nothing left to do
+    assert passes.cleanup().details["evicted"] == 0  # the periodic pass finds nothing left to do
 
 
 def test_concurrent_submits_evict_the_excess_once(make_model, model_server):

@@ -1,4 +1,4 @@
-"""runWork without resident workers (issue 13 item 4, app/maintenance/run_once.py):
+"""runWork without resident workers (issue 13 item 4, app/maintenance/passes.py run_once):
 POST /task/runWork claims pending jobs FOR UPDATE SKIP LOCKED and runs them
 in the calling process; alone it drives every job to done, and beside
 resident Celery workers each attempt still runs exactly once.  The CLI

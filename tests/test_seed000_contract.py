@@ -20,7 +20,7 @@ from app.infra.db import transaction
 from app.infra.tables import tasks
 from app.jobs import execution
 from app.jobs import service as jobs
-from app.maintenance import cleanup, passes
+from app.maintenance import passes
 from app.states import JobState
 from app.tenancy.keys import Principal
 
@@ -41,7 +41,7 @@ def test_a_job_waiting_to_retry_times_out_at_its_budget(make_model, r):
     assert passes.time_out_overdue().processed == 0  # within budget: left alone
     with transaction() as conn:
         conn.execute(update(tasks).where(tasks.c.id == job_id).values(deadline_at=now() - timedelta(seconds=1)))
-    rep = cleanup.cleanup()
+    rep = passes.cleanup()
     assert rep.details["timeouts"] == 1
     row = job_row(job_id)
     assert row.state == JobState.TIMEOUT and row.finished_at is not None and row.error == "job_timeout: job budget exceeded"
@@ -85,16 +85,16 @@ def test_max_completed_evicts_the_least_recently_read_beside_time_retention(clie
     # The oldest two are read now (one through each read route): they become the most recently read.
     assert client.get(f"/task/getTaskResult?taskId={ids[0]}", headers=auth(user_key)).status_code == 200
     assert client.get(f"/v1/models/capped/jobs/{ids[1]}/result", headers=auth(user_key)).status_code == 200
-    rep = cleanup.cleanup()
+    rep = passes.cleanup()
     assert rep.details["evicted"] == 2
     left = {jid for jid in ids if job_row(jid) is not None}
     assert left == {ids[0], ids[1], ids[4]}  # ids[2], ids[3]: finished earliest among the unread
-    assert cleanup.cleanup().details["evicted"] == 0  # at the cap: nothing more
+    assert passes.cleanup().details["evicted"] == 0  # at the cap: nothing more
     # A model without a cap keeps everything (time retention only).
     make_model("free")
     for i in range(4):
         assert execution.run_attempt(jobs.submit(USER, "free", {"i": i}).row.id, 0) == "done"
-    assert cleanup.cleanup().details["evicted"] == 0
+    assert passes.cleanup().details["evicted"] == 0
 
 
 def test_a_submit_returns_before_the_model_has_answered(api_url, make_model, model_server, user_key, workers):
@@ -125,6 +125,6 @@ def test_a_later_batch_read_counts_as_a_read_for_eviction(client, make_model, mo
     # a is read again (already claimed: claimed false): it is now the more recently read.
     again = client.post("/task/getTaskBatch", json={"taskIds": [a]}, headers=auth(user_key)).get_json()["data"]
     assert again[0]["claimed"] is False and again[0]["state"] == 4
-    assert cleanup.cleanup().details["evicted"] == 1
+    assert passes.cleanup().details["evicted"] == 1
     assert job_row(a) is not None and job_row(b) is None
 

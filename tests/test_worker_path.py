@@ -28,7 +28,6 @@ from app.infra.redis import keys
 from app.infra.tables import model_stats
 from app.jobs import execution, outbox
 from app.jobs import service as jobs
-from app.maintenance import cleanup as cleanup_pass
 from app.maintenance import passes as maintenance
 from app.states import JobState
 
@@ -116,7 +115,7 @@ def test_a_canceled_attempt_keeps_no_inline_result_and_cleanup_needs_no_storage(
     assert execution.run_attempt(kept, 0) == "done"
     set_settings(settings.with_overrides(inline_result_bytes=-1, done_retention_seconds=0))
     time.sleep(0.05)
-    rep = cleanup_pass.cleanup()
+    rep = maintenance.cleanup()
     assert job_row(kept) is None and rep.processed >= 1
 
 

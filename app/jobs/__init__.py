@@ -1,3 +1,3 @@
-"""Jobs: admission (service.submit), reads and cancel (service), the worker's
-attempt (execution), the seed's batch claim (claims), usage counts (stats),
+"""Jobs: admission (service.submit, batch.submit_batch), reads and cancel (service), the worker's
+attempt (execution), the seed's batch claim (service), usage counts (stats),
 and their contracts (schemas)."""

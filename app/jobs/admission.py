@@ -178,17 +178,15 @@ def commit_batch(batch: list[Submission]) -> None:
                 if not isinstance(exc, Unavailable):  # not a domain error: the one handler answers 500
                     log.error("admission INSERT failed: %s", exc)
                 _refuse(s, exc)
-    committed = []
     for s in admitted:
         if not s.event.is_set() and s.job_id not in rows:  # its Idempotency-Key was taken by another row
             _refuse(s, IdempotencyConflict())
-        elif not s.event.is_set():
-            committed.append((s, rows[s.job_id]))
+    committed = [s for s in admitted if not s.event.is_set()]
     # After the commit: the batch's jobs join their tenants' queues as one
     # group (the outbox never splits a group).
-    outbox.send_many([(s.model, s.tenant, s.job_id, s.score) for s, _row in committed])
-    for s, row in committed:
-        _answer(s, row=row)
+    outbox.send_many([(s.model, s.tenant, s.job_id, s.score) for s in committed])
+    for s in committed:
+        _answer(s, row=rows[s.job_id])
 
 
 def _estimated(batch: list[Submission]) -> list[Submission]:
@@ -232,8 +230,6 @@ _COLUMNS = ("id", "tenant_id", "creator", "model_name", "biz_name", "callback_ur
             "caller_deadline_at")
 # Columns a submission may leave out (the table's server defaults).
 _DEFAULTS = {"priority": 5, "webhook_url": None, "webhook_events": None, "caller_deadline_at": None}
-# The partial unique index's target (revision 0005): a row whose key is taken is skipped, not an error.
-_CONFLICT = " ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 
 
 def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:
@@ -253,5 +249,7 @@ def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:
 
 _ROW_TEMPLATE = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
 _INSERT_HEAD = f"INSERT INTO asynch_task ({', '.join(_COLUMNS)}) VALUES "
-_INSERT_TAIL = _CONFLICT + " RETURNING " + ", ".join(c.name for c in tasks.c)
+# The partial unique index's target (revision 0005): a row whose key is taken is skipped, not an error.
+_INSERT_TAIL = (" ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+                " RETURNING " + ", ".join(c.name for c in tasks.c))
 

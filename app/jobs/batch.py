@@ -23,7 +23,7 @@ from typing import Any
 from app.catalog.registry import enabled_model
 from app.config import get_settings
 from app.contract import parse
-from app.errors import DomainError, Unavailable
+from app.errors import DomainError
 from app.infra import metrics
 from app.infra.http.netguard import Lookups
 from app.jobs import admission, submission
@@ -40,10 +40,8 @@ class Outcome:
     error: BaseException | None = None
 
     def replay(self, row, model_name: str, digest: str) -> None:
-        """Answer with ``row``'s job (None: the winner of a race is unreadable), or the item's error."""
+        """Answer with ``row``'s job, or the item's error."""
         try:
-            if row is None:
-                raise Unavailable("database unavailable")
             self.submitted = jobs.replay(row, model_name, digest, submission.batch_item(self.index))
         except DomainError as exc:
             self.error = exc

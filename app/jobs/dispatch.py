@@ -53,7 +53,15 @@ def head(attempt: int) -> str:
     return f"{attempt}h"
 
 
-def _publish(model: str, sent: list[tuple[str, str, str]]) -> None:
+def _safely(model: str, what: str, call, *, more: bool = False):
+    """Run a dispatch step and publish what it dispatched, (tenant, job_id, attempt) each; ``more``: the
+    step answers (its value, the triples).  Redis failing: ``[]`` (``(None, [])``)."""
+    try:
+        out = call()
+    except redis.RedisError as exc:
+        log.warning("dispatch (%s) of %s failed: %s; the maintenance pass repairs it", what, model, exc)
+        return (None, []) if more else []
+    sent = out[1] if more else out
     high = [(job_id, int(a[:-1])) for _t, job_id, a in sent if a.endswith("h")]
     normal = [(job_id, int(a)) for _t, job_id, a in sent if not a.endswith("h")]
     if high:
@@ -62,17 +70,6 @@ def _publish(model: str, sent: list[tuple[str, str, str]]) -> None:
         publisher.publish_run_jobs(normal)
     for tenant, n in Counter(tenant for tenant, _, _ in sent).items():
         metrics.dispatched(model, tenant, n)
-
-
-def _safely(model: str, what: str, call, *, more: bool = False):
-    """Run a dispatch step and publish what it dispatched; ``more``: the step
-    answers (its value, the pairs).  Redis failing: ``[]`` (``(None, [])``)."""
-    try:
-        out = call()
-    except redis.RedisError as exc:
-        log.warning("dispatch (%s) of %s failed: %s; the maintenance pass repairs it", what, model, exc)
-        return (None, []) if more else []
-    _publish(model, out[1] if more else out)
     return out
 
 

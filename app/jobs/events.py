@@ -17,7 +17,7 @@ Invariants:
   from ``LATE_SECONDS`` before the previous one began (a commit can land a
   little behind a newer one): at-least-once, a client dedupes by id.
 - Tenant-scoped: a caller sees only its own tenant's jobs (admins: any).
-- Every open stream holds one place under the waiter caps (app/jobs/waitcaps.py)
+- Every open stream holds one place under the waiter caps (app/jobs/service.py)
   for its whole life, checked before anything is read or sent (429), given
   back in a ``finally``.
 """
@@ -33,13 +33,13 @@ from sqlalchemy import select, tuple_
 
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
+from app.contract import dump
 from app.errors import NotFound
 from app.infra.db import single_statement
 from app.infra.tables import tasks
 from app.infra.wakeups import GONE, hub
 from app.jobs import service as jobs
 from app.jobs.schemas import JobStatus
-from app.jobs.waitcaps import waiter_cap
 from app.states import JobState, is_terminal, v1_name
 from app.tenancy.keys import Principal
 
@@ -72,18 +72,12 @@ class Stream:
         hub.unregister(self._waiter)
 
 
-def place(row) -> int | None:
-    """The row's place on its job's line; None for a terminal row."""
-    state = JobState(row.state)
-    if is_terminal(state):
-        return None
-    return 2 * row.attempt - 1 if state == JobState.RUNNING else 2 * row.attempt  # retry_wait shows as pending
-
-
-def _last_place(row) -> int:
-    """The last non-terminal place a terminal row passed: running of its
-    last attempt (or pending, if it never ran)."""
-    return 2 * row.attempt - 1 if row.attempt >= 1 else 0
+def place(row) -> int:
+    """The row's place on its job's line; a terminal row's is the last non-terminal
+    place it passed: running of its last attempt (or pending, if it never ran)."""
+    if is_terminal(row.state):
+        return 2 * row.attempt - 1 if row.attempt >= 1 else 0
+    return 2 * row.attempt - 1 if row.state == JobState.RUNNING else 2 * row.attempt  # retry_wait shows as pending
 
 
 def parse_job_id(last: str | None) -> int | str:
@@ -97,20 +91,13 @@ def parse_job_id(last: str | None) -> int | str:
 
 def _since(row, after: int) -> list[Event]:
     """The events after place ``after`` up to the row's current state."""
-    now = place(row)
     out = []
-    for k in range(after + 1, (now if now is not None else _last_place(row)) + 1):
+    for k in range(after + 1, place(row) + 1):
         name, attempt = ("running", (k + 1) // 2) if k % 2 else ("pending", k // 2)
         out.append(Event(str(k), name, {"job_id": row.id, "model": row.model_name, "state": name, "attempt": attempt}))
-    if now is None:
-        out.append(Event("end", v1_name(row.state), _poll_body(row)))
+    if is_terminal(row.state):
+        out.append(Event("end", v1_name(row.state), dump(JobStatus.from_row(row))))
     return out
-
-
-def _poll_body(row) -> dict:
-    from app.contract import dump
-
-    return dump(JobStatus.from_row(row))
 
 
 def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None, watch=None) -> Stream:
@@ -118,7 +105,7 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
     read (404) before this returns, the rest as the iterator is consumed."""
     read = jobs.reader(principal, job_id, model_name)
     last = parse_job_id(last_id)  # before the place is taken: nothing may raise between the two
-    w = hub.register(job_id, principal.tenant_id, waiter_cap(principal))
+    w = hub.register(job_id, principal.tenant_id, jobs.waiter_cap(principal))
     try:
         row = read()
     except BaseException:
@@ -130,7 +117,7 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
 def _job_passes(w, row, read, last) -> Iterator[Event | None]:
     """The job's events since ``last``, then None (the pass is over) and the row again."""
     if last == "end":
-        last = _last_place(row) if is_terminal(row.state) else -1
+        last = place(row) if is_terminal(row.state) else -1
     while True:
         for ev in _since(row, last):
             yield ev
@@ -203,7 +190,7 @@ def tenant_events(principal: Principal, model_name: str | None, last_id: str | N
     scope = tenant if principal.is_admin else principal.tenant_id
     cursor = parse_tenant_cursor(last_id) or (clock_now(), "")
     # Last: nothing between taking the place and handing it to the Stream may raise.
-    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, waiter_cap(principal))
+    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, jobs.waiter_cap(principal))
     return Stream(_follow(w, watch, _tenant_passes(scope, model_name, cursor)), w)
 
 
@@ -244,13 +231,12 @@ def _tenant_passes(scope, model_name, cursor) -> Iterator[Event | None]:
                 if ev_id in sent or key <= cursor:
                     continue  # sent already, or before the client's own cursor
                 sent[ev_id] = key[0]
-                yield Event(ev_id, v1_name(row.state), {**_poll_body(row), "tenant": row.tenant_id})
+                yield Event(ev_id, v1_name(row.state), {**dump(JobStatus.from_row(row)), "tenant": row.tenant_id})
             if len(rows) < TENANT_PAGE or _ending(t0, s):
                 break
             pos = (as_utc(rows[-1].updated_at), rows[-1].id)  # a full page: on from the pair
         start = max(start, began - late)  # never back: a clock that moved back re-sends nothing
-        for k in [k for k, t in sent.items() if t < start]:
-            del sent[k]  # no later pass reads that far back
+        sent = {k: t for k, t in sent.items() if t >= start}  # no later pass reads that far back
         yield None
 
 

@@ -85,7 +85,7 @@ _JOB_WITH_MODEL = (
 def run_claimed(row, model, mine: int) -> str:
     """Run attempt ``mine`` of a row this caller just claimed (``model``: its
     model's row, None if gone): run_attempt above and the worker-less runWork
-    pass (app/maintenance/run_once.py) share it."""
+    pass (app/maintenance/passes.py run_once) share it."""
     settings = get_settings()
     job_id = row.id
     ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
@@ -112,7 +112,8 @@ def run_claimed(row, model, mine: int) -> str:
         location = INLINE  # kept in the row by the done write itself
         if inline is None:
             try:
-                location = _upload(job_id, mine, resp.body, resp.content_type, passthrough_of(row), ctx)
+                passthrough = json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
+                location = _upload(job_id, mine, resp.body, resp.content_type, passthrough, ctx)
             except StorageError as exc:
                 return _fail(row, mine, job_error("storage_error", "result upload failed"), permanent=False,
                              retry_times=model.retry_times, ctx=ctx, counted=True,
@@ -126,7 +127,10 @@ def run_claimed(row, model, mine: int) -> str:
         if won is None:
             # Canceled, timed out or recovered while we worked: not ours any more.
             if inline is None:
-                _delete_quietly(location)
+                try:
+                    get_storage().delete(location)
+                except StorageError:
+                    log.warning("orphan result not deleted: %s", location)
             log.info("attempt lost its job before completing", extra=ctx)
             return "lost"
         log.info("job done", extra=ctx)
@@ -141,11 +145,6 @@ def run_claimed(row, model, mine: int) -> str:
         except Exception:
             log.exception("could not record the crashed attempt; recovery will", extra=ctx)
             return "lost"
-
-
-def passthrough_of(row) -> dict[str, str] | None:
-    """The job's OSS pass-through headers (never log or return them)."""
-    return json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
 
 
 def _call_counted(conn, row) -> tuple:
@@ -166,13 +165,6 @@ def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrou
             if i + 1 == tries:
                 raise
             time.sleep(min(2.0, 0.2 * (2 ** i)))
-
-
-def _delete_quietly(location: str) -> None:
-    try:
-        get_storage().delete(location)
-    except StorageError:
-        log.warning("orphan result not deleted: %s", location)
 
 
 def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,

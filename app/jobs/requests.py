@@ -22,8 +22,8 @@ from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, WEBHOOK_EVENTS
 # wire type (the document states the option's own schema: ``carried``; the 422 comes from the rule).
 
 
-def _event_list(v: str | None) -> list[str] | None:
-    return [e.strip() for e in v.split(",")] if v else None
+# The header's own syntax (a comma list), read as the option's list.
+_CommaList = Annotated[str | None, AfterValidator(lambda v: [e.strip() for e in v.split(",")] if v else None)]
 
 
 def _header(alias: str, description: str, **kw) -> Any:
@@ -51,8 +51,7 @@ class SubmitHeaders(CallerHeaders):
     priority: str | None = _header("X-Priority", "0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
     webhook_url: str | None = _header("X-Webhook-Url", "a signed JSON POST (Standard Webhooks) on the job's "
                                       "terminal state (see docs/api.md, Webhooks)")
-    # The header's own syntax (a comma list), read as the option's list.
-    webhook_events: Annotated[str | None, AfterValidator(_event_list)] = _header(
+    webhook_events: _CommaList = _header(
         "X-Webhook-Events", WEBHOOK_EVENTS_HELP, max_length=64, pattern=WEBHOOK_EVENTS_PATTERN)
     deadline_seconds: carried(DeadlineSeconds | None, str | None) = _header("X-Deadline", DEADLINE_HELP, max_length=32)
     prefer: str | None = _header("Prefer", "RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "

@@ -2,7 +2,7 @@
 time (claimed past expire_at, done after ASYNCH_DONE_RETENTION_SECONDS, the
 other ends after ASYNCH_FAILED_RETENTION_SECONDS) and, for a model with
 max_completed > 0, its least recently read done/claimed jobs beyond that
-many.  The periodic cleanup (app/maintenance/cleanup.py) runs it for
+many.  The periodic cleanup (app/maintenance/passes.py) runs it for
 everything; a submit to a capped model runs it for that model first.
 
 Invariants:

@@ -20,11 +20,6 @@ V1State = Literal["canceled", "done", "expired", "failed", "pending", "running",
 JobId = Annotated[str, Field(pattern="^job_")]
 
 
-def _elapsed_ms(row) -> int:
-    end = as_utc(row.finished_at) or clock_now()
-    return max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
-
-
 class QueueEstimate(Shape):
     """Where a pending job stands (app/jobs/estimates.py): absent in any
     other state, or when the dispatcher cannot say."""
@@ -60,8 +55,9 @@ class JobStatus(QueueEstimate):
 
     @classmethod
     def values_of(cls, row) -> dict:
-        state = JobState(row.state)
-        out = {"job_id": row.id, "model": row.model_name, "state": v1_name(row.state), "elapsed_ms": _elapsed_ms(row),
+        state, end = JobState(row.state), as_utc(row.finished_at) or clock_now()
+        elapsed_ms = max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
+        out = {"job_id": row.id, "model": row.model_name, "state": v1_name(row.state), "elapsed_ms": elapsed_ms,
                "attempt": row.attempt, "retry_count": row.retry_count, "created_at": row.created_at,
                "started_at": row.started_at, "finished_at": row.finished_at}
         if row.error and state not in (JobState.PENDING, JobState.RUNNING, JobState.DONE, JobState.CLAIMED):

@@ -1,10 +1,23 @@
-"""Jobs as callers see them: submit, status, wait, result, cancel, list.
+"""Jobs as callers see them: submit, status, wait, result, cancel, list (batch submit: batch.py).
 
 Submit order matters (invariants 1, 3, 4): the submission rule judges
 everything first (app/jobs/submission.py: bad input never touches the gate),
 then app/jobs/admission.py takes the gate slot, inserts the row (committed)
 and only then hands the job to dispatch.  Any failure between the gate and
 the commit gives the slot back.
+
+Waiter caps: ``waiter_cap`` is the only place the number of concurrent
+long-polls a tenant may hold on one API process is decided
+(app/infra/wakeups.py enforces it, and ASYNCH_WAITERS_MAX, before any read).
+The default answers the tenant's ``max_waiters`` (the limits cache), else
+ASYNCH_WAITERS_PER_TENANT; a resolver runs on every wait, so it stays in memory.
+
+The seed-002 batch status with claim (getTaskBatch): every done task a call
+names moves to claimed through transitions.claim_results (one guarded
+UPDATE: each task is claimed, its expire_at set, exactly once; ``claimed:
+true`` in the one answer that did it).  Another tenant's ids are not found
+and never touched.  Every done or claimed task named has its last_read_at
+set (max_completed evicts the least recently read).
 """
 from __future__ import annotations
 
@@ -14,7 +27,7 @@ import math
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection, Row
@@ -32,14 +45,32 @@ from app.infra.storage import ObjectMissing, StorageError, get_storage
 from app.infra.tables import tasks
 from app.jobs import admission, effects, estimates, submission
 from app.jobs.requests import JobListQuery
+from app.jobs.seed_schemas import SeedTask
 from app.jobs.submission import SubmitOptions
-from app.jobs.waitcaps import waiter_cap
 from app.states import RESULT_STATES, JobState, is_terminal, parse_v1_filter, v1_name
 from app.tenancy import limits
 from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
 
+
+def tenant_cap(principal: Principal) -> int:
+    own = limits.limits_of(principal.tenant_id).max_waiters
+    return own if own is not None else get_settings().waiters_per_tenant
+
+
+_resolver: Callable[[Principal], int] = tenant_cap
+
+
+def set_waiter_cap_resolver(fn: Callable[[Principal], int] | None) -> None:
+    """Install the resolver (tests: per-tenant caps); None restores the default."""
+    global _resolver
+    _resolver = fn or tenant_cap
+
+
+def waiter_cap(principal: Principal) -> int:
+    """Concurrent waits ``principal``'s tenant may hold on this API process."""
+    return _resolver(principal)
 
 
 def new_job_id() -> str:
@@ -76,8 +107,11 @@ def find_idempotent(tenant_id: str, keys: set[str]) -> dict[str, Row]:
     return {r.idempotency_key: r for r in rows}
 
 
-def replay(existing: Row, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
-    """The earlier job of an Idempotency-Key, or 422 for a different request under it."""
+def replay(existing: Row | None, model: str, digest: str, face: submission.Face = submission.V1) -> Submitted:
+    """The earlier job of an Idempotency-Key, or 422 for a different request under it
+    (None: the winner of a race is unreadable, 503)."""
+    if existing is None:
+        raise Unavailable("database unavailable")
     if existing.model_name != model or existing.request_hash != digest:
         raise ValidationFailed("Idempotency-Key was already used with a different request", [
             {"pointer": face.pointer("idempotency_key"), "message": "reused with a different body"}])
@@ -112,8 +146,6 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
         except admission.IdempotencyConflict:
             # Lost a race with the same key: answer with the winner's job.
             existing = find_idempotent(principal.tenant_id, {key}).get(key)
-            if existing is None:
-                raise Unavailable("database unavailable") from None
     return replay(existing, sub.model.model_name, sub.digest, face)
 
 
@@ -307,12 +339,39 @@ def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None 
         if query.cursor:
             # Only the caller's own jobs are cursors: another tenant's id must not
             # answer differently from an unknown one (that would confirm it exists).
-            aq = select(tasks.c.created_at, tasks.c.id).where(tasks.c.id == query.cursor)
-            if not principal.is_admin:
-                aq = aq.where(tasks.c.tenant_id == principal.tenant_id)
-            anchor = conn.execute(aq).first()
-            if anchor is None:
-                raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}])
+            try:
+                anchor = load_job(conn, principal, query.cursor)
+            except NotFound:
+                raise ValidationFailed("invalid query", [{"pointer": "/cursor", "message": "unknown cursor"}]) from None
             q = q.where(tuple_(tasks.c.created_at, tasks.c.id) < tuple_(anchor.created_at, anchor.id))
         rows = conn.execute(q.order_by(tasks.c.created_at.desc(), tasks.c.id.desc()).limit(query.limit + 1)).all()
     return rows[:query.limit], rows[query.limit - 1].id if len(rows) > query.limit else None
+
+
+# What task_view reads: a batch fetches only these, never the payloads.
+VIEW_COLUMNS = tuple(tasks.c[n] for n in ("id", "state", "result_location", "result_content_type", "expire_at",
+                                         "model_name", "biz_name", "retry_count", "created_at", "finished_at", "error"))
+
+
+def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
+    """``task_ids`` as declared by TaskIds (at most ASYNCH_BATCH_MAX_IDS);
+    duplicates are answered once, in order."""
+    ids = list(dict.fromkeys(task_ids))
+    if not ids:
+        return []
+    tenant = None if principal.is_admin else principal.tenant_id
+    with transaction() as conn:
+        rows = {r.id: r for r in transitions.claim_results(conn, ids, tenant, returning=VIEW_COLUMNS)}
+        claimed = set(rows)
+        rest = [i for i in ids if i not in claimed]
+        if rest:
+            # Read after claiming: rows another call claimed meanwhile show as claimed.
+            q = select(*VIEW_COLUMNS).where(tasks.c.id.in_(rest))
+            if tenant is not None:
+                q = q.where(tasks.c.tenant_id == tenant)
+            rows.update((r.id, r) for r in conn.execute(q))
+    again = [i for i in ids if i in rows and i not in claimed and rows[i].state in RESULT_STATES]
+    if again:
+        with single_statement() as conn:
+            transitions.mark_read(conn, again, now=clock_now())
+    return [SeedTask.from_row(rows[tid], tid in claimed) if tid in rows else SeedTask.not_found(tid) for tid in ids]

@@ -1,22 +1,77 @@
 """Usage stats (asynch_model_stat): one count per real call to a model
 service, by day, tenant, creator and model.  One upsert, no read-back.
-``usage`` is the read API: users see their own tenant, admins any."""
+``usage`` is the read API: users see their own tenant, admins any; its
+query and answer are declared here too."""
 from __future__ import annotations
 
 import base64
 import binascii
 import json
 from datetime import date
+from typing import Annotated, Any
 
+from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
 from sqlalchemy import bindparam, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from app.contract import Day, Params, QueryInt, Shape, Text, rule
 from app.errors import Forbidden, ValidationFailed
 from app.infra.db import transaction
 from app.infra.tables import model_stats
-from app.jobs.usage_schemas import Usage, UsageQuery, UsageRow
 from app.tenancy.keys import Principal
+
+
+def _day(v: Any) -> Any:
+    if v is None or v == "":
+        return None
+    try:
+        return date.fromisoformat(v)
+    except (TypeError, ValueError):
+        raise PydanticCustomError("day", "must be a date YYYY-MM-DD") from None
+
+
+QueryDay = Annotated[date | None, BeforeValidator(_day), WithJsonSchema(
+    {"anyOf": [{"type": "string", "format": "date"}, {"const": ""}]})]
+
+
+class UsageQuery(Params):
+    day_from: QueryDay = Field(None, alias="from", description="first day (inclusive), YYYY-MM-DD")
+    day_to: QueryDay = Field(None, alias="to", description="last day (inclusive), YYYY-MM-DD")
+    tenant: Text | None = Field(None, description="users: only their own (another: 403)")
+    model: Text | None = None
+    # Pages in (day, model, tenant, creator) order; ``total`` stays the whole filter's sum.
+    limit: QueryInt(1, 10000) = rule("from 1 to 10000", 1000)
+    cursor: Text | None = Field(None, description="next_cursor of the previous page")
+
+    @field_validator("day_to")
+    @classmethod
+    def _ordered(cls, v: date | None, info) -> date | None:
+        start = info.data.get("day_from")
+        if v and start and start > v:
+            raise PydanticCustomError("order", "must not be before from")
+        return v
+
+
+class UsageRow(Shape):
+    model_config = {"alias_generator": None}
+
+    day: Day
+    tenant_id: str
+    creator: str
+    model_name: str
+    request_count: int = Field(ge=0)
+
+
+class Usage(Shape):
+    model_config = {"alias_generator": None, "serialize_by_alias": True}
+
+    day_from: Day | None = Field(alias="from")
+    day_to: Day | None = Field(alias="to")
+    rows: list[UsageRow]
+    total: int = Field(ge=0, description="request_count summed over every row the filter matches (all pages)")
+    next_cursor: str | None = Field(None, description="pass as cursor for the next page; null on the last")
 
 
 def call_counted(conn: Connection, day: date, tenant_id: str, creator: str, model_name: str,

@@ -39,8 +39,7 @@ HEADER_SPEC_HELP = ("K:V,K2:V2 headers for this job only (secret): names are HTT
                     "control characters")
 
 IdempotencyKey = Annotated[str, pattern(_PRINTABLE_KEY, "1-255 printable ASCII characters")]
-BizName = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
-Creator = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
+BizName = Creator = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
 CallbackUrl = Annotated[str, Field(max_length=2048, description="http(s) to a public address (docs/api.md, Callbacks)")]
 # Values passed on to the OSS file service as headers.
 HeaderValue = Annotated[str, Field(max_length=8192), pattern("^[^\\r\\n\\x00]*$", "text without CR, LF or NUL")]
@@ -176,16 +175,12 @@ def check(face: Face, model_name: str, payload: Any, values: SubmitOptions | dic
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
     opts = _options(face, values)
-    if opts.callback_url is not None:
-        problem = callback_url_problem(opts.callback_url, lookups)
-        if problem:
-            raise _refused(face, "callback_url", problem)
+    if opts.callback_url is not None and (problem := callback_url_problem(opts.callback_url, lookups)):
+        raise _refused(face, "callback_url", problem)
     if opts.webhook_events is not None and opts.webhook_url is None:
         raise _refused(face, "webhook_events", "needs a webhook URL (X-Webhook-Url)")
-    if opts.webhook_url is not None:
-        problem = callback_url_problem(opts.webhook_url, lookups)
-        if problem:
-            raise _refused(face, "webhook_url", problem)
+    if opts.webhook_url is not None and (problem := callback_url_problem(opts.webhook_url, lookups)):
+        raise _refused(face, "webhook_url", problem)
     model = model if model is not None else enabled_model(model_name)
     if opts.model_key:
         # Only the headers the model allows (app/infra/http/headers.py).

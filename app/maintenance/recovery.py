@@ -1,6 +1,7 @@
 """Recovery: jobs whose queue entry was lost, a wiped Redis or broker, dead
 workers' attempts, and jobs past their budget (docs/architecture.md,
-"Recovery and wiped Redis").
+"Recovery and wiped Redis"), and Redis made equal to the rows (invariants 1
+and 4): the gates, and the dispatcher's blocked tenants and lost messages.
 
 Every step is safe to run from several beats at once: rows are taken in
 SKIP LOCKED batches, state changes are transition CASes, and queueing a job
@@ -21,12 +22,11 @@ from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra import metrics
 from app.infra.db import transaction
-from app.infra.redis import dispatch as redis_dispatch, epoch, keys, liveness
+from app.infra.redis import dispatch as redis_dispatch, epoch, gate, keys, liveness
 from app.infra.redis.client import get_redis
 from app.infra.tables import models, tasks
 from app.jobs import dispatch, effects
 from app.jobs.execution import backoff_seconds
-from app.maintenance.gates import kick_dispatch, model_caps, reconcile_gates
 from app.maintenance.report import Report, batch_size, locked
 from app.states import SLOT_STATES, JobState, job_error
 from app.tenancy import limits
@@ -86,6 +86,59 @@ def requeue_all_pending(limit: int | None = None) -> Report:
             return Report(processed=total)
 
 
+_SLOTS = [int(x) for x in SLOT_STATES]
+
+
+def reconcile_gates() -> Report:
+    """Every gate's slot set (the model's and each tenant's) made equal to the
+    pending/running rows; slots younger than ASYNCH_RECONCILE_GRACE_SECONDS
+    are spared (their row may commit), an id added that left meanwhile is
+    given straight back."""
+    s = get_settings()
+    rep = Report(details={"added": 0, "removed": 0, "models": 0})
+    with transaction() as conn:
+        names = {r.model_name for r in conn.execute(select(models.c.model_name))}
+    names |= set(gate.gate_models())
+    for name in sorted(names):
+        with transaction() as conn:
+            rows = conn.execute(select(tasks.c.id, tasks.c.tenant_id).where(
+                tasks.c.model_name == name, tasks.c.state.in_(_SLOTS))).all()
+        by_tenant: dict[str, list[str]] = {}
+        for r in rows:
+            by_tenant.setdefault(r.tenant_id, []).append(r.id)
+        added, removed = gate.gate_reconcile(name, [r.id for r in rows], s.reconcile_grace_seconds)
+        tenant_keys = gate.tenant_gates(name)
+        for tenant in sorted(set(tenant_keys) | set(by_tenant)):
+            t_added, _ = gate.gate_reconcile(name, by_tenant.get(tenant, []), s.reconcile_grace_seconds,
+                                             key=tenant_keys.get(tenant) or keys.tenant_gate(name, tenant))
+            added += t_added
+        gate.note_holders(name, by_tenant)
+        if added:
+            with transaction() as conn:
+                still = {r.id for r in conn.execute(select(tasks.c.id).where(
+                    tasks.c.id.in_(set(added)), tasks.c.state.in_(_SLOTS)))}
+            tenant_of = {r.id: r.tenant_id for r in rows}
+            for jid in set(added) - still:
+                gate.gate_release(name, tenant_of.get(jid, ""), jid)
+        rep.details["added"] += len(set(added))
+        rep.details["removed"] += len(removed)
+        rep.details["models"] += 1
+        rep.processed += len(set(added)) + len(removed)
+    return rep
+
+
+def model_caps() -> dict[str, int]:
+    with transaction() as conn:
+        return {r.model_name: r.max_concurrency for r in conn.execute(
+            select(models.c.model_name, models.c.max_concurrency))}
+
+
+def kick_dispatch(requeue_inflight: bool = False) -> Report:
+    """Every model's dispatcher: tenants at their limit tried again, dispatched
+    jobs nobody claimed in time back to their queue."""
+    return Report(processed=dispatch.kick_all(model_caps(), requeue_inflight=requeue_inflight))
+
+
 def _restore_permits() -> int:
     """Running jobs hold their tenant's permit until their lease ends."""
     with transaction() as conn:
@@ -133,12 +186,10 @@ def repair_after_wipe() -> Report:
 def recover_expired_leases(limit: int | None = None) -> Report:
     """A running job whose lease ran out lost its worker: that attempt failed."""
     now = clock_now()
-    with effects.collecting() as due, transaction() as conn:
-        rows = conn.execute(locked(conn, _running(tasks.c.lease_expires_at < now).limit(batch_size(limit)))).all()
-        rep, _won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (lease expired)"),
-                                   lambda r: now + timedelta(seconds=backoff_seconds(r.attempt - r.busy_count)),
-                                   lease_expired_before=lambda r: now)
-    return rep
+    return _fail_attempts(_running(tasks.c.lease_expires_at < now), limit,
+                          job_error("worker_lost", "worker lost (lease expired)"),
+                          lambda r: now + timedelta(seconds=backoff_seconds(r.attempt - r.busy_count)),
+                          lease_expired_before=lambda r: now)[0]
 
 
 def recover_dead_workers(limit: int | None = None) -> Report:
@@ -156,17 +207,15 @@ def recover_dead_workers(limit: int | None = None) -> Report:
     except redis.RedisError as exc:
         return Report(details={"skipped": f"redis: {exc}"})
     now = clock_now()
-    with effects.collecting() as due, transaction() as conn:
-        # Claimed at least a TTL ago: its node has had time to be seen.
-        q = _running(tasks.c.worker.is_not(None), tasks.c.started_at < now - timedelta(seconds=ttl))
-        if live:
-            q = q.where(tasks.c.worker.not_in(sorted(live)))
-        rows = conn.execute(locked(conn, q.limit(batch_size(limit)))).all()
-        # Due at once, no backoff: a node that died is not the model
-        # failing, so run_work's retry step (next in the same sweep) puts it
-        # back in its queue.  The attempt still counts.
-        rep, won = _fail_attempts(conn, due, rows, job_error("worker_lost", "worker lost (stopped heartbeating)"),
-                                  lambda r: now, worker_gone=lambda r: r.worker)
+    # Claimed at least a TTL ago: its node has had time to be seen.
+    q = _running(tasks.c.worker.is_not(None), tasks.c.started_at < now - timedelta(seconds=ttl))
+    if live:
+        q = q.where(tasks.c.worker.not_in(sorted(live)))
+    # Due at once, no backoff: a node that died is not the model
+    # failing, so run_work's retry step (next in the same sweep) puts it
+    # back in its queue.  The attempt still counts.
+    rep, won = _fail_attempts(q, limit, job_error("worker_lost", "worker lost (stopped heartbeating)"),
+                              lambda r: now, worker_gone=lambda r: r.worker)
     rep.details["nodes"] = sorted({r.worker for r, _moved in won})
     if won:
         log.warning("recovered %d attempt(s) of worker node(s) without a heartbeat: %s", len(won),
@@ -181,21 +230,22 @@ def _running(*where):
         tasks.c.state == int(JobState.RUNNING), *where)
 
 
-def _fail_attempts(conn, due: effects.Due, rows, error: str, retry_at_of, **guard_of) -> tuple[Report, list]:
-    """Fail the running attempts of ``rows``: retry_wait at ``retry_at_of(row)``
+def _fail_attempts(q, limit: int | None, error: str, retry_at_of, **guard_of) -> tuple[Report, list]:
+    """Fail the running attempts of one SKIP LOCKED batch of ``q``: retry_wait at ``retry_at_of(row)``
     if the model allows another attempt, else failed; ``guard_of``: the
-    transition's guard arguments as functions of the row.  Won moves go to
-    ``due`` (effects after the commit).  Returns the report and (row, move)s won."""
+    transition's guard arguments as functions of the row.  Won moves' effects
+    run after the commit.  Returns the report and (row, move)s won."""
     rep = Report(details={"retry_wait": 0, "failed": 0})
     won = []
-    for r in rows:
-        retry = r.attempt - r.busy_count <= (r.retry_times or 0)  # busy answers spent none
-        moved = due.add(transitions.fail_attempt(conn, r.id, r.attempt, error,
-                                                 retry_at=retry_at_of(r) if retry else None,
-                                                 **{k: f(r) for k, f in guard_of.items()}))
-        if moved is not None:
-            won.append((r, moved))
-            rep.details["retry_wait" if moved.state == JobState.RETRY_WAIT else "failed"] += 1
+    with effects.collecting() as due, transaction() as conn:
+        for r in conn.execute(locked(conn, q.limit(batch_size(limit)))).all():
+            retry = r.attempt - r.busy_count <= (r.retry_times or 0)  # busy answers spent none
+            moved = due.add(transitions.fail_attempt(conn, r.id, r.attempt, error,
+                                                     retry_at=retry_at_of(r) if retry else None,
+                                                     **{k: f(r) for k, f in guard_of.items()}))
+            if moved is not None:
+                won.append((r, moved))
+                rep.details["retry_wait" if moved.state == JobState.RETRY_WAIT else "failed"] += 1
     rep.processed = len(won)
     return rep, won
 

@@ -15,9 +15,9 @@ from app.catalog import model_types, registry
 from app.catalog.schemas import (ModelInput, ModelNameBody, ModelTypeInput, ModelTypeView, SeedModelTypeUpdate,
                                  SeedModelUpdate, SeedModelView, TypeIdBody, model_view)
 from app.contract import NO_NUL, Int, Loose, Params, rule
-from app.jobs import claims, service as jobs, stats, submission
+from app.jobs import service as jobs, stats, submission
 from app.jobs.seed_schemas import CreatedTask, CreateTask, SeedTask, TaskHeaders, TaskIds
-from app.jobs.usage_schemas import Usage, UsageQuery
+from app.jobs.stats import Usage, UsageQuery
 from app.maintenance import autotune, passes
 from app.maintenance.schemas import AutotuneReport, AutotuneRequest, Report
 from app.web.auth import current_principal
@@ -120,7 +120,7 @@ def create_task(body: CreateTask, headers: TaskHeaders):
           ok=Ok(SeedTask, "one entry per distinct id, in order", many=True), **SEED,
           description="Unknown ids and other tenants' ids are answered as not found and never touched.")
 def get_task_batch(body: TaskIds):
-    return claims.get_task_batch(current_principal(), body.task_ids)
+    return jobs.get_task_batch(current_principal(), body.task_ids)
 
 
 @bp.get("/task/getTaskResult")

@@ -13,7 +13,7 @@ from app.catalog import model_types
 from app.catalog.schemas import ModelTypeInput, ModelTypeList, ModelTypePatch, ModelTypeView
 from app.errors import NotFound
 from app.jobs import service as jobs, stats
-from app.jobs.usage_schemas import Usage, UsageQuery
+from app.jobs.stats import Usage, UsageQuery
 from app.web.auth import current_principal
 from app.web.contract import JOB_ID_PATH, Ok, TENANT_PATH, endpoint
 
