@@ -18,8 +18,8 @@ import re
 from datetime import date, datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError,
-                      WithJsonSchema, create_model)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer,
+                      StrictBool, ValidationError, WithJsonSchema, create_model)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
@@ -130,18 +130,10 @@ def _bool_01(v: Any) -> Any:
     raise PydanticCustomError("bool_type", "must be true/false (or 1/0)")
 
 
-# true/false, or the seed's 1/0.
+# true/false, or the seed's 1/0 (true/false only: pydantic's StrictBool, imported above for the shapes;
+# its bool_type error reads "must be true or false" like this one's).
 Bool01 = Annotated[bool, BeforeValidator(_bool_01),
                    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "integer", "enum": [0, 1]}]})]
-
-
-def _strict_bool(v: Any) -> Any:
-    if not isinstance(v, bool):
-        raise PydanticCustomError("bool_type", "must be true or false")
-    return v
-
-
-StrictBool = Annotated[bool, BeforeValidator(_strict_bool)]
 
 
 def _no_nul(v: str) -> str:

@@ -31,15 +31,11 @@ from app.tenancy.schemas import TENANT_RULE, is_tenant_name
 from app.web import ratelimit
 
 
-def presented_key() -> str | None:
-    h = request.headers.get("Authorization", "")
-    return (h[7:].strip() or None) if h[:7].lower() == "bearer " else None
-
-
 def current_principal() -> Principal:
     p = getattr(g, "principal", None)
     if p is None:
-        key = presented_key()
+        h = request.headers.get("Authorization", "")
+        key = (h[7:].strip() or None) if h[:7].lower() == "bearer " else None
         try:
             if get_settings().auth_mode == "gateway" and not looks_like_key(key):
                 p = _gateway_principal()

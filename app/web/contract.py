@@ -80,9 +80,10 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
             extra = {}
             if spec.query is not None:
                 extra["query"] = parse(spec.query, request.args.to_dict(), face=spec.face, message="invalid query")
-            if spec.headers is not None:
-                extra["headers"] = parse(spec.headers, _declared_headers(spec.headers), face="seed",
-                                         message="invalid headers")
+            if spec.headers is not None:  # the ones it declares, by their HTTP names (its aliases)
+                names = [info.alias or name for name, info in spec.headers.model_fields.items()]
+                given = {n: request.headers[n] for n in names if n in request.headers}
+                extra["headers"] = parse(spec.headers, given, face="seed", message="invalid headers")
             if spec.body is not None:
                 extra["body"] = _body(spec)
             return _answer(spec, view(**path_args, **extra))
@@ -91,12 +92,6 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
         return wrapper
 
     return decorate
-
-
-def _declared_headers(model: type[BaseModel]) -> dict:
-    """The request headers a model declares (by their HTTP names, its aliases)."""
-    names = [info.alias or name for name, info in model.model_fields.items()]
-    return {n: request.headers[n] for n in names if n in request.headers}
 
 
 def _body(spec: Endpoint):

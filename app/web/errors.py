@@ -34,10 +34,6 @@ def camel_pointer(pointer: str) -> str:
     return "/" + (to_camel(head) if "_" in head else head) + sep + rest
 
 
-def _seed_face() -> bool:
-    return has_request_context() and (request.blueprint == "seed" or request.path.startswith(PATH_PREFIXES))
-
-
 def _envelope(status: int, body: dict) -> dict:
     extra = {k: v for k, v in body.items() if k not in ("error", "errors")}  # deadline_unmeetable's estimate
     out = {"code": status, "message": body["error"], "data": extra or None}
@@ -47,7 +43,7 @@ def _envelope(status: int, body: dict) -> dict:
 
 
 def _json(status: int, body: dict, headers: dict | None = None):
-    seed = _seed_face()
+    seed = has_request_context() and (request.blueprint == "seed" or request.path.startswith(PATH_PREFIXES))
     resp = jsonify(_envelope(status, body) if seed else body)
     resp.status_code = 200 if seed and get_settings().seed_errors_http_200 else status
     resp.headers.update(headers or {})

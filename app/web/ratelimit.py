@@ -103,13 +103,6 @@ def default_policy(principal: Principal) -> RatePolicy | None:
                             "ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST")
 
 
-def anonymous_policy(health: bool = False) -> RatePolicy | None:
-    s = get_settings()
-    return _settings_policy(s.anon_rate_limit_per_second, s.anon_rate_limit_burst,
-                            "ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST",
-                            HEALTH_FACTOR if health else 1, "anon-health" if health else "anon")
-
-
 def tenant_policy(principal: Principal) -> RatePolicy | None:
     """The tenant's rate and burst (asynch_tenant_limits, cached), else the settings'."""
     own = limits.limits_of(principal.tenant_id)
@@ -230,8 +223,12 @@ def client_address() -> str:
 
 def check_anonymous(health: bool = False) -> None:
     """One token from this client address's anonymous bucket; RateLimited when empty."""
+    s = get_settings()
     name = "anon-health" if health else "anon"
-    _charge(f"{name}:{client_address()}", anonymous_policy(health), "anonymous requests from this address")
+    policy = _settings_policy(s.anon_rate_limit_per_second, s.anon_rate_limit_burst,
+                              "ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST",
+                              HEALTH_FACTOR if health else 1, name)
+    _charge(f"{name}:{client_address()}", policy, "anonymous requests from this address")
 
 
 def register(app: Flask) -> None:
