@@ -36,7 +36,11 @@ def create_app(settings: Settings | None = None) -> Flask:
         g._t0 = time.monotonic()
 
     @flask_app.after_request
-    def _log_line(resp):
+    def _nosniff_and_log(resp):
+        # Every answer: a browser never guesses a type we did not send (a
+        # model's result, an error body).  A parked wait keeps these headers
+        # (app/infra/parking.py sends the ones the app gave).
+        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
         ms = int((time.monotonic() - g.get("_t0", time.monotonic())) * 1000)
         logging.getLogger("asynch.request").info("%s %s %s %dms", request.method, request.path, resp.status_code, ms)
         return resp
@@ -59,13 +63,5 @@ def create_app(settings: Settings | None = None) -> Flask:
     @flask_app.before_request
     def _listener():
         hub.ensure_started(ready_timeout=0)
-
-    # Every answer: a browser never guesses a type we did not send (a
-    # model's result, an error body).  A parked wait keeps these headers
-    # (app/infra/parking.py sends the ones the app gave).
-    @flask_app.after_request
-    def _nosniff(resp):
-        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
-        return resp
 
     return flask_app

@@ -82,17 +82,12 @@ def register(app: Flask) -> None:
     def domain_error(exc: DomainError):
         return _json(*domain_answer(exc))
 
-    @app.errorhandler(RequestEntityTooLarge)
-    def too_large(_exc):
-        return _json(413, {"error": f"request body too large (max {get_settings().max_body_bytes} bytes)"})
-
-    @app.errorhandler(MethodNotAllowed)
-    def not_allowed(exc: MethodNotAllowed):
-        return _json(405, {"error": "method not allowed"}, {"Allow": ", ".join(sorted(exc.valid_methods or []))})
-
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        return _json(exc.code or 500, {"error": _HTTP_TEXT.get(exc.code, exc.name.lower())})
+        if isinstance(exc, RequestEntityTooLarge):
+            return _json(413, {"error": f"request body too large (max {get_settings().max_body_bytes} bytes)"})
+        allow = {"Allow": ", ".join(sorted(exc.valid_methods or []))} if isinstance(exc, MethodNotAllowed) else {}
+        return _json(exc.code or 500, {"error": _HTTP_TEXT.get(exc.code, exc.name.lower())}, allow)
 
     @app.errorhandler(OperationalError)
     @app.errorhandler(redis.RedisError)

@@ -262,10 +262,9 @@ def served(app: Flask) -> tuple[bytes, str]:
         return cached[1], cached[2]
 
 
-def document(app: Flask | None = None, server_url: str | None = None) -> dict:
+def document(app: Flask, server_url: str | None = None) -> dict:
     global BUILDS
     BUILDS += 1
-    app = app or current_app._get_current_object()
     missing = undocumented(app)
     if missing:
         raise ValueError(f"routes without an @endpoint declaration: {missing}")
