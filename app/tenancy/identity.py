@@ -43,18 +43,6 @@ def _named(data: dict, names) -> str:
     return ""
 
 
-def user_from_info(value: str) -> str:
-    """The user named by an X-User-Info header: JSON (or base64 JSON) with one
-    of the usual name keys, or a plain printable token."""
-    value = value.strip()
-    data = _decode(value)
-    if data is not None:
-        return _named(data, _NAME_KEYS)[:128]
-    if value and len(value) <= 128 and all(0x20 < ord(c) < 0x7F for c in value) and "{" not in value:
-        return value
-    return ""
-
-
 def tenant_from_info(value: str | None) -> str:
     """The tenant an X-User-Info header names (JSON or base64 JSON, one of
     the usual tenant keys), else ASYNCH_GATEWAY_DEFAULT_TENANT; "" if
@@ -64,8 +52,16 @@ def tenant_from_info(value: str | None) -> str:
 
 
 def creator_for(explicit: str | None, trusted_info: str | None) -> str:
-    """``trusted_info``: the X-User-Info a proven gateway vouches for, or None."""
-    return (user_from_info(trusted_info) if trusted_info else "") or explicit or ""
+    """The user ``trusted_info`` (the X-User-Info a proven gateway vouches for, or None)
+    names: JSON (or base64 JSON) with one of the usual name keys, or a plain printable
+    token; else ``explicit``."""
+    value = (trusted_info or "").strip()
+    data = _decode(value) if value else None
+    if data is not None:
+        user = _named(data, _NAME_KEYS)[:128]
+    else:
+        user = value if len(value) <= 128 and all(0x20 < ord(c) < 0x7F for c in value) and "{" not in value else ""
+    return user or explicit or ""
 
 
 def oss_passthrough(oss_authorization: str | None, trusted_info: str | None) -> dict[str, str] | None:

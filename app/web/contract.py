@@ -25,9 +25,10 @@ from flask import Flask, Response, jsonify, request
 from pydantic import BaseModel
 
 from app.contract import Face, dump, parse, parse_json, pointer_token
-from app.errors import BadRequest, Forbidden, NotFound, ValidationFailed
+from app.errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationFailed
+from app.infra import metrics
 from app.tenancy.schemas import TENANT_PATTERN
-from app.web.auth import current_principal, require_metrics_token
+from app.web.auth import current_principal
 
 Auth = Literal["none", "key", "admin", "metrics"]
 # Path parameters several routes share: {name: {"description", "schema"}}.
@@ -72,8 +73,10 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
     def decorate(view: Callable) -> Callable:
         @wraps(view)
         def wrapper(**path_args):
-            if spec.auth == "metrics":
-                require_metrics_token()
+            if spec.auth == "metrics":  # ASYNCH_METRICS_TOKEN, when set, as a Bearer token
+                problem = metrics.token_problem(request.headers.get("Authorization", ""))
+                if problem:
+                    raise Unauthorized(problem)
             elif spec.auth in ("key", "admin"):
                 if not current_principal().is_admin and spec.auth == "admin":
                     raise Forbidden("admin key required")
