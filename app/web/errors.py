@@ -50,9 +50,14 @@ def _json(status: int, body: dict, headers: dict | None = None):
     return resp
 
 
-def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
+def domain_answer(exc: BaseException) -> tuple[int, dict, dict]:
     """A domain error's status, v1 body and headers: the error handler's
-    answer, and a batch item's (app/web/v1_jobs.py, jobs:batch)."""
+    answer, and a batch item's (app/web/v1_jobs.py, jobs:batch), told as its
+    own request would have been; any other error of an item is an internal
+    error (logged)."""
+    if not isinstance(exc, DomainError):
+        log.error("batch item failed: %r", exc)
+        return 500, {"error": "internal error"}, {}
     body, headers = {"error": exc.message}, {}
     if isinstance(exc, ValidationFailed):
         body["errors"] = exc.errors
@@ -66,15 +71,6 @@ def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
     if exc.status == 503:
         headers["Retry-After"] = "5"
     return exc.status, body, headers
-
-
-def item_answer(exc: BaseException) -> tuple[int, dict, dict]:
-    """What one item of a batch is told: a domain error as its own request
-    would have been; anything else an internal error (logged)."""
-    if isinstance(exc, DomainError):
-        return domain_answer(exc)
-    log.error("batch item failed: %r", exc)
-    return 500, {"error": "internal error"}, {}
 
 
 def register(app: Flask) -> None:

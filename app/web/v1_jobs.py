@@ -15,7 +15,7 @@ from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobLis
 from app.tenancy.identity import creator_for, oss_passthrough
 from app.web.auth import current_principal, gateway_oss_authorization, trusted_user_info
 from app.web.contract import JOB_ID_PATH, Ok, endpoint
-from app.web.errors import item_answer
+from app.web.errors import domain_answer
 
 bp = Blueprint("v1_jobs", __name__, url_prefix="/v1")
 
@@ -114,7 +114,7 @@ def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
             values = dict(status=202, job_id=row.id, state=JobStatus.from_row(row).state if replayed else "pending",
                           **job_urls(row), **({"replayed": True} if replayed else {}))
         else:
-            status, err, hdrs = item_answer(o.error)
+            status, err, hdrs = domain_answer(o.error)
             values = dict(status=status, **err)
             if "Retry-After" in hdrs:
                 values["retry_after"] = int(hdrs["Retry-After"])
