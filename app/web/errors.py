@@ -17,9 +17,6 @@ from app.errors import DomainError, RateLimited, Throttled, Unauthorized, Valida
 
 log = logging.getLogger(__name__)
 
-_HTTP_TEXT = {400: "bad request", 404: "not found", 405: "method not allowed", 415: "unsupported media type"}
-
-
 # URL prefixes of the seed routes: errors under them get the envelope form
 # even when no route matched (404/405).
 PATH_PREFIXES = ("/model/", "/modelType/", "/task/", "/stat/")
@@ -83,7 +80,7 @@ def register(app: Flask) -> None:
         if isinstance(exc, RequestEntityTooLarge):
             return _json(413, {"error": f"request body too large (max {get_settings().max_body_bytes} bytes)"})
         allow = {"Allow": ", ".join(sorted(exc.valid_methods or []))} if isinstance(exc, MethodNotAllowed) else {}
-        return _json(exc.code or 500, {"error": _HTTP_TEXT.get(exc.code, exc.name.lower())}, allow)
+        return _json(exc.code or 500, {"error": exc.name.lower()}, allow)
 
     @app.errorhandler(OperationalError)
     @app.errorhandler(redis.RedisError)

@@ -70,8 +70,6 @@ class _Shapes:
         out: dict[str, Any] = {}
         for face, prefix in (("v1", ""), ("seed", "Seed")):
             items = [(m, key.split("|")[1]) for (f, key), m in self.wanted.items() if f == face]
-            if not items:
-                continue
             _, top = models_json_schema(items, by_alias=face == "seed", ref_template=_S + prefix + "{model}")
             defs = top.get("$defs", {})
             if face == "v1":

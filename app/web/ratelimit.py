@@ -236,10 +236,8 @@ def register(app: Flask) -> None:
     def _anonymous_limit():
         # Routes that authenticate pay from their key's bucket (a failed key
         # through check_anonymous, app/web/auth.py).
-        if request.url_rule is None or request.endpoint is None:
-            return check_anonymous()  # no route matched: 404 / 405
         spec = getattr(current_app.view_functions.get(request.endpoint), "endpoint", None)
-        if spec is None or spec.auth == "none":  # static files have no declaration
+        if spec is None or spec.auth == "none":  # no route matched (404 / 405); static files have no declaration
             return check_anonymous(health=spec is not None and spec.tag == "health")
         if spec.auth == "metrics" and not get_settings().metrics_token:
             return check_anonymous()
