@@ -48,6 +48,9 @@ _ERRORS = {
           _RETRY),
     503: ("Unavailable", "Error", "a dependency (database, Redis) is down; nothing was changed", _RETRY),
 }
+# auth: (the security requirement, the statuses it implies)
+_AUTH = {"none": ([], set()), "key": ([{"bearerAuth": []}], {401, 503}),
+         "admin": ([{"bearerAuth": []}], {401, 403, 503}), "metrics": ([{}, {"metricsToken": []}], {401})}
 
 
 def _headers(headers: dict[str, str]) -> dict:
@@ -184,14 +187,8 @@ def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
 def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
     # 429: every request is rate limited, by its key or, without one (or
     # with a key that fails), by its client address (app/web/ratelimit.py).
-    codes = set(spec.errors) | {429}
-    security: list = []
-    if spec.auth in ("key", "admin"):
-        security = [{"bearerAuth": []}]
-        codes |= {401, 503} | ({403} if spec.auth == "admin" else set())
-    elif spec.auth == "metrics":
-        security = [{}, {"metricsToken": []}]
-        codes.add(401)
+    security, implied = _AUTH[spec.auth]
+    codes = set(spec.errors) | {429} | implied
     if rule.arguments - fixed:
         codes.add(404)
     params = _path_params(rule, spec, fixed)
