@@ -12,7 +12,6 @@ unproven one is neither the creator nor passed to the OSS file service
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 
 from app.config import get_settings
@@ -29,7 +28,7 @@ def _decode(value: str) -> dict | None:
         try:
             std = value.replace("-", "+").replace("_", "/")
             data = json.loads(base64.b64decode(std + "=" * (-len(std) % 4), validate=True).decode("utf-8"))
-        except (binascii.Error, ValueError, UnicodeDecodeError):
+        except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
             return None
     return data if isinstance(data, dict) else None
 
