@@ -33,7 +33,6 @@ Role = Literal["admin", "user"]
 
 
 class ApiKeyInput(Shape):
-
     invalid: ClassVar[str] = "invalid API key request"
     tenant: TenantId = rule("1-64 letters, digits, _ . -")
     role: Role = Field("user", description="admin or user")

@@ -53,9 +53,8 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     contract.register_nul_guard(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address
-    for module in (metrics, v1_jobs, v1_admin, v1_business, seed, openapi):
-        flask_app.register_blueprint(module.bp)
-    flask_app.register_blueprint(console_bp)
+    for bp in (metrics.bp, v1_jobs.bp, v1_admin.bp, v1_business.bp, seed.bp, openapi.bp, console_bp):
+        flask_app.register_blueprint(bp)
 
     # The per-process listener (wake-ups, cache invalidations): started here
     # so invalidations reach a process before its first long-poll; it

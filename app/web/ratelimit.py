@@ -151,15 +151,14 @@ def tenant_rate_state(tenant: str, key_ids: list[int]) -> dict:
     """The policy a tenant's keys get and each key's tokens now (read only;
     null while Redis is unreachable, as the limiter then lets requests through)."""
     policy = _resolver(Principal(tenant_id=tenant, role="user", key_id=None))
-    out: dict = {"limited": policy is not None, "rate_per_second": policy.rate if policy else None,
-                 "burst": policy.burst if policy else None, "keys": []}
     if policy is None:
-        return out
+        return {"limited": False, "rate_per_second": None, "burst": None, "keys": []}
     try:
-        out["keys"] = [{"key_id": k, "tokens": round(peek(str(k), policy.rate, policy.burst), 3)} for k in key_ids]
+        tokens = [round(peek(str(k), policy.rate, policy.burst), 3) for k in key_ids]
     except redis.RedisError:
-        out["keys"] = [{"key_id": k, "tokens": None} for k in key_ids]
-    return out
+        tokens = [None] * len(key_ids)
+    return {"limited": True, "rate_per_second": policy.rate, "burst": policy.burst,
+            "keys": [{"key_id": k, "tokens": t} for k, t in zip(key_ids, tokens)]}
 
 
 _lock = threading.Lock()
