@@ -158,17 +158,6 @@ def _not_null(prop: dict) -> dict:
     return {**alts[0], **rest} if len(alts) == 1 else {**rest, "anyOf": alts}
 
 
-def _path_params(rule, spec: Endpoint, fixed: set[str]) -> list[dict]:
-    out = []
-    for name in sorted(rule.arguments - fixed):
-        integer = isinstance(rule._converters.get(name), IntegerConverter)
-        declared = spec.path.get(name, {})
-        schema = declared.get("schema", {"type": "integer", "minimum": 0} if integer else {"type": "string"})
-        out.append({"name": name, "in": "path", "required": True, "schema": schema,
-                    "description": declared.get("description", "")})
-    return out
-
-
 def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
     resp: dict[str, Any] = {"description": ok.description}
     if ok.shape is not None:
@@ -189,9 +178,14 @@ def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
     # with a key that fails), by its client address (app/web/ratelimit.py).
     security, implied = _AUTH[spec.auth]
     codes = set(spec.errors) | {429} | implied
-    if rule.arguments - fixed:
+    params = []
+    for name in sorted(rule.arguments - fixed):  # each path parameter may name nothing: 404
         codes.add(404)
-    params = _path_params(rule, spec, fixed)
+        integer = isinstance(rule._converters.get(name), IntegerConverter)
+        declared = spec.path.get(name, {})
+        schema = declared.get("schema", {"type": "integer", "minimum": 0} if integer else {"type": "string"})
+        params.append({"name": name, "in": "path", "required": True, "schema": schema,
+                       "description": declared.get("description", "")})
     if spec.query is not None:
         params += _parameters(spec.query, spec.face, "query")
         codes.add(422)
