@@ -62,7 +62,6 @@ def update_model(name: str, body: ModelPatch):
           ok={204: Ok(description="deleted")})
 def delete_model(name: str):
     registry.delete_model(name)
-    return None, 204
 
 
 @bp.post("/keys")
