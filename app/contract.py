@@ -233,9 +233,7 @@ _GENERIC = {
     "float_type": "must be a number", "float_parsing": "must be a number", "bool_type": "must be true or false",
     "bool_parsing": "must be true or false", "list_type": "must be an array", "dict_type": "must be an object",
     "model_type": "must be an object", "model_attributes_type": "must be an object",
-}
-# Messages from the error's context (pydantic's ``ctx``), by error type.
-_WITH_CTX = {
+    # With values from the error's context (pydantic's ``ctx``).
     "greater_than_equal": "must be >= {ge}", "greater_than": "must be >= {gt}",
     "less_than_equal": "must be <= {le}", "less_than": "must be <= {lt}",
     "string_too_long": "must be at most {max_length} characters",
@@ -257,11 +255,9 @@ def _message(err: dict, model: type[BaseModel] | None) -> str:
         return f"is required: {text}" if kind == "missing" else f"must be {text}"
     if custom:
         return err["msg"]
-    if kind in _GENERIC:
-        return _GENERIC[kind]
     ctx = err.get("ctx") or {}
-    if kind in _WITH_CTX:
-        return _WITH_CTX[kind].format_map(ctx)
+    if kind in _GENERIC:
+        return _GENERIC[kind].format_map(ctx)
     if kind == "string_pattern_mismatch":
         text = _PATTERN_TEXT.get(ctx.get("pattern"))
         return f"must be {text}" if text else f"must match {ctx.get('pattern')}"
