@@ -77,8 +77,6 @@ def verify(secret: str, headers, payload: str | bytes, tolerance: int = DEFAULT_
     now = time.time() if now is None else now
     if abs(now - ts) > tolerance:
         raise SignatureInvalid(f"webhook-timestamp is more than {tolerance} s from now")
-    expected = signature(secret, msg_id, ts, payload)
-    for candidate in sigs.split(" "):
-        if candidate.startswith("v1,") and hmac.compare_digest(candidate.encode(), expected.encode()):
-            return
-    raise SignatureInvalid("no signature matches")
+    expected = signature(secret, msg_id, ts, payload).encode()
+    if not any(c.startswith("v1,") and hmac.compare_digest(c.encode(), expected) for c in sigs.split(" ")):
+        raise SignatureInvalid("no signature matches")
