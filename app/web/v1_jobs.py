@@ -177,13 +177,12 @@ def job_wait(model: str, job_id: str, query: WaitQuery):
 
 
 def _v1_body(row) -> bytes:
-    if not isinstance(row, Snapshot):
-        return jsonify(dump(JobStatus.from_row(row))).get_data()
-    # A terminal wake-up: its many waiters send the bytes rendered for the
-    # first one (the same declaration renders them; see wakeups.py).
-    if row.v1_body is None:
-        row.v1_body = jsonify(dump(JobStatus.from_row(row))).get_data()
-    return row.v1_body
+    # A terminal wake-up (a Snapshot): its many waiters send the bytes rendered
+    # for the first one (the same declaration renders them; see wakeups.py).
+    body = getattr(row, "v1_body", None) or jsonify(dump(JobStatus.from_row(row))).get_data()
+    if isinstance(row, Snapshot):
+        row.v1_body = body
+    return body
 
 
 # The app parked waits are answered with (one per process): they end
