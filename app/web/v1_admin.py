@@ -69,7 +69,7 @@ def delete_model(name: str):
           ok={201: Ok(ApiKeyCreated, "created")})
 def create_key(body: ApiKeyInput):
     key, row = keys.create_key(body.tenant, body.effective_role, body.name)
-    return ApiKeyCreated.model_construct(**ApiKeyView.values(row), key=key), 201
+    return ApiKeyCreated.from_row(row, key=key), 201
 
 
 @bp.get("/keys")
