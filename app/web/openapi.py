@@ -137,8 +137,7 @@ def _parameters(model: type[BaseModel], face: str, where: str) -> list[dict]:
     out = []
     for name, info in model.model_fields.items():
         wire = info.alias if (face == "seed" or model.__name__.endswith("Headers")) and info.alias else name
-        prop = schema["properties"].get(info.alias if face == "seed" and info.alias else name) \
-            or schema["properties"].get(wire, {})
+        prop = schema["properties"][info.alias if face == "seed" and info.alias else name]
         prop = _not_null(_walk(prop, lambda d: defs[d["$ref"].rsplit("/", 1)[1]]
                                      if d.get("$ref", "").startswith("#/$defs/") else d))
         desc = prop.pop("description", "") or ""
