@@ -141,8 +141,6 @@ def _parameters(model: type[BaseModel], face: str, where: str) -> list[dict]:
         prop = _not_null(_walk(prop, lambda d: defs[d["$ref"].rsplit("/", 1)[1]]
                                      if d.get("$ref", "").startswith("#/$defs/") else d))
         desc = prop.pop("description", "") or ""
-        if prop.get("default") is None:
-            prop.pop("default", None)
         out.append({"name": wire, "in": where, "required": info.is_required(), "schema": prop, "description": desc})
     return out
 
