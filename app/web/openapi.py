@@ -75,8 +75,7 @@ class _Shapes:
             items = [(m, key.split("|")[1]) for (f, key), m in self.wanted.items() if f == face]
             _, top = models_json_schema(items, by_alias=face == "seed", ref_template=_S + prefix + "{model}")
             defs = top.get("$defs", {})
-            if face == "v1":
-                _wire_names(defs, {m for m, _ in items})
+            _wire_names(defs, {m for m, _ in items})  # a no-op on the seed face (by alias already)
             # A seed-only shape already named Seed* is not prefixed twice.
             out.update({(name if name.startswith("Seed") else prefix + name): schema for name, schema in defs.items()})
         return json.loads(json.dumps(out).replace(f'"{_S}SeedSeed', f'"{_S}Seed'))
