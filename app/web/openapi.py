@@ -53,10 +53,6 @@ _AUTH = {"none": ([], set()), "key": ([{"bearerAuth": []}], {401, 503}),
          "admin": ([{"bearerAuth": []}], {401, 403, 503}), "metrics": ([{}, {"metricsToken": []}], {401})}
 
 
-def _headers(headers: dict[str, str]) -> dict:
-    return {k: {"description": v, "schema": {"type": "string"}} for k, v in headers.items()}
-
-
 class _Shapes:
     """Collects every model a document refers to, per face: the seed face's
     components are the same models by their camelCase aliases, named Seed*."""
@@ -154,7 +150,7 @@ def _not_null(prop: dict) -> dict:
     return {**alts[0], **rest} if len(alts) == 1 else {**rest, "anyOf": alts}
 
 
-def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
+def _response(ok: Ok, face: str, shapes: _Shapes) -> dict:
     resp: dict[str, Any] = {"description": ok.description}
     if ok.shape is not None:
         schema = shapes.ref(ok.shape, face, "serialization") if isinstance(ok.shape, type) else ok.shape
@@ -165,7 +161,7 @@ def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
                 "code": {"const": 0}, "message": {"const": "ok"}, "data": schema}}
         resp["content"] = {ok.media_type: {"schema": schema}}
     if ok.headers:
-        resp["headers"] = _headers(ok.headers)
+        resp["headers"] = {k: {"description": v, "schema": {"type": "string"}} for k, v in ok.headers.items()}
     return resp
 
 
@@ -201,7 +197,7 @@ def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
             schema = shapes.ref(spec.body, spec.face, "validation")
         op["requestBody"] = {"required": spec.body_required, "content": {"application/json": {"schema": schema}}}
     for status, ok in sorted(spec.ok.items()):
-        op["responses"][str(status)] = _ok_response(ok, spec.face, shapes)
+        op["responses"][str(status)] = _response(ok, spec.face, shapes)
     prefix = "Seed" if spec.face == "seed" else ""
     for c in sorted(codes):
         op["responses"].setdefault(str(c), {"$ref": _R + prefix + _ERRORS[c][0]})
@@ -267,11 +263,8 @@ def document(app: Flask, server_url: str | None = None) -> dict:
     responses = {}
     for name, shape, description, headers in _ERRORS.values():
         seed_shape = "SeedValidationError" if shape == "ValidationError" else "SeedError"
-        for prefix, schema in (("", shape), ("Seed", seed_shape)):
-            resp = responses[prefix + name] = {"description": description,
-                                               "content": {"application/json": {"schema": {"$ref": _S + schema}}}}
-            if headers:
-                resp["headers"] = _headers(headers)
+        for prefix, schema in (("", shape), ("Seed", seed_shape)):  # an error is enveloped already
+            responses[prefix + name] = _response(Ok({"$ref": _S + schema}, description, headers), "v1", shapes)
     schemes = {"bearerAuth": {"type": "http", "scheme": "bearer", "description": "an API key (ak_...)"},
                "metricsToken": {"type": "http", "scheme": "bearer", "description": "ASYNCH_METRICS_TOKEN"}}
     doc = {"openapi": "3.1.0", "info": {"title": "model-asynch", "version": "1.0.0", "description": DESCRIPTION},
