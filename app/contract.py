@@ -31,8 +31,7 @@ Face = Literal["v1", "seed"]
 class Shape(BaseModel):
     """A request or response body."""
 
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True,
-                              validate_by_alias=True, serialize_by_alias=False, frozen=False)
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
 
     def values(self, only_given: bool = False) -> dict:
         """The fields as column values (only those given, for a change); null is ""
