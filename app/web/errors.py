@@ -31,17 +31,15 @@ def camel_pointer(pointer: str) -> str:
     return "/" + (to_camel(head) if "_" in head else head) + sep + rest
 
 
-def _envelope(status: int, body: dict) -> dict:
-    extra = {k: v for k, v in body.items() if k not in ("error", "errors")}  # deadline_unmeetable's estimate
-    out = {"code": status, "message": body["error"], "data": extra or None}
-    if "errors" in body:
-        out["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
-    return out
-
-
 def _json(status: int, body: dict, headers: dict | None = None):
     seed = has_request_context() and (request.blueprint == "seed" or request.path.startswith(PATH_PREFIXES))
-    resp = jsonify(_envelope(status, body) if seed else body)
+    if seed:
+        extra = {k: v for k, v in body.items() if k not in ("error", "errors")}  # deadline_unmeetable's estimate
+        envelope = {"code": status, "message": body["error"], "data": extra or None}
+        if "errors" in body:
+            envelope["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
+        body = envelope
+    resp = jsonify(body)
     resp.status_code = 200 if seed and get_settings().seed_errors_http_200 else status
     resp.headers.update(headers or {})
     return resp
