@@ -292,18 +292,13 @@ def deliver_due(limit: int = 500) -> dict:
     return {"processed": published + failed, "published": published, "failed": failed}
 
 
-def _visible(principal: Principal, delivery_id: int) -> list:
-    """The webhook delivery ``delivery_id`` if the principal may see it (404 for an id no row can have)."""
-    if not 0 <= delivery_id <= MAX_ID:
-        raise NotFound("no such webhook delivery")
-    mine = [D.id == delivery_id, D.kind == WEBHOOK]
-    return mine if principal.is_admin else [*mine, D.tenant_id == principal.tenant_id]
-
-
 def replay(principal: Principal, delivery_id: int) -> dict:
     """A failed webhook delivery back to pending, due now, with a fresh
     attempt budget (its log kept); 404 for another tenant's, 409 unless failed."""
-    mine = _visible(principal, delivery_id)
+    if not 0 <= delivery_id <= MAX_ID:  # an id no row can have
+        raise NotFound("no such webhook delivery")
+    mine = [D.id == delivery_id, D.kind == WEBHOOK]  # the webhook delivery, if the principal may see it
+    mine += [] if principal.is_admin else [D.tenant_id == principal.tenant_id]
     now = clock_now()
     with transaction() as conn:
         won = conn.execute(update(deliveries).where(*mine, D.status == FAILED).values(
