@@ -99,9 +99,6 @@ def _json_int(v: Any) -> Any:
     return int(v) if isinstance(v, float) else v
 
 
-JsonInt = Annotated[int, BeforeValidator(_json_int)]
-
-
 def _query_int(v: Any) -> Any:
     # A query value is text: "12" is the integer 12, "1.5" or "abc" is none.
     if isinstance(v, str):
