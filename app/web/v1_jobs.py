@@ -211,26 +211,18 @@ def job_result(model: str, job_id: str):
     if out.redirect:
         resp = Response(status=307, headers={"Location": out.redirect})
     else:
+        # A model's bytes are not ours: a text/html (or SVG, XML ...) result opened in
+        # a browser must not run as a page of the API's origin, where it could call
+        # the API with the console's key.  sandbox: no script, a unique origin;
+        # attachment: a download, except for the types a browser shows inertly.
         resp = Response(out.data, status=200, content_type=out.content_type)
-        resp.headers.update(result_headers(out.content_type))
+        resp.headers["Content-Security-Policy"] = "sandbox; default-src 'none'"
+        mime = out.content_type.split(";", 1)[0].strip().lower()
+        if not (mime in ("application/json", "text/plain") or mime.endswith("+json")
+                or (mime.startswith("image/") and mime != "image/svg+xml")):
+            resp.headers["Content-Disposition"] = "attachment"
     resp.headers["X-Job-Id"] = out.row.id
     return resp
-
-
-# A model's bytes are not ours: a text/html (or SVG, XML ...) result opened in
-# a browser must not run as a page of the API's origin, where it could call
-# the API with the console's key.  sandbox: no script, a unique origin;
-# attachment: a download, except for the types a browser shows inertly.
-RESULT_CSP = "sandbox; default-src 'none'"
-
-
-def result_headers(content_type: str) -> dict[str, str]:
-    out = {"Content-Security-Policy": RESULT_CSP}
-    mime = content_type.split(";", 1)[0].strip().lower()
-    if not (mime in ("application/json", "text/plain") or mime.endswith("+json")
-            or (mime.startswith("image/") and mime != "image/svg+xml")):
-        out["Content-Disposition"] = "attachment"
-    return out
 
 
 @bp.post("/models/<model>/jobs/<job_id>/cancel")
