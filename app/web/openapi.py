@@ -32,6 +32,7 @@ bp = Blueprint("docs", __name__)
 _S = "#/components/schemas/"
 _R = "#/components/responses/"
 _RETRY = {"Retry-After": "seconds to wait before trying again"}
+_SCHEMA_KEYS = ("type", "anyOf", "allOf", "oneOf", "properties", "$ref", "enum", "items", "const")
 
 # status: (response name, v1 schema, description, headers)
 _ERRORS = {
@@ -75,9 +76,6 @@ class _Shapes:
             # A seed-only shape already named Seed* is not prefixed twice.
             out.update({(name if name.startswith("Seed") else prefix + name): schema for name, schema in defs.items()})
         return json.loads(json.dumps(out).replace(f'"{_S}SeedSeed', f'"{_S}Seed'))
-
-
-_SCHEMA_KEYS = ("type", "anyOf", "allOf", "oneOf", "properties", "$ref", "enum", "items", "const")
 
 
 def _wire_names(defs: dict, models: set[type[BaseModel]]) -> None:
