@@ -30,7 +30,6 @@ from app.web.schemas import ERROR_SHAPES
 bp = Blueprint("docs", __name__)
 
 _S = "#/components/schemas/"
-_R = "#/components/responses/"
 _RETRY = {"Retry-After": "seconds to wait before trying again"}
 _SCHEMA_KEYS = ("type", "anyOf", "allOf", "oneOf", "properties", "$ref", "enum", "items", "const")
 
@@ -198,7 +197,7 @@ def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
         op["responses"][str(status)] = _response(ok, spec.face, shapes)
     prefix = "Seed" if spec.face == "seed" else ""
     for c in sorted(codes):
-        op["responses"].setdefault(str(c), {"$ref": _R + prefix + _ERRORS[c][0]})
+        op["responses"].setdefault(str(c), {"$ref": "#/components/responses/" + prefix + _ERRORS[c][0]})
     if spec.auth == "admin":
         op["x-admin-only"] = True
     return op
