@@ -114,10 +114,6 @@ def Int(lo: int | None = None, hi: int | None = None, query: bool = False) -> An
     return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_query_int if query else _json_int)]
 
 
-def QueryInt(lo: int | None = None, hi: int | None = None) -> Any:
-    return Int(lo, hi, query=True)
-
-
 def _bool_01(v: Any) -> Any:
     if isinstance(v, bool):
         return v

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
-from app.contract import Day, Params, QueryInt, Shape, Text, rule
+from app.contract import Day, Int, Params, Shape, Text, rule
 
 
 def _day(v: Any) -> Any:
@@ -30,7 +30,7 @@ class UsageQuery(Params):
     tenant: Text | None = Field(None, description="users: only their own (another: 403)")
     model: Text | None = None
     # Pages in (day, model, tenant, creator) order; ``total`` stays the whole filter's sum.
-    limit: QueryInt(1, 10000) = rule("from 1 to 10000", 1000)
+    limit: Int(1, 10000, query=True) = rule("from 1 to 10000", 1000)
     cursor: Text | None = Field(None, description="next_cursor of the previous page")
 
     @field_validator("day_to")
