@@ -98,10 +98,6 @@ def update_limits(tenant: str, body: TenantLimitsInput):
     return limits.update(tenant, body)
 
 
-_PASSES = {"retry": passes.run_work, "recover": passes.recover, "cleanup": passes.cleanup,
-           "reconcile": passes.reconcile_gates}
-
-
 @bp.post("/maintenance/<any(retry, recover, cleanup, reconcile):name>")
 @endpoint("Run a pass now: retry (due retries re-admitted, long-waiting retries promoted, lost messages re-sent), "
           "recover (wiped Redis repaired, expired leases, overdue jobs, lost messages, gates, permits), cleanup "
@@ -109,7 +105,8 @@ _PASSES = {"retry": passes.run_work, "recover": passes.recover, "cleanup": passe
           "reconcile (gate slot sets made equal to the pending/running rows)", tag="maintenance", auth="admin",
           ok=Ok(Report, "its report"))
 def run_pass(name: str):
-    return _PASSES[name]().as_dict()
+    return {"retry": passes.run_work, "recover": passes.recover, "cleanup": passes.cleanup,
+            "reconcile": passes.reconcile_gates}[name]().as_dict()
 
 
 @bp.post("/maintenance/autotune")
