@@ -142,10 +142,7 @@ def _answer(spec: Endpoint, out: Any):
     data = _jsonable(out, spec.face)
     if spec.face == "seed":
         data = {"code": 0, "message": "ok", "data": data}
-    resp = jsonify(data)
-    resp.status_code = status
-    resp.headers.update(headers)
-    return resp
+    return jsonify(data), status, headers
 
 
 _NUL = "must not contain NUL characters"

@@ -39,10 +39,7 @@ def _json(status: int, body: dict, headers: dict | None = None):
         if "errors" in body:
             envelope["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
         body = envelope
-    resp = jsonify(body)
-    resp.status_code = 200 if seed and get_settings().seed_errors_http_200 else status
-    resp.headers.update(headers or {})
-    return resp
+    return jsonify(body), 200 if seed and get_settings().seed_errors_http_200 else status, headers or {}
 
 
 def domain_answer(exc: BaseException) -> tuple[int, dict, dict]:
