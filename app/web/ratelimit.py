@@ -234,9 +234,8 @@ def register(app: Flask) -> None:
     @app.before_request
     def _anonymous_limit():
         # Routes that authenticate pay from their key's bucket (a failed key
-        # through check_anonymous, app/web/auth.py).
+        # through check_anonymous, app/web/auth.py); no declaration: no route
+        # matched (404 / 405), or a static file.
         spec = getattr(current_app.view_functions.get(request.endpoint), "endpoint", None)
-        if spec is None or spec.auth == "none":  # no route matched (404 / 405); static files have no declaration
+        if spec is None or spec.auth == "none" or (spec.auth == "metrics" and not get_settings().metrics_token):
             return check_anonymous(health=spec is not None and spec.tag == "health")
-        if spec.auth == "metrics" and not get_settings().metrics_token:
-            return check_anonymous()
