@@ -7,8 +7,8 @@ envelope) and keeps the declaration on the view for app/web/openapi.py: the
 document comes from the objects that validate, so the two cannot disagree.
 A view gets its path parameters plus ``query``, ``headers`` and ``body`` as
 declared, and returns a Shape (a list of them, or JSON data), optionally with
-a status and headers (the first declared status without: a 204 returns nothing),
-or a flask Response that is passed through as is.
+a status and headers (else the first declared status: a 204 view returns
+nothing), or a flask Response that is passed through as is.
 
 Input rules: a JSON object body (413 before reading too much; 400 for empty,
 unparsable or non-object bodies).  NUL (U+0000): PostgreSQL text cannot hold
