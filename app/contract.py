@@ -18,8 +18,8 @@ import re
 from datetime import date, datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError,
-                      WithJsonSchema, create_model)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer,
+                      StrictBool, ValidationError, WithJsonSchema, create_model)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
@@ -31,8 +31,7 @@ Face = Literal["v1", "seed"]
 class Shape(BaseModel):
     """A request or response body."""
 
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True,
-                              validate_by_alias=True, serialize_by_alias=False, frozen=False)
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
 
     def values(self, only_given: bool = False) -> dict:
         """The fields as column values (only those given, for a change); null is ""
@@ -100,9 +99,6 @@ def _json_int(v: Any) -> Any:
     return int(v) if isinstance(v, float) else v
 
 
-JsonInt = Annotated[int, BeforeValidator(_json_int)]
-
-
 def _query_int(v: Any) -> Any:
     # A query value is text: "12" is the integer 12, "1.5" or "abc" is none.
     if isinstance(v, str):
@@ -118,10 +114,6 @@ def Int(lo: int | None = None, hi: int | None = None, query: bool = False) -> An
     return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_query_int if query else _json_int)]
 
 
-def QueryInt(lo: int | None = None, hi: int | None = None) -> Any:
-    return Int(lo, hi, query=True)
-
-
 def _bool_01(v: Any) -> Any:
     if isinstance(v, bool):
         return v
@@ -130,18 +122,10 @@ def _bool_01(v: Any) -> Any:
     raise PydanticCustomError("bool_type", "must be true/false (or 1/0)")
 
 
-# true/false, or the seed's 1/0.
+# true/false, or the seed's 1/0 (true/false only: pydantic's StrictBool, imported above for the shapes;
+# its bool_type error reads "must be true or false" like this one's).
 Bool01 = Annotated[bool, BeforeValidator(_bool_01),
                    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "integer", "enum": [0, 1]}]})]
-
-
-def _strict_bool(v: Any) -> Any:
-    if not isinstance(v, bool):
-        raise PydanticCustomError("bool_type", "must be true or false")
-    return v
-
-
-StrictBool = Annotated[bool, BeforeValidator(_strict_bool)]
 
 
 def _no_nul(v: str) -> str:
@@ -241,9 +225,7 @@ _GENERIC = {
     "float_type": "must be a number", "float_parsing": "must be a number", "bool_type": "must be true or false",
     "bool_parsing": "must be true or false", "list_type": "must be an array", "dict_type": "must be an object",
     "model_type": "must be an object", "model_attributes_type": "must be an object",
-}
-# Messages from the error's context (pydantic's ``ctx``), by error type.
-_WITH_CTX = {
+    # With values from the error's context (pydantic's ``ctx``).
     "greater_than_equal": "must be >= {ge}", "greater_than": "must be >= {gt}",
     "less_than_equal": "must be <= {le}", "less_than": "must be <= {lt}",
     "string_too_long": "must be at most {max_length} characters",
@@ -265,11 +247,9 @@ def _message(err: dict, model: type[BaseModel] | None) -> str:
         return f"is required: {text}" if kind == "missing" else f"must be {text}"
     if custom:
         return err["msg"]
-    if kind in _GENERIC:
-        return _GENERIC[kind]
     ctx = err.get("ctx") or {}
-    if kind in _WITH_CTX:
-        return _WITH_CTX[kind].format_map(ctx)
+    if kind in _GENERIC:
+        return _GENERIC[kind].format_map(ctx)
     if kind == "string_pattern_mismatch":
         text = _PATTERN_TEXT.get(ctx.get("pattern"))
         return f"must be {text}" if text else f"must match {ctx.get('pattern')}"

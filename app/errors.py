@@ -118,7 +118,3 @@ class IllegalTransition(DomainError):
     """A state change the state machine does not allow (a bug, not a race)."""
 
     status = 409
-
-
-class JobNotFinished(Conflict):
-    pass

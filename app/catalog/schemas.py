@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from app.catalog.forms import re2_compile
 from app.config import get_settings
-from app.contract import NO_NUL, Bool01, Int, JsonInt, Shape, StrictBool, Timestamp, partial, pattern, rule
+from app.contract import NO_NUL, Bool01, Int, Shape, StrictBool, Timestamp, partial, pattern, rule
 from app.infra import secretbox
 from app.infra.http.headers import (HEADER_NAMES_PATTERN, HEADER_NAMES_TEXT, HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT,
                                     redact)
@@ -187,7 +187,7 @@ class ModelInput(Shape):
     tenant_queue_limit: Int(0, 1_000_000) | None = rule(
         "an integer from 0 to 1000000: how many of queue_limit one tenant may hold (null: "
         "ASYNCH_TENANT_QUEUE_SHARE of it)", None)
-    timeout_seconds: Annotated[JsonInt, AfterValidator(_timeout_cap)] = rule(
+    timeout_seconds: Annotated[Int(), AfterValidator(_timeout_cap)] = rule(
         "an integer from 1 to ASYNCH_MAX_MODEL_TIMEOUT_SECONDS: one model call's whole time",
         lambda: min(1800, get_settings().max_model_timeout_seconds),
         minimum=1, **{"x-maximum-setting": "max_model_timeout_seconds"})
@@ -356,4 +356,4 @@ class TypeIdBody(Shape):
 
     invalid: ClassVar[str] = "invalid request"
 
-    type_id: JsonInt = rule("an integer")
+    type_id: Int() = rule("an integer")

@@ -112,10 +112,6 @@ def _due(c, now: datetime, cap: int):
                                       and_(c.status == SENDING, c.lease_until < now)))
 
 
-def _stuck_at_cap(now: datetime, cap: int):
-    return and_(D.attempts >= cap, or_(D.status == PENDING, and_(D.status == SENDING, D.lease_until < now)))
-
-
 def claim(conn: Connection, now: datetime, delivery_id: int | None = None) -> Row | None:
     """The fairest claimable row, or ``delivery_id`` if claimable -> sending,
     attempt + 1, leased; with its model name and its tenant's stored secret."""
@@ -142,9 +138,10 @@ def claim(conn: Connection, now: datetime, delivery_id: int | None = None) -> Ro
 def give_up_at_cap(conn: Connection, now: datetime, delivery_id: int | None = None, limit: int = 500) -> int:
     """Mark failed the rows the cap ends (one, or up to ``limit``), counted in the metric."""
     cap = get_settings().delivery_max_attempts
-    ids = select(D.id).where(_stuck_at_cap(now, cap))
+    stuck = and_(D.attempts >= cap, or_(D.status == PENDING, and_(D.status == SENDING, D.lease_until < now)))
+    ids = select(D.id).where(stuck)
     ids = ids.where(D.id == delivery_id) if delivery_id is not None else ids.limit(limit)
-    gone = conn.execute(update(deliveries).where(D.id.in_(ids), _stuck_at_cap(now, cap)).values(
+    gone = conn.execute(update(deliveries).where(D.id.in_(ids), stuck).values(
         status=FAILED, lease_until=None, updated_at=now,
         last_error=f"gave up after {cap} attempts (ASYNCH_DELIVERY_MAX_ATTEMPTS); "
                    "the last never finished or the cap was lowered")
@@ -295,30 +292,27 @@ def deliver_due(limit: int = 500) -> dict:
     return {"processed": published + failed, "published": published, "failed": failed}
 
 
-def _visible(principal: Principal, delivery_id: int) -> list:
-    """The webhook delivery ``delivery_id`` if the principal may see it (404 for an id no row can have)."""
-    if not 0 <= delivery_id <= MAX_ID:
-        raise NotFound("no such webhook delivery")
-    mine = [D.id == delivery_id, D.kind == WEBHOOK]
-    return mine if principal.is_admin else [*mine, D.tenant_id == principal.tenant_id]
-
-
 def replay(principal: Principal, delivery_id: int) -> dict:
     """A failed webhook delivery back to pending, due now, with a fresh
     attempt budget (its log kept); 404 for another tenant's, 409 unless failed."""
-    mine = _visible(principal, delivery_id)
+    if not 0 <= delivery_id <= MAX_ID:  # an id no row can have
+        raise NotFound("no such webhook delivery")
+    mine = [D.id == delivery_id, D.kind == WEBHOOK]  # the webhook delivery, if the principal may see it
+    mine += [] if principal.is_admin else [D.tenant_id == principal.tenant_id]
     now = clock_now()
     with transaction() as conn:
         won = conn.execute(update(deliveries).where(*mine, D.status == FAILED).values(
-            status=PENDING, attempts=0, next_attempt_at=now, lease_until=None, updated_at=now).returning(D.id)).first()
+            status=PENDING, attempts=0, next_attempt_at=now, lease_until=None, updated_at=now)
+            .returning(*deliveries.c)).first()
         if won is None:
             cur = conn.execute(select(D.status).where(*mine)).first()
             if cur is None:
                 raise NotFound("no such webhook delivery")
             raise Conflict(f"only a failed delivery is replayed (this one is {cur.status})")
+        view = _views(conn, [won])[0]  # as replayed: pending, before a pump can claim it
     log.info("webhook delivery replayed", extra={"delivery_id": delivery_id})
     wake()
-    return delivery_view(principal, delivery_id)
+    return view
 
 
 def _views(conn: Connection, rows: list) -> list[dict]:
@@ -333,15 +327,6 @@ def _views(conn: Connection, rows: list) -> list[dict]:
              "subscription_id": d.subscription_id or None, "status": d.status, "attempts": d.attempts,
              "next_attempt_at": d.next_attempt_at if d.status == PENDING else None,
              "delivered_at": d.delivered_at, "last_error": d.last_error, "log": logs[d.id]} for d in rows]
-
-
-def delivery_view(principal: Principal, delivery_id: int) -> dict:
-    """A webhook delivery the principal may see."""
-    with transaction() as conn:
-        d = conn.execute(select(deliveries).where(*_visible(principal, delivery_id))).first()
-        if d is None:
-            raise NotFound("no such webhook delivery")
-        return _views(conn, [d])[0]
 
 
 def job_deliveries(principal: Principal, job_id: str, kind: str = WEBHOOK) -> list[dict] | None:

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, fie
 from pydantic_core import PydanticCustomError
 
 from app.config import get_settings
-from app.contract import NO_NUL, Loose, Params, QueryInt, Shape, Text, rule
+from app.contract import NO_NUL, Int, Loose, Params, Shape, Text, rule
 from app.infra.http.headers import HEADER_SPEC_PATTERN
 from app.jobs.schemas import V1State
 from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, WEBHOOK_EVENTS_HELP, WEBHOOK_EVENTS_PATTERN,
@@ -108,7 +108,7 @@ _TIME_OR_EMPTY = {"anyOf": [{"type": "string", "format": "date-time"}, {"const":
 
 class JobListQuery(Params):
     state: V1State | None = Field(None, description="a v1 state name")
-    limit: QueryInt(1) = rule("from 1 to ASYNCH_LIST_MAX_LIMIT", 50, **{"x-maximum-setting": "list_max_limit"})
+    limit: Int(1, query=True) = rule("from 1 to ASYNCH_LIST_MAX_LIMIT", 50, **{"x-maximum-setting": "list_max_limit"})
     cursor: Text | None = Field(None, description="next_cursor of the previous page")
     tenant: Text | None = Field(None, description="admins: only this tenant's jobs")
     since: QueryTime = Field(None, description="only jobs created at or after this time (ISO 8601; no offset: UTC)",

@@ -35,8 +35,7 @@ from sqlalchemy.engine import Connection, Row
 from app import transitions
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.errors import (Conflict, DomainError, Gone, JobNotFinished, NotFound, TooManyWaiters, Unavailable,
-                        ValidationFailed)
+from app.errors import Conflict, DomainError, Gone, NotFound, TooManyWaiters, Unavailable, ValidationFailed
 from app.infra import metrics, outbox_rows
 from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
@@ -235,7 +234,7 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
     redirected to a presigned URL: ASYNCH_RESULT_REDIRECT_SECONDS); a small one comes from the row."""
     row = read_result_row(principal, job_id, model_name)
     if JobState(row.state) not in RESULT_STATES:
-        raise JobNotFinished(f"job not finished (state: {v1_name(row.state)})")
+        raise Conflict(f"job not finished (state: {v1_name(row.state)})")
     ctype = row.result_content_type or "application/octet-stream"
     if row.result_inline is not None:  # a small result kept in the row (app/jobs/execution.py)
         return ResultBody(row, ctype, bytes(row.result_inline))

@@ -16,7 +16,7 @@ from sqlalchemy import bindparam, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from app.contract import Day, Params, QueryInt, Shape, Text, rule
+from app.contract import Day, Int, Params, Shape, Text, rule
 from app.errors import Forbidden, ValidationFailed
 from app.infra.db import transaction
 from app.infra.tables import model_stats
@@ -42,7 +42,7 @@ class UsageQuery(Params):
     tenant: Text | None = Field(None, description="users: only their own (another: 403)")
     model: Text | None = None
     # Pages in (day, model, tenant, creator) order; ``total`` stays the whole filter's sum.
-    limit: QueryInt(1, 10000) = rule("from 1 to 10000", 1000)
+    limit: Int(1, 10000, query=True) = rule("from 1 to 10000", 1000)
     cursor: Text | None = Field(None, description="next_cursor of the previous page")
 
     @field_validator("day_to")

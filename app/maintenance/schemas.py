@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
-from app.contract import BeatRun, Int, Loose, Params, QueryInt, Shape, StrictBool, rule
+from app.contract import BeatRun, Int, Loose, Params, Shape, StrictBool, rule
 
 MAX_WINDOW_SECONDS = 30 * 86400
 
@@ -79,4 +79,4 @@ class BeatRuns(_Snake):
 
 
 class RunsQuery(Params):
-    limit: QueryInt(1, 1000) = rule("from 1 to 1000", 100)
+    limit: Int(1, 1000, query=True) = rule("from 1 to 1000", 100)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from app.contract import BeatRun, Params, QueryInt, Shape, Timestamp, rule
+from app.contract import BeatRun, Int, Params, Shape, Timestamp, rule
 
 
 class RuntimeOverrides(Shape):
@@ -44,7 +44,7 @@ class Series(Shape):
 
 
 class SeriesQuery(Params):
-    minutes: QueryInt(5, 1440) = rule("an integer from 5 to 1440", 60)
+    minutes: Int(5, 1440, query=True) = rule("an integer from 5 to 1440", 60)
 
 
 # --- the console's operator pages (app/observe/ops.py) ---------------------------------

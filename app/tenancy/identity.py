@@ -12,7 +12,6 @@ unproven one is neither the creator nor passed to the OSS file service
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 
 from app.config import get_settings
@@ -29,7 +28,7 @@ def _decode(value: str) -> dict | None:
         try:
             std = value.replace("-", "+").replace("_", "/")
             data = json.loads(base64.b64decode(std + "=" * (-len(std) % 4), validate=True).decode("utf-8"))
-        except (binascii.Error, ValueError, UnicodeDecodeError):
+        except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
             return None
     return data if isinstance(data, dict) else None
 
@@ -43,18 +42,6 @@ def _named(data: dict, names) -> str:
     return ""
 
 
-def user_from_info(value: str) -> str:
-    """The user named by an X-User-Info header: JSON (or base64 JSON) with one
-    of the usual name keys, or a plain printable token."""
-    value = value.strip()
-    data = _decode(value)
-    if data is not None:
-        return _named(data, _NAME_KEYS)[:128]
-    if value and len(value) <= 128 and all(0x20 < ord(c) < 0x7F for c in value) and "{" not in value:
-        return value
-    return ""
-
-
 def tenant_from_info(value: str | None) -> str:
     """The tenant an X-User-Info header names (JSON or base64 JSON, one of
     the usual tenant keys), else ASYNCH_GATEWAY_DEFAULT_TENANT; "" if
@@ -64,8 +51,16 @@ def tenant_from_info(value: str | None) -> str:
 
 
 def creator_for(explicit: str | None, trusted_info: str | None) -> str:
-    """``trusted_info``: the X-User-Info a proven gateway vouches for, or None."""
-    return (user_from_info(trusted_info) if trusted_info else "") or explicit or ""
+    """The user ``trusted_info`` (the X-User-Info a proven gateway vouches for, or None)
+    names: JSON (or base64 JSON) with one of the usual name keys, or a plain printable
+    token; else ``explicit``."""
+    value = (trusted_info or "").strip()
+    data = _decode(value) if value else None
+    if data is not None:
+        user = _named(data, _NAME_KEYS)[:128]
+    else:
+        user = value if len(value) <= 128 and all(0x20 < ord(c) < 0x7F for c in value) and "{" not in value else ""
+    return user or explicit or ""
 
 
 def oss_passthrough(oss_authorization: str | None, trusted_info: str | None) -> dict[str, str] | None:

@@ -33,7 +33,6 @@ Role = Literal["admin", "user"]
 
 
 class ApiKeyInput(Shape):
-
     invalid: ClassVar[str] = "invalid API key request"
     tenant: TenantId = rule("1-64 letters, digits, _ . -")
     role: Role = Field("user", description="admin or user")
@@ -54,14 +53,10 @@ class ApiKeyView(Shape):
     created_at: Timestamp
     revoked_at: Timestamp | None
 
-    @staticmethod
-    def values(row) -> dict:
-        return {"id": row.id, "tenant": row.tenant_id, "role": row.role, "name": row.name, "prefix": row.prefix,
-                "created_at": row.created_at, "revoked_at": row.revoked_at}
-
     @classmethod
-    def from_row(cls, row) -> "ApiKeyView":
-        return cls.model_construct(**cls.values(row))
+    def from_row(cls, row, **extra) -> "ApiKeyView":
+        return cls.model_construct(id=row.id, tenant=row.tenant_id, role=row.role, name=row.name, prefix=row.prefix,
+                                   created_at=row.created_at, revoked_at=row.revoked_at, **extra)
 
 
 class ApiKeyCreated(ApiKeyView):

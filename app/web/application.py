@@ -36,7 +36,11 @@ def create_app(settings: Settings | None = None) -> Flask:
         g._t0 = time.monotonic()
 
     @flask_app.after_request
-    def _log_line(resp):
+    def _nosniff_and_log(resp):
+        # Every answer: a browser never guesses a type we did not send (a
+        # model's result, an error body).  A parked wait keeps these headers
+        # (app/infra/parking.py sends the ones the app gave).
+        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
         ms = int((time.monotonic() - g.get("_t0", time.monotonic())) * 1000)
         logging.getLogger("asynch.request").info("%s %s %s %dms", request.method, request.path, resp.status_code, ms)
         return resp
@@ -49,9 +53,8 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     contract.register_nul_guard(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address
-    for module in (metrics, v1_jobs, v1_admin, v1_business, seed, openapi):
-        flask_app.register_blueprint(module.bp)
-    flask_app.register_blueprint(console_bp)
+    for bp in (metrics.bp, v1_jobs.bp, v1_admin.bp, v1_business.bp, seed.bp, openapi.bp, console_bp):
+        flask_app.register_blueprint(bp)
 
     # The per-process listener (wake-ups, cache invalidations): started here
     # so invalidations reach a process before its first long-poll; it
@@ -59,13 +62,5 @@ def create_app(settings: Settings | None = None) -> Flask:
     @flask_app.before_request
     def _listener():
         hub.ensure_started(ready_timeout=0)
-
-    # Every answer: a browser never guesses a type we did not send (a
-    # model's result, an error body).  A parked wait keeps these headers
-    # (app/infra/parking.py sends the ones the app gave).
-    @flask_app.after_request
-    def _nosniff(resp):
-        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
-        return resp
 
     return flask_app

@@ -23,7 +23,6 @@ from flask import g, request
 
 from app.config import get_settings
 from app.errors import Unauthorized
-from app.infra import metrics
 from app.infra.logs import bind
 from app.tenancy.identity import tenant_from_info
 from app.tenancy.keys import Principal, authenticate, looks_like_key
@@ -31,15 +30,11 @@ from app.tenancy.schemas import TENANT_RULE, is_tenant_name
 from app.web import ratelimit
 
 
-def presented_key() -> str | None:
-    h = request.headers.get("Authorization", "")
-    return (h[7:].strip() or None) if h[:7].lower() == "bearer " else None
-
-
 def current_principal() -> Principal:
     p = getattr(g, "principal", None)
     if p is None:
-        key = presented_key()
+        h = request.headers.get("Authorization", "")
+        key = (h[7:].strip() or None) if h[:7].lower() == "bearer " else None
         try:
             if get_settings().auth_mode == "gateway" and not looks_like_key(key):
                 p = _gateway_principal()
@@ -54,13 +49,6 @@ def current_principal() -> Principal:
         bind(tenant=p.tenant_id)
         ratelimit.check(p)  # once per request (g.principal answers later calls)
     return p
-
-
-def require_metrics_token() -> None:
-    """ASYNCH_METRICS_TOKEN, when set, as a Bearer token (the rule of app/infra/metrics.py)."""
-    problem = metrics.token_problem(request.headers.get("Authorization", ""))
-    if problem:
-        raise Unauthorized(problem)
 
 
 @lru_cache(maxsize=8)

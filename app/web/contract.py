@@ -7,7 +7,8 @@ envelope) and keeps the declaration on the view for app/web/openapi.py: the
 document comes from the objects that validate, so the two cannot disagree.
 A view gets its path parameters plus ``query``, ``headers`` and ``body`` as
 declared, and returns a Shape (a list of them, or JSON data), optionally with
-a status and headers, or a flask Response that is passed through as is.
+a status and headers (else the first declared status: a 204 view returns
+nothing), or a flask Response that is passed through as is.
 
 Input rules: a JSON object body (413 before reading too much; 400 for empty,
 unparsable or non-object bodies).  NUL (U+0000): PostgreSQL text cannot hold
@@ -25,9 +26,10 @@ from flask import Flask, Response, jsonify, request
 from pydantic import BaseModel
 
 from app.contract import Face, dump, parse, parse_json, pointer_token
-from app.errors import BadRequest, Forbidden, NotFound, ValidationFailed
+from app.errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationFailed
+from app.infra import metrics
 from app.tenancy.schemas import TENANT_PATTERN
-from app.web.auth import current_principal, require_metrics_token
+from app.web.auth import current_principal
 
 Auth = Literal["none", "key", "admin", "metrics"]
 # Path parameters several routes share: {name: {"description", "schema"}}.
@@ -72,17 +74,20 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
     def decorate(view: Callable) -> Callable:
         @wraps(view)
         def wrapper(**path_args):
-            if spec.auth == "metrics":
-                require_metrics_token()
+            if spec.auth == "metrics":  # ASYNCH_METRICS_TOKEN, when set, as a Bearer token
+                problem = metrics.token_problem(request.headers.get("Authorization", ""))
+                if problem:
+                    raise Unauthorized(problem)
             elif spec.auth in ("key", "admin"):
                 if not current_principal().is_admin and spec.auth == "admin":
                     raise Forbidden("admin key required")
             extra = {}
             if spec.query is not None:
                 extra["query"] = parse(spec.query, request.args.to_dict(), face=spec.face, message="invalid query")
-            if spec.headers is not None:
-                extra["headers"] = parse(spec.headers, _declared_headers(spec.headers), face="seed",
-                                         message="invalid headers")
+            if spec.headers is not None:  # the ones it declares, by their HTTP names (its aliases)
+                names = [info.alias or name for name, info in spec.headers.model_fields.items()]
+                given = {n: request.headers[n] for n in names if n in request.headers}
+                extra["headers"] = parse(spec.headers, given, face="seed", message="invalid headers")
             if spec.body is not None:
                 extra["body"] = _body(spec)
             return _answer(spec, view(**path_args, **extra))
@@ -93,24 +98,16 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
     return decorate
 
 
-def _declared_headers(model: type[BaseModel]) -> dict:
-    """The request headers a model declares (by their HTTP names, its aliases)."""
-    names = [info.alias or name for name, info in model.model_fields.items()]
-    return {n: request.headers[n] for n in names if n in request.headers}
-
-
 def _body(spec: Endpoint):
     """The body as a JSON object, parsed into the declared shape.  A NUL anywhere
     but under ``spec.nul_allowed`` is a 422: those are a job's payload (stored
     as JSON text, where NUL is escaped, and forwarded as data) and bodies that
     are only read ("" for the whole body)."""
     raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
-    if not raw.strip():
-        if not spec.body_required:
-            return {} if isinstance(spec.body, dict) else parse(spec.body, {}, face=spec.face)
+    if not raw.strip() and spec.body_required:
         raise BadRequest("request body is empty")
     try:
-        data = parse_json(raw)
+        data = parse_json(raw) if raw.strip() else {}  # an optional body left out: {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"invalid JSON: {exc}") from exc
     if not isinstance(data, dict):
@@ -145,10 +142,7 @@ def _answer(spec: Endpoint, out: Any):
     data = _jsonable(out, spec.face)
     if spec.face == "seed":
         data = {"code": 0, "message": "ok", "data": data}
-    resp = jsonify(data)
-    resp.status_code = status
-    resp.headers.update(headers)
-    return resp
+    return jsonify(data), status, headers
 
 
 _NUL = "must not contain NUL characters"

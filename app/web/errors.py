@@ -17,9 +17,6 @@ from app.errors import DomainError, RateLimited, Throttled, Unauthorized, Valida
 
 log = logging.getLogger(__name__)
 
-_HTTP_TEXT = {400: "bad request", 404: "not found", 405: "method not allowed", 415: "unsupported media type"}
-
-
 # URL prefixes of the seed routes: errors under them get the envelope form
 # even when no route matched (404/405).
 PATH_PREFIXES = ("/model/", "/modelType/", "/task/", "/stat/")
@@ -34,29 +31,25 @@ def camel_pointer(pointer: str) -> str:
     return "/" + (to_camel(head) if "_" in head else head) + sep + rest
 
 
-def _seed_face() -> bool:
-    return has_request_context() and (request.blueprint == "seed" or request.path.startswith(PATH_PREFIXES))
-
-
-def _envelope(status: int, body: dict) -> dict:
-    extra = {k: v for k, v in body.items() if k not in ("error", "errors")}  # deadline_unmeetable's estimate
-    out = {"code": status, "message": body["error"], "data": extra or None}
-    if "errors" in body:
-        out["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
-    return out
-
-
 def _json(status: int, body: dict, headers: dict | None = None):
-    seed = _seed_face()
-    resp = jsonify(_envelope(status, body) if seed else body)
-    resp.status_code = 200 if seed and get_settings().seed_errors_http_200 else status
-    resp.headers.update(headers or {})
-    return resp
+    seed = has_request_context() and (request.blueprint == "seed" or request.path.startswith(PATH_PREFIXES))
+    if seed:
+        extra = {k: v for k, v in body.items() if k not in ("error", "errors")}  # deadline_unmeetable's estimate
+        envelope = {"code": status, "message": body["error"], "data": extra or None}
+        if "errors" in body:
+            envelope["errors"] = [{**e, "pointer": camel_pointer(e["pointer"])} for e in body["errors"]]
+        body = envelope
+    return jsonify(body), 200 if seed and get_settings().seed_errors_http_200 else status, headers or {}
 
 
-def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
+def domain_answer(exc: BaseException) -> tuple[int, dict, dict]:
     """A domain error's status, v1 body and headers: the error handler's
-    answer, and a batch item's (app/web/v1_jobs.py, jobs:batch)."""
+    answer, and a batch item's (app/web/v1_jobs.py, jobs:batch), told as its
+    own request would have been; any other error of an item is an internal
+    error (logged)."""
+    if not isinstance(exc, DomainError):
+        log.error("batch item failed: %r", exc)
+        return 500, {"error": "internal error"}, {}
     body, headers = {"error": exc.message}, {}
     if isinstance(exc, ValidationFailed):
         body["errors"] = exc.errors
@@ -72,31 +65,17 @@ def domain_answer(exc: DomainError) -> tuple[int, dict, dict]:
     return exc.status, body, headers
 
 
-def item_answer(exc: BaseException) -> tuple[int, dict, dict]:
-    """What one item of a batch is told: a domain error as its own request
-    would have been; anything else an internal error (logged)."""
-    if isinstance(exc, DomainError):
-        return domain_answer(exc)
-    log.error("batch item failed: %r", exc)
-    return 500, {"error": "internal error"}, {}
-
-
 def register(app: Flask) -> None:
     @app.errorhandler(DomainError)
     def domain_error(exc: DomainError):
         return _json(*domain_answer(exc))
 
-    @app.errorhandler(RequestEntityTooLarge)
-    def too_large(_exc):
-        return _json(413, {"error": f"request body too large (max {get_settings().max_body_bytes} bytes)"})
-
-    @app.errorhandler(MethodNotAllowed)
-    def not_allowed(exc: MethodNotAllowed):
-        return _json(405, {"error": "method not allowed"}, {"Allow": ", ".join(sorted(exc.valid_methods or []))})
-
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        return _json(exc.code or 500, {"error": _HTTP_TEXT.get(exc.code, exc.name.lower())})
+        if isinstance(exc, RequestEntityTooLarge):
+            return _json(413, {"error": f"request body too large (max {get_settings().max_body_bytes} bytes)"})
+        allow = {"Allow": ", ".join(sorted(exc.valid_methods or []))} if isinstance(exc, MethodNotAllowed) else {}
+        return _json(exc.code or 500, {"error": exc.name.lower()}, allow)
 
     @app.errorhandler(OperationalError)
     @app.errorhandler(redis.RedisError)

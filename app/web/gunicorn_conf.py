@@ -47,16 +47,13 @@ def post_worker_init(worker) -> None:
     worker.handle_exit = handle_exit
     signal.signal(signal.SIGTERM, handle_exit)  # the worker installed the unwrapped one already
     signal.siginterrupt(signal.SIGTERM, False)
-    if serving.is_green() and get_settings().wait_parking:
-        _park_waits(worker)
-
-
-def _park_waits(worker) -> None:
-    """Parked waits (app/infra/parking.py): the middleware keeps a parked request's
-    socket; the worker writes nothing and closes only its own descriptor
-    (StopIteration ends gunicorn's keep-alive loop at once); every parked wait is
-    answered before the worker exits (a graceful stop waits only for request
-    greenlets, which parked waits no longer have)."""
+    if not (serving.is_green() and get_settings().wait_parking):
+        return
+    # Parked waits (app/infra/parking.py): the middleware keeps a parked request's
+    # socket; the worker writes nothing and closes only its own descriptor
+    # (StopIteration ends gunicorn's keep-alive loop at once); every parked wait is
+    # answered before the worker exits (a graceful stop waits only for request
+    # greenlets, which parked waits no longer have).
     from gunicorn import SERVER
 
     from app.infra import parking

@@ -27,7 +27,8 @@ _TEXT = Ok({"type": "string"}, "metrics", media_type="text/plain")
           "(not the cluster's): scrape every API pod and sum in PromQL. Worker nodes serve theirs on "
           "ASYNCH_WORKER_METRICS_PORT.")
 def prometheus_metrics():
-    return _text(*metrics.render())
+    body, ctype = metrics.render()
+    return Response(body, status=200, content_type=ctype)
 
 
 @bp.get("/metrics/cluster")
@@ -37,10 +38,7 @@ def prometheus_metrics():
           "read from PostgreSQL and Redis at scrape time, the same on every API pod, so scrape it once per "
           "cluster (through the Service), not per pod. `asynch_metrics_source_up` says which source answered.")
 def prometheus_cluster_metrics():
-    return _text(*cluster.render())
-
-
-def _text(body: bytes, ctype: str) -> Response:
+    body, ctype = cluster.render()
     return Response(body, status=200, content_type=ctype)
 
 

@@ -30,8 +30,8 @@ from app.web.schemas import ERROR_SHAPES
 bp = Blueprint("docs", __name__)
 
 _S = "#/components/schemas/"
-_R = "#/components/responses/"
 _RETRY = {"Retry-After": "seconds to wait before trying again"}
+_SCHEMA_KEYS = ("type", "anyOf", "allOf", "oneOf", "properties", "$ref", "enum", "items", "const")
 
 # status: (response name, v1 schema, description, headers)
 _ERRORS = {
@@ -48,10 +48,9 @@ _ERRORS = {
           _RETRY),
     503: ("Unavailable", "Error", "a dependency (database, Redis) is down; nothing was changed", _RETRY),
 }
-
-
-def _headers(headers: dict[str, str]) -> dict:
-    return {k: {"description": v, "schema": {"type": "string"}} for k, v in headers.items()}
+# auth: (the security requirement, the statuses it implies)
+_AUTH = {"none": ([], set()), "key": ([{"bearerAuth": []}], {401, 503}),
+         "admin": ([{"bearerAuth": []}], {401, 403, 503}), "metrics": ([{}, {"metricsToken": []}], {401})}
 
 
 class _Shapes:
@@ -70,18 +69,12 @@ class _Shapes:
         out: dict[str, Any] = {}
         for face, prefix in (("v1", ""), ("seed", "Seed")):
             items = [(m, key.split("|")[1]) for (f, key), m in self.wanted.items() if f == face]
-            if not items:
-                continue
             _, top = models_json_schema(items, by_alias=face == "seed", ref_template=_S + prefix + "{model}")
             defs = top.get("$defs", {})
-            if face == "v1":
-                _wire_names(defs, {m for m, _ in items})
+            _wire_names(defs, {m for m, _ in items})  # a no-op on the seed face (by alias already)
             # A seed-only shape already named Seed* is not prefixed twice.
             out.update({(name if name.startswith("Seed") else prefix + name): schema for name, schema in defs.items()})
         return json.loads(json.dumps(out).replace(f'"{_S}SeedSeed', f'"{_S}Seed'))
-
-
-_SCHEMA_KEYS = ("type", "anyOf", "allOf", "oneOf", "properties", "$ref", "enum", "items", "const")
 
 
 def _wire_names(defs: dict, models: set[type[BaseModel]]) -> None:
@@ -136,13 +129,10 @@ def _parameters(model: type[BaseModel], face: str, where: str) -> list[dict]:
     out = []
     for name, info in model.model_fields.items():
         wire = info.alias if (face == "seed" or model.__name__.endswith("Headers")) and info.alias else name
-        prop = schema["properties"].get(info.alias if face == "seed" and info.alias else name) \
-            or schema["properties"].get(wire, {})
+        prop = schema["properties"][info.alias if face == "seed" and info.alias else name]
         prop = _not_null(_walk(prop, lambda d: defs[d["$ref"].rsplit("/", 1)[1]]
                                      if d.get("$ref", "").startswith("#/$defs/") else d))
         desc = prop.pop("description", "") or ""
-        if prop.get("default") is None:
-            prop.pop("default", None)
         out.append({"name": wire, "in": where, "required": info.is_required(), "schema": prop, "description": desc})
     return out
 
@@ -157,18 +147,7 @@ def _not_null(prop: dict) -> dict:
     return {**alts[0], **rest} if len(alts) == 1 else {**rest, "anyOf": alts}
 
 
-def _path_params(rule, spec: Endpoint, fixed: set[str]) -> list[dict]:
-    out = []
-    for name in sorted(rule.arguments - fixed):
-        integer = isinstance(rule._converters.get(name), IntegerConverter)
-        declared = spec.path.get(name, {})
-        schema = declared.get("schema", {"type": "integer", "minimum": 0} if integer else {"type": "string"})
-        out.append({"name": name, "in": "path", "required": True, "schema": schema,
-                    "description": declared.get("description", "")})
-    return out
-
-
-def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
+def _response(ok: Ok, face: str, shapes: _Shapes) -> dict:
     resp: dict[str, Any] = {"description": ok.description}
     if ok.shape is not None:
         schema = shapes.ref(ok.shape, face, "serialization") if isinstance(ok.shape, type) else ok.shape
@@ -179,24 +158,23 @@ def _ok_response(ok: Ok, face: str, shapes: _Shapes) -> dict:
                 "code": {"const": 0}, "message": {"const": "ok"}, "data": schema}}
         resp["content"] = {ok.media_type: {"schema": schema}}
     if ok.headers:
-        resp["headers"] = _headers(ok.headers)
+        resp["headers"] = {k: {"description": v, "schema": {"type": "string"}} for k, v in ok.headers.items()}
     return resp
 
 
 def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
     # 429: every request is rate limited, by its key or, without one (or
     # with a key that fails), by its client address (app/web/ratelimit.py).
-    codes = set(spec.errors) | {429}
-    security: list = []
-    if spec.auth in ("key", "admin"):
-        security = [{"bearerAuth": []}]
-        codes |= {401, 503} | ({403} if spec.auth == "admin" else set())
-    elif spec.auth == "metrics":
-        security = [{}, {"metricsToken": []}]
-        codes.add(401)
-    if rule.arguments - fixed:
+    security, implied = _AUTH[spec.auth]
+    codes = set(spec.errors) | {429} | implied
+    params = []
+    for name in sorted(rule.arguments - fixed):  # each path parameter may name nothing: 404
         codes.add(404)
-    params = _path_params(rule, spec, fixed)
+        integer = isinstance(rule._converters.get(name), IntegerConverter)
+        declared = spec.path.get(name, {})
+        schema = declared.get("schema", {"type": "integer", "minimum": 0} if integer else {"type": "string"})
+        params.append({"name": name, "in": "path", "required": True, "schema": schema,
+                       "description": declared.get("description", "")})
     if spec.query is not None:
         params += _parameters(spec.query, spec.face, "query")
         codes.add(422)
@@ -216,10 +194,10 @@ def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
             schema = shapes.ref(spec.body, spec.face, "validation")
         op["requestBody"] = {"required": spec.body_required, "content": {"application/json": {"schema": schema}}}
     for status, ok in sorted(spec.ok.items()):
-        op["responses"][str(status)] = _ok_response(ok, spec.face, shapes)
+        op["responses"][str(status)] = _response(ok, spec.face, shapes)
     prefix = "Seed" if spec.face == "seed" else ""
     for c in sorted(codes):
-        op["responses"].setdefault(str(c), {"$ref": _R + prefix + _ERRORS[c][0]})
+        op["responses"].setdefault(str(c), {"$ref": "#/components/responses/" + prefix + _ERRORS[c][0]})
     if spec.auth == "admin":
         op["x-admin-only"] = True
     return op
@@ -262,10 +240,9 @@ def served(app: Flask) -> tuple[bytes, str]:
         return cached[1], cached[2]
 
 
-def document(app: Flask | None = None, server_url: str | None = None) -> dict:
+def document(app: Flask, server_url: str | None = None) -> dict:
     global BUILDS
     BUILDS += 1
-    app = app or current_app._get_current_object()
     missing = undocumented(app)
     if missing:
         raise ValueError(f"routes without an @endpoint declaration: {missing}")
@@ -283,11 +260,8 @@ def document(app: Flask | None = None, server_url: str | None = None) -> dict:
     responses = {}
     for name, shape, description, headers in _ERRORS.values():
         seed_shape = "SeedValidationError" if shape == "ValidationError" else "SeedError"
-        for prefix, schema in (("", shape), ("Seed", seed_shape)):
-            resp = responses[prefix + name] = {"description": description,
-                                               "content": {"application/json": {"schema": {"$ref": _S + schema}}}}
-            if headers:
-                resp["headers"] = _headers(headers)
+        for prefix, schema in (("", shape), ("Seed", seed_shape)):  # an error is enveloped already
+            responses[prefix + name] = _response(Ok({"$ref": _S + schema}, description, headers), "v1", shapes)
     schemes = {"bearerAuth": {"type": "http", "scheme": "bearer", "description": "an API key (ak_...)"},
                "metricsToken": {"type": "http", "scheme": "bearer", "description": "ASYNCH_METRICS_TOKEN"}}
     doc = {"openapi": "3.1.0", "info": {"title": "model-asynch", "version": "1.0.0", "description": DESCRIPTION},

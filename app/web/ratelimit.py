@@ -103,13 +103,6 @@ def default_policy(principal: Principal) -> RatePolicy | None:
                             "ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST")
 
 
-def anonymous_policy(health: bool = False) -> RatePolicy | None:
-    s = get_settings()
-    return _settings_policy(s.anon_rate_limit_per_second, s.anon_rate_limit_burst,
-                            "ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST",
-                            HEALTH_FACTOR if health else 1, "anon-health" if health else "anon")
-
-
 def tenant_policy(principal: Principal) -> RatePolicy | None:
     """The tenant's rate and burst (asynch_tenant_limits, cached), else the settings'."""
     own = limits.limits_of(principal.tenant_id)
@@ -158,15 +151,14 @@ def tenant_rate_state(tenant: str, key_ids: list[int]) -> dict:
     """The policy a tenant's keys get and each key's tokens now (read only;
     null while Redis is unreachable, as the limiter then lets requests through)."""
     policy = _resolver(Principal(tenant_id=tenant, role="user", key_id=None))
-    out: dict = {"limited": policy is not None, "rate_per_second": policy.rate if policy else None,
-                 "burst": policy.burst if policy else None, "keys": []}
     if policy is None:
-        return out
+        return {"limited": False, "rate_per_second": None, "burst": None, "keys": []}
     try:
-        out["keys"] = [{"key_id": k, "tokens": round(peek(str(k), policy.rate, policy.burst), 3)} for k in key_ids]
+        tokens = [round(peek(str(k), policy.rate, policy.burst), 3) for k in key_ids]
     except redis.RedisError:
-        out["keys"] = [{"key_id": k, "tokens": None} for k in key_ids]
-    return out
+        tokens = [None] * len(key_ids)
+    return {"limited": True, "rate_per_second": policy.rate, "burst": policy.burst,
+            "keys": [{"key_id": k, "tokens": t} for k, t in zip(key_ids, tokens)]}
 
 
 _lock = threading.Lock()
@@ -230,19 +222,20 @@ def client_address() -> str:
 
 def check_anonymous(health: bool = False) -> None:
     """One token from this client address's anonymous bucket; RateLimited when empty."""
+    s = get_settings()
     name = "anon-health" if health else "anon"
-    _charge(f"{name}:{client_address()}", anonymous_policy(health), "anonymous requests from this address")
+    policy = _settings_policy(s.anon_rate_limit_per_second, s.anon_rate_limit_burst,
+                              "ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST",
+                              HEALTH_FACTOR if health else 1, name)
+    _charge(f"{name}:{client_address()}", policy, "anonymous requests from this address")
 
 
 def register(app: Flask) -> None:
     @app.before_request
     def _anonymous_limit():
         # Routes that authenticate pay from their key's bucket (a failed key
-        # through check_anonymous, app/web/auth.py).
-        if request.url_rule is None or request.endpoint is None:
-            return check_anonymous()  # no route matched: 404 / 405
+        # through check_anonymous, app/web/auth.py); no declaration: no route
+        # matched (404 / 405), or a static file.
         spec = getattr(current_app.view_functions.get(request.endpoint), "endpoint", None)
-        if spec is None or spec.auth == "none":  # static files have no declaration
+        if spec is None or spec.auth == "none" or (spec.auth == "metrics" and not get_settings().metrics_token):
             return check_anonymous(health=spec is not None and spec.tag == "health")
-        if spec.auth == "metrics" and not get_settings().metrics_token:
-            return check_anonymous()

@@ -62,7 +62,6 @@ def update_model(name: str, body: ModelPatch):
           ok={204: Ok(description="deleted")})
 def delete_model(name: str):
     registry.delete_model(name)
-    return None, 204
 
 
 @bp.post("/keys")
@@ -70,7 +69,7 @@ def delete_model(name: str):
           ok={201: Ok(ApiKeyCreated, "created")})
 def create_key(body: ApiKeyInput):
     key, row = keys.create_key(body.tenant, body.effective_role, body.name)
-    return ApiKeyCreated.model_construct(**ApiKeyView.values(row), key=key), 201
+    return ApiKeyCreated.from_row(row, key=key), 201
 
 
 @bp.get("/keys")
@@ -99,10 +98,6 @@ def update_limits(tenant: str, body: TenantLimitsInput):
     return limits.update(tenant, body)
 
 
-_PASSES = {"retry": passes.run_work, "recover": passes.recover, "cleanup": passes.cleanup,
-           "reconcile": passes.reconcile_gates}
-
-
 @bp.post("/maintenance/<any(retry, recover, cleanup, reconcile):name>")
 @endpoint("Run a pass now: retry (due retries re-admitted, long-waiting retries promoted, lost messages re-sent), "
           "recover (wiped Redis repaired, expired leases, overdue jobs, lost messages, gates, permits), cleanup "
@@ -110,7 +105,8 @@ _PASSES = {"retry": passes.run_work, "recover": passes.recover, "cleanup": passe
           "reconcile (gate slot sets made equal to the pending/running rows)", tag="maintenance", auth="admin",
           ok=Ok(Report, "its report"))
 def run_pass(name: str):
-    return _PASSES[name]().as_dict()
+    return {"retry": passes.run_work, "recover": passes.recover, "cleanup": passes.cleanup,
+            "reconcile": passes.reconcile_gates}[name]().as_dict()
 
 
 @bp.post("/maintenance/autotune")

@@ -56,7 +56,6 @@ def update_type(type_id: int, body: ModelTypePatch):
           errors=(409,), path=_TYPE_ID, ok={204: Ok(description="deleted")})
 def delete_type(type_id: int):
     model_types.delete_type(type_id)
-    return None, 204
 
 
 @bp.get("/jobs/<job_id>/callback")
@@ -111,7 +110,6 @@ def create_webhook(tenant: str, body: WebhookInput):
           ok={204: Ok(description="deleted")})
 def delete_webhook(tenant: str, webhook_id: int):
     subscriptions.remove(current_principal(), tenant, webhook_id)
-    return None, 204
 
 
 @bp.get("/jobs/<job_id>/webhooks")

@@ -15,7 +15,7 @@ from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobLis
 from app.tenancy.identity import creator_for, oss_passthrough
 from app.web.auth import current_principal, gateway_oss_authorization, trusted_user_info
 from app.web.contract import JOB_ID_PATH, Ok, endpoint
-from app.web.errors import item_answer
+from app.web.errors import domain_answer
 
 bp = Blueprint("v1_jobs", __name__, url_prefix="/v1")
 
@@ -114,7 +114,7 @@ def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
             values = dict(status=202, job_id=row.id, state=JobStatus.from_row(row).state if replayed else "pending",
                           **job_urls(row), **({"replayed": True} if replayed else {}))
         else:
-            status, err, hdrs = item_answer(o.error)
+            status, err, hdrs = domain_answer(o.error)
             values = dict(status=status, **err)
             if "Retry-After" in hdrs:
                 values["retry_after"] = int(hdrs["Retry-After"])
@@ -177,13 +177,12 @@ def job_wait(model: str, job_id: str, query: WaitQuery):
 
 
 def _v1_body(row) -> bytes:
-    if not isinstance(row, Snapshot):
-        return jsonify(dump(JobStatus.from_row(row))).get_data()
-    # A terminal wake-up: its many waiters send the bytes rendered for the
-    # first one (the same declaration renders them; see wakeups.py).
-    if row.v1_body is None:
-        row.v1_body = jsonify(dump(JobStatus.from_row(row))).get_data()
-    return row.v1_body
+    # A terminal wake-up (a Snapshot): its many waiters send the bytes rendered
+    # for the first one (the same declaration renders them; see wakeups.py).
+    body = getattr(row, "v1_body", None) or jsonify(dump(JobStatus.from_row(row))).get_data()
+    if isinstance(row, Snapshot):
+        row.v1_body = body
+    return body
 
 
 # The app parked waits are answered with (one per process): they end
@@ -212,26 +211,18 @@ def job_result(model: str, job_id: str):
     if out.redirect:
         resp = Response(status=307, headers={"Location": out.redirect})
     else:
+        # A model's bytes are not ours: a text/html (or SVG, XML ...) result opened in
+        # a browser must not run as a page of the API's origin, where it could call
+        # the API with the console's key.  sandbox: no script, a unique origin;
+        # attachment: a download, except for the types a browser shows inertly.
         resp = Response(out.data, status=200, content_type=out.content_type)
-        resp.headers.update(result_headers(out.content_type))
+        resp.headers["Content-Security-Policy"] = "sandbox; default-src 'none'"
+        mime = out.content_type.split(";", 1)[0].strip().lower()
+        if not (mime in ("application/json", "text/plain") or mime.endswith("+json")
+                or (mime.startswith("image/") and mime != "image/svg+xml")):
+            resp.headers["Content-Disposition"] = "attachment"
     resp.headers["X-Job-Id"] = out.row.id
     return resp
-
-
-# A model's bytes are not ours: a text/html (or SVG, XML ...) result opened in
-# a browser must not run as a page of the API's origin, where it could call
-# the API with the console's key.  sandbox: no script, a unique origin;
-# attachment: a download, except for the types a browser shows inertly.
-RESULT_CSP = "sandbox; default-src 'none'"
-
-
-def result_headers(content_type: str) -> dict[str, str]:
-    out = {"Content-Security-Policy": RESULT_CSP}
-    mime = content_type.split(";", 1)[0].strip().lower()
-    if not (mime in ("application/json", "text/plain") or mime.endswith("+json")
-            or (mime.startswith("image/") and mime != "image/svg+xml")):
-        out["Content-Disposition"] = "attachment"
-    return out
 
 
 @bp.post("/models/<model>/jobs/<job_id>/cancel")
