@@ -13,7 +13,7 @@ from app.infra.db import transaction
 from app.infra.redis import events
 from app.infra.tables import api_keys, models
 from app.infra.wakeups import hub
-from app.tenancy.keys import authenticate
+from app.tenancy.keys import _cache as _key_cache, authenticate
 
 
 def _changed_elsewhere(stmt) -> None:
@@ -54,20 +54,25 @@ def test_model_cache_is_dropped_on_an_invalidation_message(make_model, settings)
         model_registry._cache.clear()
 
 
-def test_revoked_key_stops_working_on_an_invalidation_message():
+def test_revoked_key_stops_working_on_an_invalidation_message(settings):
     key = make_key("t")
-    hub.ensure_started()
+    set_settings(settings.with_overrides(auth_cache_seconds=60))  # only the message may drop the entry
+    try:
+        hub.ensure_started()
+        _key_cache.clear()  # rebuilt with that TTL
+        assert authenticate(key).tenant_id == "t"
+        _changed_elsewhere(update(api_keys).values(revoked_at=api_keys.c.created_at))
+        assert authenticate(key).tenant_id == "t"  # cached
+        events.publish_invalidate("keys")
 
-    assert authenticate(key).tenant_id == "t"
-    _changed_elsewhere(update(api_keys).values(revoked_at=api_keys.c.created_at))
-    assert authenticate(key).tenant_id == "t"  # cached
-    events.publish_invalidate("keys")
+        def rejected():
+            try:
+                authenticate(key)
+                return False
+            except Exception as exc:
+                return "invalid API key" in str(exc)
 
-    def rejected():
-        try:
-            authenticate(key)
-            return False
-        except Exception as exc:
-            return "invalid API key" in str(exc)
-
-    wait_until(rejected, timeout=5, what="revocation")
+        wait_until(rejected, timeout=5, what="revocation")
+    finally:
+        set_settings(settings)
+        _key_cache.clear()
