@@ -50,12 +50,8 @@ def _naive(name: str, port: int, worker_class: str) -> stack.Proc:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
 
-    set_settings(load_settings())
     stack.create_model("bench-echo", "http://127.0.0.1:9")
     key = stack.create_key()
     body = json.dumps({"prompt": "hello", "n": 1})

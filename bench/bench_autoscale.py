@@ -42,9 +42,7 @@ def main() -> None:
     ap.add_argument("--scale-at", type=float, default=6.0, help="seconds after the burst to add a worker node")
     args = ap.parse_args()
 
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
+    stack.fresh()
     model_port, api_port = stack.free_port(), stack.free_port()
     procs = [stack.stub_model(model_port)]
     try:

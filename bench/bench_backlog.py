@@ -135,14 +135,10 @@ def measure(base: str, key_b: str, admin: str, job_id: str) -> dict:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
     from app.jobs import service as jobs
     from app.tenancy.keys import Principal, create_key
 
-    set_settings(load_settings())
     stack.create_model("deep", "http://127.0.0.1:9", queue_limit=1_000_000, tenant_queue_limit=1_000_000, max_concurrency=4)
     key_b = create_key("tenant-b", "user")[0]
     admin = create_key("ops", "admin")[0]

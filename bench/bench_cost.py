@@ -62,14 +62,10 @@ class Counting:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
+    stack.fresh()
     mport = stack.free_port()
     model = stack.stub_model(mport)
-    from app.config import load_settings, set_settings
 
-    set_settings(load_settings())
     from app.infra.db import get_engine
     from app.infra.publisher import producer_app
     from app.jobs import execution, outbox

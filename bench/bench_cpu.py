@@ -133,12 +133,8 @@ def end_to_end() -> dict:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
 
-    set_settings(load_settings())
     return {"admission": admission(), "end_to_end": end_to_end()}
 
 

@@ -58,12 +58,8 @@ def _drain(start_worker, done, n: int) -> float:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
 
-    set_settings(load_settings())
     model_port = stack.free_port()
     model = stack.stub_model(model_port)
     model_url = f"http://127.0.0.1:{model_port}"

@@ -45,13 +45,7 @@ def main() -> None:
     servers = [] if os.environ.get("BENCH_PG_ADMIN") else _own_servers()
     from bench import stack  # reads BENCH_* at import
 
-    stack.apply_env()
-    os.environ["ASYNCH_WORKER_METRICS_PORT"] = "0"
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
-
-    set_settings(load_settings())
+    stack.fresh(ASYNCH_WORKER_METRICS_PORT="0")
     import requests
 
     from app.infra.redis import keys

@@ -260,14 +260,8 @@ def cost(fairness: str, seconds: float = 30.0, warmup: float = 4.0) -> dict:
 
 def main(parts: list[str]) -> None:
     parts = ["cost" if p == "--cost" else p for p in parts]
-    stack.apply_env()
-    os.environ.update({"ASYNCH_DELIVERY_ALLOW_HOSTS": "127.0.0.1", "ASYNCH_DELIVERY_TIMEOUT_SECONDS": "2",
-                       "ASYNCH_DELIVERY_BACKOFF_SECONDS": "0.2", "ASYNCH_WORKER_METRICS_PORT": "0"})
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
-
-    set_settings(load_settings())
+    stack.fresh(ASYNCH_DELIVERY_ALLOW_HOSTS="127.0.0.1", ASYNCH_DELIVERY_TIMEOUT_SECONDS="2",
+                ASYNCH_DELIVERY_BACKOFF_SECONDS="0.2", ASYNCH_WORKER_METRICS_PORT="0")
     if "waiters" in parts:
         from bench import bench_waiters
 

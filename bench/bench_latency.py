@@ -155,13 +155,9 @@ def _line(name: str, values: list[float]) -> dict:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
+    stack.fresh()
     from app.cli.demo_model import DemoModelServer
-    from app.config import load_settings, set_settings
 
-    set_settings(load_settings())
     stub = DemoModelServer().start()
     stack.create_model("bench-echo", stub.url, max_concurrency=64)
     key, aport = stack.create_key(), stack.free_port()

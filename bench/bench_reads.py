@@ -42,15 +42,11 @@ def measure(base: str, admin: str) -> dict:
 
 
 def run() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
     from app.tenancy.keys import create_key
     from bench.bench_admission import _ours
     from bench.bench_backlog import PENDING, ROWS, _seed
 
-    set_settings(load_settings())
     stack.create_model("deep", "http://127.0.0.1:9", queue_limit=1_000_000, tenant_queue_limit=1_000_000,
                        max_concurrency=4)
     create_key("tenant-a", "user")

@@ -100,12 +100,8 @@ def run(mode: str, mport: int) -> tuple[float, float]:
 
 
 def main(parts: list[str]) -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
 
-    set_settings(load_settings())
     mport = stack.free_port()
     model = stack.stub_model(mport)
     try:

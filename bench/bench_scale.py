@@ -164,12 +164,8 @@ def timed_cleanup() -> dict:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
 
-    set_settings(load_settings())
     from app.infra.db import get_engine
 
     took = seed()

@@ -402,15 +402,10 @@ def main(waiters: int = 10_000, jobs: int = 2_000, tenants: int = 20, finish_sec
     recreate the database and settings (False when the caller already did)."""
     isolate(db, gate_db, broker_db)
     if prepare:
-        stack.apply_env()
-        os.environ.update(_env_extra())
-        stack.recreate_database()
-        stack.flush_redis()
-        from app.config import load_settings, set_settings
+        stack.fresh(**_env_extra())
         from app.infra.db import reset_engine
         from app.infra.redis.client import reset_redis
 
-        set_settings(load_settings())
         reset_engine()
         reset_redis()
     out = {}
@@ -446,13 +441,7 @@ def submit_throughput(seconds: int = 10, connections: int = 32, runs: int = 3, d
     from bench.wrk import run_wrk
 
     isolate(db, gate_db, broker_db)
-    stack.apply_env()
-    os.environ.update(_env_extra())
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
-
-    set_settings(load_settings())
+    stack.fresh(**_env_extra())
     stack.create_model(B_MODEL, "http://127.0.0.1:9", queue_limit=1_000_000)
     key = stack.create_key("tenant-b")
     res: dict[str, list] = {"gthread": [], "gevent": []}

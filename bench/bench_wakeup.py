@@ -70,12 +70,8 @@ def _submit(api: str, key: str) -> list[str]:
 
 
 def main() -> dict:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
-    from app.config import load_settings, set_settings
+    stack.fresh()
 
-    set_settings(load_settings())
     mport, aport = stack.free_port(), stack.free_port()
     model = stack.stub_model(mport)
     stack.create_model("bench-echo", f"http://127.0.0.1:{mport}", max_concurrency=200)

@@ -17,13 +17,9 @@ STEPS = ("request -> estimate", "estimate", "gate", "INSERT + commit", "202 afte
 
 
 def main() -> None:
-    stack.apply_env()
-    stack.recreate_database()
-    stack.flush_redis()
+    stack.fresh()
     from app.cli.demo_model import DemoModelServer
-    from app.config import load_settings, set_settings
 
-    set_settings(load_settings())
     stub = DemoModelServer().start()
     stack.create_model("bench-echo", stub.url, max_concurrency=64)
     key = stack.create_key()

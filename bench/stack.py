@@ -86,6 +86,18 @@ def flush_redis() -> None:
         redis_db(db).flushdb()
 
 
+def fresh(**extra_env: str) -> None:
+    """Every benchmark's start: its environment (plus ``extra_env``), an empty
+    migrated database, empty Redis databases, and this process's settings read from them."""
+    apply_env()
+    os.environ.update(extra_env)
+    recreate_database()
+    flush_redis()
+    from app.config import load_settings, set_settings
+
+    set_settings(load_settings())
+
+
 def truncate_jobs() -> None:
     conn = psycopg2.connect(db_dsn())
     conn.autocommit = True
