@@ -1,6 +1,6 @@
 """Group-committed admission: the submissions that arrive while a batch is
-in flight share the next one -- one queue-estimate step per model and
-tenant, one Redis round trip for every gate step, one multi-row INSERT, and
+in flight share the next one -- one Redis round trip for every queue-estimate
+step (one per model and tenant), one for every gate step, one multi-row INSERT, and
 (through the outbox) one dispatch step and one LPUSH; each request waits on
 its own event for its own answer.  Done one at
 a time, the client libraries' per-call overhead and three serialised round
@@ -190,17 +190,18 @@ def commit_batch(batch: list[Submission]) -> None:
 
 
 def _estimated(batch: list[Submission]) -> list[Submission]:
-    """Estimate each (model, tenant) group in one step, in arrival order (each
-    item behind the group's earlier ones); answer those that cannot meet their
-    deadline; return the rest."""
+    """Estimate each (model, tenant) group, in arrival order (each item behind
+    the group's earlier ones), all groups in one round trip; answer those that
+    cannot meet their deadline; return the rest."""
     groups: dict[tuple[str, str], list[Submission]] = {}
     for s in batch:
         groups.setdefault((s.model, s.tenant), []).append(s)
-    for (_model, tenant), subs in groups.items():
-        if subs[0].model_row is None or not any(s.want_estimate or s.values.get("caller_deadline_at") for s in subs):
-            continue
-        ests = estimates.for_new(subs[0].model_row, tenant, [s.score for s in subs]) or [None] * len(subs)
-        for s, est in zip(subs, ests):
+    asked = [subs for subs in groups.values()
+             if subs[0].model_row is not None and any(s.want_estimate or s.values.get("caller_deadline_at")
+                                                       for s in subs)]
+    found = estimates.for_new_many([(subs[0].model_row, subs[0].tenant, [s.score for s in subs]) for subs in asked])
+    for subs, ests in zip(asked, found):
+        for s, est in zip(subs, ests or [None] * len(subs)):
             s.estimate = est
             try:
                 estimates.refuse_late(est, s.values.get("caller_deadline_at"))

@@ -37,6 +37,7 @@ import logging
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import redis
 
@@ -68,11 +69,10 @@ def _wave(n: int, busy: int, slots: int, t: float) -> float:
     return (0.0 if n % slots < slots - min(busy, slots) else t / 2) + (n // slots) * t
 
 
-def _estimates(model, tenant: str, job_id: str, scores: list[float], now: datetime,
-               handed: dict[str, float] | None = None) -> tuple[list[Estimate], list[float]]:
-    """The estimates at ``scores``, and the scores of the ``handed`` jobs the dispatcher does not hold yet."""
-    ids = list(handed or {})
-    out = rd.position(model.model_name, tenant, job_id, scores, cap=model.max_concurrency, handed=ids)
+def _read(model, out: list, scores: list[float], now: datetime,
+          handed: dict[str, float] | None = None) -> tuple[list[Estimate], list[float]]:
+    """A dispatch_position.lua answer as the estimates at ``scores``, and the scores of the ``handed``
+    jobs the dispatcher does not hold yet."""
     cap, running, own_running, tenants = (int(x) for x in out[:4])
     t = max(float(out[4]) if out[4] not in (None, "", b"") else float(model.expected_seconds), 0.001)
     ests = []
@@ -82,20 +82,35 @@ def _estimates(model, tenant: str, job_id: str, scores: list[float], now: dateti
         start = now + timedelta(seconds=wait)
         ests.append(Estimate(max(p, 0), start, start + timedelta(seconds=t)))
     held = out[6 + 2 * len(scores):]
-    return ests, [handed[j] for j, h in zip(ids, held) if not int(h)]
+    return ests, [handed[j] for j, h in zip(handed or {}, held) if not int(h)]
 
 
 def for_new(model, tenant: str, scores: list[float]) -> list[Estimate] | None:
-    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``, each
-    behind the batch's earlier ones and this process's jobs not handed to the
-    dispatcher yet at or before its score; None if Redis cannot say."""
-    distinct = sorted(set(scores))
+    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``; None if Redis cannot say."""
+    return for_new_many([(model, tenant, scores)])[0]
+
+
+def for_new_many(asks: list[tuple[Any, str, list[float]]]) -> list[list[Estimate] | None]:
+    """Estimates for several (model, tenant, scores) groups about to be admitted, in one round trip
+    (a batch of many tenants costs no more steps than one): each job behind its group's earlier
+    ones and this process's jobs of its tenant not handed to the dispatcher yet, at or before its
+    score; None for every group if Redis cannot say."""
+    now = clock_now()
+    prepared = [(model, scores, sorted(set(scores)), outbox.unsent(model.model_name, tenant))
+                for model, tenant, scores in asks]
     try:
-        base, unsent = _estimates(model, tenant, "", distinct, clock_now(),
-                                  outbox.unsent(model.model_name, tenant))
+        answers = rd.positions([(model.model_name, tenant, distinct, model.max_concurrency, list(handed))
+                                for (model, tenant, _s), (_m, _s2, distinct, handed) in zip(asks, prepared)])
     except redis.RedisError as exc:
         log.warning("queue estimate unavailable: %s", exc)
-        return None
+        return [None] * len(asks)
+    return [_lined_up(model, scores, distinct, *_read(model, answer, distinct, now, handed))
+            for (model, scores, distinct, handed), answer in zip(prepared, answers)]
+
+
+def _lined_up(model, scores: list[float], distinct: list[float], base: list[Estimate],
+              unsent: list[float]) -> list[Estimate]:
+    """Each score's estimate, behind the group's earlier scores and ``unsent`` (its tenant's lane, c at a time)."""
     by_score = dict(zip(distinct, base))
     t = base[0].done_at - base[0].start_at
     earlier = sorted(unsent)
@@ -103,7 +118,7 @@ def for_new(model, tenant: str, scores: list[float]) -> list[Estimate] | None:
     for s in scores:
         est, extra = by_score[s], bisect.bisect_right(earlier, s)
         bisect.insort(earlier, s)
-        if extra:  # the batch's own jobs ahead: in this tenant's lane, c at a time
+        if extra:
             shift = t * math.ceil(extra / max(1, model.max_concurrency))
             est = Estimate(est.position + extra, est.start_at + shift, est.done_at + shift)
         out.append(est)
@@ -117,7 +132,9 @@ def of_job(row) -> Estimate | None:
         return None
     try:
         model = enabled_model(row.model_name)
-        return _estimates(model, row.tenant_id, row.id, [order_score(row.enqueue_at, row.priority)], clock_now())[0][0]
+        scores = [order_score(row.enqueue_at, row.priority)]
+        out = rd.position(model.model_name, row.tenant_id, row.id, scores, cap=model.max_concurrency)
+        return _read(model, out, scores, clock_now())[0][0]
     except (redis.RedisError, DomainError):
         return None
 

@@ -24,14 +24,16 @@ from app.infra.redis import keys, scripts, upstream
 from app.infra.redis.client import get_redis
 
 
-def _step(script, model: str, cap: int | None, *args, most: int | None = None, gate: bool = False) -> list:
-    """A dispatch_*.lua step: the model's keys (``gate``: and its gate, run time), the common ARGV, ``args``."""
+def _step(script, model: str, cap: int | None, *args, most: int | None = None, gate: bool = False,
+          client=None) -> list:
+    """A dispatch_*.lua step: the model's keys (``gate``: and its gate, run time), the common ARGV, ``args``
+    (``client``: a pipeline to queue it on)."""
     s = get_settings()
     k = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
          keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_conf(model),
          keys.runtime_max_concurrency(model), keys.dispatch_weights(model), keys.dispatch_attempts(model),
          keys.dispatch_cost(model), keys.dispatch_charges(model), keys.dispatch_shares(model)]
-    return script(keys=k + ([keys.gate(model), keys.dispatch_run_time(model)] if gate else []), args=[
+    return script(client=client, keys=k + ([keys.gate(model), keys.dispatch_run_time(model)] if gate else []), args=[
         keys.dispatch_ready(model, ""), keys.semaphore(model, ""), "" if cap is None else int(cap), s.dispatch_window,
         f"{s.dispatch_lease_seconds:.3f}", s.dispatch_window if most is None else most, s.dispatch_fairness, *args])
 
@@ -85,6 +87,16 @@ def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int
     then per ``handed`` id 1 if the dispatcher holds it, else 0]."""
     return _step(scripts.get("dispatch_position"), model, cap, tenant, job_id, len(scores),
                  *[repr(float(x)) for x in scores], *handed, gate=True)
+
+
+def positions(asks: list[tuple[str, str, list[float], int | None, list[str]]]) -> list[list]:
+    """``position`` of jobs not queued yet for several (model, tenant, scores, cap, handed) asks: one EVALSHA, or
+    for several one pipeline (redis-py checks SCRIPT EXISTS first: two round trips), as gate_admit_many."""
+    pipe = get_redis().pipeline(transaction=False) if len(asks) > 1 else None
+    out = [_step(scripts.get("dispatch_position"), model, cap, tenant, "", len(scores),
+                 *[repr(float(x)) for x in scores], *handed, gate=True, client=pipe)
+           for model, tenant, scores, cap, handed in asks]
+    return pipe.execute() if pipe is not None else out
 
 
 def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
