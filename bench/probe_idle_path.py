@@ -41,7 +41,7 @@ def main() -> None:
                 spans.setdefault(label, []).append((t0, time.time()))
         setattr(mod, name, wrapper)
 
-    for mod, name, label in ((estimates, "for_new", "estimate"), (gate, "gate_admit_many", "gate"),
+    for mod, name, label in ((estimates, "for_new_many", "estimate"), (gate, "gate_admit_many", "gate"),
                              (admission, "_insert", "insert"), (rd, "enqueue", "dispatch"),
                              (publisher, "publish_run_jobs", "lpush")):
         timed(mod, name, label)

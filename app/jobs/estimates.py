@@ -85,11 +85,6 @@ def _read(model, out: list, scores: list[float], now: datetime,
     return ests, [handed[j] for j, h in zip(handed or {}, held) if not int(h)]
 
 
-def for_new(model, tenant: str, scores: list[float]) -> list[Estimate] | None:
-    """Estimates for jobs of ``tenant`` about to be admitted at ``scores``; None if Redis cannot say."""
-    return for_new_many([(model, tenant, scores)])[0]
-
-
 def for_new_many(asks: list[tuple[Any, str, list[float]]]) -> list[list[Estimate] | None]:
     """Estimates for several (model, tenant, scores) groups about to be admitted, in one round trip
     (a batch of many tenants costs no more steps than one): each job behind its group's earlier
