@@ -27,6 +27,7 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import Iterator
 
 from sqlalchemy import select, tuple_
@@ -103,7 +104,7 @@ def _since(row, after: int) -> list[Event]:
 def job_events(principal: Principal, job_id: str, model_name: str | None, last_id: str | None, watch=None) -> Stream:
     """One job's events after ``last_id``; the caps are checked and the job
     read (404) before this returns, the rest as the iterator is consumed."""
-    read = jobs.reader(principal, job_id, model_name)
+    read = partial(jobs.get_job, principal, job_id, model_name)
     last = parse_job_id(last_id)  # before the place is taken: nothing may raise between the two
     w = hub.register(job_id, principal.tenant_id, jobs.waiter_cap(principal))
     try:

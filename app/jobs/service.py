@@ -27,6 +27,7 @@ import math
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any, Callable, Iterator
 
 from sqlalchemy import select, tuple_
@@ -53,23 +54,21 @@ from app.tenancy.keys import Principal
 log = logging.getLogger(__name__)
 
 
-def tenant_cap(principal: Principal) -> int:
-    own = limits.limits_of(principal.tenant_id).max_waiters
-    return own if own is not None else get_settings().waiters_per_tenant
-
-
-_resolver: Callable[[Principal], int] = tenant_cap
+_resolver: Callable[[Principal], int] | None = None
 
 
 def set_waiter_cap_resolver(fn: Callable[[Principal], int] | None) -> None:
     """Install the resolver (tests: per-tenant caps); None restores the default."""
     global _resolver
-    _resolver = fn or tenant_cap
+    _resolver = fn
 
 
 def waiter_cap(principal: Principal) -> int:
     """Concurrent waits ``principal``'s tenant may hold on this API process."""
-    return _resolver(principal)
+    if _resolver is not None:
+        return _resolver(principal)
+    own = limits.limits_of(principal.tenant_id).max_waiters
+    return own if own is not None else get_settings().waiters_per_tenant
 
 
 def new_job_id() -> str:
@@ -188,11 +187,6 @@ def get_job(principal: Principal, job_id: str, model_name: str | None = None) ->
         return load_job(conn, principal, job_id, model_name)
 
 
-def reader(principal: Principal, job_id: str, model_name: str | None = None):
-    """``get_job`` as a function of nothing, for the waits and streams to call again."""
-    return lambda: get_job(principal, job_id, model_name)
-
-
 def read_result_row(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
     """get_job for a read of the result: a done/claimed job's last_read_at
     is set (a model's max_completed cap evicts the least recently read)."""
@@ -207,7 +201,7 @@ def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str
     """Return when the job is terminal or the budget ends (pending -> running
     does not end it): the waiter caps first (429, no read), one read (404), then the wait.
     ``watch``: the client's app.infra.serving.ClientWatch (ends it if the client leaves)."""
-    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, reader(principal, job_id, model_name),
+    return waiters.wait_for_terminal(job_id, timeout_ms / 1000.0, partial(get_job, principal, job_id, model_name),
                                      tenant=principal.tenant_id, tenant_cap=waiter_cap(principal), watch=watch)
 
 
@@ -215,7 +209,7 @@ def begin_wait(principal: Principal, job_id: str, model_name: str | None = None)
     """The first half of ``wait_job`` for a server that parks waits
     (app/infra/parking.py): ``(row, waiter)``; waiter None: the row is the
     answer now, else the caller gives its place back (``waiters.hub.unregister``)."""
-    return waiters.begin_wait(job_id, reader(principal, job_id, model_name), tenant=principal.tenant_id,
+    return waiters.begin_wait(job_id, partial(get_job, principal, job_id, model_name), tenant=principal.tenant_id,
                               tenant_cap=waiter_cap(principal))
 
 
