@@ -95,7 +95,7 @@ def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *
     # Hot paths: one statement per shape, built once, values as parameters.  Maintenance guards
     # (``where``) carry their own literals: built per call (rare).
     key = None if where else (states, attempt is not None, tuple(sorted(vals)), id(side), log_attempt, hooks)
-    stmt = _STATEMENTS.get(key) if key is not None else None
+    stmt = _STATEMENTS.get(key)
     if stmt is None:
         # UPDATE asynch_task WHERE id = :_id AND state IN (...) [AND attempt = :_attempt]
         stmt = update(tasks).where(tasks.c.id == bindparam("_id"))
@@ -141,10 +141,7 @@ def _combined(stmt, side, log_attempt: bool | str, hooks: S | None):
         ctes.extend(made)
         counted = [select(func.count()).select_from(h).scalar_subquery() for h in made]
         cols.append(sum(counted[1:], counted[0]).label("deliveries_queued"))
-    combined = select(*cols)
-    for cte in ctes:
-        combined = combined.add_cte(cte)
-    return combined
+    return select(*cols).add_cte(*ctes)
 
 
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
@@ -267,10 +264,10 @@ def expire(conn: Connection, job_id: str, *, now: datetime) -> Moved | None:
 
 
 def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | None,
-                  default_keep_seconds: int = DEFAULT_KEEP_SECONDS, returning: Sequence = tuple(tasks.c)) -> list[Row]:
+                  returning: Sequence = tuple(tasks.c)) -> list[Row]:
     """done -> claimed for every job of ``job_ids`` still done (and of
     ``tenant_id``, unless None), in one UPDATE, expire_at = now + the model's auto_clean_seconds
-    (``default_keep_seconds``: model gone).  Rows are locked in id order first, so overlapping
+    (DEFAULT_KEEP_SECONDS: model gone).  Rows are locked in id order first, so overlapping
     batches queue instead of deadlocking; the loser skips rows no longer done.  Returns only the
     rows this call moved (each claimed once); ``returning``: the columns (not the payloads)."""
     check_allowed([S.DONE], S.CLAIMED)
@@ -286,7 +283,7 @@ def claim_results(conn: Connection, job_ids: Sequence[str], tenant_id: str | Non
     stmt = (update(tasks).where(tasks.c.id.in_(locked.scalar_subquery()), tasks.c.state == int(S.DONE))
             .values(state=int(S.CLAIMED), updated_at=now, claimed_at=now, last_read_at=now,
                     expire_at=literal(now, DateTime(timezone=True))
-                    + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(keep, default_keep_seconds)))
+                    + func.make_interval(0, 0, 0, 0, 0, 0, func.coalesce(keep, DEFAULT_KEEP_SECONDS)))
             .returning(*returning))
     return list(conn.execute(stmt).all())
 
