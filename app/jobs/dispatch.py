@@ -97,13 +97,12 @@ def claimed(model: str, tenant: str, job_id: str, lease_seconds: float, cap: int
 
 
 def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
-             cap: int | None = None, ran: float | None = None) -> bool:
+             cap: int | None = None, ran: float | None = None) -> None:
     """The job left pending/running: slots and permit back and, if ``wake``, its
     waiters woken with ``message`` (the row's snapshot; empty: they read the row); ``ran``: a
-    done attempt's seconds.  True if its gate slot was still held (not released, Redis up)."""
-    released, _pairs = _safely(model, "finish", more=True, call=lambda: rd.finish(
+    done attempt's seconds."""
+    _safely(model, "finish", more=True, call=lambda: rd.finish(
         model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran))
-    return bool(released)
 
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: int, started: float,
