@@ -31,8 +31,8 @@ class _Outbox:
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.cond = threading.Condition()
-        self.unsent = 0  # queued or being sent: flush() waits for 0
-        self.jobs: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)  # the same, by (model, tenant)
+        # Queued or being sent, by (model, tenant): flush() waits for none.
+        self.jobs: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)
         threading.Thread(target=self._send_forever, name="asynch-outbox", daemon=True).start()
 
     def _send_forever(self) -> None:
@@ -47,7 +47,6 @@ class _Outbox:
                     break
             dispatch.enqueue_new(batch)  # logs and moves on if Redis refuses
             with self.cond:
-                self.unsent -= len(batch)
                 for model, tenant, job, _score in batch:
                     left = self.jobs[(model, tenant)]
                     left.pop(job, None)
@@ -67,7 +66,6 @@ def send_many(items: list[tuple[str, str, str, float]]) -> None:
         return
     box = _current.get()
     with box.cond:
-        box.unsent += len(items)
         for model, tenant, job, score in items:
             box.jobs[(model, tenant)][job] = score
     box.queue.put(list(items))
@@ -91,7 +89,7 @@ def flush(timeout: float = 5.0) -> bool:
     if box is None:
         return True  # nothing was ever queued in this process
     with box.cond:
-        return box.cond.wait_for(lambda: box.unsent == 0, timeout)
+        return box.cond.wait_for(lambda: not box.jobs, timeout)
 
 
 atexit.register(flush)
