@@ -90,8 +90,8 @@ def run_claimed(row, model, mine: int) -> str:
     job_id = row.id
     ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
     if model is None:
-        return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), permanent=True,
-                     retry_times=0, ctx=ctx)
+        return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), ctx, None,
+                     permanent=True)
     try:
         t0 = time.monotonic()
         try:
@@ -105,8 +105,8 @@ def run_claimed(row, model, mine: int) -> str:
                 metrics.model_call(row.model_name, time.monotonic() - t0, False)
             if exc.busy and settings.upstream_control and row.busy_count < settings.upstream_busy_budget:
                 return _busy(row, mine, exc, model, ctx)
-            return _fail(row, mine, job_error(exc.code, exc.public), permanent=exc.permanent,
-                         retry_times=model.retry_times, ctx=ctx, counted=exc.called, detail=str(exc))
+            return _fail(row, mine, job_error(exc.code, exc.public), ctx, model, permanent=exc.permanent,
+                         counted=exc.called, detail=str(exc))
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
         inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
         location = INLINE  # kept in the row by the done write itself
@@ -115,8 +115,7 @@ def run_claimed(row, model, mine: int) -> str:
                 passthrough = json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
                 location = _upload(job_id, mine, resp.body, resp.content_type, passthrough, ctx)
             except StorageError as exc:
-                return _fail(row, mine, job_error("storage_error", "result upload failed"), permanent=False,
-                             retry_times=model.retry_times, ctx=ctx, counted=True,
+                return _fail(row, mine, job_error("storage_error", "result upload failed"), ctx, model, counted=True,
                              detail=f"result upload failed: {exc}")
         with effects.collecting() as due, atomic_statement() as conn:
             # The call is counted whether or not the job is still ours (the
@@ -140,8 +139,8 @@ def run_claimed(row, model, mine: int) -> str:
         # rather than leave it running until its lease runs out.
         log.exception("attempt crashed", extra=ctx)
         try:
-            return _fail(row, mine, job_error("internal_error", "internal error"), permanent=False,
-                         retry_times=model.retry_times, ctx=ctx, detail=f"{type(exc).__name__}: {exc}")
+            return _fail(row, mine, job_error("internal_error", "internal error"), ctx, model,
+                         detail=f"{type(exc).__name__}: {exc}")
         except Exception:
             log.exception("could not record the crashed attempt; recovery will", extra=ctx)
             return "lost"
@@ -167,12 +166,12 @@ def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrou
             time.sleep(min(2.0, 0.2 * (2 ** i)))
 
 
-def _fail(row, attempt: int, error: str, *, permanent: bool, retry_times: int, ctx: dict,
-          counted: bool = False, detail: str | None = None) -> str:
+def _fail(row, attempt: int, error: str, ctx: dict, model, *, permanent: bool = False, counted: bool = False,
+          detail: str | None = None) -> str:
     """A failed attempt; ``counted``: the model was called (counted with the
     transition).  ``error``: what the tenant sees; ``detail``: the internals (logs, admin views)."""
     spent = attempt - row.busy_count  # busy answers that came back unspent are no retries
-    retry = not permanent and spent <= retry_times
+    retry = not permanent and spent <= model.retry_times  # permanent when the model is gone
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(spent)) if retry else None
     with effects.collecting() as due, atomic_statement() as conn:
         won = due.add(transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at, detail=detail,
