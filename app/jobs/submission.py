@@ -33,12 +33,11 @@ from app.infra import secretbox
 from app.infra.http.headers import HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT, override_problem, parse_header_spec
 from app.infra.http.netguard import Lookups, callback_url_problem
 
-_PRINTABLE_KEY = "^[\\x20-\\x7e]{1,255}$"
 _NO_CONTROL = "^[^\\x00-\\x1f\\x7f]*$"
 HEADER_SPEC_HELP = ("K:V,K2:V2 headers for this job only (secret): names are HTTP tokens, values have no "
                     "control characters")
 
-IdempotencyKey = Annotated[str, pattern(_PRINTABLE_KEY, "1-255 printable ASCII characters")]
+IdempotencyKey = Annotated[str, pattern("^[\\x20-\\x7e]{1,255}$", "1-255 printable ASCII characters")]
 BizName = Creator = Annotated[str, Field(max_length=128), pattern(_NO_CONTROL, "text without control characters")]
 CallbackUrl = Annotated[str, Field(max_length=2048, description="http(s) to a public address (docs/api.md, Callbacks)")]
 # Values passed on to the OSS file service as headers.
@@ -51,10 +50,9 @@ WEBHOOK_EVENTS_PATTERN = f"^( *{_EVENT} *(, *{_EVENT} *)*)?$"
 WEBHOOK_EVENTS_HELP = "comma-separated terminal states to POST the webhook on: done, failed, timeout, canceled (default all)"
 WebhookEvents = Annotated[list[WebhookEvent], Field(min_length=1)]
 Priority = Annotated[int, Field(ge=0, le=9)]
-DEADLINE_MAX_SECONDS = 30 * 86400
 DEADLINE_HELP = ("seconds from now (0 < s <= 2592000) by which the job must be done: refused at submit (429 "
                  "deadline_unmeetable) when the queue estimate ends later; still pending past it, it ends expired")
-DeadlineSeconds = Annotated[float, Field(gt=0, le=DEADLINE_MAX_SECONDS, allow_inf_nan=False)]
+DeadlineSeconds = Annotated[float, Field(gt=0, le=30 * 86400, allow_inf_nan=False)]
 
 
 def carried(option_type: Any, wire_type: Any) -> Any:
