@@ -137,8 +137,6 @@ def usage(principal: Principal, query: UsageQuery) -> Usage:
         rows = conn.execute(page.order_by(*_ORDER).limit(query.limit + 1)).all()
         total = conn.execute(select(func.coalesce(func.sum(c.request_count), 0)).where(*where)).scalar_one()
     more, rows = len(rows) > query.limit, rows[:query.limit]
-    return Usage.model_construct(day_from=query.day_from, day_to=query.day_to, total=int(total),
-                                 rows=[UsageRow.model_construct(day=r.day, tenant_id=r.tenant_id, creator=r.creator,
-                                                                model_name=r.model_name,
-                                                                request_count=int(r.request_count)) for r in rows],
-                                 next_cursor=_cursor(rows[-1]) if more else None)
+    return Usage.model_construct(day_from=query.day_from, day_to=query.day_to, total=int(total),  # sum(): numeric
+                                 rows=[UsageRow.model_construct(**{k: getattr(r, k) for k in UsageRow.model_fields})
+                                       for r in rows], next_cursor=_cursor(rows[-1]) if more else None)
