@@ -87,10 +87,6 @@ class BatchSubmit(Shape):
         description=f"1 to {BATCH_MAX_JOBS} jobs; each is admitted or refused on its own")
 
 
-class BatchHeaders(CallerHeaders):
-    """Headers that apply to every job of a batch."""
-
-
 def _iso_time(v: Any) -> Any:
     if v is None or v == "":
         return None
@@ -131,7 +127,6 @@ class WaitQuery(Params):
         None, description="milliseconds; default 30000, cap 300000; <=0 or unparsable: the default")
 
     def budget_ms(self) -> int:
-        """Seed 000: milliseconds, default 30000, cap 300000; <=0 or junk -> default."""
         s = get_settings()
         try:
             ms = int(self.timeout) if self.timeout is not None else 0

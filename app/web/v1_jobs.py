@@ -9,7 +9,7 @@ from app.infra import parking
 from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, Snapshot, hub
 from app.jobs import batch as batches, estimates, events as job_events, service as jobs, submission
-from app.jobs.requests import (BATCH_MAX_JOBS, BatchHeaders, BatchSubmit, EventHeaders, FailRequest, JobListQuery,
+from app.jobs.requests import (BATCH_MAX_JOBS, BatchSubmit, CallerHeaders, EventHeaders, FailRequest, JobListQuery,
                                SubmitHeaders, TenantEventsQuery, WaitQuery)
 from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync
 from app.tenancy.identity import creator_for, oss_passthrough
@@ -100,13 +100,13 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
 
 
 @bp.post("/models/<model>/jobs:batch")
-@endpoint("Submit a batch of jobs", tag="jobs", body=BatchSubmit, nul_allowed=("/jobs",), headers=BatchHeaders,
+@endpoint("Submit a batch of jobs", tag="jobs", body=BatchSubmit, nul_allowed=("/jobs",), headers=CallerHeaders,
           errors=(422,), path=_MODEL, ok={207: Ok(BatchAccepted, "every item's own answer, in order")},
           description=f"1 to {BATCH_MAX_JOBS} jobs of one model. Each item is judged as a submit of it alone would "
                       "be (202 admitted or replayed, 422 with pointers under /jobs/{index}, 429 with retry_after) "
                       "and does not affect the others; the valid ones pass one gate step and one INSERT. A bad "
                       "key, body or model refuses the whole batch as for a submit.")
-def submit_batch(model: str, body: BatchSubmit, headers: BatchHeaders):
+def submit_batch(model: str, body: BatchSubmit, headers: CallerHeaders):
     results = []
     for o in batches.submit_batch(current_principal(), model, body.jobs, **caller(headers)):
         if o.submitted is not None:
