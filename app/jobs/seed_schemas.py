@@ -39,9 +39,7 @@ def _payload_object(v: Any) -> Any:
 
 class CreateTask(Shape):
     """The seed's createTask body: the v1 submission's options as fields."""
-
     # The options are judged by the submission rule (app/jobs/submission.py).
-
     invalid: ClassVar[str] = "invalid task"
 
     model_name: Annotated[str, Field(min_length=1)] = rule("a non-empty string")
@@ -68,7 +66,6 @@ def _cap_ids(ids: list[str]) -> list[str]:
 
 
 class TaskIds(Shape):
-
     invalid: ClassVar[str] = "invalid task ids"
     task_ids: Annotated[list[Annotated[str, Field(min_length=1, max_length=40, pattern=NO_NUL)]],
                         AfterValidator(_cap_ids)] = rule(
