@@ -91,16 +91,14 @@ def evict_over_cap(model: str, cap: int, limit: int, wait: bool = True) -> tuple
                            where=[mine], conn=conn)
 
 
-def at_admission(caps: Iterable[tuple[str, int]]) -> int:
+def at_admission(caps: Iterable[tuple[str, int]]) -> None:
     """Before a batch's gate step: each capped model's expired jobs, then its
-    excess, bounded; best effort (logged, the submissions go on).  Returns the rows deleted."""
-    n = 0
+    excess, bounded; best effort (logged, the submissions go on)."""
     for model, cap in caps:
         try:
             for _name, states, col, before in expiry_kinds(clock_now()):
-                n += purge_batch(states, col, before, AT_ADMISSION, where=[tasks.c.model_name == model])[1]
-            n += evict_over_cap(model, cap, AT_ADMISSION, wait=False)[1]
+                purge_batch(states, col, before, AT_ADMISSION, where=[tasks.c.model_name == model])
+            evict_over_cap(model, cap, AT_ADMISSION, wait=False)
         except Exception as exc:  # noqa: BLE001 (never fail a submission for its eviction)
             log.warning("eviction at admission failed (the periodic cleanup will do it): %s", exc,
                         extra={"model": model})
-    return n
