@@ -137,9 +137,8 @@ def _answer(sub: Submission, *, row: Any = None, error: BaseException | None = N
 
 
 def commit_batch(batch: list[Submission]) -> None:
-    """Gate, INSERT and hand-off for ``batch`` (in arrival order), after each
-    capped model's retention (bounded, best effort); every submission is
-    answered before this returns."""
+    """Gate, INSERT and hand-off for ``batch`` (in arrival order), after each capped
+    model's retention (bounded, best effort); every submission is answered before this returns."""
     retention.at_admission({s.model: s.max_completed for s in batch if s.max_completed > 0}.items())
     batch = _estimated(batch)
     if not batch:

@@ -53,10 +53,8 @@ def collecting() -> Iterator[Due]:
 
 
 def run(moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> None:
-    """The effects of one committed transition: slots and permit back (the next
-    job dispatched; a terminal state's waiters woken with the row's snapshot; a done attempt's
-    run time measured), the finish counted, the outbox bell rung.  A busy return keeps its slot:
-    permit back, queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
+    """The effects of one committed transition, those its ``Moved`` says are due.  A busy return keeps
+    its slot: permit back, queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
     if moved is None:
         return
     row = moved.row

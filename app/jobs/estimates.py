@@ -86,10 +86,8 @@ def _read(model, out: list, scores: list[float], now: datetime,
 
 
 def for_new_many(asks: list[tuple[Any, str, list[float]]]) -> list[list[Estimate] | None]:
-    """Estimates for several (model, tenant, scores) groups about to be admitted, in one round trip
-    (a batch of many tenants costs no more steps than one): each job behind its group's earlier
-    ones and this process's jobs of its tenant not handed to the dispatcher yet, at or before its
-    score; None for every group if Redis cannot say."""
+    """Estimates for (model, tenant, scores) groups about to be admitted, each behind its lane's earlier
+    and unsent jobs (see above), in one round trip; None for every group if Redis cannot say."""
     now = clock_now()
     prepared = [(model, scores, sorted(set(scores)), outbox.unsent(model.model_name, tenant))
                 for model, tenant, scores in asks]
