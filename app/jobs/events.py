@@ -201,10 +201,7 @@ def _changed(scope: str | None, model_name: str | None, after: tuple[datetime, s
     q = select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.state, tasks.c.attempt,
                tasks.c.retry_count, tasks.c.error, tasks.c.result_size, tasks.c.result_content_type,
                tasks.c.created_at, tasks.c.started_at, tasks.c.finished_at, tasks.c.updated_at)
-    if scope is not None:
-        q = q.where(tasks.c.tenant_id == scope)
-    if model_name:
-        q = q.where(tasks.c.model_name == model_name)
+    q = jobs.scoped(q, scope, model_name or None)
     at, job_id = after
     # The plain bound is the index range (tenant_id, updated_at); the row
     # value orders within one timestamp.

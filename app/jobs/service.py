@@ -169,14 +169,17 @@ def new_submission(principal: Principal, sub: submission.Checked, want_estimate:
         model_row=model, want_estimate=want_estimate)
 
 
+def scoped(q, tenant: str | None, model_name: str | None = None):
+    """``q`` over ``tenant``'s jobs (None: every tenant's), of ``model_name`` if given."""
+    if tenant is not None:
+        q = q.where(tasks.c.tenant_id == tenant)
+    return q if model_name is None else q.where(tasks.c.model_name == model_name)
+
+
 def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:
     """A job the principal may see; another tenant's job does not exist."""
-    q = select(tasks).where(tasks.c.id == job_id)
-    if not principal.is_admin:
-        q = q.where(tasks.c.tenant_id == principal.tenant_id)
-    if model_name is not None:
-        q = q.where(tasks.c.model_name == model_name)
-    row = conn.execute(q).first()
+    tenant = None if principal.is_admin else principal.tenant_id
+    row = conn.execute(scoped(select(tasks).where(tasks.c.id == job_id), tenant, model_name)).first()
     if row is None:
         raise NotFound(f"job not found: {job_id}")
     return row
@@ -316,12 +319,8 @@ def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: st
 
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
     """A page of jobs, newest first (``query``: state, limit, cursor, tenant for admins, since, until)."""
-    q = select(tasks)
     tenant = (query.tenant or None) if principal.is_admin else principal.tenant_id
-    if tenant is not None:
-        q = q.where(tasks.c.tenant_id == tenant)
-    if model_name:
-        q = q.where(tasks.c.model_name == model_name)
+    q = scoped(select(tasks), tenant, model_name or None)
     if query.state:
         q = q.where(tasks.c.state.in_([int(x) for x in parse_v1_filter(query.state)]))
     if query.since is not None:
@@ -359,9 +358,7 @@ def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
         rest = [i for i in ids if i not in claimed]
         if rest:
             # Read after claiming: rows another call claimed meanwhile show as claimed.
-            q = select(*VIEW_COLUMNS).where(tasks.c.id.in_(rest))
-            if tenant is not None:
-                q = q.where(tasks.c.tenant_id == tenant)
+            q = scoped(select(*VIEW_COLUMNS).where(tasks.c.id.in_(rest)), tenant)
             rows.update((r.id, r) for r in conn.execute(q))
     again = [i for i in ids if i in rows and i not in claimed and rows[i].state in RESULT_STATES]
     if again:
