@@ -69,8 +69,5 @@ def is_terminal(state: int) -> bool:
 
 
 def parse_v1_filter(name: str) -> list[JobState]:
-    """Internal states a v1 state name covers (for list filters)."""
-    out = [s for s, n in _V1_NAMES.items() if n == name]
-    if not out:
-        raise ValueError(name)
-    return out
+    """Internal states a v1 state name covers (for list filters; the query's V1State admits only names)."""
+    return [s for s, n in _V1_NAMES.items() if n == name]
