@@ -87,8 +87,7 @@ def run_claimed(row, model, mine: int) -> str:
     model's row, None if gone): run_attempt above and the worker-less runWork
     pass (app/maintenance/passes.py run_once) share it."""
     settings = get_settings()
-    job_id = row.id
-    ctx = {"job_id": job_id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
+    ctx = {"job_id": row.id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
     if model is None:
         return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), ctx, None,
                      permanent=True)
@@ -113,14 +112,14 @@ def run_claimed(row, model, mine: int) -> str:
         if inline is None:
             try:
                 passthrough = json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
-                location = _upload(job_id, mine, resp.body, resp.content_type, passthrough, ctx)
+                location = _upload(row.id, mine, resp.body, resp.content_type, passthrough, ctx)
             except StorageError as exc:
                 return _fail(row, mine, job_error("storage_error", "result upload failed"), ctx, model, counted=True,
                              detail=f"result upload failed: {exc}")
         with effects.collecting() as due, atomic_statement() as conn:
             # The call is counted whether or not the job is still ours (the
             # model did the work), in the same statement as the transition.
-            won = due.add(transitions.complete(conn, job_id, mine, location=location, content_type=resp.content_type,
+            won = due.add(transitions.complete(conn, row.id, mine, location=location, content_type=resp.content_type,
                                                size=len(resp.body), inline=inline, alongside=_call_counted(conn, row)),
                           cap=model.max_concurrency)
         if won is None:

@@ -249,7 +249,7 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
 
 
 def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
-    """The whole result (callers that need it at once: the CLI, tests)."""
+    """The whole result (callers that need it at once: sync mode, tests)."""
     out = result_body(principal, job_id, model_name)
     if out.redirect:
         return get_storage().get(out.row.result_location), out.content_type, out.row
