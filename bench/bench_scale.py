@@ -99,19 +99,20 @@ def explain(engine, statement: str, params) -> str:
 def hot_operations():
     """(name, callable) pairs, each calling the real service code."""
     from app.jobs import service as jobs
-    from app.maintenance import passes as maintenance
+    from app.jobs.requests import JobListQuery
+    from app.maintenance import passes, recovery
     from app.tenancy.keys import Principal
 
     p = Principal("tenant-7", "user", None)
     ops = [
         ("status", lambda: jobs.get_job(p, "job_" + "7".zfill(24))),
-        ("list tenant jobs", lambda: jobs.list_jobs(p, limit=50)),
-        ("list tenant+model", lambda: jobs.list_jobs(p, model_name="model-7", limit=50)),
-        ("retry due", maintenance.retry_due),
-        ("recover leases", maintenance.recover_expired_leases),
-        ("time out overdue", maintenance.time_out_overdue),
-        ("republish stale pending", maintenance.republish_stale_pending),
-        ("reconcile gates", maintenance.reconcile_gates),
+        ("list tenant jobs", lambda: jobs.list_jobs(p, JobListQuery(limit=50))),
+        ("list tenant+model", lambda: jobs.list_jobs(p, JobListQuery(limit=50), model_name="model-7")),
+        ("retry due", passes.retry_due),
+        ("recover leases", recovery.recover_expired_leases),
+        ("time out overdue", recovery.time_out_overdue),
+        ("republish stale pending", recovery.republish_stale_pending),
+        ("reconcile gates", recovery.reconcile_gates),
     ]
     from app.jobs import service
 
@@ -136,7 +137,7 @@ def timed_batches(n: int = 11) -> dict:
         t0 = time.monotonic()
         out = service.get_task_batch(admin, ids)
         took.append((time.monotonic() - t0) * 1000)
-        claimed += sum(1 for d in out if d["claimed"])
+        claimed += sum(1 for d in out if d.claimed)
     med = statistics.median(took)
     print(f"\ngetTaskBatch(1,000 ids) x{n}, fresh ids each: median {med:.1f} ms, "
           f"min {min(took):.1f}, max {max(took):.1f} ({claimed / n:.0f} claimed per call)")
