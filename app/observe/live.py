@@ -35,14 +35,11 @@ from app.infra.tables import models, tasks
 from app.states import ACTIVE_STATES, JobState
 
 
-def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]:
-    """(model, state label) -> rows of the active states, of one tenant or
-    all: one GROUP BY on ix_asynch_task_model_state (what the gates replace;
-    the fallback with Redis away)."""
+def job_counts(conn) -> dict[tuple[str, str], int]:
+    """(model, state label) -> rows of the active states: one GROUP BY on
+    ix_asynch_task_model_state (what the gates replace; the fallback with Redis away)."""
     q = (select(tasks.c.model_name, tasks.c.state, func.count())
          .where(tasks.c.state.in_([int(s) for s in ACTIVE_STATES])).group_by(tasks.c.model_name, tasks.c.state))
-    if tenant_id is not None:
-        q = q.where(tasks.c.tenant_id == tenant_id)
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q)}
 
 
