@@ -47,11 +47,7 @@ class AsyncClient(Api):
         try:
             while True:
                 step = op.send(sent)
-                if isinstance(step, Call):
-                    sent = await self._send(step)
-                else:
-                    await asyncio.sleep(step)
-                    sent = None
+                sent = await (self._send(step) if isinstance(step, Call) else asyncio.sleep(step))  # sleep: None
         except StopIteration as stop:
             return stop.value
 
