@@ -47,7 +47,7 @@ class AsyncClient(Api):
         try:
             while True:
                 step = op.send(sent)
-                sent = await (self._send(step) if isinstance(step, Call) else asyncio.sleep(step))  # sleep: None
+                sent = await (self._send(step) if isinstance(step, Call) else asyncio.sleep(step))
         except StopIteration as stop:
             return stop.value
 

@@ -366,9 +366,8 @@ class Client(Api):
                 step = op.send(sent)
                 if isinstance(step, Call):
                     sent = self._send(step)
-                else:
+                else:  # what a pause is sent back is not read
                     time.sleep(step)
-                    sent = None
         except StopIteration as stop:
             return stop.value
 
