@@ -60,8 +60,7 @@ class AsyncClient(Api):
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             return exc
 
-    async def _stream(self, path: str, params: dict | None, last: str | None,
-                      until_end: bool) -> AsyncIterator[Event]:
+    async def _stream(self, path: str, params: dict | None, last: str | None, until_end: bool) -> AsyncIterator[Event]:
         n = 0
         while True:
             try:
