@@ -187,8 +187,7 @@ class SSEParser:
         return None
 
 
-def q(part: str) -> str:
-    return quote(part, safe="")
+q = functools.partial(quote, safe="")  # one path segment: "/" escaped too
 
 
 # --- the calls, written once for both clients ------------------------------------------
