@@ -47,11 +47,7 @@ class AsyncClient(Api):
         try:
             while True:
                 step = op.send(sent)
-                if isinstance(step, Call):
-                    sent = await self._send(step)
-                else:
-                    await asyncio.sleep(step)
-                    sent = None
+                sent = await (self._send(step) if isinstance(step, Call) else asyncio.sleep(step))
         except StopIteration as stop:
             return stop.value
 
@@ -64,8 +60,7 @@ class AsyncClient(Api):
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             return exc
 
-    async def _stream(self, path: str, params: dict | None, last: str | None,
-                      until_end: bool) -> AsyncIterator[Event]:
+    async def _stream(self, path: str, params: dict | None, last: str | None, until_end: bool) -> AsyncIterator[Event]:
         n = 0
         while True:
             try:

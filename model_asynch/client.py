@@ -158,9 +158,8 @@ class BatchResult:
             if x["status"] == 202:
                 items.append(BatchItem(x["index"], 202, Job.of(x, model, replayed=bool(x.get("replayed")))))
             else:
-                err = error_for(x["status"], json.dumps(x), None)
-                err.retry_after = x.get("retry_after")
-                items.append(BatchItem(x["index"], x["status"], error=err))
+                items.append(BatchItem(x["index"], x["status"], error=error_for(x["status"], json.dumps(x),
+                                                                                x.get("retry_after"))))
         return cls(body["admitted"], body["refused"], items)
 
 
@@ -188,8 +187,7 @@ class SSEParser:
         return None
 
 
-def q(part: str) -> str:
-    return quote(part, safe="")
+q = functools.partial(quote, safe="")  # one path segment: "/" escaped too
 
 
 # --- the calls, written once for both clients ------------------------------------------
@@ -216,12 +214,10 @@ class Answer(NamedTuple):
 
 
 class Api:
-    """What both clients share: the settings, the retry policy and the
-    operations.  Each operation is a generator: it yields a ``Call`` (the
-    client answers with an ``Answer``, or the connection failure it raised)
-    or a pause in seconds, and returns the method's value; ``Client`` runs
-    it blocking, ``AsyncClient`` as a coroutine (``driven``).  Each client
-    reads event streams (``_stream``) with its own transport."""
+    """The settings, the retry policy and the operations.  An operation yields
+    a ``Call`` (answered with an ``Answer``, or the connection failure raised)
+    or a pause in seconds, and returns the method's value.  Event streams
+    (``_stream``) are each client's own."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 5,
                  backoff: float = 0.5, max_backoff: float = 30.0) -> None:
@@ -369,9 +365,8 @@ class Client(Api):
                 step = op.send(sent)
                 if isinstance(step, Call):
                     sent = self._send(step)
-                else:
+                else:  # what a pause is sent back is not read
                     time.sleep(step)
-                    sent = None
         except StopIteration as stop:
             return stop.value
 

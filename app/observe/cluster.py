@@ -70,9 +70,8 @@ class ClusterCollector:
                 counts = row_counts(conn, names, caps)
         except Exception as exc:  # a scrape reports what it can
             log.warning("metrics: database unavailable: %s", exc)
-        active = None
         try:
-            live = []
+            live, active = [], None
             if counts is not None:
                 active = {(m, s.label): n for m, pair in gate.slot_split(names).items()
                           for s, n in zip((JobState.PENDING, JobState.RUNNING), pair)}
@@ -125,7 +124,6 @@ class ClusterCollector:
 
 
 def _gauge(name: str, doc: str, labels: list[str], samples) -> GaugeMetricFamily:
-    """A family of (label values, value) samples."""
     g = GaugeMetricFamily(name, doc, labels=labels)
     for values, v in samples:
         g.add_metric(values, v)

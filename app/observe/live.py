@@ -35,14 +35,11 @@ from app.infra.tables import models, tasks
 from app.states import ACTIVE_STATES, JobState
 
 
-def job_counts(conn, tenant_id: str | None = None) -> dict[tuple[str, str], int]:
-    """(model, state label) -> rows of the active states, of one tenant or
-    all: one GROUP BY on ix_asynch_task_model_state (what the gates replace;
-    the fallback with Redis away)."""
+def job_counts(conn) -> dict[tuple[str, str], int]:
+    """(model, state label) -> rows of the active states: one GROUP BY on
+    ix_asynch_task_model_state (what the gates replace; the fallback with Redis away)."""
     q = (select(tasks.c.model_name, tasks.c.state, func.count())
          .where(tasks.c.state.in_([int(s) for s in ACTIVE_STATES])).group_by(tasks.c.model_name, tasks.c.state))
-    if tenant_id is not None:
-        q = q.where(tasks.c.tenant_id == tenant_id)
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q)}
 
 
@@ -70,9 +67,7 @@ def row_counts(conn, model_names: list[str], caps: dict[JobState, int | None],
     pairs = [(m, s) for m in model_names for s in caps]
     q = text(_COUNTS.format(table=tasks.name, tenant="AND t.tenant_id = :tenant" if tenant_id is not None else ""))
     params = {"models": [m for m, _ in pairs], "states": [int(s) for _, s in pairs],
-              "caps": [caps[s] for _, s in pairs]}
-    if tenant_id is not None:
-        params["tenant"] = tenant_id
+              "caps": [caps[s] for _, s in pairs], "tenant": tenant_id}  # (not bound without the tenant clause)
     return {(m, JobState(s).label): n for m, s, n in conn.execute(q, params)}
 
 
@@ -160,9 +155,7 @@ def throughput_series(minutes: int = 60, bucket_minutes: int = 5, tenant_id: str
     # The window's start as exact epoch seconds (microseconds kept), as extract() gives the rows'.
     start_epoch = Decimal(calendar.timegm(start.utctimetuple())) + Decimal(start.microsecond) / Decimal(1_000_000)
     params = {"states": [int(JobState.DONE), int(JobState.CLAIMED)], "start": start, "start_epoch": start_epoch,
-              "width": bucket_minutes * 60, "last": n_buckets - 1}
-    if tenant_id is not None:
-        params["tenant"] = tenant_id
+              "width": bucket_minutes * 60, "last": n_buckets - 1, "tenant": tenant_id}
     per: dict[str, list[dict]] = {}
     with transaction() as conn:
         for m, b, n, dur in conn.execute(q, params):

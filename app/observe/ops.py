@@ -115,8 +115,7 @@ def tenant_state(principal: Principal, tenant: str) -> dict:
     set's size against its cap) and its jobs by state there."""
     limits.read(principal, tenant)  # 422 for a bad id, 403 for another tenant's key
     with transaction() as conn:
-        model_rows = conn.execute(select(models).where(models.c.enabled.is_(True))
-                                  .order_by(models.c.model_name)).all()
+        model_rows = conn.execute(select(models).where(models.c.enabled.is_(True)).order_by(models.c.model_name)).all()
         by = active_counts(conn, [m.model_name for m in model_rows], tenant)
     return {"tenant": tenant, "models": [
         {"model": m.model_name, "in_use": by[(m.model_name, "pending")] + by[(m.model_name, "running")],

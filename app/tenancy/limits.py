@@ -63,12 +63,10 @@ def tenant_queue_cap(tenant: str, model) -> int:
     """``model``'s queue slots ``tenant`` may hold: its own row, else the model's
     tenant_queue_limit, else ASYNCH_TENANT_QUEUE_SHARE of queue_limit (rounded
     up), never above queue_limit (a runtime override lowers it in the gate)."""
-    own = limits_of(tenant).queue_limits.get(model.model_name)
-    if own is not None:
-        cap = own
-    elif getattr(model, "tenant_queue_limit", None) is not None:
-        cap = model.tenant_queue_limit
-    else:
+    cap = limits_of(tenant).queue_limits.get(model.model_name)
+    if cap is None:
+        cap = getattr(model, "tenant_queue_limit", None)
+    if cap is None:
         cap = math.ceil(model.queue_limit * get_settings().tenant_queue_share)
     return max(0, min(cap, model.queue_limit))
 

@@ -3,7 +3,10 @@
 which patches first and then takes every hook from here).
 
 Invariants:
-- The metrics hooks of app/observe/gunicorn_conf.py run unchanged.
+- The master empties the API server's Prometheus multiprocess directory
+  before forking, marks each exited worker dead, and removes a temporary one
+  on exit.  Without the directory `asynch api` sets, one scrape would see one
+  worker only, so the server refuses to start.
 - The master raises RLIMIT_NOFILE before it forks (workers inherit it):
   every connection a worker holds (a long-poll too) is a descriptor.
 - A stopping worker drains its long-polls (hub.drain): they answer at once
@@ -15,9 +18,8 @@ import signal
 import threading
 
 from app.config import get_settings
-from app.infra import serving
+from app.infra import metrics, serving
 from app.infra.wakeups import hub
-from app.observe.gunicorn_conf import child_exit, on_exit, on_starting as _metrics_on_starting  # noqa: F401
 
 # Descriptors a worker needs besides its client connections: database and
 # Redis pools, the listener, log and metrics files.
@@ -25,8 +27,17 @@ SPARE_DESCRIPTORS = 1024
 
 
 def on_starting(server) -> None:
-    _metrics_on_starting(server)
+    if metrics.prepare_group_dir() is None:
+        raise RuntimeError("PROMETHEUS_MULTIPROC_DIR is not set: start the API with `asynch api`")
     serving.raise_nofile(server.cfg.worker_connections + SPARE_DESCRIPTORS)
+
+
+def child_exit(server, worker) -> None:
+    metrics.process_dead(worker.pid)
+
+
+def on_exit(server) -> None:
+    metrics.cleanup_group_dir()
 
 
 def post_worker_init(worker) -> None:

@@ -1,9 +1,6 @@
-"""Operational endpoints, no API key: liveness (/healthz, no dependencies),
-readiness (/readyz: the database and Redis answer), and Prometheus text
-(with ASYNCH_METRICS_TOKEN set, the scraper sends it as a Bearer token):
-/metrics is this server's counters (scrape every pod, sum in PromQL),
-/metrics/cluster gauges from PostgreSQL and Redis (scrape once per cluster).
-"""
+"""Operational endpoints, no API key: liveness, readiness, and the Prometheus
+text of this server (/metrics) and of the cluster (/metrics/cluster); each
+route's description says how to scrape it."""
 from __future__ import annotations
 
 from flask import Blueprint, Response

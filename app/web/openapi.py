@@ -240,7 +240,7 @@ def served(app: Flask) -> tuple[bytes, str]:
         return cached[1], cached[2]
 
 
-def document(app: Flask, server_url: str | None = None) -> dict:
+def document(app: Flask) -> dict:
     global BUILDS
     BUILDS += 1
     missing = undocumented(app)
@@ -267,8 +267,6 @@ def document(app: Flask, server_url: str | None = None) -> dict:
     doc = {"openapi": "3.1.0", "info": {"title": "model-asynch", "version": "1.0.0", "description": DESCRIPTION},
            "security": [{"bearerAuth": []}], "paths": paths,
            "components": {"schemas": shapes.components(), "responses": responses, "securitySchemes": schemes}}
-    if server_url:
-        doc["servers"] = [{"url": server_url}]
     settings = get_settings()
     return _walk(doc, lambda d: _cleaned(d, settings))
 

@@ -87,20 +87,21 @@ def _default_burst(rate: float) -> int:
     return max(1, _ceil(2 * rate))
 
 
-def _settings_policy(rate: float, burst: int, names: str, factor: int = 1, name: str = "default"):
+def _settings_policy(setting: str, factor: int = 1, name: str = "default") -> RatePolicy | None:
+    s = get_settings()
+    rate, burst = getattr(s, setting + "_per_second"), getattr(s, setting + "_burst")
     if not rate > 0:
         return None
     try:
         return RatePolicy(rate * factor, (burst if burst > 0 else _default_burst(rate)) * factor, name)
     except ValueError as exc:  # a configuration error: say which variables
-        raise ValueError(f"{names}: {exc}") from None
+        var = "ASYNCH_" + setting.upper()
+        raise ValueError(f"{var}_PER_SECOND / {var}_BURST: {exc}") from None
 
 
 def default_policy(principal: Principal) -> RatePolicy | None:
     """Every key gets ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST."""
-    s = get_settings()
-    return _settings_policy(s.rate_limit_per_second, s.rate_limit_burst,
-                            "ASYNCH_RATE_LIMIT_PER_SECOND / ASYNCH_RATE_LIMIT_BURST")
+    return _settings_policy("rate_limit")
 
 
 def tenant_policy(principal: Principal) -> RatePolicy | None:
@@ -222,11 +223,8 @@ def client_address() -> str:
 
 def check_anonymous(health: bool = False) -> None:
     """One token from this client address's anonymous bucket; RateLimited when empty."""
-    s = get_settings()
     name = "anon-health" if health else "anon"
-    policy = _settings_policy(s.anon_rate_limit_per_second, s.anon_rate_limit_burst,
-                              "ASYNCH_ANON_RATE_LIMIT_PER_SECOND / ASYNCH_ANON_RATE_LIMIT_BURST",
-                              HEALTH_FACTOR if health else 1, name)
+    policy = _settings_policy("anon_rate_limit", HEALTH_FACTOR if health else 1, name)
     _charge(f"{name}:{client_address()}", policy, "anonymous requests from this address")
 
 

@@ -1,10 +1,6 @@
-"""v1 administration and operator views: models (read for every key, write
-for admins), API keys (admins), tenant limits (docs/api.md, "Tenant limits";
-a tenant's own keys read them, admins change them), the maintenance triggers
-(admins: run a pass now, get its report), and the read-only views of the
-console: live numbers per model, throughput/P90 series, one job with its
-timeline and attempts, the workers, the maintenance state, a tenant's queue
-share and rate-limit state."""
+"""v1 administration and operator views: models, API keys, tenant limits
+(docs/api.md, "Tenant limits"), the maintenance triggers and the console's
+read-only views; who may call each is in its declaration."""
 from __future__ import annotations
 
 from flask import Blueprint
