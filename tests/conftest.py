@@ -148,6 +148,7 @@ def clean_state(settings):
     from app.infra.caches import clear_all
     from app.infra.db import get_engine
     from app.infra.tables import metadata
+    from app.web import ratelimit
 
     set_settings(settings)
     for tries_left in (2, 1, 0):
@@ -165,6 +166,7 @@ def clean_state(settings):
             time.sleep(0.2)
     redis_lib.Redis.from_url(settings.redis_url).flushdb()
     clear_all()  # per-process caches must not carry one test's models into the next
+    ratelimit.reset()  # nor one test's Redis outage its 5 s of unlimited requests
     yield
     set_settings(settings)
     set_clock(None)  # a test that moved the clock leaves the wall clock behind
