@@ -296,15 +296,14 @@ class _State:
             w.wake()
 
 
-# A forked child has neither the parent's threads nor its waiters.
-_state: PerProcess[_State] = PerProcess(_State)
-
-
 class WaitHub:
-    """The process's hub: every attribute is this process's ``_State``'s."""
+    """The process's hub: every attribute is this process's ``_State``'s (a forked child has neither the parent's
+    threads nor its waiters)."""
+
+    _state: PerProcess[_State] = PerProcess(_State)
 
     def __getattr__(self, name: str):
-        return getattr(_state.get(), name)
+        return getattr(self._state.get(), name)
 
 
 hub = WaitHub()
