@@ -20,7 +20,6 @@ from app.infra.process import PerProcess
 
 
 def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engine:
-    iso = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
     if not url:
         raise NotConfigured(NO_DATABASE)
     if not url.startswith("postgresql"):
@@ -38,7 +37,7 @@ def make_engine(url: str, autocommit: bool = False, pool_size: int = 16) -> Engi
         hide_parameters=True,
         # Set once at connect: switching a pooled connection per checkout
         # would cost a "SET default_transaction_isolation" round trip.
-        **iso,
+        **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
     )
 
 

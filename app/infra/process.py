@@ -22,9 +22,7 @@ _all: "weakref.WeakSet[PerProcess]" = weakref.WeakSet()
 class PerProcess(Generic[T]):
     def __init__(self, factory: Callable[[], T], on_fork: Callable[[T], None] | None = None,
                  on_reset: Callable[[T], None] | None = None) -> None:
-        self._factory = factory
-        self._on_fork = on_fork
-        self._on_reset = on_reset
+        self._factory, self._on_fork, self._on_reset = factory, on_fork, on_reset
         self._lock = threading.Lock()
         self._value: T | None = None
         _all.add(self)

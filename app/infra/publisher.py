@@ -126,9 +126,9 @@ def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.
         if producer.broker is None:
             for job_id, attempt in jobs:
                 producer.app.send_task(RUN_JOB_TASK, args=[job_id, attempt], queue=queue, priority=number)
-            return len(jobs)
-        messages = [redis_message(RUN_JOB_TASK, [job_id, attempt], queue, number) for job_id, attempt in jobs]
-        producer.broker.lpush(messages[0][0], *(payload for _, payload in messages))
+        else:
+            messages = [redis_message(RUN_JOB_TASK, [job_id, attempt], queue, number) for job_id, attempt in jobs]
+            producer.broker.lpush(messages[0][0], *(payload for _, payload in messages))
         return len(jobs)
     except Exception:
         log.exception("publish of %d run_job messages failed; recovery will re-publish", len(jobs),

@@ -77,8 +77,7 @@ class LocalStorage(Storage):
         self.root = Path(root).resolve()
 
     def _path(self, location: str) -> Path:
-        key = location[len("file:"):] if location.startswith("file:") else location
-        p = (self.root / key).resolve()
+        p = (self.root / location.removeprefix("file:")).resolve()
         if self.root not in p.parents:
             raise StorageError(f"location outside the storage root: {location}")
         return p

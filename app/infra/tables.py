@@ -10,7 +10,6 @@ from app.states import JobState as S
 
 metadata = MetaData()
 
-JsonType = JSONB()
 TS = DateTime(timezone=True)
 
 
@@ -33,7 +32,7 @@ models = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("model_name", String(128), nullable=False, unique=True),
     Column("models_type", String(512), nullable=False, server_default=""),
-    Column("form", JsonType),
+    Column("form", JSONB()),
     Column("base_url", String(1024), nullable=False),
     Column("route", String(1024), nullable=False, server_default=""),
     Column("http_method", String(8), nullable=False, server_default="POST"),

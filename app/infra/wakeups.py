@@ -296,15 +296,14 @@ class _State:
             w.wake()
 
 
-# A forked child has neither the parent's threads nor its waiters.
-_state: PerProcess[_State] = PerProcess(_State)
-
-
 class WaitHub:
-    """The process's hub: every attribute is this process's ``_State``'s."""
+    """The process's hub: every attribute is this process's ``_State``'s (a forked child has neither the parent's
+    threads nor its waiters)."""
+
+    _state: PerProcess[_State] = PerProcess(_State)
 
     def __getattr__(self, name: str):
-        return getattr(_state.get(), name)
+        return getattr(self._state.get(), name)
 
 
 hub = WaitHub()
@@ -316,46 +315,44 @@ def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], obj
     the caller may see it.  Order: register (caps) -> read -> sleep; a delivered row replaces a read.  ``watch``
     (app.infra.serving.ClientWatch) ends the wait early when the client has gone."""
     deadline = time.monotonic() + max(0.0, budget_seconds)
-    s = _state.get()
-    w = s.register(job_id, tenant, tenant_cap)
+    row, w = begin_wait(job_id, read, tenant, tenant_cap)
+    if w is None:
+        return row
     try:
         if watch is not None:
             watch.arm(w.event.set)
-        row = read()
-        while True:
-            if row is None or is_terminal(row.state):
-                return row
+        while row is not None and not is_terminal(row.state):
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or s.draining:
-                return row
+            if remaining <= 0 or hub.draining:
+                break
             poll = watch.poll_seconds if watch is not None else None
             w.event.wait(remaining if poll is None else min(remaining, poll))
             w.event.clear()
             if watch is not None and watch.gone():
-                return row
+                break
             got = w.take()
             if got is GONE:
                 row = read()
             elif got is not None:
                 row = got
+        return row
     finally:
         if watch is not None:
             watch.close()
-        s.unregister(w)
+        hub.unregister(w)
 
 
 def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None):
-    """The first half of a wait a server parks (app/infra/parking.py): register -> read.
-    ``(row, waiter)``; waiter is None when there is nothing to wait for (terminal, gone,
+    """The first half of a wait (``wait_for_terminal``'s, or one a server parks: app/infra/parking.py):
+    register -> read.  ``(row, waiter)``; waiter is None when there is nothing to wait for (terminal, gone,
     draining), else the caller owns it (a wake-up from now on is in ``waiter.row``)."""
-    s = _state.get()
-    w = s.register(job_id, tenant, tenant_cap)
+    w = hub.register(job_id, tenant, tenant_cap)
     try:
         row = read()
     except BaseException:
-        s.unregister(w)
+        hub.unregister(w)
         raise
-    if row is None or is_terminal(row.state) or s.draining:
-        s.unregister(w)
+    if row is None or is_terminal(row.state) or hub.draining:
+        hub.unregister(w)
         return row, None
     return row, w

@@ -26,7 +26,7 @@ def cluster_nodes(url: str) -> tuple[list[ClusterNode], dict]:
     """Startup nodes and connection options of a ``redis+cluster://`` URL."""
     parts = urlsplit(url)
     auth, _, hosts = parts.netloc.rpartition("@")
-    user, _, password = auth.partition(":") if auth else ("", "", "")
+    user, _, password = auth.partition(":")
     pairs = [hp.strip().rpartition(":") if ":" in hp else (hp.strip(), "", "") for hp in hosts.split(",")]
     creds = {"username": unquote(user), "password": unquote(password)}
     return ([ClusterNode(host.strip("[]"), int(port or 6379)) for host, _, port in pairs],
@@ -79,6 +79,15 @@ def pubsub_client(client_name: str) -> redis.Redis:
     node = nodes[next(_next_node) % len(nodes)]
     _, auth = cluster_nodes(url)
     return redis.Redis(host=node.host, port=node.port, **auth, **opts)
+
+
+def read_under(prefix: str, command: str) -> dict:
+    """suffix -> the answer of ``command`` (a read: zcard, hgetall) for each key under ``prefix``, if not empty."""
+    found = list(get_redis().scan_iter(match=prefix + "*", count=500))
+    pipe = get_redis().pipeline(transaction=False)
+    for k in found:
+        getattr(pipe, command)(k)
+    return {k[len(prefix):]: v for k, v in zip(found, pipe.execute()) if v}
 
 
 def broker_redis() -> redis.Redis | None:

@@ -21,7 +21,7 @@ from typing import Iterable
 
 from app.config import get_settings
 from app.infra.redis import keys, scripts, upstream
-from app.infra.redis.client import get_redis
+from app.infra.redis.client import get_redis, read_under
 
 
 def _step(script, model: str, cap: int | None, *args, most: int | None = None, gate: bool = False,
@@ -81,21 +81,19 @@ def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) 
 
 
 def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None,
-             handed: list[str] = ()) -> list:
+             handed: list[str] = (), client=None) -> list:
     """Where jobs of ``tenant`` at ``scores`` stand (read only): [cap, running, the tenant's permits, tenants,
     EWMA seconds or '', samples, then (own ahead, all ahead) per score; -1 -1 for a queued ``job_id`` dispatched;
     then per ``handed`` id 1 if the dispatcher holds it, else 0]."""
     return _step(scripts.get("dispatch_position"), model, cap, tenant, job_id, len(scores),
-                 *[repr(float(x)) for x in scores], *handed, gate=True)
+                 *[repr(float(x)) for x in scores], *handed, gate=True, client=client)
 
 
 def positions(asks: list[tuple[str, str, list[float], int | None, list[str]]]) -> list[list]:
     """``position`` of jobs not queued yet for several (model, tenant, scores, cap, handed) asks: one EVALSHA, or
     for several one pipeline (redis-py checks SCRIPT EXISTS first: two round trips), as gate_admit_many."""
     pipe = get_redis().pipeline(transaction=False) if len(asks) > 1 else None
-    out = [_step(scripts.get("dispatch_position"), model, cap, tenant, "", len(scores),
-                 *[repr(float(x)) for x in scores], *handed, gate=True, client=pipe)
-           for model, tenant, scores, cap, handed in asks]
+    out = [position(model, tenant, "", scores, cap, handed, client=pipe) for model, tenant, scores, cap, handed in asks]
     return pipe.execute() if pipe is not None else out
 
 
@@ -109,10 +107,8 @@ def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
 
 def models() -> set[str]:
     """Models with dispatch state in Redis (for the periodic kick)."""
-    found: set = set()
-    for kind in ("dq:ring", "dq:inflight", "dq:blocked"):
-        found.update(keys.model_of(k, kind) for k in get_redis().scan_iter(match=keys.model_pattern(kind), count=500))
-    return found - {None, ""}
+    return {m for kind in ("dq:ring", "dq:inflight", "dq:blocked")
+            for k in get_redis().scan_iter(match=keys.model_pattern(kind), count=500) if (m := keys.model_of(k, kind))}
 
 
 def set_cap(model: str, max_concurrency: int, expected_seconds: float | None = None) -> None:
@@ -175,12 +171,7 @@ def weights() -> dict[str, int]:
 
 def ready_counts(model: str) -> dict[str, int]:
     """tenant -> jobs waiting in its ready queue (metrics, tests)."""
-    prefix = keys.dispatch_ready(model, "")
-    found = list(get_redis().scan_iter(match=prefix + "*", count=500))
-    pipe = get_redis().pipeline(transaction=False)
-    for k in found:
-        pipe.zcard(k)
-    return {k[len(prefix):]: int(n) for k, n in zip(found, pipe.execute()) if n}
+    return read_under(keys.dispatch_ready(model, ""), "zcard")
 
 
 def inflight(model: str) -> list[str]:

@@ -50,8 +50,7 @@ def gate_admit_many(items: list[tuple[str, str, str, int, int]]) -> list[GateDec
     # checks SCRIPT EXISTS first, so two round trips for the whole batch).
     pipe = get_redis().pipeline(transaction=False) if len(steps) > 1 else None
     results = [scripts.get("gate_admit")(keys=k, args=a, client=pipe) for k, a in steps]
-    if pipe is not None:
-        results = pipe.execute()
+    results = pipe.execute() if pipe is not None else results
     decided = {i: GateDecision(bool(admitted), int(limit), int(depth), by or "")
                for idx, res in zip(by_model.values(), results) for i, (admitted, limit, depth, by) in zip(idx, res)}
     return [decided[i] for i in range(len(items))]
@@ -151,8 +150,5 @@ def slot_split(model_names: Iterable[str], tenant: str | None = None) -> dict[st
         own = f"{tenant} "
         triples = [(int(d), int(p), sum(1 for v in info if v.startswith(own)))
                    for d, p, info in zip(res[0::3], res[1::3], res[2::3])]
-    out = {}
-    for m, (depth, permits_held, in_flight) in zip(names, triples):
-        running = min(depth, max(0, permits_held - in_flight))
-        out[m] = (depth - running, running)
-    return out
+    running = [min(depth, max(0, permits_held - in_flight)) for depth, permits_held, in_flight in triples]
+    return {m: (depth - n, n) for m, (depth, _p, _f), n in zip(names, triples, running)}

@@ -39,9 +39,8 @@ def _g(name: str, *tail: str) -> str:
 def model_of(key: str, kind: str) -> str | None:
     """The model in ``<prefix>:<kind>:{model}...`` (a SCAN hit), else None."""
     head = f"{_p()}:{kind}:{{"
-    if not key.startswith(head) or "}" not in key[len(head):]:
-        return None
-    return key[len(head):key.index("}", len(head))]
+    model, brace, _ = key[len(head):].partition("}")
+    return model if key.startswith(head) and brace else None
 
 
 def model_pattern(kind: str) -> str:

@@ -3,7 +3,7 @@ app/maintenance/recovery.py acts on its absence); it expires by itself when the 
 from __future__ import annotations
 
 from app.infra.redis import keys
-from app.infra.redis.client import get_redis
+from app.infra.redis.client import get_redis, read_under
 
 
 def worker_touch(node: str, fields: dict, ttl_seconds: int) -> None:
@@ -18,12 +18,7 @@ def worker_forget(node: str) -> None:
 
 
 def workers_read() -> dict[str, dict[str, str]]:
-    prefix = keys.worker("")
-    found = list(get_redis().scan_iter(match=prefix + "*", count=500))
-    pipe = get_redis().pipeline(transaction=False)
-    for k in found:
-        pipe.hgetall(k)
-    return {k[len(prefix):]: v for k, v in zip(found, pipe.execute()) if v}
+    return read_under(keys.worker(""), "hgetall")
 
 
 def liveness_settled(ttl_seconds: float) -> bool:

@@ -9,8 +9,7 @@ from app.infra.redis.client import get_redis
 
 def runtime_limits_raw(model: str) -> tuple[str | None, str | None]:
     """The stored (max_concurrency, queue_limit) overrides as strings."""
-    mc, ql = get_redis().mget(keys.runtime_max_concurrency(model), keys.runtime_queue_limit(model))
-    return mc, ql
+    return tuple(get_redis().mget(keys.runtime_max_concurrency(model), keys.runtime_queue_limit(model)))
 
 
 def runtime_limits_cas(model: str, expected: tuple[str | None, str | None], new_max_concurrency: int,
