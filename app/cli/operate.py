@@ -10,7 +10,8 @@ import json
 import click
 
 from app.catalog import registry, transfer
-from app.cli.base import DomainGroup
+from app.catalog.schemas import ModelPatch
+from app.cli import DomainGroup
 from app.config import get_settings
 from app.contract import dump, parse
 from app.jobs import service as job_service
@@ -85,7 +86,7 @@ def models_import(file) -> None:
 def _set_enabled(enabled: bool):
     @click.argument("name")
     def run(name: str) -> None:
-        row = registry.set_enabled(name, enabled)
+        row = registry.update_model(name, ModelPatch(enabled=enabled))
         click.echo(json.dumps({"model_name": row.model_name, "enabled": row.enabled}))
     return run
 
