@@ -44,8 +44,7 @@ def url_password(url: str) -> str:
     userinfo, at, _host = rest.rpartition("@")
     if not (sep and at):
         return ""
-    _user, colon, password = userinfo.partition(":")
-    return password if colon else ""
+    return userinfo.partition(":")[2]
 
 
 def mask_url(url: str) -> str:
