@@ -125,7 +125,7 @@ class _Server:
 class Postgres(_Server):
     name = "PostgreSQL"
     stop_signal = signal.SIGINT  # "fast" shutdown: roll back open transactions, cut clients, checkpoint
-    user = PG_USER if os.geteuid() == 0 else None  # the system user it runs as; None: ours
+    user = PG_USER if os.geteuid() == 0 else None  # the system user it runs as (None: the current one)
 
     def url(self, database: str = "postgres", driver: str = "postgresql+psycopg2") -> str:
         return f"{driver}://postgres:{self.password}@127.0.0.1:{self.port}/{database}"
