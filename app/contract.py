@@ -23,6 +23,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from app.clock import as_utc
 from app.errors import ValidationFailed
 
 Face = Literal["v1", "seed"]
@@ -140,11 +141,7 @@ Text = Annotated[str, AfterValidator(_no_nul), pattern(NO_NUL, "text without NUL
 
 def iso_z(dt: datetime | None) -> str | None:
     """The wire format of every time: UTC, ISO 8601, ``Z`` (a naive time is UTC, as every stored one)."""
-    if dt is None:
-        return None
-    if dt.tzinfo is None:
-        return dt.isoformat() + "Z"
-    return dt.astimezone(timezone.utc).isoformat()[:-6] + "Z"
+    return None if dt is None else as_utc(dt).astimezone(timezone.utc).isoformat()[:-6] + "Z"
 
 
 Timestamp = Annotated[datetime, PlainSerializer(iso_z, return_type=str),

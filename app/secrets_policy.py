@@ -44,8 +44,7 @@ def url_password(url: str) -> str:
     userinfo, at, _host = rest.rpartition("@")
     if not (sep and at):
         return ""
-    _user, colon, password = userinfo.partition(":")
-    return password if colon else ""
+    return userinfo.partition(":")[2]
 
 
 def mask_url(url: str) -> str:
@@ -76,8 +75,11 @@ def _fernet_key_ok(key: str) -> bool:
         return False
 
 
-def startup_problems(s: Settings) -> list[str]:
-    """One line per refusal (empty: the settings may serve), dev mode or not."""
+def check_startup(s: Settings) -> None:
+    """Refuse to serve with insecure secrets outside dev mode (every server
+    command and app.wsgi call it): a ValueError, one line per problem."""
+    if s.dev_mode:
+        return
     var = env_names()
     out = []
     if not s.key_pepper:
@@ -106,13 +108,5 @@ def startup_problems(s: Settings) -> list[str]:
         url = getattr(s, name)
         if isinstance(url, str) and "://" in url and is_placeholder(url_password(url)):
             out.append(f"{var[name]} has a placeholder password ({mask_url(url)}): put the real password in the URL")
-    return out
-
-
-def check_startup(s: Settings) -> None:
-    """Refuse to serve with insecure secrets outside dev mode (every server
-    command and app.wsgi call it): a ValueError, one line per problem."""
-    problems = [] if s.dev_mode else startup_problems(s)
-    if problems:
-        raise ValueError("refusing to start outside dev mode (ASYNCH_DEV_MODE):\n"
-                         + "\n".join(f"  {p}" for p in problems))
+    if out:
+        raise ValueError("refusing to start outside dev mode (ASYNCH_DEV_MODE):\n" + "\n".join(f"  {p}" for p in out))

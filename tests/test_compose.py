@@ -587,7 +587,7 @@ def test_dockerfile_cmd_and_entrypoint_exist(dockerfile):
 
 def test_dockerfile_ships_what_the_commands_need(dockerfile):
     """`pip install .` needs every package pyproject lists, and `asynch db
-    upgrade` finds alembic.ini and alembic/ next to app/ (app/cli/base.py ROOT),
+    upgrade` finds alembic.ini and alembic/ next to app/ (app/cli/__init__.py ROOT),
     which the installed copy in site-packages does not have: the source tree
     must be importable first (PYTHONPATH)."""
     import app.cli
@@ -628,7 +628,7 @@ def test_dockerfile_ships_what_the_commands_need(dockerfile):
     env = " ".join(instr(dockerfile, "ENV"))
     m = re.search(r"PYTHONPATH[= ](\S+)", env)
     assert m and home in m.group(1).split(":"), \
-        f"PYTHONPATH must include {home} so app/cli/base.py finds alembic.ini next to it"
+        f"PYTHONPATH must include {home} so app/cli/__init__.py finds alembic.ini next to it"
 
 
 def test_dockerfile_names_only_real_asynch_variables():

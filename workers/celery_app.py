@@ -4,14 +4,8 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
-from celery.signals import (
-    task_postrun,
-    task_prerun,
-    worker_init,
-    worker_process_init,
-    worker_process_shutdown,
-    worker_shutdown,
-)
+from celery.signals import (task_postrun, task_prerun, worker_init, worker_process_init, worker_process_shutdown,
+                            worker_shutdown)
 
 from app.config import get_settings
 from app.infra import metrics, metrics_server

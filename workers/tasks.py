@@ -9,8 +9,7 @@ from app.errors import Unavailable
 from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, RUN_JOB_TASK
 from app.infra import metrics
 from app.jobs import dispatch, execution
-from app.maintenance import autotune
-from app.maintenance import passes as maintenance
+from app.maintenance import autotune, passes as maintenance
 from app.maintenance.periodic import run_periodic
 from workers import heartbeat
 from workers.celery_app import celery

@@ -112,10 +112,6 @@ def update_model(name: str, change: ModelPatch) -> Row:
     return row
 
 
-def set_enabled(name: str, enabled: bool) -> Row:
-    return update_model(name, ModelPatch(enabled=enabled))
-
-
 def delete_model(name: str) -> None:
     with transaction() as conn:
         active = conn.execute(select(func.count()).select_from(tasks).where(

@@ -23,14 +23,9 @@ def export_models(names: list[str] | None = None, with_secrets: bool = False) ->
     q = select(models).order_by(models.c.model_name)
     if names:
         q = q.where(models.c.model_name.in_(names))
-    out = []
     with transaction() as conn:
-        for row in conn.execute(q):
-            d = {k: getattr(row, k) for k in FIELDS if with_secrets or k != "head_msg"}
-            if with_secrets:
-                d["head_msg"] = secretbox.decrypt(d["head_msg"])
-            out.append(d)
-    return out
+        return [{k: secretbox.decrypt(row.head_msg) if k == "head_msg" else getattr(row, k)
+                 for k in FIELDS if with_secrets or k != "head_msg"} for row in conn.execute(q)]
 
 
 def _redacted(spec) -> bool:

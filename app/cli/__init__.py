@@ -1,18 +1,53 @@
 """The ``asynch`` command: run the pieces (processes.py), operate them
 (operate.py), the dev stack (devstack.py) and the API's client
 (client_cmds.py).  ``asynch --help`` lists everything; every command has
---help.
+--help.  Here too what every command shares: where the checkout is
+(alembic.ini sits next to app/), the migration, and the group class that
+turns a domain error into a clean failure with a non-zero exit.
 
 Invariant: a command's module is imported only when that command runs (or a
 listing needs it): ``asynch wait`` loads the HTTP client, not the server."""
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 
 import click
 
 from app.cli import devstate
-from app.cli.base import ROOT, DomainGroup, alembic_config, upgrade_db
+from app.errors import DomainError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alembic_config():
+    from alembic.config import Config
+
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "alembic"))
+    cfg.attributes["configure_logging"] = False
+    return cfg
+
+
+def upgrade_db() -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(), "head")
+
+
+class DomainGroup(click.Group):
+    """A command group whose commands may raise DomainError: it is shown as
+    ``Error: <message>`` (with the invalid fields, if any) and exit status 1,
+    the same text the HTTP API answers with."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DomainError as exc:
+            errors = getattr(exc, "errors", None)
+            raise click.ClickException(exc.message + ("\n" + json.dumps(errors, indent=2) if errors else ""))
+
 
 # module -> its commands ("name=attribute" where they differ)
 _MODULES = {"processes": "db api worker callback-worker=callback_worker beat env=env_cmd", "devstack": "dev",
@@ -43,5 +78,3 @@ def main(ctx: click.Context) -> None:
     if ctx.invoked_subcommand != "dev":
         devstate.load_dev_env()
 
-
-__all__ = ["ROOT", "alembic_config", "main", "upgrade_db"]

@@ -35,8 +35,9 @@ from pathlib import Path
 
 import click
 
-from app.cli.base import ROOT, upgrade_db
+from app.cli import ROOT, upgrade_db
 from app.cli.devstate import LOCK_FILE, STATE_DIR, STATE_FILE
+from app.cli.engines import EngineError, Postgres, Valkey, die_with_parent, free_port
 
 # The dev worker's processes, and so the demo model's max_concurrency: a
 # configured concurrency the workers cannot reach would only mislead.
@@ -114,8 +115,6 @@ def dev(port: int, model_port: int, data_dir: Path | None) -> None:
 
 
 def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
-    from app.cli.engines import EngineError, Postgres, Valkey, free_port
-
     secrets_file = data_dir / "secrets.json"  # made once: PostgreSQL's password is fixed at initdb
     if not secrets_file.is_file():
         _write_private(secrets_file, {"postgres": secrets.token_urlsafe(18), "valkey": secrets.token_urlsafe(18)})
@@ -165,8 +164,6 @@ def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
     """What every process of the stack runs with, and the callback node's
     metrics port: the engines' URLs always; storage and the worker metrics
     ports from the environment if set, else in the data directory / free."""
-    from app.cli.engines import free_port
-
     metrics = os.environ.get("ASYNCH_WORKER_METRICS_PORT")
     if metrics is None:  # free ports: two stacks never share one
         metrics, callbacks = str(free_port()), str(free_port())
@@ -222,7 +219,6 @@ def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str)
     and we stop them in order."""
     from gunicorn.config import KNOWN_SETTINGS
 
-    from app.cli.engines import die_with_parent
     from app.cli.processes import api_argv, beat_argv, callback_worker_argv, worker_argv
     from app.infra.metrics import group_env
 

@@ -18,10 +18,10 @@ STATE_FILE = "dev.json"
 LOCK_FILE = "dev.lock"
 
 
-def read_state(start: Path | None = None) -> dict | None:
+def read_state() -> dict | None:
     """The state (``api``, ``admin_key``, ``env``, ...) of the nearest
-    .asynch/dev.json at or above ``start`` (the cwd) whose stack is running, or None."""
-    here = (start or Path.cwd()).resolve()
+    .asynch/dev.json at or above the cwd whose stack is running, or None."""
+    here = Path.cwd().resolve()
     for d in (here, *here.parents):
         state = d / STATE_DIR / STATE_FILE
         if state.is_file() and locked(d / STATE_DIR / LOCK_FILE):

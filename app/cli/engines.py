@@ -125,10 +125,7 @@ class _Server:
 class Postgres(_Server):
     name = "PostgreSQL"
     stop_signal = signal.SIGINT  # "fast" shutdown: roll back open transactions, cut clients, checkpoint
-
-    def __init__(self, data_dir: Path, port: int, password: str, durable: bool = True):
-        super().__init__(data_dir, port, password, durable)
-        self.user = PG_USER if os.geteuid() == 0 else None
+    user = PG_USER if os.geteuid() == 0 else None  # the system user it runs as (None: the current one)
 
     def url(self, database: str = "postgres", driver: str = "postgresql+psycopg2") -> str:
         return f"{driver}://postgres:{self.password}@127.0.0.1:{self.port}/{database}"

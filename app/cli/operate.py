@@ -10,17 +10,16 @@ import json
 import click
 
 from app.catalog import registry, transfer
-from app.cli.base import DomainGroup
+from app.catalog.schemas import ModelPatch
+from app.cli import DomainGroup
 from app.config import get_settings
 from app.contract import dump, parse
 from app.jobs import service as job_service
 from app.jobs.requests import JobListQuery
 from app.jobs.schemas import JobDetail, JobStatus
 from app.infra import secretbox
-from app.maintenance import autotune, passes, periodic, requeue
-from app.maintenance import secrets as secret_rotation
-from app.tenancy import keys as key_service
-from app.tenancy import limits
+from app.maintenance import autotune, passes, periodic, requeue, secrets as secret_rotation
+from app.tenancy import keys as key_service, limits
 from app.tenancy.keys import OPERATOR
 from app.tenancy.schemas import ApiKeyView, TenantLimitsInput
 from app.delivery import outbox
@@ -85,7 +84,7 @@ def models_import(file) -> None:
 def _set_enabled(enabled: bool):
     @click.argument("name")
     def run(name: str) -> None:
-        row = registry.set_enabled(name, enabled)
+        row = registry.update_model(name, ModelPatch(enabled=enabled))
         click.echo(json.dumps({"model_name": row.model_name, "enabled": row.enabled}))
     return run
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from app.cli.base import upgrade_db
+from app.cli import upgrade_db
 from app.config import env_names, get_settings
 from app.secrets_policy import check_startup, masked
 

@@ -123,7 +123,7 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
     taken: list[tuple[str, str, str]] = []
     try:
         with transaction() as conn:
-            rows = conn.execute(locked(conn, select(
+            rows = conn.execute(locked(select(
                 tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt, tasks.c.busy_count, tasks.c.created_at,
                 tasks.c.priority, models.c.queue_limit, models.c.tenant_queue_limit, models.c.retry_queue_max_seconds,
             ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
@@ -174,7 +174,7 @@ def promote_waiting_retries(limit: int | None = None) -> Report:
     for m in waits:
         cutoff = now - timedelta(seconds=m.retry_queue_max_seconds)
         with transaction() as conn:
-            rows = conn.execute(locked(conn, select(
+            rows = conn.execute(locked(select(
                 tasks.c.id, tasks.c.tenant_id, tasks.c.attempt, tasks.c.created_at, tasks.c.priority).where(
                 tasks.c.model_name == m.model_name, tasks.c.state == int(JobState.PENDING),
                 tasks.c.retry_count > 0, tasks.c.promoted_at.is_(None), tasks.c.enqueue_at < cutoff,
@@ -205,7 +205,7 @@ def run_once(max_tasks: int | None = None) -> Report:
     taken: list[tuple] = []
     with transaction() as conn:
         # A few more candidates than wanted: some may be at their tenant's cap.
-        q = locked(conn, select(tasks.c.id, tasks.c.attempt, tasks.c.model_name, tasks.c.tenant_id)
+        q = locked(select(tasks.c.id, tasks.c.attempt, tasks.c.model_name, tasks.c.tenant_id)
                    .where(tasks.c.state == int(JobState.PENDING),  # past their deadline: the expiry pass's
                           or_(tasks.c.caller_deadline_at.is_(None), tasks.c.caller_deadline_at >= clock_now()))
                    .order_by(tasks.c.enqueue_at, tasks.c.id).limit(n * 4))

@@ -238,7 +238,7 @@ def _fail_attempts(q, limit: int | None, error: str, retry_at_of, **guard_of) ->
     rep = Report(details={"retry_wait": 0, "failed": 0})
     won = []
     with effects.collecting() as due, transaction() as conn:
-        for r in conn.execute(locked(conn, q.limit(batch_size(limit)))).all():
+        for r in conn.execute(locked(q.limit(batch_size(limit)))).all():
             retry = r.attempt - r.busy_count <= (r.retry_times or 0)  # busy answers spent none
             moved = due.add(transitions.fail_attempt(conn, r.id, r.attempt, error,
                                                      retry_at=retry_at_of(r) if retry else None,
@@ -265,7 +265,7 @@ def expire_past_deadline(limit: int | None = None) -> Report:
 def _end_overdue(states, column, transition, limit: int | None) -> Report:
     now = clock_now()
     with effects.collecting() as due, transaction() as conn:
-        rows = conn.execute(locked(conn, select(tasks.c.id).where(
+        rows = conn.execute(locked(select(tasks.c.id).where(
             tasks.c.state.in_([int(x) for x in states]), column.is_not(None), column < now,
         ).limit(batch_size(limit)))).all()
         for r in rows:

@@ -18,7 +18,7 @@ def batch_size(limit: int | None) -> int:
     return limit if limit is not None else get_settings().maintenance_batch
 
 
-def locked(conn, q):
+def locked(q):
     """SELECT ... FOR UPDATE OF asynch_task SKIP LOCKED: concurrent passes
     take disjoint rows."""
     return q.with_for_update(skip_locked=True, of=tasks)
