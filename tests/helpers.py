@@ -195,3 +195,43 @@ def __getattr__(name: str):
     if name == "P":
         return _principal()
     raise AttributeError(name)
+
+
+class Count:
+    """Statements sent to PostgreSQL (every engine) and gate/broker calls sent to Redis."""
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+        self.redis: list[str] = []
+
+    def __enter__(self) -> "Count":
+        import redis.connection
+        from sqlalchemy import event
+
+        from app.infra.db import get_engine
+
+        event.listen(get_engine(True), "before_cursor_execute", self._sql)
+        event.listen(get_engine(False), "before_cursor_execute", self._sql)
+        self._real = redis.connection.AbstractConnection.send_packed_command
+        me = self
+
+        def send(conn, command, check_health=True):
+            raw = b"".join(command) if isinstance(command, list) else command
+            me.redis.append(raw.split(b"\r\n")[2].decode().upper() if raw.startswith(b"*") else "?")
+            return me._real(conn, command, check_health)
+
+        redis.connection.AbstractConnection.send_packed_command = send
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import redis.connection
+        from sqlalchemy import event
+
+        from app.infra.db import get_engine
+
+        redis.connection.AbstractConnection.send_packed_command = self._real
+        event.remove(get_engine(True), "before_cursor_execute", self._sql)
+        event.remove(get_engine(False), "before_cursor_execute", self._sql)
+
+    def _sql(self, _conn, _cur, statement, *_a) -> None:
+        self.sql.append(statement.split(None, 1)[0].upper())

@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis as redis_lib
-from sqlalchemy import event, func, select
+from helpers import Count
+from sqlalchemy import func, select
 
 from app.errors import QueueFull, TenantQueueFull
-from app.infra.db import get_engine, transaction
+from app.infra.db import transaction
 from app.infra.redis import gate
 from app.infra.tables import tasks
 from app.jobs import admission, outbox
@@ -22,40 +23,6 @@ from app.states import JobState
 from app.tenancy.keys import Principal
 
 A, B = Principal("tenant-a", "user", None), Principal("tenant-b", "user", None)
-
-
-class Count:
-    """Statements sent to PostgreSQL (every engine) and gate/broker calls sent to Redis."""
-
-    def __init__(self) -> None:
-        self.sql: list[str] = []
-        self.redis: list[str] = []
-
-    def __enter__(self) -> "Count":
-        import redis.connection
-
-        event.listen(get_engine(True), "before_cursor_execute", self._sql)
-        event.listen(get_engine(False), "before_cursor_execute", self._sql)
-        self._real = redis.connection.AbstractConnection.send_packed_command
-        me = self
-
-        def send(conn, command, check_health=True):
-            raw = b"".join(command) if isinstance(command, list) else command
-            me.redis.append(raw.split(b"\r\n")[2].decode().upper() if raw.startswith(b"*") else "?")
-            return me._real(conn, command, check_health)
-
-        redis.connection.AbstractConnection.send_packed_command = send
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import redis.connection
-
-        redis.connection.AbstractConnection.send_packed_command = self._real
-        event.remove(get_engine(True), "before_cursor_execute", self._sql)
-        event.remove(get_engine(False), "before_cursor_execute", self._sql)
-
-    def _sql(self, _conn, _cur, statement, *_a) -> None:
-        self.sql.append(statement.split(None, 1)[0].upper())
 
 
 def _sub(principal: Principal, model_row, i: int, key: str | None = None,

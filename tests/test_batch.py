@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import requests
-from helpers import auth, wait_until
+from helpers import Count, auth, wait_until
 from sqlalchemy import func, select
-from test_admission import Count
 
 from app.infra.db import transaction
 from app.infra.redis import gate

@@ -4,6 +4,8 @@ a stub model over HTTP and real worker processes.
 
 - A done write is ONE statement with its usage count (a data-modifying
   CTE), and a small result stays in the row: no storage round trip.
+- A finished job's Redis bookkeeping is one script call after its claim's
+  (issue 25's behaviour test), and the model call reuses its connection.
 - A worker node whose heartbeat is gone has its running attempts failed by
   the next maintenance pass, long before their lease would run out; a node
   that restarted under the same name is told apart by its instance; after a
@@ -18,7 +20,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from helpers import WorkerProcess, job_row, P, wait_until
+from helpers import Count, WorkerProcess, job_row, P, wait_until
 from sqlalchemy import event, select, text
 
 from app.clock import now as clock_now
@@ -77,6 +79,23 @@ def test_a_small_result_stays_in_the_row_and_done_is_one_statement(make_model, m
     root = settings.storage_url[len("file://"):]
     assert not any(files for _d, _s, files in os.walk(root) if job_id in _d)  # nothing in object storage
     assert _count_row("small") == 2  # the warm-up call and this one
+
+
+def test_a_finished_job_is_one_redis_script_call_and_its_model_connection_is_reused(make_model, model_server,
+                                                                                      inline_default):
+    """After its claim's step, a job's end (slot and permit back, the next job, the wake-up, the run time)
+    is ONE script call; the model call reuses this process's keep-alive connection to the upstream."""
+    make_model("fin")
+    execution.run_attempt(jobs.submit(P, "fin", {}).row.id, 0)  # warm: scripts loaded, the upstream connected
+    ids = [jobs.submit(P, "fin", {"i": i}).row.id for i in range(3)]
+    assert outbox.flush()
+    for job_id in ids:
+        with Count() as c:
+            assert execution.run_attempt(job_id, 0, worker="w1#abc") == "done"
+        assert c.sql == ["SELECT", "UPDATE", "WITH"], c.sql
+        assert c.redis == ["EVALSHA", "EVALSHA"], c.redis  # the claim's step, then the finish
+    peers = [c["peer"] for c in model_server.state.calls]
+    assert len(peers) == 4 and len(set(peers)) == 1, peers  # one connection: every call reused the warm-up's
 
 
 def test_a_large_result_goes_to_storage(make_model, model_server, settings, inline_default):

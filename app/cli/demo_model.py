@@ -133,7 +133,7 @@ def _handler(state: ModelState, webhook_secrets=None):
             payload = self._payload(raw)
             call = {"path": path, "method": self.command,
                     "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
-                    "payload": payload, "t": time.time()}
+                    "payload": payload, "t": time.time(), "peer": self.client_address}
             group = self.headers.get("X-Stub-Tenant", "")
             with state.lock:
                 gen = state.generation
