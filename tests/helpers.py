@@ -1,6 +1,7 @@
 """What tests share besides fixtures (those are tests/conftest.py's): the
 suite's servers and their addresses, keys and headers, worker processes,
-waiting for a condition, reading a job's row, submitting a job.
+waiting for a condition, reading a job's row, submitting a job, reading the
+Redis gate and dispatch state the product never reads back.
 
 The addresses (PG_ADMIN_DSN, REDIS_BASE, SERVERS) are set by conftest's
 pytest_configure before any test module is imported: read them as
@@ -235,3 +236,73 @@ class Count:
 
     def _sql(self, _conn, _cur, statement, *_a) -> None:
         self.sql.append(statement.split(None, 1)[0].upper())
+
+
+# --- Redis state the product writes but never reads back this way -------------------------
+
+def gate_members(model: str, tenant: str | None = None) -> set[str]:
+    """The jobs holding a slot of the model's gate (or of ``tenant``'s gate on it)."""
+    from app.infra.redis import keys
+    from app.infra.redis.client import get_redis
+
+    return set(get_redis().zrange(keys.gate(model) if tenant is None else keys.tenant_gate(model, tenant), 0, -1))
+
+
+def gate_depth(model: str, tenant: str | None = None) -> int:
+    return len(gate_members(model, tenant))
+
+
+def tenant_depth(model: str, tenant: str) -> int:
+    return gate_depth(model, tenant)
+
+
+def permits(model: str, tenant: str) -> list[str]:
+    """The jobs holding one of ``tenant``'s dispatch permits on ``model``."""
+    from app.infra.redis import keys
+    from app.infra.redis.client import get_redis
+
+    return list(get_redis().zrange(keys.semaphore(model, tenant), 0, -1))
+
+
+def ring(model: str) -> list[tuple[str, float]]:
+    """(tenant, pass), lowest first (blocked tenants are not in it; one below its minimum goes first)."""
+    from app.infra.redis import keys
+    from app.infra.redis.client import get_redis
+
+    return [(t, float(p)) for t, p in get_redis().zrange(keys.dispatch_ring(model), 0, -1, withscores=True)]
+
+
+def clear_dispatch(model: str) -> None:
+    """Drop a model's whole dispatch state."""
+    from app.infra.redis import keys
+    from app.infra.redis.client import get_redis
+
+    r = get_redis()
+    doomed = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
+              keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_attempts(model),
+              keys.dispatch_charges(model)]
+    for prefix in (keys.dispatch_ready(model, ""), keys.semaphore(model, "")):
+        doomed += list(r.scan_iter(match=prefix + "*", count=500))
+    if doomed:
+        r.delete(*doomed)
+
+
+def publish_terminal(job_id: str) -> None:
+    """Wake long-poll waiters of ``job_id`` as dispatch.finish's script does."""
+    from app.infra.redis import keys
+    from app.infra.redis.client import get_redis
+
+    get_redis().publish(keys.terminal_channel(), job_id)
+
+
+def seed_signature_ok(secret: str, task_id: str, timestamp: str, url: str, signature: str) -> bool:
+    """What a seed-era receiver checks: the legacy X-Asynch-Signature header (app/delivery/secrets.py)."""
+    import hmac
+
+    from app.delivery.secrets import sign
+
+    try:
+        ts = int(timestamp)
+    except (TypeError, ValueError):
+        return False
+    return hmac.compare_digest(sign(secret, task_id, ts, url), signature or "")

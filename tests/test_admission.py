@@ -9,12 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis as redis_lib
-from helpers import Count
+from helpers import Count, gate_depth, gate_members
 from sqlalchemy import func, select
 
 from app.errors import QueueFull, TenantQueueFull
 from app.infra.db import transaction
-from app.infra.redis import gate
 from app.infra.tables import tasks
 from app.jobs import admission, outbox
 from app.jobs import service as jobs
@@ -71,7 +70,7 @@ def test_a_batch_is_one_gate_step_one_insert_and_one_lpush(make_model, settings,
     assert c.redis.count("EVALSHA") == 2, c.redis  # the gate step, then the outbox's one dispatch step
     pushes = int(broker.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0)) - pushes0
     assert pushes == 1, pushes  # every dispatched job's message in one LPUSH
-    assert _rows("grp") == 41 and gate.gate_depth("grp") == 41
+    assert _rows("grp") == 41 and gate_depth("grp") == 41
 
 
 def test_a_batch_is_estimated_in_one_round_trip_for_all_its_tenants_and_a_late_deadline_keeps_nothing(make_model, r):
@@ -103,7 +102,7 @@ def test_a_batch_is_estimated_in_one_round_trip_for_all_its_tenants_and_a_late_d
         assert mine == sorted(mine) and len(set(mine)) == 3, (tenant, mine)
     assert all(s.error is None and s.row is not None for s in batch)
     assert isinstance(late.error, DeadlineUnmeetable) and late.row is None
-    assert _rows("est") == 17 and gate.gate_depth("est") == 17 and late.job_id not in gate.gate_members("est")
+    assert _rows("est") == 17 and gate_depth("est") == 17 and late.job_id not in gate_members("est")
 
 
 def test_refusals_in_a_batch_are_answered_each_and_keep_nothing(make_model, r):
@@ -118,8 +117,8 @@ def test_refusals_in_a_batch_are_answered_each_and_keep_nothing(make_model, r):
     # A: 4 admitted, the 5th at its share; B: 2 more fill the model's 6, the 3rd is refused.
     assert outcome == ["ok"] * 4 + ["TenantQueueFull"] + ["ok", "ok", "QueueFull"], outcome
     assert isinstance(batch[4].error, TenantQueueFull) and isinstance(batch[7].error, QueueFull)
-    assert _rows("grp") == 6 and gate.gate_depth("grp") == 6
-    assert gate.gate_members("grp") == {s.job_id for s in batch if s.error is None}
+    assert _rows("grp") == 6 and gate_depth("grp") == 6
+    assert gate_members("grp") == {s.job_id for s in batch if s.error is None}
 
 
 def test_an_idempotency_race_inside_one_batch_has_one_row_and_releases_the_loser(make_model, r):
@@ -128,7 +127,7 @@ def test_an_idempotency_race_inside_one_batch_has_one_row_and_releases_the_loser
     first, second = _sub(A, m, 1, key="same-key"), _sub(A, m, 2, key="same-key")
     admission.commit_batch([first, second])
     assert first.error is None and isinstance(second.error, admission.IdempotencyConflict)
-    assert _rows("grp") == 1 and gate.gate_members("grp") == {first.job_id}
+    assert _rows("grp") == 1 and gate_members("grp") == {first.job_id}
 
 
 def test_a_row_the_database_refuses_fails_only_itself(make_model, r):
@@ -138,7 +137,7 @@ def test_a_row_the_database_refuses_fails_only_itself(make_model, r):
     bad.values["biz_name"] = "x" * 300  # over the column's 128: the database refuses this row only
     admission.commit_batch([good1, bad, good2])
     assert good1.error is None and good2.error is None and bad.error is not None
-    assert _rows("grp") == 2 and gate.gate_members("grp") == {good1.job_id, good2.job_id}
+    assert _rows("grp") == 2 and gate_members("grp") == {good1.job_id, good2.job_id}
 
 
 def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, r):
@@ -162,7 +161,7 @@ def test_concurrent_submissions_share_batches_and_the_gate_holds(make_model, r):
         outcomes = list(ex.map(one, range(64)))
     ok = outcomes.count("ok")
     assert ok in (8, 9) and outcomes.count("429") == 64 - ok
-    assert _rows("grp") == ok and gate.gate_depth("grp") == ok
+    assert _rows("grp") == ok and gate_depth("grp") == ok
     assert admission.batches_committed() - before < 64
 
 
@@ -192,4 +191,4 @@ def test_an_outage_answers_every_waiting_submission_and_keeps_nothing(make_model
         reset_redis()
         reset_engine()
     assert all(isinstance(s.error, Unavailable) for s in batch), [s.error for s in batch]
-    assert _rows("grp") == 0 and gate.gate_depth("grp") == 0
+    assert _rows("grp") == 0 and gate_depth("grp") == 0

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import requests
-from helpers import Count, auth, wait_until
+from helpers import Count, auth, gate_depth, wait_until
 from sqlalchemy import func, select
 
 from app.infra.db import transaction
-from app.infra.redis import gate
 from app.infra.tables import tasks
 from app.jobs import outbox
 
@@ -46,7 +45,7 @@ def test_each_item_is_admitted_or_refused_on_its_own(api_url, make_model, user_k
     for x in (res[0], res[4], res[5]):
         assert x["job_id"].startswith("job_") and x["state"] == "pending" and x["poll_url"].endswith(x["job_id"])
     # Refused items took nothing: 3 rows, 3 slots.
-    assert _rows("bm") == 3 and gate.gate_depth("bm") == 3
+    assert _rows("bm") == 3 and gate_depth("bm") == 3
     got = requests.get(api_url + res[0]["poll_url"], headers=auth(user_key), timeout=10)
     assert got.status_code == 200 and got.json()["state"] in ("pending", "running")
 
@@ -130,4 +129,4 @@ def test_an_item_whose_model_key_the_model_refuses_is_that_items_422(api_url, ma
     assert [x["status"] for x in res] == [422, 202], res
     assert [e["pointer"] for e in res[0]["errors"]] == ["/jobs/0/model_key"]
     assert "may not be set" in res[0]["errors"][0]["message"]
-    assert _rows("bmk") == 1 and gate.gate_depth("bmk") == 1
+    assert _rows("bmk") == 1 and gate_depth("bmk") == 1

@@ -25,9 +25,11 @@ from helpers import (
     WorkerProcess,
     auth,
     free_port,
+    gate_depth,
     job_row,
     make_key,
     submit,
+    tenant_depth,
     wait_until,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,7 +37,6 @@ from sqlalchemy import func, select
 
 from app.infra import metrics
 from app.infra.db import transaction
-from app.infra.redis import gate
 from app.infra.tables import tasks
 from app.states import JobState
 
@@ -59,7 +60,7 @@ def test_a_tenant_at_its_share_is_refused_and_another_is_admitted(client, make_m
             for _ in range(2)] == [202, 202]
     full = client.post("/v1/models/shared/jobs", json={}, headers=auth(c))
     assert full.status_code == 429 and full.get_json()["error"] == "async queue full (max 10)"
-    assert gate.gate_depth("shared") == 10 and gate.tenant_depth("shared", "tenant-a") == 4
+    assert gate_depth("shared") == 10 and tenant_depth("shared", "tenant-a") == 4
 
 
 def test_a_tenants_own_cap_and_the_runtime_override(client, make_model, admin_key, r):
@@ -108,7 +109,7 @@ def test_shares_hold_with_4_processes_x_16_threads(settings, r):
     for tenant, ids in won:
         per_tenant.setdefault(tenant, []).extend(ids)
     assert {t: len(ids) for t, ids in per_tenant.items()} == {"t1": 7, "t2": 7, "t3": 7}
-    assert gate.gate_depth("contended") == 21
+    assert gate_depth("contended") == 21
     for t, ids in per_tenant.items():
         assert set(r.zrange(f"asynch:tgate:{{contended}}:{t}", 0, -1)) == set(ids)
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 import requests
-from helpers import auth, job_row
+from helpers import auth, gate_depth, job_row
 from sqlalchemy import func, select
 
 from app import transitions
@@ -18,7 +18,6 @@ from app.clock import now
 from app.errors import Conflict
 from app.infra.db import transaction
 from app.infra.redis import dispatch as rd
-from app.infra.redis import gate
 from app.infra.tables import tasks
 from app.jobs import effects
 from app.jobs import service as jobs
@@ -70,7 +69,7 @@ def test_gate_holds_across_processes(settings, r):
         won = pool.map(_admit_many, [(settings.redis_url, settings.redis_prefix, 16, f"p{i}") for i in range(4)])
     admitted = [x for part in won for x in part]
     # Under the fair share only a newcomer's first job passes the limit, into the reserve (ceil(10 x 0.05)).
-    assert 10 <= len(admitted) <= 11 and gate.gate_depth("multi") == len(admitted)
+    assert 10 <= len(admitted) <= 11 and gate_depth("multi") == len(admitted)
     assert set(r.zrange("asynch:gate:{multi}", 0, -1)) == set(admitted)
 
 

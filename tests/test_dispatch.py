@@ -18,7 +18,7 @@ import time
 from collections import Counter
 
 import pytest
-from helpers import WorkerProcess, job_row, wait_until
+from helpers import WorkerProcess, job_row, permits, wait_until
 from sqlalchemy import func, select
 
 from app.config import set_settings
@@ -74,7 +74,7 @@ def test_a_job_is_dispatched_only_with_its_tenants_permit(window, r):
     window(100)
     got = enq("m", [("a", f"a{i}", i) for i in range(5)], cap=2)
     assert got == [("a", "a0"), ("a", "a1")]  # queue order, two permits
-    assert sorted(rd.permits("m", "a")) == ["a0", "a1"] and rd.ready_counts("m") == {"a": 3}
+    assert sorted(permits("m", "a")) == ["a0", "a1"] and rd.ready_counts("m") == {"a": 3}
     assert enq("m", [("b", "b0", 0)], cap=2) == [("b", "b0")]  # per tenant
     assert finish("m", "a", "a0", wake=False, cap=2) == [("a", "a2")]  # a permit back: the next goes
     r.set("asynch:runtime:max_concurrency:{m}", 1)  # the runtime value wins...
@@ -116,7 +116,7 @@ def test_a_tenant_at_its_limit_steps_aside_and_returns_when_a_job_ends(window, r
     assert r.sismember("asynch:dq:blocked:{m}", "a")
     assert enq("m", [("b", "b0", 0)], cap=2) == [("b", "b0")]  # b is not held back by a
     assert finish("m", "a", "a-0", wake=False, cap=2) == [("a", "a-2")]
-    assert sorted(rd.permits("m", "a")) == ["a-1", "a-2"]  # at its limit again: aside again
+    assert sorted(permits("m", "a")) == ["a-1", "a-2"]  # at its limit again: aside again
 
 
 def test_at_most_window_messages_wait_unclaimed(window, r):
@@ -133,7 +133,7 @@ def test_an_unclaimed_dispatch_goes_back_to_the_head_of_its_queue(window, r):
     assert enq("m", [("a", "first", 1), ("a", "second", 2)], cap=5) == [("a", "first")]
     time.sleep(0.4)  # its message was lost: nobody claimed it within the lease
     assert kick("m", cap=5) == [("a", "first")]  # dispatched again, ahead of "second"
-    assert rd.permits("m", "a") == ["first"]
+    assert permits("m", "a") == ["first"]
 
 
 def test_nothing_holding_a_live_permit_is_queued_twice(window, r):
@@ -155,9 +155,9 @@ def test_the_permit_is_released_on_every_exit_path(make_model, r, payload, outco
     make_model("m", max_concurrency=1, retry_times=1, model_key_headers="X-Stub-Tenant")
     job_id = _submit("t", "m", payload)
     assert outbox.flush()
-    assert rd.permits("m", "t") == [job_id]  # dispatched with its permit
+    assert permits("m", "t") == [job_id]  # dispatched with its permit
     assert execution.run_attempt(job_id) == outcome
-    assert rd.permits("m", "t") == [] and r.zcard("asynch:gate:{m}") == (0 if outcome != "retry_wait" else 0)
+    assert permits("m", "t") == [] and r.zcard("asynch:gate:{m}") == (0 if outcome != "retry_wait" else 0)
 
 
 def test_the_permit_is_released_when_the_attempt_crashes(make_model, r, monkeypatch):
@@ -165,7 +165,7 @@ def test_the_permit_is_released_when_the_attempt_crashes(make_model, r, monkeypa
     job_id = _submit("t", "m")
     monkeypatch.setattr(execution, "_upload", lambda *a, **k: 1 / 0)
     assert execution.run_attempt(job_id) == "failed"
-    assert rd.permits("m", "t") == []
+    assert permits("m", "t") == []
 
 
 def test_a_stale_message_changes_nothing(make_model, r):
@@ -173,8 +173,8 @@ def test_a_stale_message_changes_nothing(make_model, r):
     job_id = _submit("t", "m")
     assert execution.run_attempt(job_id) == "done"
     second = _submit("t", "m")
-    assert outbox.flush() and rd.permits("m", "t") == [second]
-    assert execution.run_attempt(job_id) == "stale" and rd.permits("m", "t") == [second]
+    assert outbox.flush() and permits("m", "t") == [second]
+    assert execution.run_attempt(job_id) == "stale" and permits("m", "t") == [second]
 
 
 def test_a_dispatch_of_an_ended_job_gives_its_permit_back(make_model, r):
@@ -186,9 +186,9 @@ def test_a_dispatch_of_an_ended_job_gives_its_permit_back(make_model, r):
     job_id = _submit("t", "m")
     assert execution.run_attempt(job_id) == "done"
     assert enq("m", [("t", job_id, 1)], cap=1) == [("t", job_id)]  # dispatched again: permit + in flight
-    assert rd.permits("m", "t") == [job_id] and rd.inflight("m") == [job_id]
+    assert permits("m", "t") == [job_id] and rd.inflight("m") == [job_id]
     assert execution.run_attempt(job_id) == "stale"
-    assert rd.permits("m", "t") == [] and rd.inflight("m") == []
+    assert permits("m", "t") == [] and rd.inflight("m") == []
 
 
 # --- Celery worker processes ------------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_3_tenants_x_100_jobs_never_exceed_max_concurrency_per_tenant(two_nodes,
     with transaction() as conn:
         attempts = conn.execute(select(func.max(tasks.c.attempt), func.max(tasks.c.retry_count))).one()
     assert tuple(attempts) == (1, 0)
-    assert all(rd.permits("fair", t) == [] for t in tenants)
+    assert all(permits("fair", t) == [] for t in tenants)
     assert r.zcard("asynch:gate:{fair}") == 0 and rd.inflight("fair") == []
 
 
@@ -266,7 +266,7 @@ def test_a_sigkilled_workers_permit_comes_back_when_its_lease_ends(one_node, mak
 
     make_model("sk", max_concurrency=1, timeout_seconds=4, retry_times=0, model_key_headers="X-Stub-Tenant")
     victim = _submit("a", "sk", {"sleep_ms": 8000})
-    wait_until(lambda: len(model_server.state.calls) == 1 and rd.permits("sk", "a") == [victim],
+    wait_until(lambda: len(model_server.state.calls) == 1 and permits("sk", "a") == [victim],
                what="the call in flight with its permit")
     (_, expiry), = r.zrange("asynch:sem:{sk}:a", 0, -1, withscores=True)
     for pid in one_node.pool_pids():

@@ -19,7 +19,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from helpers import WorkerProcess, auth, wait_until
+from helpers import WorkerProcess, auth, clear_dispatch, ring, wait_until
 from sqlalchemy import select
 from test_dispatch import claimed, enq, finish, kick
 
@@ -60,7 +60,7 @@ def _run_seconds(r, model: str) -> dict[str, float]:
 
 
 def _pass(model: str, tenant: str, r) -> float:
-    on_ring = dict(rd.ring(model))
+    on_ring = dict(ring(model))
     return on_ring[tenant] if tenant in on_ring else float(r.hget(f"asynch:dq:pass:{{{model}}}", tenant))
 
 
@@ -74,7 +74,7 @@ def test_the_ring_shares_run_seconds_not_turns(window, r):
     got = Counter(t for t, _ in kick("m", cap=1000)[:210])
     assert abs(got["fast"] - 200) <= 2 and abs(got["slow"] - 10) <= 2, got  # 20 fast jobs per slow one
     window(1000, "turns")  # the baseline: a turn each, whatever it costs
-    rd.clear_model("m")
+    clear_dispatch("m")
     _queue("fast", 100)
     _queue("slow", 100)
     assert Counter(t for t, _ in kick("m", cap=1000)[:100]) == {"fast": 50, "slow": 50}

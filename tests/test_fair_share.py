@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from helpers import auth, make_key
+from helpers import auth, gate_depth, make_key, tenant_depth
 
 from app.config import set_settings
 from app.infra.redis import dispatch as redis_dispatch
@@ -29,7 +29,7 @@ def test_fresh_defaults_a_tenant_alone_fills_the_queue_and_another_is_still_admi
     # Alone, A fills the whole queue.
     codes = _post(client, a, n=41)
     assert codes == [202] * 40 + [429]
-    assert gate.gate_depth("q") == 40
+    assert gate_depth("q") == 40
     # B's first job enters the reserve above it (ceil(40 x 0.05) = 2), so does C's; D is refused.
     assert _post(client, b) == [202]
     assert _post(client, a) == [429]  # A is far over its share of two
@@ -37,14 +37,14 @@ def test_fresh_defaults_a_tenant_alone_fills_the_queue_and_another_is_still_admi
     assert _post(client, make_key("tenant-c")) == [202]
     full = client.post("/v1/models/q/jobs", json={}, headers=auth(make_key("tenant-d")))
     assert full.status_code == 429 and full.get_json()["error"] == "async queue full (max 40)"
-    assert gate.gate_depth("q") == 42
+    assert gate_depth("q") == 42
     # As A's jobs leave, the freed places go to B (under its share), not to A (over it).
     for jid in r.zrange("asynch:tgate:{q}:tenant-a", 0, 4):
         gate.gate_release("q", "tenant-a", jid)
-    assert gate.gate_depth("q") == 37
+    assert gate_depth("q") == 37
     assert _post(client, a) == [429]
     assert _post(client, b, n=4) == [202] * 3 + [429]  # the queue is at 40 again
-    assert gate.tenant_depth("q", "tenant-b") == 4
+    assert tenant_depth("q", "tenant-b") == 4
 
 
 def test_the_share_follows_the_tenants_holding_slots_and_their_weights(client, make_model, r):
@@ -57,13 +57,13 @@ def test_the_share_follows_the_tenants_holding_slots_and_their_weights(client, m
     refused = client.post("/v1/models/q/jobs", json={}, headers=auth(heavy))
     assert refused.get_json()["error"] == ("tenant queue share full: tenant heavy may hold at most 15 of "
                                            "this model's queue slots")
-    assert gate.gate_depth("q") == 19
+    assert gate_depth("q") == 19
     assert _post(client, light, n=2) == [202, 429]  # its fifth is within its share (5) and the queue; the sixth is not
     # heavy's jobs leave: light, alone again, may take all 20.
     for jid in r.zrange("asynch:tgate:{q}:heavy", 0, -1):
         gate.gate_release("q", "heavy", jid)
     assert _post(client, light, n=16) == [202] * 15 + [429]
-    assert gate.tenant_depth("q", "light") == 20
+    assert tenant_depth("q", "light") == 20
     assert r.smembers("asynch:gtenants:{q}") == {"light"}  # the index forgot heavy at the next step
 
 
@@ -97,9 +97,9 @@ def test_64_threads_through_the_api_admit_no_more_rows_than_the_limit(api_url, m
     with transaction() as conn:
         rows = conn.execute(select(func.count()).select_from(tasks).where(tasks.c.model_name == "q")).scalar_one()
     # Past 40 only a newcomer's first job, of which there are two here (reserve 2).
-    assert codes.count(202) == rows == gate.gate_depth("q") <= 41
+    assert codes.count(202) == rows == gate_depth("q") <= 41
     assert set(codes) == {202, 429}
-    assert min(gate.tenant_depth("q", t) for t in ("tenant-a", "tenant-b")) >= 20  # both half of 40, or one more
+    assert min(tenant_depth("q", t) for t in ("tenant-a", "tenant-b")) >= 20  # both half of 40, or one more
 
 
 def test_reconcile_refills_the_index_of_tenants_holding_slots(client, make_model, r):
@@ -113,4 +113,4 @@ def test_reconcile_refills_the_index_of_tenants_holding_slots(client, make_model
     r.flushdb()
     reconcile_gates()
     assert r.smembers("asynch:gtenants:{q}") == {"tenant-a", "tenant-b"}
-    assert gate.gate_depth("q") == 4
+    assert gate_depth("q") == 4

@@ -11,12 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
-from helpers import auth, make_key, submit, wait_until
+from helpers import auth, make_key, publish_terminal, submit, wait_until
 from sqlalchemy import delete
 from test_serving import _parked, _raw_wait, _read_answer
 
 from app.infra.db import transaction
-from app.infra.redis import events
 from app.infra.tables import tasks
 
 pytestmark = pytest.mark.e2e
@@ -97,7 +96,7 @@ def test_a_job_deleted_while_parked_is_a_404(api, make_model):
     wait_until(lambda: _parked(api.base) == 1, what="the wait parked")
     with transaction() as conn:
         conn.execute(delete(tasks).where(tasks.c.id == job))
-    events.publish_terminal(job)  # a bare id: the hub reads the row, which is gone
+    publish_terminal(job)  # a bare id: the hub reads the row, which is gone
     status, body = _read_answer(s)
     s.close()
     assert status == 404 and body == {"error": f"job not found: {job}"}, (status, body)

@@ -17,13 +17,13 @@ from datetime import timedelta
 
 import pytest
 import redis as redis_lib
-from helpers import WorkerProcess, job_row, submit_job as _submit, wait_until
+from helpers import WorkerProcess, gate_depth, gate_members, job_row, submit_job as _submit, wait_until
 from sqlalchemy import func, select
 from stress_util import called_with, model_payloads
 
 from app.clock import set_clock
 from app.infra.db import transaction
-from app.infra.redis import gate, keys
+from app.infra.redis import keys
 from app.infra.storage import get_storage
 from app.infra.tables import tasks
 from app.jobs import service as jobs
@@ -152,8 +152,8 @@ def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, ma
                 tasks.c.model_name == "bulk", tasks.c.state.in_([int(s) for s in SLOT_STATES])))}
             attempts = conn.execute(select(func.max(tasks.c.attempt), func.count()).where(
                 tasks.c.model_name == "bulk")).one()
-        assert active == set() and gate.gate_members("bulk") == active
-        assert gate.gate_depth("bulk") == 0
+        assert active == set() and gate_members("bulk") == active
+        assert gate_depth("bulk") == 0
         assert tuple(attempts) == (1, 500)  # each job ran one attempt
         calls = [p["i"] for p in model_payloads(model_server)]
         assert sorted(calls) == list(range(500))  # each exactly once: duplicates were no-ops

@@ -15,7 +15,7 @@ import json
 import pytest
 import requests
 from cluster.redis_cluster import LocalRedisCluster
-from helpers import WorkerProcess, auth, make_key, wait_until
+from helpers import WorkerProcess, auth, gate_depth, make_key, permits, tenant_depth, wait_until
 
 from app.config import set_settings
 from app.infra.redis import dispatch as rd
@@ -72,14 +72,14 @@ def test_every_script_runs_on_one_slot_and_each_models_keys_share_a_node(on_clus
         assert {j for _, j, _ in sent} == {f"{m}-j0", f"{m}-j1", f"{m}-j2"}
         rd.claimed(m, "a", f"{m}-j0", 30)
         released, _ = rd.finish(m, "a", f"{m}-j0", wake=True, message="")
-        assert released and rd.permits(m, "a") == [f"{m}-j1"]
+        assert released and permits(m, "a") == [f"{m}-j1"]
         rd.kick(m, requeue_inflight=True)
         assert gate.gate_reconcile(m, [f"{m}-j1", f"{m}-j2"], grace_seconds=0) == ([], [])
         assert runtime.runtime_limits_cas(m, (None, None), 1, 5, 60)
         assert runtime.runtime_limits_raw(m) == ("1", "5")
     # The operator reads' split of each gate (pipelines over every model's slot): pending + running = its slots.
     split, own = gate.slot_split(MODELS), gate.slot_split(MODELS, "a")
-    assert all(sum(split[m]) == gate.gate_depth(m) and sum(own[m]) == gate.tenant_depth(m, "a") for m in MODELS)
+    assert all(sum(split[m]) == gate_depth(m) and sum(own[m]) == tenant_depth(m, "a") for m in MODELS)
     assert all(split[m][1] >= own[m][1] for m in MODELS)
     # The gate reads the runtime override: 2 slots held, a limit of 2 refuses a tenant holding one
     # (a newcomer's first job could still enter the fair share's reserve above it).
@@ -167,7 +167,7 @@ def test_api_and_worker_serve_jobs_with_their_derived_state_on_a_redis_cluster(o
             assert resp.status_code == 200 and resp.json()["state"] == "done", resp.text
         r = get_redis()
         wait_until(lambda: all(r.zcard(keys.gate(m)) == 0 for m in ("echo", "other")), what="gates empty")
-        assert rd.permits("echo", "ta") == [] and rd.inflight("other") == []
+        assert permits("echo", "ta") == [] and rd.inflight("other") == []
         # A runtime override on the cluster is what the API's gate reads.
         r.set(keys.runtime_queue_limit("echo"), 0)
         refused = requests.post(f"{api.base}/v1/models/echo/jobs", json={}, headers=auth(keys_["ta"]), timeout=10)

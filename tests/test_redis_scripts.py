@@ -9,7 +9,7 @@ import time
 import tomllib
 
 import redis as redis_lib
-from helpers import ROOT
+from helpers import ROOT, gate_depth, gate_members, tenant_depth
 
 from app.infra.redis import gate, scripts
 from app.jobs import service as jobs
@@ -24,7 +24,7 @@ def test_admit_is_idempotent_per_job_and_release_is_idempotent(settings, r):
     assert not d.admitted and d.limit == 1 and d.depth == 1 and d.refused_by == "model"
     assert gate.gate_release("m", "t", "j1") is True
     assert gate.gate_release("m", "t", "j1") is False
-    assert gate.gate_depth("m") == 0 and gate.tenant_depth("m", "t") == 0
+    assert gate_depth("m") == 0 and tenant_depth("m", "t") == 0
 
 
 def test_negative_or_zero_limits_reject(settings, r):
@@ -44,7 +44,7 @@ def test_a_tenant_at_its_share_is_refused_and_others_are_admitted(settings, r):
     assert not gate.gate_admit("m", "b", "b1", 10, 3).admitted
     r.set("asynch:runtime:tenant_queue_limit:{m}", 50)  # ...but never raises it
     assert gate.gate_admit("m", "c", "c0", 10, 1).admitted and not gate.gate_admit("m", "c", "c1", 10, 1).admitted
-    assert gate.gate_depth("m") == 5 and gate.tenant_depth("m", "a") == 3
+    assert gate_depth("m") == 5 and tenant_depth("m", "a") == 3
 
 
 def test_reconcile_adds_missing_and_drops_orphans_but_spares_young_slots(settings, r):
@@ -136,5 +136,5 @@ def test_one_job_and_a_batch_item_are_decided_by_the_same_rule(settings, r):
     assert [(d.admitted, d.refused_by) for d in one] == [
         (True, ""), (True, ""), (False, "tenant"), (True, ""), (True, ""), (True, ""), (False, "model")]
     # c0, a newcomer at the full queue of 3, takes the reserve above it (ceil(3 x 0.05) = 1); d0 finds it taken.
-    assert gate.gate_members("one") == gate.gate_members("many") == {"a0", "a1", "b0", "c0"}
-    assert gate.tenant_depth("one", "a") == gate.tenant_depth("many", "a") == 2
+    assert gate_members("one") == gate_members("many") == {"a0", "a1", "b0", "c0"}
+    assert tenant_depth("one", "a") == tenant_depth("many", "a") == 2

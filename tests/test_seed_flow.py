@@ -14,9 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
-from helpers import WorkerProcess, auth, job_row, wait_until
+from helpers import WorkerProcess, auth, job_row, seed_signature_ok, wait_until
 
-from app.delivery import secrets as callback_secrets
 from app.config import set_settings
 from app.infra.storage import ObjectMissing, OssStorage, StorageError, get_storage
 
@@ -108,7 +107,7 @@ def test_the_seeds_business_flow_end_to_end(api_url, seed_worker, oss, receiver,
                           timeout=10).json()["secret"]
     h = cb["headers"]
     assert abs(int(h["X-Asynch-Timestamp"]) - time.time()) < 60
-    assert callback_secrets.verify(secret, task_id, h["X-Asynch-Timestamp"],
+    assert seed_signature_ok(secret, task_id, h["X-Asynch-Timestamp"],
                                    f"{receiver.url}{cb['path']}?{cb['raw_query']}", h["X-Asynch-Signature"])
 
     # The model got head_msg (values as strings) merged with this task's modelKey.

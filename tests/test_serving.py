@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 import requests
 from api_process import ApiProcess, finish_by_hand, run_by_hand
-from helpers import ROOT, auth, make_key, submit, wait_until
+from helpers import ROOT, auth, make_key, publish_terminal, submit, wait_until
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
@@ -321,11 +321,10 @@ def test_a_woken_job_is_read_at_most_once_for_all_its_waiters(make_model, messag
             else:
                 from app import transitions
                 from app.infra.db import transaction
-                from app.infra.redis import events
 
                 with transaction() as conn:
                     assert transitions.complete(conn, job_id, 1, location="x", content_type="text/plain", size=0)
-                events.publish_terminal(job_id)
+                publish_terminal(job_id)
             rows = [f.result(10) for f in futs]
             took = time.monotonic() - t0
     finally:

@@ -130,11 +130,6 @@ def set_shares(model: str, shares: dict[str, tuple[int | None, int | None]]) -> 
     pipe.execute()
 
 
-def ring(model: str) -> list[tuple[str, float]]:
-    """(tenant, pass), lowest first (blocked tenants are not in it; one below its minimum goes first)."""
-    return [(t, float(p)) for t, p in get_redis().zrange(keys.dispatch_ring(model), 0, -1, withscores=True)]
-
-
 def set_weight(tenant: str, weight: int, models_: Iterable[str] = ()) -> None:
     """The tenant's weight, in the global hash and the copy of every model with dispatch state (and ``models_``)."""
     get_redis().hset(keys.tenant_weights(), tenant, int(weight))
@@ -176,19 +171,3 @@ def ready_counts(model: str) -> dict[str, int]:
 
 def inflight(model: str) -> list[str]:
     return list(get_redis().zrange(keys.dispatch_inflight(model), 0, -1))
-
-
-def permits(model: str, tenant: str) -> list[str]:
-    return list(get_redis().zrange(keys.semaphore(model, tenant), 0, -1))
-
-
-def clear_model(model: str) -> None:
-    """Drop a model's whole dispatch state (the rebuild after a wipe starts here)."""
-    r = get_redis()
-    doomed = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
-              keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_attempts(model),
-              keys.dispatch_charges(model)]
-    for prefix in (keys.dispatch_ready(model, ""), keys.semaphore(model, "")):
-        doomed += list(r.scan_iter(match=prefix + "*", count=500))
-    if doomed:
-        r.delete(*doomed)

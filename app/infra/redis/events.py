@@ -1,16 +1,11 @@
-"""Pub/sub: terminal wake-ups (after the winning commit only) and cache
-invalidations.  The listener is app/infra/wakeups.py."""
+"""Pub/sub: cache invalidations (terminal wake-ups, after the winning commit
+only, are published by dispatch.finish's script).  The listener is app/infra/wakeups.py."""
 from __future__ import annotations
 
 import redis
 
 from app.infra.redis import keys
 from app.infra.redis.client import get_redis
-
-
-def publish_terminal(job_id: str) -> None:
-    """Wake long-poll waiters of ``job_id`` (all API processes)."""
-    get_redis().publish(keys.terminal_channel(), job_id)
 
 
 def publish_invalidate(what: str) -> None:

@@ -65,22 +65,10 @@ def gate_release(model: str, tenant: str, job_id: str) -> bool:
     return bool(removed)
 
 
-def tenant_depth(model: str, tenant: str) -> int:
-    return int(get_redis().zcard(keys.tenant_gate(model, tenant)))
-
-
 def tenant_gates(model: str) -> dict[str, str]:
     """tenant -> its gate key, for every tenant with a gate set on ``model``."""
     prefix = keys.tenant_gate(model, "")
     return {k[len(prefix):]: k for k in get_redis().scan_iter(match=prefix + "*", count=500)}
-
-
-def gate_depth(model: str) -> int:
-    return int(get_redis().zcard(keys.gate(model)))
-
-
-def gate_members(model: str) -> set[str]:
-    return set(get_redis().zrange(keys.gate(model), 0, -1))
 
 
 def gate_reconcile(model: str, active_ids: Iterable[str], grace_seconds: float,
