@@ -119,7 +119,7 @@ def test_streams_count_against_the_waiter_caps(api_url, make_model, user_key, mo
     job = submit(api_url, user_key, "ev5", {"hold": "ev5"}).json()["job_id"]
     # An earlier test's stream whose client left may not have noticed yet
     # (it does at its next keep-alive): with a cap of 1 it would take the place.
-    wait_until(lambda: hub.waiter_count("tenant-a") == 0, timeout=20, what="no other stream of the tenant")
+    wait_until(lambda: hub.per_tenant["tenant-a"] == 0, timeout=20, what="no other stream of the tenant")
     set_waiter_cap_resolver(lambda p: 1)
     try:
         s = SSE(_events_url(api_url, "ev5", job), user_key)
@@ -129,7 +129,7 @@ def test_streams_count_against_the_waiter_caps(api_url, make_model, user_key, mo
         r = requests.get(f"{api_url}/v1/models/ev5/jobs/{job}/wait?timeout=100", headers=auth(user_key), timeout=10)
         assert r.status_code == 429
         s.close()  # the client hangs up: its place comes back (its socket is watched)
-        wait_until(lambda: hub.waiter_count("tenant-a") == 0, timeout=5, what="the place back")
+        wait_until(lambda: hub.per_tenant["tenant-a"] == 0, timeout=5, what="the place back")
     finally:
         set_waiter_cap_resolver(None)
         model_server.state.release("ev5")
@@ -199,7 +199,7 @@ def test_a_junk_last_event_id_replays_from_the_start_and_gives_its_place_back(ap
                      timeout=10)
     assert r.status_code == 200
     r.close()
-    wait_until(lambda: hub.waiter_count("tenant-a") == 0, timeout=10, what="every place back")
+    wait_until(lambda: hub.per_tenant["tenant-a"] == 0, timeout=10, what="every place back")
 
 
 def _same_instant_rows(model: str, tenant: str, n: int):

@@ -250,7 +250,7 @@ from app.jobs import outbox
 from app.infra.wakeups import hub
 
 hub.ensure_started()            # the listener and the fetcher: waiting on Redis / an Event
-assert hub.healthy
+assert hub.subscribed.is_set()
 outbox.send_many([("probe-model", "probe-tenant", "job_probe", 0)])  # the sender: then idle on its queue
 outbox.flush(5)
 gaps, last = [], [time.monotonic()]
@@ -312,7 +312,7 @@ def test_a_woken_job_is_read_at_most_once_for_all_its_waiters(make_model, messag
     try:
         with ThreadPoolExecutor(60) as ex:
             futs = [ex.submit(jobs.wait_job, p, job_id, 10000) for _ in range(60)]
-            wait_until(lambda: waiters.hub.waiter_count() == 60 and len(first) == 60,
+            wait_until(lambda: waiters.hub.total == 60 and len(first) == 60,
                        what="60 waiters registered, each read once")
             sink[0] = reads
             t0 = time.monotonic()

@@ -87,7 +87,7 @@ def test_finish_between_read_and_wait_is_not_lost(make_model):
     with transaction() as conn:
         transitions.claim(conn, job_id, 0, now() + timedelta(minutes=1))
     waiters.hub.ensure_started()
-    assert waiters.hub.healthy
+    assert waiters.hub.subscribed.is_set()
     reads = []
 
     def read():
@@ -138,6 +138,6 @@ def test_many_waiters_share_one_listener(api_url, workers, make_model, user_key)
     with ThreadPoolExecutor(40) as ex:
         outs = list(ex.map(lambda i: _wait(api_url, user_key, "crowd", ids[i % 5], 15000), range(40)))
     assert all(resp.json()["state"] == "done" for resp, _ in outs)
-    assert waiters.hub.waiter_count() == 0
+    assert waiters.hub.total == 0
     assert threading.active_count() <= before + 1
 

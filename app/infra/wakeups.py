@@ -152,10 +152,6 @@ class _State:
                     t.start()
         self.subscribed.wait(ready_timeout)
 
-    @property
-    def healthy(self) -> bool:
-        return self.subscribed.is_set()
-
     def _listen(self) -> None:
         inval = invalidate_channel()
         backoff = 0.1
@@ -282,10 +278,6 @@ class _State:
             self.per_tenant[w.tenant] -= 1
             self.total -= 1
         metrics.waiters(-1)
-
-    def waiter_count(self, tenant: str | None = None) -> int:
-        with self.lock:
-            return self.total if tenant is None else self.per_tenant[tenant]
 
     def drain(self) -> None:
         """The server stops: every current and later wait answers at once with what it has."""

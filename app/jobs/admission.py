@@ -77,7 +77,6 @@ class _Committer:
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[Submission] = queue.SimpleQueue()
-        self.batches = 0  # tests, benchmarks
         threading.Thread(target=self._run, name="asynch-admission", daemon=True).start()
 
     def _run(self) -> None:
@@ -89,7 +88,6 @@ class _Committer:
                 except queue.Empty:
                     break
             admit_many(batch)
-            self.batches += 1
 
 
 _committer: PerProcess[_Committer] = PerProcess(_Committer)
@@ -124,11 +122,6 @@ def admit_many(subs: list[Submission]) -> None:
         for s in subs:
             if not s.event.is_set():
                 _answer(s, error=s.error or Unavailable("admission failed"))
-
-
-def batches_committed() -> int:
-    box = _committer.peek()
-    return box.batches if box is not None else 0
 
 
 def _answer(sub: Submission, *, row: Any = None, error: BaseException | None = None) -> None:

@@ -117,26 +117,22 @@ class _InFlight:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._count: Counter[str] = Counter()
+        self.held: Counter[str] = Counter()  # tenant -> its lookups in flight
 
     def acquire(self, tenant: str, cap: int, deadline: float) -> bool:
         with self._cond:
-            free = self._cond.wait_for(lambda: self._count[tenant] < cap, deadline - time.monotonic())
+            free = self._cond.wait_for(lambda: self.held[tenant] < cap, deadline - time.monotonic())
             if not free or deadline <= time.monotonic():
                 return False  # no place, or one that would leave no time to look up
-            self._count[tenant] += 1
+            self.held[tenant] += 1
             return True
 
     def release(self, tenant: str) -> None:
         with self._cond:
-            self._count[tenant] -= 1
-            if self._count[tenant] <= 0:
-                del self._count[tenant]  # an idle tenant keeps no entry
+            self.held[tenant] -= 1
+            if self.held[tenant] <= 0:
+                del self.held[tenant]  # an idle tenant keeps no entry
             self._cond.notify_all()
-
-    def count(self, tenant: str) -> int:
-        with self._cond:
-            return self._count[tenant]
 
 
 in_flight = _InFlight()
