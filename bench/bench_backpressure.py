@@ -71,9 +71,9 @@ def main() -> None:
     stack.recreate_database()
     stack.flush_redis()
     stack.apply_env()
-    from app.cli.demo_model import DemoModelServer
+    from tests.stubs import StubModelServer  # the demo model, recording its calls
 
-    with DemoModelServer() as stub:
+    with StubModelServer() as stub:
         rows = [_round(True, stub), _round(False, stub)]
     for r in rows:
         print(f"controller {r['controller']:>3}: {r['done']}/{N} done, {r['failed']} failed, "

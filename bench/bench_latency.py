@@ -156,9 +156,9 @@ def _line(name: str, values: list[float]) -> dict:
 
 def main() -> dict:
     stack.fresh()
-    from app.cli.demo_model import DemoModelServer
+    from tests.stubs import StubModelServer  # the demo model, recording its calls
 
-    stub = DemoModelServer().start()
+    stub = StubModelServer().start()
     stack.create_model("bench-echo", stub.url, max_concurrency=64)
     key, aport = stack.create_key(), stack.free_port()
     api = stack.gunicorn("api", "app.wsgi:app", aport, workers=2, threads=64)

@@ -18,9 +18,9 @@ STEPS = ("request -> estimate", "estimate", "gate", "INSERT + commit", "202 afte
 
 def main() -> None:
     stack.fresh()
-    from app.cli.demo_model import DemoModelServer
+    from tests.stubs import StubModelServer  # the demo model, recording its calls
 
-    stub = DemoModelServer().start()
+    stub = StubModelServer().start()
     stack.create_model("bench-echo", stub.url, max_concurrency=64)
     key = stack.create_key()
     from app import create_app

@@ -181,9 +181,9 @@ def r(settings) -> redis_lib.Redis:
 
 @pytest.fixture(scope="session")
 def _model_server():
-    from app.cli.demo_model import DemoModelServer
+    from stubs import StubModelServer
 
-    srv = DemoModelServer().start()
+    srv = StubModelServer().start()
     yield srv
     srv.stop()
 

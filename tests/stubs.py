@@ -1,6 +1,7 @@
-"""Stub HTTP services for the seed-002 tests, each on a real socket:
-a callback receiver, a bare TCP listener that only counts connections, and
-the OSS file service (``/oss/file/uploadFile``)."""
+"""Stub HTTP services for the tests, each on a real socket: the model
+(app/cli/demo_model.py's demo model plus instruments), a callback receiver,
+a bare TCP listener that only counts connections, and the OSS file service
+(``/oss/file/uploadFile``)."""
 from __future__ import annotations
 
 import itertools
@@ -9,6 +10,122 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
+
+from app.cli.demo_model import DemoModel, DemoModelServer
+
+
+class ModelState:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holds: dict[str, threading.Event] = {}
+        # Calls still running from before a reset() must not touch the new counts.
+        self.generation = 0
+        self._counts()
+
+    def _counts(self) -> None:
+        self.calls: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        self.in_flight_by: dict[str, int] = {}
+        self.max_in_flight_by: dict[str, int] = {}
+        self.fail_counts: dict[str, int] = {}
+        self.room_used: dict[str, int] = {}
+        self.busy_answers = 0  # 429s sent for want of room
+
+    def hold(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.holds.setdefault(name, threading.Event())
+
+    def release(self, name: str) -> None:
+        self.hold(name).set()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.generation += 1
+            self._counts()
+            for ev in self.holds.values():
+                ev.set()  # nothing stays stuck from the previous test
+            self.holds = {}
+
+
+class StubModel(DemoModel):
+    """The demo model plus payload fields that steer it for tests:
+      fail_first    fail (HTTP 500, or ``status_first``) the first N calls that carry this ``tag``
+      hold          wait until the test calls state.release(<hold>) (at most 60 s):
+                    a call the test can keep in flight as long as it needs
+      room          an upstream with room for this many calls at once (per
+                    ``room_tag``): beyond it, 429 with ``retry_after`` (sent as
+                    the Retry-After header, if given) -- a full inference server
+      crowd_ms      add this many ms per other call of the ``room_tag`` in
+                    flight: an upstream whose latency grows with its load
+    Every call is recorded in ``self.server.state`` (path, method, headers --
+    also as the raw list of (name, value) lines, repeats kept --, payload,
+    time, peer), and calls in flight are counted in total and per value of
+    the ``X-Stub-Tenant`` request header (tests send it through
+    head_msg/modelKey), with the maximum each count reached."""
+
+    def respond(self, p: dict) -> tuple:
+        state = self.server.state
+        call = {"path": urlsplit(self.path).path, "method": self.command,
+                "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
+                "payload": p, "t": time.time(), "peer": self.client_address}
+        group = self.headers.get("X-Stub-Tenant", "")
+        with state.lock:
+            gen = state.generation
+            state.calls.append(call)
+            state.in_flight += 1
+            state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            n = state.in_flight_by[group] = state.in_flight_by.get(group, 0) + 1
+            state.max_in_flight_by[group] = max(state.max_in_flight_by.get(group, 0), n)
+        try:
+            return self._in_room(state, p)
+        finally:
+            # Out of flight before the answer is written: once the caller
+            # has the answer, its next call must not overlap this one.
+            with state.lock:
+                if gen == state.generation:
+                    state.in_flight -= 1
+                    state.in_flight_by[group] -= 1
+
+    def _in_room(self, state: ModelState, p: dict) -> tuple:
+        room, crowd = int(p.get("room") or 0), float(p.get("crowd_ms") or 0)
+        if not (room or crowd):
+            return self._answer(state, p)
+        tag = str(p.get("room_tag", ""))
+        with state.lock:
+            gen, used = state.generation, state.room_used.get(tag, 0)
+            if room and used >= room:
+                state.busy_answers += 1
+                ra = p.get("retry_after")
+                return 429, b'{"error":"busy"}', "application/json", {"Retry-After": str(ra)} if ra else None
+            state.room_used[tag] = used + 1
+        try:
+            time.sleep(crowd * used / 1000.0)
+            return self._answer(state, p)
+        finally:
+            with state.lock:
+                if gen == state.generation:
+                    state.room_used[tag] -= 1
+
+    def _answer(self, state: ModelState, p: dict) -> tuple:
+        if p.get("hold"):
+            state.hold(str(p["hold"])).wait(60)
+        answer = super().respond(p)  # sleep_ms first: a failing call is as slow as the others
+        tag, fail_first = p.get("tag"), int(p.get("fail_first") or 0)
+        if tag and fail_first:
+            with state.lock:
+                n = state.fail_counts.get(tag, 0)
+                state.fail_counts[tag] = n + 1
+            if n < fail_first:
+                return int(p.get("status_first") or 500), b'{"error":"warming up"}', "application/json"
+        return answer
+
+
+class StubModelServer(DemoModelServer):
+    """The tests' model service: ``state`` is what its calls did (ModelState)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(host, port, handler=StubModel)
+        self.state = self.httpd.state = ModelState()
 
 
 class _Server:

@@ -1,28 +1,15 @@
-"""A small HTTP model service: the demo model of ``asynch dev`` and the stub
-the tests call over real HTTP.
+"""A small HTTP model service: the demo model of ``asynch dev``.  The tests'
+stub model (tests/stubs.py) extends its handler, ``DemoModel.respond``.
 
-It answers any path.  POST bodies (JSON) and GET query strings are read as
-the payload; a few payload fields steer it so tests can make it slow, fail,
-or answer with other bytes:
+It answers any path with ``{"model": "demo-echo", "echo": <payload>}``.  POST
+bodies (JSON) and GET query strings are read as the payload; a few payload
+fields steer it, to try a slow, failing or other-bytes model:
   sleep_ms      wait this long before answering
   status        answer with this HTTP status
   content_type  answer with this Content-Type and ``body`` (text) as bytes
   body          the body to send (with content_type); default: JSON echo
   size          answer with this many bytes of b"x" (application/octet-stream)
-  fail_first    fail (HTTP 500, or ``status_first``) the first N calls that carry this ``tag``
   hang          never answer (until the client gives up)
-  hold          wait until the test calls state.release(<hold>) (at most 60 s):
-                a call the test can keep in flight as long as it needs
-  room          an upstream with room for this many calls at once (per
-                ``room_tag``): beyond it, 429 with ``retry_after`` (sent as
-                the Retry-After header, if given) -- a full inference server
-  crowd_ms      add this many ms per other call of the ``room_tag`` in
-                flight: an upstream whose latency grows with its load
-Every call is recorded (path, method, headers -- also as the raw list of
-(name, value) lines, repeats kept --, payload, time) for tests,
-and calls in flight are counted in total and per value of the
-``X-Stub-Tenant`` request header (tests send it through head_msg/modelKey),
-with the maximum each count reached.
 
 With ``webhook_secrets`` (a function giving the secrets to try; `asynch dev`
 passes its stack's) the service is also a webhook receiver at ``/webhooks``:
@@ -40,41 +27,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
-
-
-class ModelState:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.holds: dict[str, threading.Event] = {}
-        self.received: list[dict] = []  # the webhook receiver's deliveries (kept by reset)
-        # Calls still running from before a reset() must not touch the new counts.
-        self.generation = 0
-        self._counts()
-
-    def _counts(self) -> None:
-        self.calls: list[dict] = []
-        self.in_flight = self.max_in_flight = 0
-        self.in_flight_by: dict[str, int] = {}
-        self.max_in_flight_by: dict[str, int] = {}
-        self.fail_counts: dict[str, int] = {}
-        self.room_used: dict[str, int] = {}
-        self.busy_answers = 0  # 429s sent for want of room
-
-    def hold(self, name: str) -> threading.Event:
-        with self.lock:
-            return self.holds.setdefault(name, threading.Event())
-
-    def release(self, name: str) -> None:
-        self.hold(name).set()
-
-    def reset(self) -> None:
-        with self.lock:
-            self.generation += 1
-            self._counts()
-            for ev in self.holds.values():
-                ev.set()  # nothing stays stuck from the previous test
-            self.holds = {}
-
 
 RECEIVER = "/webhooks"
 
@@ -96,133 +48,87 @@ def _verified(secrets, headers, payload: bytes | str) -> str | None:
     return why
 
 
-def _handler(state: ModelState, webhook_secrets=None):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # Headers and body go out in two writes: without TCP_NODELAY a
-        # keep-alive client waits for the delayed ACK (~40 ms) on every call.
-        disable_nagle_algorithm = True
+class DemoModel(BaseHTTPRequestHandler):
+    """One request; ``self.server`` is the ``_Server`` (its webhook secrets and ``received`` list)."""
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without TCP_NODELAY a
+    # keep-alive client waits for the delayed ACK (~40 ms) on every call.
+    disable_nagle_algorithm = True
 
-        def log_message(self, *_a):  # quiet
-            pass
+    def log_message(self, *_a):  # quiet
+        pass
 
-        def _payload(self, raw: bytes) -> dict:
-            if self.command == "GET":
-                return dict(parse_qsl(urlsplit(self.path).query))
-            try:
-                data = json.loads(raw) if raw else {}
-            except ValueError:
-                data = {"_raw": raw.decode("utf-8", "replace")}
-            return data if isinstance(data, dict) else {"_body": data}
+    def _payload(self, raw: bytes) -> dict:
+        if self.command == "GET":
+            return dict(parse_qsl(urlsplit(self.path).query))
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            data = {"_raw": raw.decode("utf-8", "replace")}
+        return data if isinstance(data, dict) else {"_body": data}
 
-        def _send(self, status: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
-            self.send_response(status)
-            for name, value in (extra or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def _send(self, status: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
+        self.send_response(status)
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-        def _handle(self) -> None:
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n and self.command != "GET" else b""
-            path = urlsplit(self.path).path
-            if webhook_secrets is not None and (path == RECEIVER or path.startswith(RECEIVER + "/")):
-                return self._receive(raw)
-            payload = self._payload(raw)
-            call = {"path": path, "method": self.command,
-                    "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
-                    "payload": payload, "t": time.time(), "peer": self.client_address}
-            group = self.headers.get("X-Stub-Tenant", "")
-            with state.lock:
-                gen = state.generation
-                state.calls.append(call)
-                state.in_flight += 1
-                state.max_in_flight = max(state.max_in_flight, state.in_flight)
-                n = state.in_flight_by[group] = state.in_flight_by.get(group, 0) + 1
-                state.max_in_flight_by[group] = max(state.max_in_flight_by.get(group, 0), n)
-            try:
-                answer = self._respond(payload)
-            finally:
-                # Out of flight before the answer is written: once the caller
-                # has the answer, its next call must not overlap this one.
-                with state.lock:
-                    if gen == state.generation:
-                        state.in_flight -= 1
-                        state.in_flight_by[group] -= 1
-            self._send(*answer)
+    def _handle(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n and self.command != "GET" else b""
+        path = urlsplit(self.path).path
+        if self.server.webhook_secrets is not None and (path == RECEIVER or path.startswith(RECEIVER + "/")):
+            return self._receive(raw)
+        self._send(*self.respond(self._payload(raw)))
 
-        def _receive(self, raw: bytes) -> None:
-            if self.command == "GET" and "webhook-signature" not in self.headers:
-                with state.lock:
-                    listed = list(reversed(state.received))
-                return self._send(200, json.dumps({"received": listed}).encode(), "application/json")
-            why = _verified(webhook_secrets, self.headers, raw if self.command == "POST" else self.path)
-            try:  # a webhook's body; a callback's fields are in its query
-                body = json.loads(raw) if raw else {"data": dict(parse_qsl(urlsplit(self.path).query))}
-            except ValueError:
-                body = {}
-            data = body.get("data") if isinstance(body.get("data"), dict) else {}
-            with state.lock:
-                state.received.append({"webhook_id": self.headers.get("webhook-id"),
-                                       "type": body.get("type", "callback"),
-                                       "job_id": data.get("job_id") or data.get("task_id"),
-                                       "verified": why is None, "error": why, "at": time.time()})
-            if why is None:
-                return self._send(204, b"", "application/json")
-            self._send(401, json.dumps({"error": why}).encode(), "application/json")
+    do_GET = do_POST = _handle
 
-        def _respond(self, p: dict) -> tuple:
-            room, crowd = int(p.get("room") or 0), float(p.get("crowd_ms") or 0)
-            if not (room or crowd):
-                return self._answer(p)
-            tag = str(p.get("room_tag", ""))
-            with state.lock:
-                gen, used = state.generation, state.room_used.get(tag, 0)
-                if room and used >= room:
-                    state.busy_answers += 1
-                    ra = p.get("retry_after")
-                    return 429, b'{"error":"busy"}', "application/json", {"Retry-After": str(ra)} if ra else None
-                state.room_used[tag] = used + 1
-            try:
-                time.sleep(crowd * used / 1000.0)
-                return self._answer(p)
-            finally:
-                with state.lock:
-                    if gen == state.generation:
-                        state.room_used[tag] -= 1
+    def _receive(self, raw: bytes) -> None:
+        srv = self.server
+        if self.command == "GET" and "webhook-signature" not in self.headers:
+            with srv.lock:
+                listed = list(reversed(srv.received))
+            return self._send(200, json.dumps({"received": listed}).encode(), "application/json")
+        why = _verified(srv.webhook_secrets, self.headers, raw if self.command == "POST" else self.path)
+        try:  # a webhook's body; a callback's fields are in its query
+            body = json.loads(raw) if raw else {"data": dict(parse_qsl(urlsplit(self.path).query))}
+        except ValueError:
+            body = {}
+        data = body.get("data") if isinstance(body.get("data"), dict) else {}
+        with srv.lock:
+            srv.received.append({"webhook_id": self.headers.get("webhook-id"),
+                                 "type": body.get("type", "callback"),
+                                 "job_id": data.get("job_id") or data.get("task_id"),
+                                 "verified": why is None, "error": why, "at": time.time()})
+        if why is None:
+            return self._send(204, b"", "application/json")
+        self._send(401, json.dumps({"error": why}).encode(), "application/json")
 
-        def _answer(self, p: dict) -> tuple[int, bytes, str]:
-            if p.get("hang"):
-                time.sleep(3600)
-            if p.get("hold"):
-                state.hold(str(p["hold"])).wait(60)
-            sleep_ms = float(p.get("sleep_ms") or 0)
-            if sleep_ms:
-                time.sleep(sleep_ms / 1000.0)
-            tag, fail_first = p.get("tag"), int(p.get("fail_first") or 0)
-            if tag and fail_first:
-                with state.lock:
-                    n = state.fail_counts.get(tag, 0)
-                    state.fail_counts[tag] = n + 1
-                if n < fail_first:
-                    return int(p.get("status_first") or 500), b'{"error":"warming up"}', "application/json"
-            status = int(p.get("status") or 200)
-            if p.get("size"):
-                return status, b"x" * int(p["size"]), "application/octet-stream"
-            if p.get("content_type"):
-                return status, str(p.get("body", "")).encode(), str(p["content_type"])
-            body = json.dumps({"model": "demo-echo", "echo": p}, ensure_ascii=False).encode()
-            return status, body, "application/json"
-
-        do_GET = do_POST = _handle
-
-    return Handler
+    def respond(self, p: dict) -> tuple:
+        """The answer to a model call: (status, body, content type[, extra headers])."""
+        if p.get("hang"):
+            time.sleep(3600)
+        sleep_ms = float(p.get("sleep_ms") or 0)
+        if sleep_ms:
+            time.sleep(sleep_ms / 1000.0)
+        status = int(p.get("status") or 200)
+        if p.get("size"):
+            return status, b"x" * int(p["size"]), "application/octet-stream"
+        if p.get("content_type"):
+            return status, str(p.get("body", "")).encode(), str(p["content_type"])
+        body = json.dumps({"model": "demo-echo", "echo": p}, ensure_ascii=False).encode()
+        return status, body, "application/json"
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+
+    def __init__(self, address, handler, webhook_secrets) -> None:
+        super().__init__(address, handler)
+        self.webhook_secrets, self.lock, self.received = webhook_secrets, threading.Lock(), []
 
     def handle_error(self, request, client_address):
         # A client that gave up (timeout, killed worker) is normal here.
@@ -234,9 +140,8 @@ class _Server(ThreadingHTTPServer):
 class DemoModelServer:
     """Run the model service on a background thread: ``with DemoModelServer() as m: m.url``."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, webhook_secrets=None) -> None:
-        self.state = ModelState()
-        self.httpd = _Server((host, port), _handler(self.state, webhook_secrets))
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, webhook_secrets=None, handler=DemoModel) -> None:
+        self.httpd = _Server((host, port), handler, webhook_secrets)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="demo-model", daemon=True)
 
     @property
