@@ -28,9 +28,9 @@ import os
 import threading
 import time
 from collections import Counter
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from datetime import datetime
-from typing import Callable
+from typing import Callable, Iterator
 
 import redis
 from sqlalchemy import select
@@ -122,6 +122,13 @@ class Waiter:
     def take(self):
         row, self.row = self.row, None
         return row
+
+    def sleep(self, seconds: float, watch=None) -> bool:
+        """Until a wake-up or ``seconds`` (a polled ``watch``: at most its period); False: the client has gone."""
+        poll = None if watch is None else watch.poll_seconds
+        self.event.wait(seconds if poll is None else min(seconds, poll))
+        self.event.clear()
+        return watch is None or not watch.gone()
 
     def wake(self) -> None:
         self.event.set()
@@ -310,24 +317,27 @@ def wait_for_terminal(job_id: str, budget_seconds: float, read: Callable[[], obj
     row, w = begin_wait(job_id, read, tenant, tenant_cap)
     if w is None:
         return row
-    try:
-        if watch is not None:
-            watch.arm(w.event.set)
+    with holding(w, watch):
         while row is not None and not is_terminal(row.state):
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or hub.draining:
-                break
-            poll = watch.poll_seconds if watch is not None else None
-            w.event.wait(remaining if poll is None else min(remaining, poll))
-            w.event.clear()
-            if watch is not None and watch.gone():
+            if remaining <= 0 or hub.draining or not w.sleep(remaining, watch):
                 break
             got = w.take()
             if got is GONE:
                 row = read()
             elif got is not None:
                 row = got
-        return row
+    return row
+
+
+@contextmanager
+def holding(w: Waiter, watch=None) -> Iterator[Waiter]:
+    """``w``'s place under the caps for the block, given back at its end whatever happens; ``watch``
+    (app.infra.serving.ClientWatch) wakes it when the client leaves."""
+    if watch is not None:
+        watch.arm(w.event.set)
+    try:
+        yield w
     finally:
         if watch is not None:
             watch.close()

@@ -38,7 +38,7 @@ from app.contract import dump
 from app.errors import NotFound
 from app.infra.db import single_statement
 from app.infra.tables import tasks
-from app.infra.wakeups import GONE, hub
+from app.infra.wakeups import GONE, holding, hub
 from app.jobs import service as jobs
 from app.jobs.schemas import JobStatus
 from app.states import JobState, is_terminal, v1_name
@@ -134,33 +134,25 @@ def _follow(w, watch, passes: Iterator[Event | None]) -> Iterator[Event]:
     when due, a pause until woken) up to ``end``, the client gone (``watch``), ASYNCH_EVENTS_MAX_SECONDS
     or a drain; its place under the caps back at the end."""
     s = get_settings()
-    if watch is not None:
-        watch.arm(w.event.set)
-    try:
-        t0 = quiet_since = time.monotonic()
-        for ev in passes:
-            if ev is not None:
-                yield ev
-                quiet_since = time.monotonic()
-                if ev.id == "end":
+    with holding(w, watch):
+        try:
+            t0 = quiet_since = time.monotonic()
+            for ev in passes:
+                if ev is not None:
+                    yield ev
+                    quiet_since = time.monotonic()
+                    if ev.id == "end":
+                        return
+                    continue
+                if _ending(t0, s):
                     return
-                continue
-            if _ending(t0, s):
-                return
-            if time.monotonic() - quiet_since >= s.events_keepalive_seconds:
-                yield KEEPALIVE
-                quiet_since = time.monotonic()
-            poll = min(s.events_poll_seconds, s.events_keepalive_seconds)
-            w.event.wait(poll if watch is None or watch.poll_seconds is None else min(poll, watch.poll_seconds))
-            w.event.clear()
-            if watch is not None and watch.gone():
-                return
-    except NotFound:
-        return  # deleted meanwhile (cleanup): nothing more will happen
-    finally:
-        if watch is not None:
-            watch.close()
-        hub.unregister(w)
+                if time.monotonic() - quiet_since >= s.events_keepalive_seconds:
+                    yield KEEPALIVE
+                    quiet_since = time.monotonic()
+                if not w.sleep(min(s.events_poll_seconds, s.events_keepalive_seconds), watch):
+                    return
+        except NotFound:
+            return  # deleted meanwhile (cleanup): nothing more will happen
 
 
 def _ending(t0: float, s) -> bool:
