@@ -108,10 +108,10 @@ def redis_message(task: str, args: list, queue: str, priority: int | None) -> tu
     return key, json.dumps(msg).encode()
 
 
-def publish_run_job(job_id: str, attempt: int, priority: Priority = Priority.NORMAL) -> bool:
+def publish_run_job(job_id: str, attempt: int) -> bool:
     """Publish; False (logged) if the broker refused.  Never raises: the job
     is already committed and recovery re-publishes pending jobs."""
-    return publish_run_jobs([(job_id, attempt)], priority) == 1
+    return publish_run_jobs([(job_id, attempt)]) == 1
 
 
 def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.NORMAL) -> int:

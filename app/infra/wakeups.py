@@ -344,17 +344,18 @@ def holding(w: Waiter, watch=None) -> Iterator[Waiter]:
         hub.unregister(w)
 
 
-def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None):
-    """The first half of a wait (``wait_for_terminal``'s, or one a server parks: app/infra/parking.py):
-    register -> read.  ``(row, waiter)``; waiter is None when there is nothing to wait for (terminal, gone,
-    draining), else the caller owns it (a wake-up from now on is in ``waiter.row``)."""
+def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None,
+               keep: bool = False):
+    """The first half of a wait (``wait_for_terminal``'s, a parked one's: app/infra/parking.py, an event stream's):
+    register -> read.  ``(row, waiter)``; waiter is None when there is nothing to wait for (terminal, gone, draining;
+    never with ``keep``), else the caller owns it (a wake-up from now on is in ``waiter.row``)."""
     w = hub.register(job_id, tenant, tenant_cap)
     try:
         row = read()
     except BaseException:
         hub.unregister(w)
         raise
-    if row is None or is_terminal(row.state) or hub.draining:
+    if not keep and (row is None or is_terminal(row.state) or hub.draining):
         hub.unregister(w)
         return row, None
     return row, w

@@ -38,7 +38,7 @@ from app.contract import dump
 from app.errors import NotFound
 from app.infra.db import single_statement
 from app.infra.tables import tasks
-from app.infra.wakeups import GONE, holding, hub
+from app.infra.wakeups import GONE, begin_wait, holding, hub
 from app.jobs import service as jobs
 from app.jobs.schemas import JobStatus
 from app.states import JobState, is_terminal, v1_name
@@ -106,12 +106,7 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
     read (404) before this returns, the rest as the iterator is consumed."""
     read = partial(jobs.get_job, principal, job_id, model_name)
     last = parse_job_id(last_id)  # before the place is taken: nothing may raise between the two
-    w = hub.register(job_id, principal.tenant_id, jobs.waiter_cap(principal))
-    try:
-        row = read()
-    except BaseException:
-        hub.unregister(w)
-        raise
+    row, w = begin_wait(job_id, read, principal.tenant_id, jobs.waiter_cap(principal), keep=True)
     return Stream(_follow(w, watch, _job_passes(w, row, read, last)), w)
 
 

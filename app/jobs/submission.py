@@ -148,8 +148,8 @@ class Checked:
     digest: str
 
 
-def _refused(face: Face, option: str, problem: str, rest: str = "") -> ValidationFailed:
-    return ValidationFailed(SubmitOptions.invalid, [{"pointer": face.pointer(option) + rest, "message": problem}])
+def _refused(face: Face, option: str, problem: str) -> ValidationFailed:
+    return ValidationFailed(SubmitOptions.invalid, [{"pointer": face.pointer(option), "message": problem}])
 
 
 def _options(face: Face, values: SubmitOptions | dict) -> SubmitOptions:

@@ -67,9 +67,8 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
                              public="model call not sent: a header may not be sent") from exc
     # Case-insensitive merges: head_msg's "user-agent" replaces our default
     # instead of travelling beside it, and ours replace any X-Asynch-* there.
-    headers = merge_headers({"User-Agent": USER_AGENT, "Accept": "*/*"}, configured)
-    if job is not None:
-        headers = merge_headers(headers, {JOB_HEADER: job[0], ATTEMPT_HEADER: str(job[1])})
+    ours = {JOB_HEADER: job[0], ATTEMPT_HEADER: str(job[1])} if job is not None else {}
+    headers = merge_headers(merge_headers({"User-Agent": USER_AGENT, "Accept": "*/*"}, configured), ours)
     method = http_method.upper()
     kw: dict = {"json": payload} if method != "GET" else {"params": {  # booleans, objects and arrays as JSON
         k: json.dumps(v, separators=(",", ":"), ensure_ascii=False) if isinstance(v, (bool, dict, list)) else str(v)

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 
 from app.config import get_settings
 from app.infra.http import resolver
+from app.infra.http.resolver import IPAddress
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 _TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")   # ::ffff:0:a.b.c.d (SIIT)
