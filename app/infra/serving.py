@@ -73,19 +73,6 @@ def raise_nofile(wanted: int) -> tuple[int, int]:
     return soft, hard
 
 
-def peek(sock) -> bool | None:
-    """Has the client sent something?  True: a pipelined request (it is there); False: EOF or a
-    reset (it is gone); None: nothing yet (a spurious wake-up).  Never reads a byte."""
-    # gevent's socket object waits for readiness inside recv() even with MSG_DONTWAIT; the real
-    # socket it wraps never blocks.
-    try:
-        return bool(getattr(sock, "_sock", sock).recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except (BlockingIOError, InterruptedError):
-        return None
-    except OSError:
-        return False
-
-
 def stop_watcher(owner, attr: str) -> None:
     """Stop and close the libev watcher or timer at ``owner.<attr>`` once (None from then on)."""
     w = getattr(owner, attr)
@@ -133,7 +120,14 @@ class ClientWatch:
             if not p.poll(0):
                 return False
         self._readable = False
-        there = peek(self._sock)
+        # A peek, never a read.  gevent's socket object waits for readiness inside recv() even with
+        # MSG_DONTWAIT; the real socket it wraps never blocks.
+        try:  # True: a pipelined request (it is there); False: EOF (it is gone)
+            there = bool(getattr(self._sock, "_sock", self._sock).recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except (BlockingIOError, InterruptedError):
+            there = None  # nothing yet: a spurious wake-up
+        except OSError:
+            there = False  # a reset: gone
         if there is None and self._wake is not None:  # a spurious report: watch again
             self.arm(self._wake)
         elif there:  # a pipelined request: the client is there; stop watching

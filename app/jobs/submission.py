@@ -66,10 +66,6 @@ def _none_if_empty(v: Any) -> Any:
     return None if v == "" else v
 
 
-def _default_priority(v: Any) -> Any:
-    return 5 if v is None or v == "" else v
-
-
 class SubmitOptions(Shape):
     """What a job carries besides its payload: the one declaration of every
     option (constructed by field name)."""
@@ -87,7 +83,8 @@ class SubmitOptions(Shape):
     # secrets, kept only until the job is terminal.  Not a wire field: the
     # faces build it from X-Oss-Authorization / X-User-Info.
     passthrough: dict[str, HeaderValue] | None = None
-    priority: Annotated[Priority, BeforeValidator(_default_priority)] = rule("from 0 to 9 (9 first; default 5)", 5)
+    priority: Annotated[Priority, BeforeValidator(lambda v: 5 if _none_if_empty(v) is None else v)] = rule(
+        "from 0 to 9 (9 first; default 5)", 5)
     # The job's own webhook (docs/api.md, Webhooks): a signed JSON POST on
     # each terminal state of ``webhook_events`` (default: all four).
     webhook_url: Annotated[CallbackUrl | None, BeforeValidator(_none_if_empty)] = Field(
