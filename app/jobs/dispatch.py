@@ -43,8 +43,7 @@ PRIORITY_BAND = 1e10
 def order_score(at: datetime, priority: int | None = DEFAULT_PRIORITY) -> float:
     """A job's place in its tenant's queue (lower first): its priority's band
     (9 first), then its queue time (a retry at the head keeps its first: seed 002's head/tail)."""
-    p = DEFAULT_PRIORITY if priority is None else priority
-    return (9 - p) * PRIORITY_BAND + as_utc(at).timestamp()
+    return (9 - (DEFAULT_PRIORITY if priority is None else priority)) * PRIORITY_BAND + as_utc(at).timestamp()
 
 
 def head(attempt: int) -> str:

@@ -209,9 +209,7 @@ def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str
 
 
 def begin_wait(principal: Principal, job_id: str, model_name: str | None = None):
-    """The first half of ``wait_job`` for a server that parks waits
-    (app/infra/parking.py): ``(row, waiter)``; waiter None: the row is the
-    answer now, else the caller gives its place back (``waiters.hub.unregister``)."""
+    """The first half of ``wait_job`` for a server that parks waits (app/infra/wakeups.py ``begin_wait``)."""
     return waiters.begin_wait(job_id, partial(get_job, principal, job_id, model_name), tenant=principal.tenant_id,
                               tenant_cap=waiter_cap(principal))
 
