@@ -19,6 +19,7 @@ from typing import Any
 
 import re2
 
+from app.contract import pointer_token
 from app.errors import ValidationFailed
 
 
@@ -75,7 +76,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
     errs: list[dict] = []
     for f in form or []:
         name = f["field"]
-        p = base + "/" + name.replace("~", "~0").replace("/", "~1")  # a JSON Pointer (RFC 6901) token
+        p = base + "/" + pointer_token(name)
         if name not in payload or payload[name] is None:
             if f.get("required"):
                 errs.append({"pointer": p, "message": "is required"})

@@ -105,7 +105,6 @@ def create_model(spec: ModelInput) -> Row:
 
 
 def update_model(name: str, change: ModelPatch) -> Row:
-    """Only the fields the change gives are written."""
     with transaction() as conn:
         row = _update(conn, name, change)
     _invalidate(name, row)

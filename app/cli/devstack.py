@@ -208,8 +208,7 @@ def _prepare(env: dict[str, str], demo_url: str) -> str:
     except Conflict:
         registry.update_model("demo-echo", ModelPatch(base_url=demo_url, enabled=True,
                                                     max_concurrency=DEV_WORKER_PROCESSES))
-    key, _ = key_svc.create_key("demo", "admin", "asynch dev")
-    return key
+    return key_svc.create_key("demo", "admin", "asynch dev")[0]
 
 
 def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str) -> list[subprocess.Popen]:

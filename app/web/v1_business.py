@@ -101,8 +101,7 @@ def list_webhooks(tenant: str):
                       "(Standard Webhooks, signed with the webhook's secret). 422: a URL the SSRF guard "
                       f"refuses, or more than {subscriptions.MAX_PER_TENANT} webhooks.")
 def create_webhook(tenant: str, body: WebhookInput):
-    view = subscriptions.create(current_principal(), tenant, body.url, body.events)
-    return WebhookView.model_construct(**view), 201
+    return WebhookView.model_construct(**subscriptions.create(current_principal(), tenant, body.url, body.events)), 201
 
 
 @bp.delete("/tenants/<tenant>/webhooks/<int:webhook_id>")
