@@ -225,8 +225,7 @@ class Api:
         """The wait before retry ``n`` (1-based) after ``err``; raises it when no retry is left."""
         if not retry or n > self.retries:
             raise err
-        retry_after = getattr(err, "retry_after", None)
-        if retry_after is not None:
+        if (retry_after := getattr(err, "retry_after", None)) is not None:
             return min(self.max_backoff, retry_after)
         return min(self.max_backoff, self.backoff * 2 ** (n - 1)) * (0.5 + random.random() / 2)
 

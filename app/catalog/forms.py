@@ -82,8 +82,7 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
                 errs.append({"pointer": p, "message": "is required"})
             continue
         v = payload[name]
-        msg = next((m for ok, m in _CHECKS.get(f.get("type", "string"), ()) if not ok(v)), None)
-        if msg:
+        if msg := next((m for ok, m in _CHECKS.get(f.get("type", "string"), ()) if not ok(v)), None):
             errs.append({"pointer": p, "message": msg})
             continue
         if f.get("required") and isinstance(v, str) and v.strip() == "":
@@ -110,6 +109,5 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
 
 
 def validate_payload(form: list | None, payload: dict, base: str = "") -> None:
-    errs = payload_errors(form, payload, base)
-    if errs:
+    if errs := payload_errors(form, payload, base):
         raise ValidationFailed("request body does not match the model's form", errs)

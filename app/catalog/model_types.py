@@ -78,8 +78,7 @@ def delete_type(type_id: int) -> None:
             raise NotFound(f"model type not found: {type_id}")
         # models_type is a short comma list on a small table: parse it here.
         rows = conn.execute(select(models.c.model_name, models.c.models_type).where(models.c.models_type != ""))
-        users = [r.model_name for r in rows if str(type_id) in r.models_type.split(",")]
-        if users:
+        if users := [r.model_name for r in rows if str(type_id) in r.models_type.split(",")]:
             raise Conflict(f"model type {type_id} is used by: {', '.join(sorted(users))}")
         conn.execute(delete(model_types).where(model_types.c.type_id == type_id))
 

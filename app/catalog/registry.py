@@ -49,8 +49,7 @@ def _invalidate(name: str, row: Row | None = None) -> None:
 def _check_types(conn: Connection, types: str | None) -> None:
     """models_type must name existing asynch_models_type ids."""
     if types:
-        missing = unknown_ids(conn, [int(x) for x in types.split(",")])
-        if missing:
+        if missing := unknown_ids(conn, [int(x) for x in types.split(",")]):
             raise ValidationFailed("invalid model configuration", [
                 {"pointer": "/models_type", "message": "unknown model type ids: " + ", ".join(map(str, missing))}])
 

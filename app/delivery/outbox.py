@@ -305,8 +305,7 @@ def replay(principal: Principal, delivery_id: int) -> dict:
             status=PENDING, attempts=0, next_attempt_at=now, lease_until=None, updated_at=now)
             .returning(*deliveries.c)).first()
         if won is None:
-            cur = conn.execute(select(D.status).where(*mine)).first()
-            if cur is None:
+            if (cur := conn.execute(select(D.status).where(*mine)).first()) is None:
                 raise NotFound("no such webhook delivery")
             raise Conflict(f"only a failed delivery is replayed (this one is {cur.status})")
         view = _views(conn, [won])[0]  # as replayed: pending, before a pump can claim it

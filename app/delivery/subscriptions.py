@@ -35,8 +35,7 @@ def _view(row) -> dict:
 
 def create(principal: Principal, tenant_id: str, url: str, events: list[str] | None) -> dict:
     _check_access(principal, tenant_id)
-    problem = callback_url_problem(url, Lookups(tenant_id))
-    if problem:
+    if problem := callback_url_problem(url, Lookups(tenant_id)):
         raise ValidationFailed("invalid webhook", [{"pointer": "/url", "message": problem}])
     with transaction() as conn:
         # One creator at a time per tenant, so the cap holds under races.

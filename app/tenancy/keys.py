@@ -119,8 +119,7 @@ def authenticate(key: str | None) -> Principal:
 def _lookup(key: str, presented: str) -> Principal:
     if _is_bootstrap(key):
         return OPERATOR
-    m = _KEY.match(key)
-    if not m:
+    if not (m := _KEY.match(key)):
         raise Unauthorized("invalid API key")
     with transaction() as conn:
         row = conn.execute(select(api_keys).where(api_keys.c.prefix == m.group(1))).first()

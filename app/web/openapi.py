@@ -243,8 +243,7 @@ def served(app: Flask) -> tuple[bytes, str]:
 def document(app: Flask) -> dict:
     global BUILDS
     BUILDS += 1
-    missing = undocumented(app)
-    if missing:
+    if missing := undocumented(app):
         raise ValueError(f"routes without an @endpoint declaration: {missing}")
     shapes = _Shapes()
     paths: dict[str, dict] = {}

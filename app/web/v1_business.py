@@ -64,8 +64,7 @@ def delete_type(type_id: int):
 def job_callback(job_id: str):
     principal = current_principal()
     jobs.get_job(principal, job_id)  # 404 for unknown and other tenants' jobs
-    view = outbox.callback_view(principal, job_id)
-    if view is None:
+    if (view := outbox.callback_view(principal, job_id)) is None:
         raise NotFound(f"no callback for job: {job_id}")
     return CallbackDelivery.of(view)
 
@@ -116,8 +115,7 @@ def delete_webhook(tenant: str, webhook_id: int):
           path=JOB_ID_PATH,
           description="404 for unknown jobs and other tenants' jobs; an empty list before a terminal state.")
 def job_webhooks(job_id: str):
-    views = outbox.job_deliveries(current_principal(), job_id)
-    if views is None:
+    if (views := outbox.job_deliveries(current_principal(), job_id)) is None:
         raise NotFound(f"job not found: {job_id}")
     return WebhookDeliveryList.model_construct(deliveries=[WebhookDelivery.of(v) for v in views])
 
