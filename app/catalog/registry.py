@@ -132,7 +132,6 @@ def get_model(principal: Principal, name: str) -> Row:
 
 
 def visible_models(principal: Principal) -> list[Row]:
-    """The models a key may see: admins all, other keys the enabled ones."""
     q = select(models).order_by(models.c.model_name)
     if not principal.is_admin:
         q = q.where(models.c.enabled.is_(True))

@@ -123,9 +123,7 @@ def _jsonable(value: Any, face: Face) -> Any:
         return dump(value, face)
     if isinstance(value, list):
         return [_jsonable(v, face) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v, face) for k, v in value.items()}
-    return value
+    return {k: _jsonable(v, face) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def _answer(spec: Endpoint, out: Any):
