@@ -55,11 +55,8 @@ def update_type(type_id: int, change: ModelTypePatch) -> Row:
     if given is not None and given != type_id:
         raise ValidationFailed("invalid model type", [{"pointer": "/type_id", "message": "cannot be changed"}])
     with transaction() as conn:
-        if not values:
-            row = conn.execute(select(model_types).where(model_types.c.type_id == type_id)).first()
-        else:
-            row = conn.execute(update(model_types).where(model_types.c.type_id == type_id).values(**values)
-                               .returning(*model_types.c)).first()
+        q = update(model_types).values(**values).returning(*model_types.c) if values else select(model_types)
+        row = conn.execute(q.where(model_types.c.type_id == type_id)).first()
     if row is None:
         raise NotFound(f"model type not found: {type_id}")
     return row
