@@ -123,7 +123,6 @@ def delete_model(name: str) -> None:
 
 
 def get_model(principal: Principal, name: str) -> Row:
-    """A model the caller may see: admins any, users enabled ones."""
     with transaction() as conn:
         row = _row(conn, name)
     if row is None or not (principal.is_admin or row.enabled):
