@@ -51,8 +51,7 @@ def _free_id(conn: Connection) -> int:
 
 def update_type(type_id: int, change: ModelTypePatch) -> Row:
     values = change.values(only_given=True)
-    given = values.pop("type_id", None)
-    if given is not None and given != type_id:
+    if (given := values.pop("type_id", None)) is not None and given != type_id:
         raise ValidationFailed("invalid model type", [{"pointer": "/type_id", "message": "cannot be changed"}])
     with transaction() as conn:
         q = update(model_types).values(**values).returning(*model_types.c) if values else select(model_types)

@@ -156,12 +156,11 @@ def reencrypt_head_msgs(conn: Connection) -> int:
     """`asynch secrets rotate`: every head_msg re-encrypted with the first
     ASYNCH_SECRETS_KEYS key (plaintext rows from before encryption
     encrypted).  Returns how many rows were rewritten; drops the caches."""
-    n = 0
-    for row in conn.execute(select(models.c.model_name, models.c.head_msg).where(models.c.head_msg != "")).all():
+    rows = conn.execute(select(models.c.model_name, models.c.head_msg).where(models.c.head_msg != "")).all()
+    for row in rows:
         conn.execute(update(models).where(models.c.model_name == row.model_name)
                      .values(head_msg=secretbox.rotate(row.head_msg)))
         _cache.pop(row.model_name)
-        n += 1
-    if n:
+    if rows:
         publish_invalidate("models")
-    return n
+    return len(rows)

@@ -143,8 +143,7 @@ def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
                                                "ports": {"api": port, "postgres": pg.port, "valkey": valkey.port}})
         click.echo(_banner(base, key, demo.url, len(children) - 1, data_dir), err=True)
         while True:
-            dead = [c for c in children if c.poll() is not None]
-            if dead:
+            if dead := [c for c in children if c.poll() is not None]:
                 click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
                            "stopping", err=True)
                 sys.exit(1)
