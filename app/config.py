@@ -200,8 +200,7 @@ class Settings(BaseSettings):
 
     def with_overrides(self, **kw) -> "Settings":
         kw = {OLD_FIELDS.get(k, k): v for k, v in kw.items()}
-        unknown = set(kw) - set(type(self).model_fields)
-        if unknown:
+        if unknown := set(kw) - set(type(self).model_fields):
             raise TypeError(f"not settings: {sorted(unknown)}")
         return self.model_copy(update=kw)
 

@@ -239,8 +239,7 @@ def _message(err: dict, model: type[BaseModel] | None) -> str:
     custom = not err.get("url")  # PydanticCustomError: our own words
     if custom and kind not in ("int_type", "bool_type", "rule"):
         return err["msg"]
-    text = _field_rule(model, err["loc"])
-    if text:
+    if text := _field_rule(model, err["loc"]):
         return f"is required: {text}" if kind == "missing" else f"must be {text}"
     if custom:
         return err["msg"]

@@ -42,9 +42,7 @@ def url_password(url: str) -> str:
     """The password of ``scheme://user:password@host...``, or ''."""
     _scheme, sep, rest = url.partition("://")
     userinfo, at, _host = rest.rpartition("@")
-    if not (sep and at):
-        return ""
-    return userinfo.partition(":")[2]
+    return userinfo.partition(":")[2] if sep and at else ""
 
 
 def mask_url(url: str) -> str:

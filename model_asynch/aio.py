@@ -72,8 +72,7 @@ class AsyncClient(Api):
                         continue
                     parser = SSEParser()
                     async for raw in r.content:
-                        ev = parser.feed(raw.decode().rstrip("\r\n"))
-                        if ev is None:
+                        if (ev := parser.feed(raw.decode().rstrip("\r\n"))) is None:
                             continue
                         n, last = 0, ev.id or last
                         yield ev

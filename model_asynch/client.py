@@ -153,14 +153,10 @@ class BatchResult:
 
     @classmethod
     def of(cls, body: dict, model: str) -> "BatchResult":
-        items = []
-        for x in body["results"]:
-            if x["status"] == 202:
-                items.append(BatchItem(x["index"], 202, Job.of(x, model, replayed=bool(x.get("replayed")))))
-            else:
-                items.append(BatchItem(x["index"], x["status"], error=error_for(x["status"], json.dumps(x),
-                                                                                x.get("retry_after"))))
-        return cls(body["admitted"], body["refused"], items)
+        return cls(body["admitted"], body["refused"], [
+            BatchItem(x["index"], 202, Job.of(x, model, replayed=bool(x.get("replayed")))) if x["status"] == 202
+            else BatchItem(x["index"], x["status"], error=error_for(x["status"], json.dumps(x), x.get("retry_after")))
+            for x in body["results"]])
 
 
 class SSEParser:
@@ -229,8 +225,7 @@ class Api:
         """The wait before retry ``n`` (1-based) after ``err``; raises it when no retry is left."""
         if not retry or n > self.retries:
             raise err
-        retry_after = getattr(err, "retry_after", None)
-        if retry_after is not None:
+        if (retry_after := getattr(err, "retry_after", None)) is not None:
             return min(self.max_backoff, retry_after)
         return min(self.max_backoff, self.backoff * 2 ** (n - 1)) * (0.5 + random.random() / 2)
 
@@ -362,11 +357,8 @@ class Client(Api):
         sent = None
         try:
             while True:
-                step = op.send(sent)
-                if isinstance(step, Call):
-                    sent = self._send(step)
-                else:  # what a pause is sent back is not read
-                    time.sleep(step)
+                step = op.send(sent)  # a pause's None is sent back, never read
+                sent = self._send(step) if isinstance(step, Call) else time.sleep(step)
         except StopIteration as stop:
             return stop.value
 

@@ -48,8 +48,7 @@ def _bind_job(task_id=None, args=None, **_kw):
 
 @task_postrun.connect
 def _unbind_job(task_id=None, **_kw):
-    token = _log_tokens.pop(task_id, None)
-    if token is not None:
+    if (token := _log_tokens.pop(task_id, None)) is not None:
         reset(token)
 
 

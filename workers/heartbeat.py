@@ -56,6 +56,5 @@ class ConsumingHeartbeat(bootsteps.StartStopStep):
 
 @task_prerun.connect
 def _consumed(sender=None, **_kw):
-    hostname = getattr(getattr(sender, "request", None), "hostname", None)
-    if hostname:
+    if hostname := getattr(getattr(sender, "request", None), "hostname", None):
         metrics.worker_consumed(hostname)

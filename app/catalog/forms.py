@@ -19,6 +19,7 @@ from typing import Any
 
 import re2
 
+from app.contract import pointer_token
 from app.errors import ValidationFailed
 
 
@@ -75,14 +76,13 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
     errs: list[dict] = []
     for f in form or []:
         name = f["field"]
-        p = base + "/" + name.replace("~", "~0").replace("/", "~1")  # a JSON Pointer (RFC 6901) token
+        p = base + "/" + pointer_token(name)
         if name not in payload or payload[name] is None:
             if f.get("required"):
                 errs.append({"pointer": p, "message": "is required"})
             continue
         v = payload[name]
-        msg = next((m for ok, m in _CHECKS.get(f.get("type", "string"), ()) if not ok(v)), None)
-        if msg:
+        if msg := next((m for ok, m in _CHECKS.get(f.get("type", "string"), ()) if not ok(v)), None):
             errs.append({"pointer": p, "message": msg})
             continue
         if f.get("required") and isinstance(v, str) and v.strip() == "":
@@ -109,6 +109,5 @@ def payload_errors(form: list | None, payload: dict, base: str = "") -> list[dic
 
 
 def validate_payload(form: list | None, payload: dict, base: str = "") -> None:
-    errs = payload_errors(form, payload, base)
-    if errs:
+    if errs := payload_errors(form, payload, base):
         raise ValidationFailed("request body does not match the model's form", errs)

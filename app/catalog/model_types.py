@@ -51,15 +51,11 @@ def _free_id(conn: Connection) -> int:
 
 def update_type(type_id: int, change: ModelTypePatch) -> Row:
     values = change.values(only_given=True)
-    given = values.pop("type_id", None)
-    if given is not None and given != type_id:
+    if (given := values.pop("type_id", None)) is not None and given != type_id:
         raise ValidationFailed("invalid model type", [{"pointer": "/type_id", "message": "cannot be changed"}])
     with transaction() as conn:
-        if not values:
-            row = conn.execute(select(model_types).where(model_types.c.type_id == type_id)).first()
-        else:
-            row = conn.execute(update(model_types).where(model_types.c.type_id == type_id).values(**values)
-                               .returning(*model_types.c)).first()
+        q = update(model_types).values(**values).returning(*model_types.c) if values else select(model_types)
+        row = conn.execute(q.where(model_types.c.type_id == type_id)).first()
     if row is None:
         raise NotFound(f"model type not found: {type_id}")
     return row
@@ -78,8 +74,7 @@ def delete_type(type_id: int) -> None:
             raise NotFound(f"model type not found: {type_id}")
         # models_type is a short comma list on a small table: parse it here.
         rows = conn.execute(select(models.c.model_name, models.c.models_type).where(models.c.models_type != ""))
-        users = [r.model_name for r in rows if str(type_id) in r.models_type.split(",")]
-        if users:
+        if users := [r.model_name for r in rows if str(type_id) in r.models_type.split(",")]:
             raise Conflict(f"model type {type_id} is used by: {', '.join(sorted(users))}")
         conn.execute(delete(model_types).where(model_types.c.type_id == type_id))
 

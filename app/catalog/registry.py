@@ -49,8 +49,7 @@ def _invalidate(name: str, row: Row | None = None) -> None:
 def _check_types(conn: Connection, types: str | None) -> None:
     """models_type must name existing asynch_models_type ids."""
     if types:
-        missing = unknown_ids(conn, [int(x) for x in types.split(",")])
-        if missing:
+        if missing := unknown_ids(conn, [int(x) for x in types.split(",")]):
             raise ValidationFailed("invalid model configuration", [
                 {"pointer": "/models_type", "message": "unknown model type ids: " + ", ".join(map(str, missing))}])
 
@@ -105,7 +104,6 @@ def create_model(spec: ModelInput) -> Row:
 
 
 def update_model(name: str, change: ModelPatch) -> Row:
-    """Only the fields the change gives are written."""
     with transaction() as conn:
         row = _update(conn, name, change)
     _invalidate(name, row)
@@ -125,7 +123,6 @@ def delete_model(name: str) -> None:
 
 
 def get_model(principal: Principal, name: str) -> Row:
-    """A model the caller may see: admins any, users enabled ones."""
     with transaction() as conn:
         row = _row(conn, name)
     if row is None or not (principal.is_admin or row.enabled):
@@ -134,7 +131,6 @@ def get_model(principal: Principal, name: str) -> Row:
 
 
 def visible_models(principal: Principal) -> list[Row]:
-    """The models a key may see: admins all, other keys the enabled ones."""
     q = select(models).order_by(models.c.model_name)
     if not principal.is_admin:
         q = q.where(models.c.enabled.is_(True))
@@ -160,12 +156,11 @@ def reencrypt_head_msgs(conn: Connection) -> int:
     """`asynch secrets rotate`: every head_msg re-encrypted with the first
     ASYNCH_SECRETS_KEYS key (plaintext rows from before encryption
     encrypted).  Returns how many rows were rewritten; drops the caches."""
-    n = 0
-    for row in conn.execute(select(models.c.model_name, models.c.head_msg).where(models.c.head_msg != "")).all():
+    rows = conn.execute(select(models.c.model_name, models.c.head_msg).where(models.c.head_msg != "")).all()
+    for row in rows:
         conn.execute(update(models).where(models.c.model_name == row.model_name)
                      .values(head_msg=secretbox.rotate(row.head_msg)))
         _cache.pop(row.model_name)
-        n += 1
-    if n:
+    if rows:
         publish_invalidate("models")
-    return n
+    return len(rows)

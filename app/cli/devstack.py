@@ -143,8 +143,7 @@ def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
                                                "ports": {"api": port, "postgres": pg.port, "valkey": valkey.port}})
         click.echo(_banner(base, key, demo.url, len(children) - 1, data_dir), err=True)
         while True:
-            dead = [c for c in children if c.poll() is not None]
-            if dead:
+            if dead := [c for c in children if c.poll() is not None]:
                 click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
                            "stopping", err=True)
                 sys.exit(1)
@@ -208,8 +207,7 @@ def _prepare(env: dict[str, str], demo_url: str) -> str:
     except Conflict:
         registry.update_model("demo-echo", ModelPatch(base_url=demo_url, enabled=True,
                                                     max_concurrency=DEV_WORKER_PROCESSES))
-    key, _ = key_svc.create_key("demo", "admin", "asynch dev")
-    return key
+    return key_svc.create_key("demo", "admin", "asynch dev")[0]
 
 
 def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str) -> list[subprocess.Popen]:

@@ -188,11 +188,8 @@ def tenants_limits(tenant, weight, rate, burst, max_waiters, queue_limits) -> No
                 raise click.BadParameter(f"{item!r} is not MODEL=N", param_hint="--queue-limit")
             caps[model] = int(n) if n.strip() else None
         change["queue_limits"] = caps
-    if change:
-        view = limits.update(tenant, parse(TenantLimitsInput, change, message="invalid tenant limits"))
-    else:
-        view = limits.read(OPERATOR, tenant)
-    _echo(view, indent=2)
+    _echo(limits.update(tenant, parse(TenantLimitsInput, change, message="invalid tenant limits")) if change
+          else limits.read(OPERATOR, tenant), indent=2)
 
 
 callbacks = DomainGroup("callbacks", help="Callback and webhook deliveries.")

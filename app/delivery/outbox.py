@@ -241,11 +241,10 @@ def _send(target: netguard.Target, d: Row, url: str, body: str, keys: list[str])
                         "X-Asynch-Signature": tenant_secrets.sign(keys[0], d.job_id, ts, url)})
     else:
         headers["Content-Type"] = "application/json"
-    resp = deadline.request("GET" if callback else "POST", url, headers=headers,
+    return deadline.request("GET" if callback else "POST", url, headers=headers,
                             body=None if callback else body.encode(), address=str(target.addresses[0]),
                             timeout=s.delivery_timeout_seconds, connect_timeout=min(5.0, s.delivery_timeout_seconds),
-                            max_bytes=RESPONSE_READ_BYTES, truncate=True)
-    return resp.status
+                            max_bytes=RESPONSE_READ_BYTES, truncate=True).status
 
 
 def _record(d: Row, started_at: datetime, duration_ms: int, address: str | None, http_status: int | None,
@@ -305,8 +304,7 @@ def replay(principal: Principal, delivery_id: int) -> dict:
             status=PENDING, attempts=0, next_attempt_at=now, lease_until=None, updated_at=now)
             .returning(*deliveries.c)).first()
         if won is None:
-            cur = conn.execute(select(D.status).where(*mine)).first()
-            if cur is None:
+            if (cur := conn.execute(select(D.status).where(*mine)).first()) is None:
                 raise NotFound("no such webhook delivery")
             raise Conflict(f"only a failed delivery is replayed (this one is {cur.status})")
         view = _views(conn, [won])[0]  # as replayed: pending, before a pump can claim it

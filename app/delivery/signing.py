@@ -49,9 +49,7 @@ def secret_bytes(secret: str) -> bytes:
 
 def signature(secret: str, msg_id: str, timestamp: int, payload: str | bytes) -> str:
     """One ``v1,<base64>`` signature."""
-    if isinstance(payload, str):
-        payload = payload.encode()
-    content = f"{msg_id}.{timestamp}.".encode() + payload
+    content = f"{msg_id}.{timestamp}.".encode() + (payload.encode() if isinstance(payload, str) else payload)
     return "v1," + base64.b64encode(hmac.new(secret_bytes(secret), content, hashlib.sha256).digest()).decode()
 
 

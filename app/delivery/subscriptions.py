@@ -17,15 +17,9 @@ from app.infra.http.netguard import Lookups, callback_url_problem
 from app.infra.outbox_rows import EVENTS, bits_of, events_of
 from app.infra.tables import webhook_subscriptions
 from app.tenancy.keys import Principal
-from app.tenancy.schemas import check_tenant
 
 MAX_PER_TENANT = 10
 W = webhook_subscriptions.c
-
-
-def _check_access(principal: Principal, tenant_id: str) -> None:
-    check_tenant(tenant_id)
-    principal.check_access(tenant_id)
 
 
 def _view(row) -> dict:
@@ -34,9 +28,8 @@ def _view(row) -> dict:
 
 
 def create(principal: Principal, tenant_id: str, url: str, events: list[str] | None) -> dict:
-    _check_access(principal, tenant_id)
-    problem = callback_url_problem(url, Lookups(tenant_id))
-    if problem:
+    principal.check_tenant_access(tenant_id)
+    if problem := callback_url_problem(url, Lookups(tenant_id)):
         raise ValidationFailed("invalid webhook", [{"pointer": "/url", "message": problem}])
     with transaction() as conn:
         # One creator at a time per tenant, so the cap holds under races.
@@ -54,7 +47,7 @@ def create(principal: Principal, tenant_id: str, url: str, events: list[str] | N
 
 
 def list_for(principal: Principal, tenant_id: str) -> list[dict]:
-    _check_access(principal, tenant_id)
+    principal.check_tenant_access(tenant_id)
     with transaction() as conn:
         rows = conn.execute(select(webhook_subscriptions).where(W.tenant_id == tenant_id)
                             .order_by(W.created_at, W.id)).all()
@@ -62,7 +55,7 @@ def list_for(principal: Principal, tenant_id: str) -> list[dict]:
 
 
 def remove(principal: Principal, tenant_id: str, subscription_id: int) -> None:
-    _check_access(principal, tenant_id)
+    principal.check_tenant_access(tenant_id)
     if not 0 <= subscription_id <= 2 ** 63 - 1:
         raise NotFound("no such webhook")
     with transaction() as conn:

@@ -124,8 +124,9 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
     try:
         with transaction() as conn:
             rows = conn.execute(locked(select(
-                tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt, tasks.c.busy_count, tasks.c.created_at,
-                tasks.c.priority, models.c.queue_limit, models.c.tenant_queue_limit, models.c.retry_queue_max_seconds,
+                tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt, tasks.c.busy_count,
+                tasks.c.created_at, tasks.c.priority, models.c.queue_limit, models.c.tenant_queue_limit,
+                models.c.retry_queue_max_seconds,
             ).join(models, models.c.model_name == tasks.c.model_name, isouter=True).where(
                 tasks.c.state == int(JobState.RETRY_WAIT), due,
             ).order_by(tasks.c.next_retry_at).limit(batch_size(limit)))).all()

@@ -102,7 +102,6 @@ def maintenance_state(runs: int = 200) -> dict:
 
 
 def tenants(principal: Principal) -> list[str]:
-    """Admins: every tenant with a key or a limits row; a user: its own."""
     if not principal.is_admin:
         return [principal.tenant_id]
     with transaction() as conn:

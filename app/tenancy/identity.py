@@ -67,5 +67,4 @@ def oss_passthrough(oss_authorization: str | None, trusted_info: str | None) -> 
     """The headers a job carries to the OSS file service: the caller's own
     credential for it (X-Oss-Authorization, sent as Authorization) and the
     X-User-Info a proven gateway vouches for (``trusted_info``), if any."""
-    out = {k: v for k, v in (("Authorization", oss_authorization), ("X-User-Info", trusted_info)) if v}
-    return out or None
+    return {k: v for k, v in (("Authorization", oss_authorization), ("X-User-Info", trusted_info)) if v} or None

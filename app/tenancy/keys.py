@@ -22,7 +22,7 @@ from app.infra.caches import MISSING
 from app.infra.db import transaction
 from app.infra.redis.events import publish_invalidate
 from app.infra.tables import api_keys
-from app.tenancy.schemas import ApiKeyInput
+from app.tenancy.schemas import ApiKeyInput, check_tenant
 
 _KEY = re.compile(r"^ak_([a-z0-9]{12})_([A-Za-z0-9_-]{20,128})$")
 # Presented-key hash -> Principal, for keys that authenticated.
@@ -44,6 +44,11 @@ class Principal:
         """A tenant's own keys or an admin; else 403."""
         if not self.is_admin and self.tenant_id != tenant_id:
             raise Forbidden("admin key required")
+
+    def check_tenant_access(self, tenant_id: str) -> None:
+        """A tenant id (else 422) the principal may act for (else 403)."""
+        check_tenant(tenant_id)
+        self.check_access(tenant_id)
 
 
 # The operator at the command line: an admin of every tenant.
@@ -119,8 +124,7 @@ def authenticate(key: str | None) -> Principal:
 def _lookup(key: str, presented: str) -> Principal:
     if _is_bootstrap(key):
         return OPERATOR
-    m = _KEY.match(key)
-    if not m:
+    if not (m := _KEY.match(key)):
         raise Unauthorized("invalid API key")
     with transaction() as conn:
         row = conn.execute(select(api_keys).where(api_keys.c.prefix == m.group(1))).first()

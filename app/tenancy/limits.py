@@ -73,8 +73,7 @@ def tenant_queue_cap(tenant: str, model) -> int:
 
 def read(principal: Principal, tenant: str) -> TenantLimits:
     """A tenant's limits for its own keys or an admin (else 403)."""
-    check_tenant(tenant)
-    principal.check_access(tenant)
+    principal.check_tenant_access(tenant)
     return _load(tenant)
 
 

@@ -47,8 +47,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @flask_app.teardown_request
     def _log_end(_exc):
-        token = g.pop("_log_token", None)
-        if token is not None:
+        if (token := g.pop("_log_token", None)) is not None:
             reset(token)
 
     contract.register_nul_guard(flask_app)  # NUL in a path or query

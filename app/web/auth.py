@@ -93,8 +93,7 @@ def _gateway_principal() -> Principal:
     s = get_settings()
     if not (s.gateway_secret or s.gateway_cidrs.strip()):
         raise Unauthorized("gateway auth mode without a gateway secret or CIDRs accepts no request")
-    problem = _proof_problem()
-    if problem:
+    if problem := _proof_problem():
         raise Unauthorized(f"not from the gateway ({problem})")
     g.gateway_proven = True
     tenant = tenant_from_info(request.headers.get("X-User-Info"))

@@ -75,8 +75,7 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
         @wraps(view)
         def wrapper(**path_args):
             if spec.auth == "metrics":  # ASYNCH_METRICS_TOKEN, when set, as a Bearer token
-                problem = metrics.token_problem(request.headers.get("Authorization", ""))
-                if problem:
+                if problem := metrics.token_problem(request.headers.get("Authorization", "")):
                     raise Unauthorized(problem)
             elif spec.auth in ("key", "admin"):
                 if not current_principal().is_admin and spec.auth == "admin":
@@ -112,8 +111,7 @@ def _body(spec: Endpoint):
         raise BadRequest(f"invalid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
-    where = nul_pointer(data, raw, spec.nul_allowed)
-    if where is not None:
+    if (where := nul_pointer(data, raw, spec.nul_allowed)) is not None:
         raise ValidationFailed("invalid request body", [{"pointer": where, "message": _NUL}])
     if isinstance(spec.body, dict):
         return data  # a free-form object (a job's payload): the service judges it
@@ -125,9 +123,7 @@ def _jsonable(value: Any, face: Face) -> Any:
         return dump(value, face)
     if isinstance(value, list):
         return [_jsonable(v, face) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v, face) for k, v in value.items()}
-    return value
+    return {k: _jsonable(v, face) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def _answer(spec: Endpoint, out: Any):
@@ -177,7 +173,6 @@ def register_nul_guard(app: Flask) -> None:
     def refuse_nul():
         if "\x00" in request.path:
             raise NotFound("not found")
-        bad = sorted({k for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v})
-        if bad:
+        if bad := sorted({k for k, v in request.args.items(multi=True) if "\x00" in k or "\x00" in v}):
             raise ValidationFailed("invalid query", [{"pointer": "/" + k.replace("\x00", ""), "message": _NUL}
                                                      for k in bad])

@@ -103,9 +103,7 @@ def _walk(node: Any, on_dict: Callable[[dict], dict]) -> Any:
     """A copy of a JSON tree with ``on_dict`` applied to every object, top-down."""
     if isinstance(node, dict):
         return {k: _walk(v, on_dict) for k, v in on_dict(node).items()}
-    if isinstance(node, list):
-        return [_walk(v, on_dict) for v in node]
-    return node
+    return [_walk(v, on_dict) for v in node] if isinstance(node, list) else node
 
 
 def _cleaned(node: dict, settings) -> dict:
@@ -243,8 +241,7 @@ def served(app: Flask) -> tuple[bytes, str]:
 def document(app: Flask) -> dict:
     global BUILDS
     BUILDS += 1
-    missing = undocumented(app)
-    if missing:
+    if missing := undocumented(app):
         raise ValueError(f"routes without an @endpoint declaration: {missing}")
     shapes = _Shapes()
     paths: dict[str, dict] = {}

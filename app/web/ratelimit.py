@@ -214,11 +214,9 @@ def client_address() -> str:
         addr = ipaddress.ip_address(raw)
     except ValueError:
         return raw[:64]
-    if addr.version == 6:
-        if addr.ipv4_mapped is not None:
-            return str(addr.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{addr}/64", strict=False))
-    return str(addr)
+    if addr.version == 4:
+        return str(addr)
+    return str(addr.ipv4_mapped or ipaddress.ip_network(f"{addr}/64", strict=False))
 
 
 def check_anonymous(health: bool = False) -> None:

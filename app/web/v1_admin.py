@@ -172,6 +172,5 @@ def tenant_list():
           tag="tenants", path=TENANT_PATH, errors=(403, 422), ok=Ok(TenantState, "the state"))
 def tenant_state(tenant: str):
     out = ops.tenant_state(current_principal(), tenant)
-    key_ids = [k.id for k in keys.list_keys(tenant) if k.revoked_at is None]
-    out["rate"] = ratelimit.tenant_rate_state(tenant, key_ids)
+    out["rate"] = ratelimit.tenant_rate_state(tenant, [k.id for k in keys.list_keys(tenant) if k.revoked_at is None])
     return out

@@ -64,8 +64,7 @@ def delete_type(type_id: int):
 def job_callback(job_id: str):
     principal = current_principal()
     jobs.get_job(principal, job_id)  # 404 for unknown and other tenants' jobs
-    view = outbox.callback_view(principal, job_id)
-    if view is None:
+    if (view := outbox.callback_view(principal, job_id)) is None:
         raise NotFound(f"no callback for job: {job_id}")
     return CallbackDelivery.of(view)
 
@@ -101,8 +100,7 @@ def list_webhooks(tenant: str):
                       "(Standard Webhooks, signed with the webhook's secret). 422: a URL the SSRF guard "
                       f"refuses, or more than {subscriptions.MAX_PER_TENANT} webhooks.")
 def create_webhook(tenant: str, body: WebhookInput):
-    view = subscriptions.create(current_principal(), tenant, body.url, body.events)
-    return WebhookView.model_construct(**view), 201
+    return WebhookView.model_construct(**subscriptions.create(current_principal(), tenant, body.url, body.events)), 201
 
 
 @bp.delete("/tenants/<tenant>/webhooks/<int:webhook_id>")
@@ -117,8 +115,7 @@ def delete_webhook(tenant: str, webhook_id: int):
           path=JOB_ID_PATH,
           description="404 for unknown jobs and other tenants' jobs; an empty list before a terminal state.")
 def job_webhooks(job_id: str):
-    views = outbox.job_deliveries(current_principal(), job_id)
-    if views is None:
+    if (views := outbox.job_deliveries(current_principal(), job_id)) is None:
         raise NotFound(f"job not found: {job_id}")
     return WebhookDeliveryList.model_construct(deliveries=[WebhookDelivery.of(v) for v in views])
 

@@ -81,12 +81,8 @@ def submit_job(model: str, body: dict, headers: SubmitHeaders):
 
 
 def _headers(row, replayed: bool, waited_s: int | None) -> dict:
-    extra = {"Location": job_urls(row)["poll_url"]}
-    if replayed:
-        extra["Idempotent-Replayed"] = "true"
-    if waited_s is not None:
-        extra["Preference-Applied"] = f"wait={waited_s}"
-    return extra
+    return {"Location": job_urls(row)["poll_url"], **({"Idempotent-Replayed": "true"} if replayed else {}),
+            **({"Preference-Applied": f"wait={waited_s}"} if waited_s is not None else {})}
 
 
 def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
