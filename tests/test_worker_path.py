@@ -82,13 +82,17 @@ def test_a_small_result_stays_in_the_row_and_done_is_one_statement(make_model, m
 
 
 def test_a_finished_job_is_one_redis_script_call_and_its_model_connection_is_reused(make_model, model_server,
-                                                                                      inline_default):
+                                                                                      inline_default, monkeypatch):
     """After its claim's step, a job's end (slot and permit back, the next job, the wake-up, the run time)
     is ONE script call; the model call reuses this process's keep-alive connection to the upstream."""
+    from app.infra.http import deadline
+
+    # A pause of a loaded machine between two calls must not age the idle connection out of the pool (1 s).
+    monkeypatch.setattr(deadline, "POOL_IDLE_SECONDS", 60.0)
     make_model("fin")
-    execution.run_attempt(jobs.submit(P, "fin", {}).row.id, 0)  # warm: scripts loaded, the upstream connected
-    ids = [jobs.submit(P, "fin", {"i": i}).row.id for i in range(3)]
+    warm, *ids = [jobs.submit(P, "fin", {"i": i}).row.id for i in range(4)]
     assert outbox.flush()
+    execution.run_attempt(warm, 0)  # warm: scripts loaded, the upstream connected
     for job_id in ids:
         with Count() as c:
             assert execution.run_attempt(job_id, 0, worker="w1#abc") == "done"
