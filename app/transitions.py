@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable, Sequence
 
-from sqlalchemy import DateTime, bindparam, delete, func, insert, literal, literal_column, select, update
+from sqlalchemy import (BigInteger, DateTime, Integer, LargeBinary, String, Text, bindparam, cast, delete, func, insert,
+                        literal, literal_column, select, update)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Row
 
 from app.clock import now as clock_now
@@ -144,21 +146,85 @@ def _combined(stmt, side, log_attempt: bool | str, hooks: S | None):
     return select(*cols).add_cte(*ctes)
 
 
+def _group(*cols) -> object:
+    """``unnest(CAST(:g_<name> AS <type>[]), ...) AS g(<name>, ...)``: one row per job of a group, each
+    column one array parameter (one statement shape whatever the group's size)."""
+    return func.unnest(*[cast(bindparam(f"g_{n}"), ARRAY(t)) for n, t in cols]).table_valued(
+        *[n for n, _ in cols]).render_derived(name="g")
+
+
+_CLAIMS = _group(("id", String), ("attempt", Integer))
+_CLAIM = (update(tasks).where(tasks.c.id == _CLAIMS.c.id, tasks.c.attempt == _CLAIMS.c.attempt,
+                              tasks.c.state == int(S.PENDING))
+          .values(state=int(S.RUNNING), attempt=tasks.c.attempt + 1, started_at=bindparam("v_now"),
+                  updated_at=bindparam("v_now"), lease_expires_at=bindparam("v_lease"), worker=bindparam("v_worker"))
+          .returning(*tasks.c))
+
+
+def claim_group(conn: Connection, jobs: Sequence[tuple[str, int]], lease_until: datetime,
+                worker: str | None = None) -> list[Row]:
+    """pending -> running for each (job_id, attempt its message was published for) of a worker's group, in
+    ONE statement (one commit: every claim is durable before any of its calls).  Returns the rows it moved;
+    a duplicate or outdated message's job is left out (it must not run).  ``worker``: the node."""
+    check_allowed([S.PENDING], S.RUNNING)
+    jobs = dict(jobs)  # a job named twice is claimed once
+    if not jobs:
+        return []
+    return list(conn.execute(_CLAIM, {"g_id": list(jobs), "g_attempt": list(jobs.values()), "v_now": clock_now(),
+                                      "v_lease": lease_until, "v_worker": worker}).all())
+
+
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
-    """pending -> running for the attempt the message was published for (a
-    duplicate delivery gets None: it must not run).  ``worker``: the node that runs it."""
-    return _cas(conn, job_id, [S.PENDING], S.RUNNING, attempt=attempt, values={
-        "attempt": attempt + 1, "started_at": clock_now(), "lease_expires_at": lease_until, "worker": worker})
+    """A group of one (claim_group)."""
+    return next(iter(claim_group(conn, [(job_id, attempt)], lease_until, worker)), None)
+
+
+@dataclass(frozen=True)
+class Done:
+    """One attempt's answer, for complete_group.  ``inline``: the result itself, kept in the row
+    (``location`` is then ``inline:``)."""
+    job_id: str
+    attempt: int
+    location: str
+    content_type: str
+    size: int
+    inline: bytes | None = None
+
+
+_DONES = _group(("id", String), ("attempt", Integer), ("location", Text), ("content_type", String),
+                ("size", BigInteger), ("inline", LargeBinary))
+_DONE = (update(tasks).where(tasks.c.id == _DONES.c.id, tasks.c.attempt == _DONES.c.attempt,
+                             tasks.c.state == int(S.RUNNING))
+         .values(state=int(S.DONE), updated_at=bindparam("v_now"), finished_at=bindparam("v_now"),
+                 lease_expires_at=None, error=None, error_detail=None, passthrough_headers=None, model_key=None,
+                 result_location=_DONES.c.location, result_content_type=_DONES.c.content_type,
+                 result_size=_DONES.c.size, result_inline=_DONES.c.inline)
+         .returning(*tasks.c))
+
+
+def complete_group(conn: Connection, done: Sequence[Done], *, alongside: tuple | None = None) -> list[Moved]:
+    """running -> done for each attempt of ``done`` that still holds its row, with every attempt's log row
+    and outbox rows, in ONE statement (app/jobs/execution.py's writer: one commit per group of finished
+    calls).  Returns the moves won; the outbox rows' count rides on the first (one doorbell each)."""
+    check_allowed([S.RUNNING], S.DONE)
+    if not done:
+        return []
+    side = alongside[0] if alongside else None
+    stmt = _STATEMENTS.get(("done", id(side)))
+    if stmt is None:
+        stmt = _STATEMENTS[("done", id(side))] = _combined(_DONE, side, True, S.DONE)
+    params = {f"g_{k}": [getattr(d, f) for d in done] for k, f in (
+        ("id", "job_id"), ("attempt", "attempt"), ("location", "location"), ("content_type", "content_type"),
+        ("size", "size"), ("inline", "inline"))}
+    moved = [_moved(row) for row in conn.execute(stmt, params | {"v_now": clock_now()} | (alongside or (0, {}))[1])]
+    return [m if i == 0 else Moved(m.row, m.release, m.terminal, 0) for i, m in enumerate(moved)]
 
 
 def complete(conn: Connection, job_id: str, attempt: int, *, location: str, content_type: str, size: int,
              inline: bytes | None = None, alongside: tuple | None = None) -> Moved | None:
-    """running -> done, by the attempt that holds the row.  ``inline``: the
-    result itself, kept in the row (``location`` is then ``inline:``)."""
-    return _moved(_cas(conn, job_id, [S.RUNNING], S.DONE, attempt=attempt, alongside=alongside, log_attempt=True,
-                       values={"finished_at": clock_now(), "lease_expires_at": None, "error": None,
-                               "error_detail": None, "result_location": location, "result_content_type": content_type,
-                               "result_size": size, "result_inline": inline}))
+    """A group of one (complete_group)."""
+    won = complete_group(conn, [Done(job_id, attempt, location, content_type, size, inline)], alongside=alongside)
+    return won[0] if won else None
 
 
 def fail_attempt(

@@ -7,12 +7,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections import Counter
 from datetime import date
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
-from sqlalchemy import bindparam, func, select, tuple_
+from sqlalchemy import Date, Integer, String, bindparam, cast, func, select, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
@@ -78,17 +80,27 @@ def call_counted(conn: Connection, day: date, tenant_id: str, creator: str, mode
                  n: int = 1) -> tuple[object, dict]:
     """The count as (statement, params), for a transition to carry along
     (app/transitions.py ``alongside``: one statement with the done write)."""
-    return _UPSERT, {"stat_day": day, "stat_tenant": tenant_id, "stat_creator": creator or "",
-                     "stat_model": model_name, "stat_n": n}
+    return calls_counted(conn, day, Counter({(tenant_id, creator, model_name): n}))
 
 
-# Built once: it runs once per completed job, and building it per call cost
+def calls_counted(conn: Connection, day: date, counts: Counter) -> tuple[object, dict]:
+    """A group's calls, ``counts`` by (tenant, creator, model), as ONE upsert (statement, params): one
+    row per key, so no row is updated twice by the statement."""
+    keys = list(counts)
+    return _UPSERT, {"stat_day": day, "stat_tenant": [k[0] for k in keys], "stat_creator": [k[1] or "" for k in keys],
+                     "stat_model": [k[2] for k in keys], "stat_n": [counts[k] for k in keys]}
+
+
+# Built once: it runs once per group of completed jobs, and building it per call cost
 # more CPU than the rest of the worker's bookkeeping.  Parameter names no
 # table has as a column: carried along an UPDATE of asynch_task, a
 # "tenant_id" parameter would be taken by SQLAlchemy as a value to SET there.
-_INSERT = pg_insert(model_stats).values(day=bindparam("stat_day"), tenant_id=bindparam("stat_tenant"),
-                                        creator=bindparam("stat_creator"), model_name=bindparam("stat_model"),
-                                        request_count=bindparam("stat_n"))
+_ROWS = func.unnest(*[cast(bindparam(f"stat_{n}"), ARRAY(t)) for n, t in (
+    ("tenant", String), ("creator", String), ("model", String), ("n", Integer))]).table_valued(
+    "tenant", "creator", "model", "n").render_derived(name="s")
+_INSERT = pg_insert(model_stats).from_select(
+    ["day", "tenant_id", "creator", "model_name", "request_count"],
+    select(cast(bindparam("stat_day"), Date), _ROWS.c.tenant, _ROWS.c.creator, _ROWS.c.model, _ROWS.c.n))
 _UPSERT = _INSERT.on_conflict_do_update(index_elements=["day", "tenant_id", "creator", "model_name"], set_={
     "request_count": model_stats.c.request_count + _INSERT.excluded.request_count})
 _ORDER = (model_stats.c.day, model_stats.c.model_name, model_stats.c.tenant_id, model_stats.c.creator)
