@@ -115,7 +115,7 @@ def _dispatch_rate(steps: int = 2000) -> float:
     rd.kick("deep", cap=1)
     t0 = time.monotonic()
     for j in ids[:steps]:
-        rd.finish("deep", "tenant-c", j, wake=False, cap=1)
+        rd.finish("deep", [("tenant-c", j, None, None)], cap=1)
     return steps / (time.monotonic() - t0)
 
 

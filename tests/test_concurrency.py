@@ -88,9 +88,9 @@ def test_16_threads_racing_to_end_a_job_win_once(make_model, r, monkeypatch):
     released = []  # every slot release any racer performs, and whether it removed the slot
     real = rd.finish
 
-    def counting(model, tenant, jid, **kw):
-        ok, pairs = real(model, tenant, jid, **kw)
-        released.append(ok)
+    def counting(model, jobs, **kw):
+        ok, pairs = real(model, jobs, **kw)
+        released.extend(ok)
         return ok, pairs
 
     monkeypatch.setattr(rd, "finish", counting)

@@ -49,12 +49,12 @@ def kick(model, **kw):
     return _pairs(rd.kick(model, **kw))
 
 
-def claimed(*a, **kw):
-    return _pairs(rd.claimed(*a, **kw))
+def claimed(model, tenant, job, lease, **kw):
+    return _pairs(rd.claimed(model, [(tenant, job)], lease, **kw))
 
 
-def finish(*a, **kw):
-    return _pairs(rd.finish(*a, **kw)[1])
+def finish(model, tenant, job, *, wake, message="", cap=None):
+    return _pairs(rd.finish(model, [(tenant, job, message if wake else None, None)], cap=cap)[1])
 
 
 def _queue(model: str, tenant: str, n: int, start: float = 0.0, cap: int = 100) -> list:

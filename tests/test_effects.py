@@ -17,7 +17,7 @@ EFFECT_CALLS = {("dispatch", "finished"), ("dispatch", "returned"), ("metrics", 
 # pump token, which the outbox publishes too: retries, the sweep, replays.)
 EFFECT_TASKS: set[str] = set()
 # The transitions that return a transitions.Moved (their effects are due after the commit).
-MOVES = {"complete", "fail_attempt", "cancel", "fail_by_admin", "time_out", "expire", "return_busy"}
+MOVES = {"complete", "complete_group", "fail_attempt", "cancel", "fail_by_admin", "time_out", "expire", "return_busy"}
 
 
 def _sources():
@@ -50,7 +50,7 @@ def test_effect_functions_are_called_from_the_effects_module_only():
 
 def test_every_won_move_is_handed_to_the_effects():
     """Each call of a Moved-returning transition in app/ is the argument of
-    ``due.add(...)`` (app/jobs/effects.py ``collecting``), so its effects
+    ``due.add(...)`` or ``due.add_all(...)`` (app/jobs/effects.py ``collecting``), so its effects
     cannot be forgotten."""
     handed, bare = 0, []
     for rel, tree in _sources():
@@ -60,7 +60,7 @@ def test_every_won_move_is_handed_to_the_effects():
             if called is None or called[0] != "transitions" or called[1] not in MOVES:
                 continue
             parent = parents.get(node)
-            if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.attr == "add":
+            if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.attr in ("add", "add_all"):
                 handed += 1
             else:
                 bare.append(f"{rel}:{node.lineno} transitions.{called[1]}()")
@@ -70,5 +70,5 @@ def test_every_won_move_is_handed_to_the_effects():
 
 def test_the_scan_sees_a_hand_run_effect(tmp_path):
     """The scan itself: a module that calls dispatch.finished is caught."""
-    tree = ast.parse("from app.jobs import dispatch\n\ndef f(r):\n    dispatch.finished(r.m, r.t, r.id, wake=True)\n")
+    tree = ast.parse("from app.jobs import dispatch\n\ndef f(r):\n    dispatch.finished(r.m, [(r.t, r.id, None, None)])\n")
     assert any(_attr_call(n) in EFFECT_CALLS for n in ast.walk(tree))

@@ -126,7 +126,7 @@ def test_a_minimum_goes_first_free_and_at_high_priority_and_a_ceiling_holds(wind
     assert all(a == "0" for t, _j, a in sent[2:])
     assert len(sent) == 53 and r.sismember("asynch:dq:blocked:{m}", "small")
     # One of small's jobs ends: below its ceiling, not its minimum, it gets the ring's turn (flood is at its cap).
-    assert rd.finish("m", "small", mine[2], wake=False, cap=50)[1] == [("small", "small-3", "0")]
+    assert rd.finish("m", [("small", mine[2], None, None)], cap=50)[1] == [("small", "small-3", "0")]
     assert r.sismember("asynch:dq:blocked:{m}", "small")  # at its ceiling again
 
 

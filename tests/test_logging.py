@@ -67,7 +67,7 @@ def test_no_secret_in_api_or_worker_logs_and_job_fields_present(
         assert job_row(done["job_id"]).state == 2 and job_row(failed["job_id"]).state == 3
         client.get(done["result_url"], headers=auth(user_key))
         # The worker logs just after its commit: let it finish before stopping it.
-        finals = {done["job_id"]: "job done", failed["job_id"]: "job failed", got["job_id"]: "Task asynch.run_job"}
+        finals = {done["job_id"]: "job done", failed["job_id"]: "job failed", got["job_id"]: "Task asynch.run_jobs"}
         wait_until(lambda: all(any(d.get("job_id") == j and d["msg"].startswith(m)
                                    for d in _lines(worker_log.read_text(errors="replace")))
                                for j, m in finals.items()), timeout=20, what="worker log lines")

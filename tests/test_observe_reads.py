@@ -69,7 +69,7 @@ def test_pending_and_running_are_the_gates_not_the_rows(client, make_model, admi
     # A worker claims one (the row's CAS, then the dispatcher is told): running.
     with transaction() as conn:
         assert transitions.claim(conn, ids[0], 0, clock_now() + timedelta(seconds=60), worker="n1#i1") is not None
-    rd.claimed("m", "tenant-a", ids[0], 60, cap=2)
+    rd.claimed("m", [("tenant-a", ids[0])], 60, cap=2)
     assert _numbers(client, admin_key, user_key) == {"metrics": (4, 1, 1), "overview": (4, 1, 5), "tenant": (4, 1, 5)}
 
     # The gate loses a pending job's slots (a drift reconcile repairs): the counts follow the gate, not

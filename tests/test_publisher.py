@@ -44,14 +44,14 @@ def test_fast_message_matches_celery_send_task(settings, priority):
 # --- the outbox: admissions' messages sent after the 202, batched ----------------------------
 
 def _queued_args(settings) -> list:
-    """run_job args of every message on the session's queue, in serving order."""
+    """[job_id, attempt] of every job of every run_jobs message on the session's queue, in serving order."""
     import base64
 
     b = redis_lib.Redis.from_url(settings.effective_broker_url)
     out = []
     for key in [settings.queue_name] + [f"{settings.queue_name}:{i}" for i in range(1, 10)]:
         for raw in reversed(b.lrange(key, 0, -1)):
-            out.append(json.loads(base64.b64decode(json.loads(raw)["body"]))[0])
+            out.extend(json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0])
     return out
 
 

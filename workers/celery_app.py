@@ -41,8 +41,12 @@ _log_tokens: dict = {}
 
 @task_prerun.connect
 def _bind_job(task_id=None, args=None, **_kw):
-    # Everything logged while a run_job runs carries its job_id.
-    job_id = args[0] if args and isinstance(args[0], str) and args[0].startswith("job_") else None
+    # Everything logged while a run_jobs message of one job runs carries its job_id (a larger group's
+    # lines carry each job's own: app/jobs/execution.py logs with its context).
+    first = args[0] if args else None
+    if isinstance(first, list) and len(first) == 1 and isinstance(first[0], list):
+        first = first[0][0]
+    job_id = first if isinstance(first, str) and first.startswith("job_") else None
     _log_tokens[task_id] = bind(job_id=job_id)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from app.delivery import outbox
 from app.errors import Unavailable
-from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, RUN_JOB_TASK
+from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, RUN_JOB_TASK, RUN_JOBS_TASK
 from app.infra import metrics
 from app.jobs import dispatch, execution
 from app.maintenance import autotune, passes as maintenance
@@ -16,18 +16,32 @@ from workers.celery_app import celery
 
 
 # max_retries=None: waiting for the database to come back is not bounded by
-# Celery's retry count; the job's budget bounds it.  A message only exists once the job was
-# dispatched with its tenant's permit (app/jobs/dispatch.py): no polling here.
+# Celery's retry count; the job's budget bounds it.  A message only exists once its jobs were
+# dispatched with their tenants' permits (app/jobs/dispatch.py): no polling here.
+@celery.task(name=RUN_JOBS_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             max_retries=None)
+def run_jobs(self, jobs: list) -> list[str]:
+    """A group of one model's jobs, [[job_id, attempt], ...]: claimed together, called at once."""
+    return _run(self, jobs)
+
+
 @celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
              max_retries=None)
-def run_job(self, job_id: str, attempt: int = -1) -> str:
+def run_job(self, job_id: str, attempt: int = -1) -> list[str]:
+    """One job's message from a release before run_jobs (a group of one)."""
+    return _run(self, [[job_id, attempt]])
+
+
+def _run(self, jobs: list) -> list[str]:
     try:
-        out = execution.run_attempt(job_id, attempt, worker=heartbeat.identity(self.request.hostname))
+        out = execution.run_group([(job_id, attempt) for job_id, attempt in jobs],
+                                  worker=heartbeat.identity(self.request.hostname))
     except Unavailable as exc:
         # The database is away: ring the doorbell again shortly rather than
-        # leave the job to the maintenance pass.
+        # leave the jobs to the maintenance pass (a job claimed meanwhile is stale then).
         raise self.retry(exc=exc, countdown=2)
-    metrics.run_job_message(out)
+    for outcome in out:
+        metrics.run_job_message(outcome)
     return out
 
 

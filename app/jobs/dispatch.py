@@ -3,8 +3,8 @@ its run_job message only when its tenant has a free permit and the fair
 scheduler (app/infra/redis/dispatch.py) picks it.
 
 Who calls what: admission (through the outbox) ``enqueue_new``; the worker
-after its claim ``claimed`` (the permit lasts the lease); every move out of
-pending/running ``finished`` (slots and permit back, wake-up); retries,
+after its group's claim ``claimed`` (the permits last the lease); every move out of
+pending/running ``finished`` (slots and permits back, wake-ups; one step per model for a group); retries,
 promotion and recovery ``requeue``; a busy upstream ``returned``; the
 periodic pass ``kick_all``.  Each call may dispatch jobs (anyone's): their
 messages are published here, in one LPUSH.  A message carries the attempt
@@ -91,17 +91,16 @@ def requeue(model: str, entries: list[tuple[str, str, float, int | str]], *, mod
     return len(_safely(model, "requeue", lambda: rd.enqueue(model, entries, mode=mode, cap=cap)))
 
 
-def claimed(model: str, tenant: str, job_id: str, lease_seconds: float, cap: int) -> None:
-    _safely(model, "claim", lambda: rd.claimed(model, tenant, job_id, lease_seconds, cap=cap))
+def claimed(model: str, jobs: list[tuple[str, str]], lease_seconds: float, cap: int) -> None:
+    """A group of (tenant, job_id) claimed: their permits last the lease, in one step."""
+    _safely(model, "claim", lambda: rd.claimed(model, jobs, lease_seconds, cap=cap))
 
 
-def finished(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
-             cap: int | None = None, ran: float | None = None) -> None:
-    """The job left pending/running: slots and permit back and, if ``wake``, its
-    waiters woken with ``message`` (the row's snapshot; empty: they read the row); ``ran``: a
-    done attempt's seconds."""
-    _safely(model, "finish", more=True, call=lambda: rd.finish(
-        model, tenant, job_id, wake=wake, message=message, cap=cap, ran=ran))
+def finished(model: str, jobs: list[tuple[str, str, str | None, float | None]], cap: int | None = None) -> None:
+    """Jobs that left pending/running, (tenant, job_id, wake-up, ran) each, in one step: slots and permits
+    back; a wake-up (None: none; "": the job id; else the row's snapshot) for their waiters; ``ran``: a done
+    attempt's seconds."""
+    _safely(model, "finish", more=True, call=lambda: rd.finish(model, jobs, cap=cap))
 
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: int, started: float,

@@ -41,6 +41,11 @@ class Due(list):
             self.append((moved, cap, retry_after))
         return moved
 
+    def add_all(self, moves: list[Moved], caps: dict[str, int]) -> list[Moved]:
+        """A group transition's wins (transitions.complete_group), ``caps`` by model; returns them."""
+        self.extend((m, caps.get(m.row.model_name), None) for m in moves)
+        return moves
+
 
 @contextmanager
 def collecting() -> Iterator[Due]:
@@ -48,30 +53,41 @@ def collecting() -> Iterator[Due]:
     it BEFORE the transaction, so the commit comes first)."""
     due = Due()
     yield due
-    for moved, cap, retry_after in due:
-        run(moved, cap=cap, retry_after=retry_after)
+    run_all(due)
 
 
 def run(moved: Moved | None, cap: int | None = None, retry_after: float | None = None) -> None:
-    """The effects of one committed transition, those its ``Moved`` says are due.  A busy return keeps
+    """The effects of one committed transition (run_all of one)."""
+    if moved is not None:
+        run_all([(moved, cap, retry_after)])
+
+
+def run_all(due: list[tuple[Moved, int | None, float | None]]) -> None:
+    """The effects of committed transitions, those each ``Moved`` says are due: the releases of one model
+    are ONE dispatch step (slots and permits back, wake-ups, run times, the next jobs).  A busy return keeps
     its slot: permit back, queued at its tenant's head, the model's limit lowered (paused for ``retry_after``)."""
-    if moved is None:
-        return
-    row = moved.row
-    if moved.terminal:
-        metrics.job_finished(row)
-    if moved.release:
-        dispatch.finished(row.model_name, row.tenant_id, row.id, wake=moved.terminal, cap=cap,
-                          message=snapshot_message(row) if moved.terminal else "",
-                          ran=estimates.ran_seconds(row) if moved.state == JobState.DONE else None)
-    for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
-        publish_task(DELIVER_TASK, [])
-    if moved.requeue:
-        dispatch.returned(row.model_name, row.tenant_id, row.id, dispatch.order_score(row.created_at, row.priority),
-                          row.attempt, row.started_at.timestamp() if row.started_at else 0.0, retry_after, cap=cap)
+    releases: dict[tuple[str, int | None], list] = {}
+    for moved, cap, _ in due:
+        row = moved.row
+        if moved.terminal:
+            metrics.job_finished(row)
+        if moved.release:
+            releases.setdefault((row.model_name, cap), []).append((
+                row.tenant_id, row.id, snapshot_message(row) if moved.terminal else None,
+                estimates.ran_seconds(row) if moved.state == JobState.DONE else None))
+    for (model, cap), jobs in releases.items():
+        dispatch.finished(model, jobs, cap=cap)
+    for moved, cap, retry_after in due:
+        for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
+            publish_task(DELIVER_TASK, [])
+        if moved.requeue:
+            row = moved.row
+            dispatch.returned(row.model_name, row.tenant_id, row.id,
+                              dispatch.order_score(row.created_at, row.priority), row.attempt,
+                              row.started_at.timestamp() if row.started_at else 0.0, retry_after, cap=cap)
 
 
 def release_stale_dispatch(model: str, tenant: str, job_id: str) -> None:
     """A dispatch of a job that already ended (its queue entry came back after a
     slow or lost message): its permit and in-flight entry go back now (idempotent removals)."""
-    dispatch.finished(model, tenant, job_id, wake=False)
+    dispatch.finished(model, [(tenant, job_id, None, None)])

@@ -13,14 +13,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import String, any_, bindparam, cast, select
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from app import transitions
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra import metrics, secretbox
+from app.infra.process import PerProcess
 from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
 from app.infra.storage import StorageError, get_storage
@@ -41,56 +46,109 @@ INLINE = "inline:"  # the location of a result kept in its row
 
 
 def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) -> str:
-    """Run the attempt a run_job(job_id, attempt) message stands for
-    (``CURRENT``: whatever attempt the row is pending at).  Returns what happened ("stale",
-    "expired", "done", "retry_wait", "failed", "lost", "busy"); a duplicate or outdated message is
-    "stale", refused by the claim CAS.  ``worker``: this Celery node (recovery watches its heartbeat)."""
-    # Two single-statement round trips (no BEGIN/COMMIT): read the job with
-    # its model, then the claim CAS, which re-checks state and attempt itself.
-    with single_statement() as conn:
-        job = conn.execute(_JOB_WITH_MODEL, {"job_id": job_id}).first()
-    if job is None or job.state != JobState.PENDING or attempt not in (CURRENT, job.attempt):
-        if job is not None and is_terminal(job.state):
-            # Its queue entry came back after a slow or lost message
-            # (requeue_unclaimed): nobody will claim it.
-            effects.release_stale_dispatch(job.task_model, job.tenant_id, job_id)
-        return "stale"
-    attempt = job.attempt
-    if job.caller_deadline_at is not None and job.caller_deadline_at < clock_now():
-        # Its caller's deadline passed while it waited: it ends expired, the model is never called.
-        with effects.collecting() as due, single_statement() as conn:
-            won = due.add(transitions.expire(conn, job_id, now=clock_now()))
-        return "expired" if won is not None else "stale"
-    model = job if job.model_id is not None else None
-    lease_seconds = (model.timeout_seconds if model is not None else 60) + get_settings().lease_grace_seconds
-    with single_statement() as conn:
-        row = transitions.claim(conn, job_id, attempt, clock_now() + timedelta(seconds=lease_seconds), worker)
-    if row is None:
-        return "stale"
-    dispatch.claimed(row.model_name, row.tenant_id, job_id, lease_seconds,
-                     cap=model.max_concurrency if model is not None else 1)
-    return run_claimed(row, model, attempt + 1)
+    """A group of one (run_group): what came of the attempt a run_job(job_id, attempt) message stands for."""
+    return run_group([(job_id, attempt)], worker)[0]
 
 
-# The job's pending-check fields and its model's whole row in one round trip
+def run_group(jobs: list[tuple[str, int]], worker: str | None = None) -> list[str]:
+    """Run the attempts a run_jobs message stands for, (job_id, attempt) each (``CURRENT``: whatever attempt
+    the row is pending at).  Returns what came of each, in order ("stale", "expired", "done", "retry_wait",
+    "failed", "lost", "busy"); a duplicate or outdated message's job is "stale", refused by the claim CAS.
+    ``worker``: this Celery node (recovery watches its heartbeat).
+
+    One read of the jobs with their models, then per model ONE claim statement for all of them and ONE
+    dispatch step (each claim durable before any call); the calls run concurrently and their answers are
+    written as they come, each batch of finished calls in ONE statement (``run_claimed_group``)."""
+    jobs = list(dict(jobs).items())  # a job named twice runs once
+    with single_statement() as conn:
+        found = {r.id: r for r in conn.execute(_JOBS_WITH_MODEL, {"ids": [j for j, _ in jobs]})}
+    out: dict[str, str] = {}
+    claimable: dict[str, list] = {}
+    for job_id, attempt in jobs:
+        job = found.get(job_id)
+        if job is None or job.state != JobState.PENDING or attempt not in (CURRENT, job.attempt):
+            if job is not None and is_terminal(job.state):
+                # Its queue entry came back after a slow or lost message
+                # (requeue_unclaimed): nobody will claim it.
+                effects.release_stale_dispatch(job.task_model, job.tenant_id, job_id)
+            out[job_id] = "stale"
+        elif job.caller_deadline_at is not None and job.caller_deadline_at < clock_now():
+            # Its caller's deadline passed while it waited: it ends expired, the model is never called.
+            with effects.collecting() as due, single_statement() as conn:
+                won = due.add(transitions.expire(conn, job_id, now=clock_now()))
+            out[job_id] = "expired" if won is not None else "stale"
+        else:
+            claimable.setdefault(job.task_model, []).append(job)
+    runnable = []
+    for group in claimable.values():
+        model = group[0] if group[0].model_id is not None else None
+        lease_seconds = (model.timeout_seconds if model is not None else 60) + get_settings().lease_grace_seconds
+        with single_statement() as conn:
+            rows = transitions.claim_group(conn, [(j.id, j.attempt) for j in group],
+                                           clock_now() + timedelta(seconds=lease_seconds), worker)
+        out.update((j.id, "stale") for j in group)
+        if rows:
+            dispatch.claimed(rows[0].model_name, [(r.tenant_id, r.id) for r in rows], lease_seconds,
+                             cap=model.max_concurrency if model is not None else 1)
+            runnable += [(row, model, row.attempt) for row in rows]
+    out.update(run_claimed_group(runnable))
+    return [out[j] for j, _ in jobs]
+
+
+# The jobs' pending-check fields and their model's whole row in one round trip
 # (an outer join: a deleted model leaves model_id NULL).
-_JOB_WITH_MODEL = (
-    select(tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, tasks.c.model_name.label("task_model"),
-           tasks.c.caller_deadline_at, models.c.id.label("model_id"), *[c for c in models.c if c.name != "id"])
+_JOBS_WITH_MODEL = (
+    select(tasks.c.id, tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, tasks.c.model_name.label("task_model"),
+           tasks.c.caller_deadline_at, models.c.id.label("model_id"),
+           *[c for c in models.c if c.name not in ("id", "model_name")], models.c.model_name)
     .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
-    .where(tasks.c.id == bindparam("job_id"))
+    .where(tasks.c.id == any_(cast(bindparam("ids"), ARRAY(String))))
 )
 
 
-def run_claimed(row, model, mine: int) -> str:
-    """Run attempt ``mine`` of a row this caller just claimed (``model``: its
-    model's row, None if gone): run_attempt above and the worker-less runWork
-    pass (app/maintenance/passes.py run_once) share it."""
+@dataclass(frozen=True)
+class _Answer:
+    """A call that answered, its result stored (or inline): what the writer turns into done."""
+    row: object
+    model: object
+    done: transitions.Done
+    ctx: dict
+
+
+# The threads a pool process runs a group's calls on, kept (their keep-alive connections with them,
+# app/infra/http/deadline.py: one pool per thread).  A group of one runs on the task's own thread.
+_calls = PerProcess(lambda: ThreadPoolExecutor(max(1, get_settings().dispatch_group), "asynch-call"),
+                    on_reset=lambda pool: pool.shutdown(wait=False))
+
+
+def run_claimed_group(runnable: list[tuple]) -> dict[str, str]:
+    """Run attempts this caller just claimed, (row, model: its model's row or None if gone, attempt) each:
+    run_group above and the worker-less runWork pass (app/maintenance/passes.py run_once) share it.  The
+    calls run at once; one writer (this thread) records the answers as they come, each batch of calls
+    that finished together in ONE done statement, so no job's end waits for a slower one's."""
+    if len(runnable) == 1:
+        result = _call(*runnable[0])
+        return result if isinstance(result, dict) else _write([result])
+    out: dict[str, str] = {}
+    pending = {_calls.get().submit(_call, *job) for job in runnable}
+    while pending:
+        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        results = [f.result() for f in finished]
+        for r in results:
+            if isinstance(r, dict):
+                out.update(r)
+        out.update(_write([r for r in results if isinstance(r, _Answer)]))
+    return out
+
+
+def _call(row, model, mine: int) -> _Answer | dict[str, str]:
+    """Attempt ``mine`` of a claimed row: the model call and the result's upload.  An answer is returned for
+    the writer; a failure is recorded here and its outcome returned ({job_id: outcome})."""
     settings = get_settings()
     ctx = {"job_id": row.id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
     if model is None:
-        return _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), ctx, None,
-                     permanent=True)
+        return {row.id: _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), ctx,
+                              None, permanent=True)}
     try:
         t0 = time.monotonic()
         try:
@@ -103,9 +161,9 @@ def run_claimed(row, model, mine: int) -> str:
             if exc.called:
                 metrics.model_call(row.model_name, time.monotonic() - t0, False)
             if exc.busy and settings.upstream_control and row.busy_count < settings.upstream_busy_budget:
-                return _busy(row, mine, exc, model, ctx)
-            return _fail(row, mine, job_error(exc.code, exc.public), ctx, model, permanent=exc.permanent,
-                         counted=exc.called, detail=str(exc))
+                return {row.id: _busy(row, mine, exc, model, ctx)}
+            return {row.id: _fail(row, mine, job_error(exc.code, exc.public), ctx, model, permanent=exc.permanent,
+                                  counted=exc.called, detail=str(exc))}
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
         inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
         location = INLINE  # kept in the row by the done write itself
@@ -114,35 +172,55 @@ def run_claimed(row, model, mine: int) -> str:
                 passthrough = json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
                 location = _upload(row.id, mine, resp.body, resp.content_type, passthrough, ctx)
             except StorageError as exc:
-                return _fail(row, mine, job_error("storage_error", "result upload failed"), ctx, model, counted=True,
-                             detail=f"result upload failed: {exc}")
-        with effects.collecting() as due, atomic_statement() as conn:
-            # The call is counted whether or not the job is still ours (the
-            # model did the work), in the same statement as the transition.
-            won = due.add(transitions.complete(conn, row.id, mine, location=location, content_type=resp.content_type,
-                                               size=len(resp.body), inline=inline, alongside=_call_counted(conn, row)),
-                          cap=model.max_concurrency)
-        if won is None:
-            # Canceled, timed out or recovered while we worked: not ours any more.
-            if inline is None:
-                try:
-                    get_storage().delete(location)
-                except StorageError:
-                    log.warning("orphan result not deleted: %s", location)
-            log.info("attempt lost its job before completing", extra=ctx)
-            return "lost"
-        log.info("job done", extra=ctx)
-        return "done"
+                return {row.id: _fail(row, mine, job_error("storage_error", "result upload failed"), ctx, model,
+                                      counted=True, detail=f"result upload failed: {exc}")}
+        return _Answer(row, model, transitions.Done(row.id, mine, location, resp.content_type, len(resp.body),
+                                                    inline), ctx)
     except Exception as exc:
-        # A bug or an outage in our own bookkeeping: fail the attempt (retryable)
-        # rather than leave it running until its lease runs out.
-        log.exception("attempt crashed", extra=ctx)
-        try:
-            return _fail(row, mine, job_error("internal_error", "internal error"), ctx, model,
-                         detail=f"{type(exc).__name__}: {exc}")
-        except Exception:
-            log.exception("could not record the crashed attempt; recovery will", extra=ctx)
-            return "lost"
+        return {row.id: _crashed(row, mine, model, ctx, exc)}
+
+
+def _write(answers: list[_Answer]) -> dict[str, str]:
+    """The writer: answered calls -> done, in ONE statement with their usage counts, attempt logs and outbox
+    rows; the calls are counted whether or not each job is still ours (the model did the work)."""
+    if not answers:
+        return {}
+    try:
+        with effects.collecting() as due, atomic_statement() as conn:
+            counts = Counter((a.row.tenant_id, a.row.creator, a.row.model_name) for a in answers)
+            won = due.add_all(transitions.complete_group(conn, [a.done for a in answers],
+                                                         alongside=stats.calls_counted(conn, clock_now().date(), counts)),
+                              caps={a.row.model_name: a.model.max_concurrency for a in answers})
+    except Exception as exc:
+        return {a.row.id: _crashed(a.row, a.done.attempt, a.model, a.ctx, exc) for a in answers}
+    ours = {m.row.id for m in won}
+    out = {}
+    for a in answers:
+        if a.row.id in ours:
+            log.info("job done", extra=a.ctx)
+            out[a.row.id] = "done"
+            continue
+        # Canceled, timed out or recovered while we worked: not ours any more.
+        if a.done.inline is None:
+            try:
+                get_storage().delete(a.done.location)
+            except StorageError:
+                log.warning("orphan result not deleted: %s", a.done.location)
+        log.info("attempt lost its job before completing", extra=a.ctx)
+        out[a.row.id] = "lost"
+    return out
+
+
+def _crashed(row, mine: int, model, ctx: dict, exc: Exception) -> str:
+    """A bug or an outage in our own bookkeeping: fail the attempt (retryable)
+    rather than leave it running until its lease runs out."""
+    log.error("attempt crashed", extra=ctx, exc_info=exc)
+    try:
+        return _fail(row, mine, job_error("internal_error", "internal error"), ctx, model,
+                     detail=f"{type(exc).__name__}: {exc}")
+    except Exception:
+        log.exception("could not record the crashed attempt; recovery will", extra=ctx)
+        return "lost"
 
 
 def _call_counted(conn, row) -> tuple:

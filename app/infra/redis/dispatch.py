@@ -50,20 +50,23 @@ def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int]], *,
     return _triples(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat, most=most))
 
 
-def claimed(model: str, tenant: str, job_id: str, run_lease_seconds: float,
+def claimed(model: str, jobs: Iterable[tuple[str, str]], run_lease_seconds: float,
             cap: int | None = None) -> list[tuple[str, str, str]]:
-    return _triples(_step(scripts.get("dispatch_claimed"), model, cap, tenant, job_id, f"{run_lease_seconds:.3f}"))
+    """A group of (tenant, job_id) claimed: ONE step for the group, which dispatches what their claims allow."""
+    flat = [x for pair in jobs for x in pair]
+    return _triples(_step(scripts.get("dispatch_claimed"), model, cap, f"{run_lease_seconds:.3f}", *flat))
 
 
-def finish(model: str, tenant: str, job_id: str, *, wake: bool, message: str = "",
-           cap: int | None = None, ran: float | None = None) -> tuple[bool, list[tuple[str, str, str]]]:
-    """(whether the gate slot was still held, the jobs dispatched).  ``message``: the wake-up's (wakeups.py
-    snapshot_message; empty: the job id).  ``ran``: a done attempt's seconds, for the EWMA and upstream.py."""
-    released, *rest = _step(
-        scripts.get("dispatch_finish"), model, cap, tenant, job_id, keys.tenant_gate(model, ""),
-        keys.terminal_channel() if wake else "", message if wake else "", "" if ran is None else f"{ran:.6f}",
-        f"{get_settings().estimate_alpha:.6f}", upstream.finish_arg(), gate=True)
-    return bool(released), _triples(rest)
+def finish(model: str, jobs: Iterable[tuple[str, str, str | None, float | None]],
+           cap: int | None = None) -> tuple[list[bool], list[tuple[str, str, str]]]:
+    """Jobs that left pending/running, (tenant, job_id, wake-up, ran) each, in ONE step: (for each, whether its
+    gate slot was still held; the jobs dispatched).  Wake-up: None for none, "" for the job id alone, else the
+    message (wakeups.py snapshot_message); ran: a done attempt's seconds, for the EWMA and upstream.py."""
+    flat = [x for t, job, wake, ran in jobs for x in (t, job, "-" if wake is None else wake,
+                                                      "" if ran is None else f"{ran:.6f}")]
+    n, *rest = _step(scripts.get("dispatch_finish"), model, cap, keys.tenant_gate(model, ""), keys.terminal_channel(),
+                     f"{get_settings().estimate_alpha:.6f}", upstream.finish_arg(), *flat, gate=True)
+    return [bool(x) for x in rest[:n]], _triples(rest[n:])
 
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: str, started: float,

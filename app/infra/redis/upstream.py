@@ -24,7 +24,7 @@ def params() -> str:
 
 
 def finish_arg() -> str:
-    """dispatch_finish.lua's ARGV 15: the parameters, or "-" with the controller off (forget its state)."""
+    """dispatch_finish.lua's ARGV 11: the parameters, or "-" with the controller off (forget its state)."""
     return params() if get_settings().upstream_control else "-"
 
 
