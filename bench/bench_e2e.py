@@ -2,7 +2,10 @@
 versus bare Celery tasks making the same HTTP call, same worker settings
 (prefork -c 2, acks_late, prefetch 1).  Both queues are filled while no
 worker runs; the clock starts when the worker reports ready and stops when
-the last job is done.  Medians of 3."""
+the last job is done.  Medians of 3.
+
+``BENCH_E2E_GROUPS`` (default "4", the product's ASYNCH_DISPATCH_GROUP): the group sizes ours runs at,
+interleaved in each run ("1,4,8": one job per message as before run_jobs, beside groups of 4 and 8)."""
 from __future__ import annotations
 
 import sys
@@ -15,6 +18,7 @@ from bench import stack
 
 N = int(__import__("os").environ.get("BENCH_E2E_JOBS", "2000"))
 RUNS = int(__import__("os").environ.get("BENCH_RUNS", "3"))
+GROUPS = [int(g) for g in __import__("os").environ.get("BENCH_E2E_GROUPS", "4").split(",")]
 
 
 def _fill_ours(n: int, model: str = "bench-echo") -> None:
@@ -65,13 +69,22 @@ def main() -> dict:
     model_url = f"http://127.0.0.1:{model_port}"
     stack.create_model("bench-echo", model_url)
     counter = stack.redis_db(stack.COUNTER_DB)
-    res = {"ours": [], "naive": []}
+    res = {"naive": [], **{f"ours-{g}": [] for g in GROUPS}}
     try:
         for i in range(RUNS):
-            stack.truncate_jobs()
-            stack.flush_redis()
-            _fill_ours(N)
-            ours = _drain(lambda: stack.celery_worker("worker", "workers.celery_app", "asynch-bench"), _done_ours, N)
+            line = []
+            for g in GROUPS:
+                from app.config import get_settings, set_settings
+
+                set_settings(get_settings().with_overrides(dispatch_group=g))  # the fill's dispatch publishes
+                stack.truncate_jobs()
+                stack.flush_redis()
+                _fill_ours(N)
+                rate = _drain(lambda g=g: stack.celery_worker("worker", "workers.celery_app", "asynch-bench",
+                                                              extra_env={"ASYNCH_DISPATCH_GROUP": str(g)}),
+                              _done_ours, N)
+                res[f"ours-{g}"].append(rate)
+                line.append(f"ours (groups of {g}) {rate:.0f} jobs/s")
 
             from bench.naive import http_call
 
@@ -79,17 +92,19 @@ def main() -> dict:
                 http_call.delay(model_url + "/bench", {"i": j})
             naive = _drain(lambda: stack.celery_worker("naive-worker", "bench.naive", "naive"),
                            lambda: int(counter.get("naive:done") or 0), N)
-            res["ours"].append(ours)
             res["naive"].append(naive)
-            print(f"  run {i + 1}: ours {ours:.0f} jobs/s, bare Celery HTTP task {naive:.0f} tasks/s", flush=True)
+            print(f"  run {i + 1}: {', '.join(line)}, bare Celery HTTP task {naive:.0f} tasks/s", flush=True)
     finally:
         model.stop()
-    summary = {"ours_jobs_s": stack.median(res["ours"]), "naive_tasks_s": stack.median(res["naive"])}
-    summary["ratio"] = summary["ours_jobs_s"] / summary["naive_tasks_s"]
-    summary["worker_rss_mb"] = RSS.get("worker")
-    print(f"end to end ({N} jobs): ours {summary['ours_jobs_s']:.0f} jobs/s | bare Celery HTTP task "
-          f"{summary['naive_tasks_s']:.0f} tasks/s | ratio {summary['ratio']:.2f}x | worker RSS max "
-          f"{summary['worker_rss_mb']:.0f} MB")
+    naive = stack.median(res["naive"])
+    summary = {"naive_tasks_s": naive, "worker_rss_mb": RSS.get("worker")}
+    for g in GROUPS:
+        summary[f"ours_jobs_s_group_{g}"] = stack.median(res[f"ours-{g}"])
+        print(f"end to end ({N} jobs), groups of {g}: ours {summary[f'ours_jobs_s_group_{g}']:.0f} jobs/s | bare "
+              f"Celery HTTP task {naive:.0f} tasks/s | ratio {summary[f'ours_jobs_s_group_{g}'] / naive:.2f}x")
+    summary["ours_jobs_s"] = summary[f"ours_jobs_s_group_{GROUPS[-1]}"]
+    summary["ratio"] = summary["ours_jobs_s"] / naive
+    print(f"worker RSS max {summary['worker_rss_mb']:.0f} MB")
     return summary
 
 

@@ -48,8 +48,8 @@ def purge_queue(b, queue: str) -> None:
 
 
 def queued(b, queue: str) -> list[tuple[int, str, int]]:
-    """(priority, job id, attempt) of every run_job message, in the order a
-    worker takes them: priority list 0 first, each list FIFO (LPUSH/BRPOP)."""
+    """(priority, job id, attempt) of every job of every run_jobs message, in the order a
+    worker takes them: priority list 0 first, each list FIFO (LPUSH/BRPOP), a group's jobs in order."""
     from app.jobs import outbox
 
     outbox.flush()
@@ -58,8 +58,8 @@ def queued(b, queue: str) -> list[tuple[int, str, int]]:
         key = queue if pri == 0 else f"{queue}:{pri}"
         for raw in reversed(b.lrange(key, 0, -1)):
             msg = json.loads(raw)
-            args = json.loads(__import__("base64").b64decode(msg["body"]))[0]
-            out.append((pri, args[0], args[1]))
+            (group,) = json.loads(__import__("base64").b64decode(msg["body"]))[0]
+            out.extend((pri, job_id, attempt) for job_id, attempt in group)
     return out
 
 
