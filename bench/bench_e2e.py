@@ -4,7 +4,7 @@ versus bare Celery tasks making the same HTTP call, same worker settings
 worker runs; the clock starts when the worker reports ready and stops when
 the last job is done.  Medians of 3.
 
-``BENCH_E2E_GROUPS`` (default "4", the product's ASYNCH_DISPATCH_GROUP): the group sizes ours runs at,
+``BENCH_E2E_GROUPS`` (default "8", the product's ASYNCH_DISPATCH_GROUP): the group sizes ours runs at,
 interleaved in each run ("1,4,8": one job per message as before run_jobs, beside groups of 4 and 8)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from bench import stack
 
 N = int(__import__("os").environ.get("BENCH_E2E_JOBS", "2000"))
 RUNS = int(__import__("os").environ.get("BENCH_RUNS", "3"))
-GROUPS = [int(g) for g in __import__("os").environ.get("BENCH_E2E_GROUPS", "4").split(",")]
+GROUPS = [int(g) for g in __import__("os").environ.get("BENCH_E2E_GROUPS", "8").split(",")]
 
 
 def _fill_ours(n: int, model: str = "bench-echo") -> None:
