@@ -147,3 +147,22 @@ def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
     p.join(10)
     assert p.exitcode == 0
     assert _queued_args(settings) == [["job_from_parent", 0], ["job_from_child", 0]]
+
+
+@pytest.mark.parametrize("group, sizes", [(4, [4, 3, 3]), (8, [5, 5]), (1, [1] * 10), (64, [10])])
+def test_one_dispatch_step_goes_out_in_as_few_even_groups_as_the_size_allows(settings, empty_queue, group, sizes):
+    """Ten jobs of one step: ceil(10 / group) run_jobs messages, each about as large (every pool process gets
+    work), in one LPUSH, served in dispatch order (the first message holds the first picks)."""
+    import base64
+
+    from app.config import set_settings
+    from app.infra import publisher
+
+    set_settings(settings.with_overrides(dispatch_group=group))
+    jobs = [(f"job_g{i}", i % 3) for i in range(10)]
+    assert publisher.publish_run_jobs(jobs) == 10
+    b = redis_lib.Redis.from_url(settings.effective_broker_url)
+    key = settings.queue_name + ":" + str(publisher.broker_priority(publisher.Priority.NORMAL))
+    groups = [json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0] for raw in reversed(b.lrange(key, 0, -1))]
+    assert [len(g) for g in groups] == sizes
+    assert [tuple(j) for g in groups for j in g] == jobs

@@ -116,9 +116,10 @@ class _Answer:
 
 
 # The threads a pool process runs a group's calls on, kept (their keep-alive connections with them,
-# app/infra/http/deadline.py: one pool per thread).  A group of one runs on the task's own thread.
-_calls = PerProcess(lambda: ThreadPoolExecutor(max(1, get_settings().dispatch_group), "asynch-call"),
-                    on_reset=lambda pool: pool.shutdown(wait=False))
+# app/infra/http/deadline.py: one pool per thread), started as a group first needs them: as many as
+# its largest group, never a call queued behind another (the setting's ceiling, 64, bounds them).
+# A group of one runs on the task's own thread.
+_calls = PerProcess(lambda: ThreadPoolExecutor(64, "asynch-call"), on_reset=lambda pool: pool.shutdown(wait=False))
 
 
 def run_claimed_group(runnable: list[tuple]) -> dict[str, str]:
