@@ -8,7 +8,7 @@ Invariants:
   (``set_shares``) a tenant goes first, free of charge; at its burst ceiling or its permit limit it is not
   dispatched (``blocked``).
 - A dispatch takes the tenant's permit in the same step: a message in the broker always has one.  At most ``window``
-  messages per model wait unclaimed; one not claimed within ``lease`` seconds goes back to the head of its tenant's
+  dispatched jobs per model wait unclaimed; one not claimed within ``lease`` seconds goes back to the head of its tenant's
   queue with its permit and charge returned (a duplicate message is harmless: the claim CAS lets one through).
 - Every decision is one Lua step over the model's keys (dispatch_*.lua, with their KEYS/ARGV); per-tenant keys are
   built from ARGV prefixes carrying the model's hash tag, so a step touches one slot (keys.py) and reads the model's
