@@ -118,7 +118,7 @@ class Copy:
 
     def state(self) -> dict | None:
         if self.proc.poll() is not None:
-            raise AssertionError(f"asynch dev exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            raise AssertionError(f"asynch dev exited {self.proc.returncode}: {self.log.read_text()[-30000:]}")
         path = self.dir / ".asynch" / "dev.json"
         return json.loads(path.read_text()) if path.exists() else None
 
@@ -210,8 +210,11 @@ def stacks():
     try:
         for c in copies:
             c.start(free_port(), free_port())
-        for c in copies:
-            wait_until(c.state, timeout=180, interval=0.3, what=f"asynch dev in {c.dir}")
+        for c in copies:  # the stack's own bound on its API's start is 240 s
+            try:
+                wait_until(c.state, timeout=300, interval=0.3, what=f"asynch dev in {c.dir}")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n--- its log ---\n{c.log.read_text()[-30000:]}") from None
         yield {"copies": copies, "before": before, "base": base}
     finally:
         for c in copies:

@@ -123,9 +123,14 @@ def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, ma
         wait_until(lambda: _all_done(first), timeout=90, what="the first 100 jobs")
         assert maintenance.recover().details["wipe"]["wiped"] == []  # no false alarm
 
-        # Both worker processes get a held job; 398 more queue up behind them.
-        held = [_submit("bulk", {"i": 100 + i, "hold": "mid-run"}) for i in range(2)]
-        wait_until(lambda: sum(1 for p in model_payloads(model_server) if p.get("hold")) == 2, what="both held")
+        # Both worker processes get a held job; 398 more queue up behind them.  The held jobs
+        # go one at a time: sent together they would share one run_jobs message, and one
+        # process would hold both calls while the other ran the rest.
+        held = []
+        for i in range(2):
+            held.append(_submit("bulk", {"i": 100 + i, "hold": "mid-run"}))
+            wait_until(lambda: sum(1 for p in model_payloads(model_server) if p.get("hold")) == len(held),
+                       what=f"{len(held)} held")
         rest = [_submit("bulk", {"i": 102 + i}) for i in range(398)]
         every = first + held + rest
 

@@ -135,8 +135,10 @@ def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
         key = _prepare(env, demo.url)
         children = _start_children(data_dir, api_sock, callback_port)
         base = f"http://127.0.0.1:{port}"
-        if not _wait_healthy(base, children[0], timeout=60):
-            click.echo("the API did not come up; stopping", err=True)
+        # A slow first start (a loaded machine, cold imports in every child) takes well over a
+        # minute; a dead API ends the wait at once, so a long bound costs nothing.
+        if (why := _wait_healthy(base, children[0], timeout=240)) is not None:
+            click.echo(f"the API did not come up ({why}); stopping", err=True)
             sys.exit(1)
         _write_private(data_dir / STATE_FILE, {"pid": os.getpid(), "api": base, "admin_key": key,
                                                "demo_model": demo.url, "env": env,
@@ -253,18 +255,26 @@ def _stop_children(children: list[subprocess.Popen]) -> None:
         c.wait()
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> bool:
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> str | None:
+    """None once /healthz answers 200; otherwise why it never did."""
+    import urllib.error
     import urllib.request
 
-    deadline = time.time() + timeout
+    deadline, last = time.time() + timeout, "no answer"
     while time.time() < deadline:
         if proc.poll() is not None:
-            return False
-        with contextlib.suppress(OSError), urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
-            if resp.status == 200:
-                return True
+            return f"its server exited {proc.returncode}"
+        try:
+            with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
+                if resp.status == 200:
+                    return None
+                last = f"/healthz answered {resp.status}"
+        except urllib.error.HTTPError as exc:
+            last = f"/healthz answered {exc.code}: {exc.read()[:200]!r}"
+        except OSError as exc:
+            last = f"/healthz: {exc}"
         time.sleep(0.2)
-    return False
+    return f"after {timeout:.0f} s, last {last}"
 
 
 def _receiver_secrets() -> list[str]:
