@@ -5,7 +5,14 @@ worker runs; the clock starts when the worker reports ready and stops when
 the last job is done.  Medians of 3.
 
 ``BENCH_E2E_GROUPS`` (default "8", the product's ASYNCH_DISPATCH_GROUP): the group sizes ours runs at,
-interleaved in each run ("1,4,8": one job per message as before run_jobs, beside groups of 4 and 8)."""
+interleaved in each run ("1,4,8": one job per message as before run_jobs, beside groups of 4 and 8).
+
+``BENCH_E2E_LIVE=1``: the worker runs first and the jobs arrive while it drains (one submission at a
+time from 8 threads, the bare tasks' ``.delay()`` from 8 threads too): a backlog that builds up one job
+at a time, the shape an API under sustained overload gives.  The clock runs from the first submission
+to the last job done.  ``BENCH_E2E_RATE=R`` paces the submissions at R a second (open loop), so
+a rate between the single-job and the grouped capacity shows whether the backlog groups.  Each run prints how ours grouped: the jobs of one claim statement share its
+``started_at`` (the claim transaction's ``now()``), so the rows count the groups."""
 from __future__ import annotations
 
 import sys
@@ -19,6 +26,8 @@ from bench import stack
 N = int(__import__("os").environ.get("BENCH_E2E_JOBS", "2000"))
 RUNS = int(__import__("os").environ.get("BENCH_RUNS", "3"))
 GROUPS = [int(g) for g in __import__("os").environ.get("BENCH_E2E_GROUPS", "8").split(",")]
+LIVE = __import__("os").environ.get("BENCH_E2E_LIVE", "") == "1"
+RATE = float(__import__("os").environ.get("BENCH_E2E_RATE", "0"))  # live: submissions/s, paced (0: at once)
 
 
 def _fill_ours(n: int, model: str = "bench-echo") -> None:
@@ -31,8 +40,61 @@ def _fill_ours(n: int, model: str = "bench-echo") -> None:
     from app.jobs import outbox
 
     with ThreadPoolExecutor(8) as ex:
-        list(ex.map(lambda i: jobs.submit(p, model, {"i": i}), range(n)))
+        list(_paced(ex, lambda i: jobs.submit(p, model, {"i": i}), n))
     outbox.flush()  # every message on the broker before the clock starts
+
+
+def _paced(ex, fn, n: int):
+    """fn(0..n-1) on ex: all at once, or (live with BENCH_E2E_RATE) one every 1/RATE s, open loop."""
+    if not (LIVE and RATE):
+        return ex.map(fn, range(n))
+    t0, futures = time.monotonic(), []
+    for i in range(n):
+        time.sleep(max(0.0, t0 + i / RATE - time.monotonic()))
+        futures.append(ex.submit(fn, i))
+    return [f.result() for f in futures]
+
+
+def _groups_ours() -> str:
+    """How the drain grouped: claim statements by how many jobs each claimed."""
+    from collections import Counter
+
+    from app.infra.db import transaction
+    from app.infra.tables import tasks
+
+    with transaction() as conn:
+        sizes = Counter(conn.execute(select(func.count()).select_from(tasks).where(
+            tasks.c.started_at.is_not(None)).group_by(tasks.c.started_at)).scalars())
+    claims = sum(sizes.values())
+    mean = sum(k * v for k, v in sizes.items()) / max(1, claims)
+    return (f"{claims} claims, {mean:.1f} jobs each (" +
+            ", ".join(f"{v}x{k}" for k, v in sorted(sizes.items(), reverse=True)[:4]) + ")")
+
+
+def _live(start_worker, fill, done, n: int) -> float:
+    """jobs/s from the first submission to the last done, the worker already running."""
+    w = start_worker()
+    try:
+        t0 = time.monotonic()
+        fill()
+        while done() < n:
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError("drain did not finish")
+            time.sleep(0.02)
+        rate = n / (time.monotonic() - t0)
+        RSS[w.name] = max(w.rss_mb() or [0.0])
+        return rate
+    finally:
+        w.stop()
+
+
+def _delay_naive(url: str, n: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.naive import http_call
+
+    with ThreadPoolExecutor(8) as ex:
+        list(_paced(ex, lambda j: http_call.delay(url, {"i": j}), n))
 
 
 def _done_ours() -> int:
@@ -79,19 +141,26 @@ def main() -> dict:
                 set_settings(get_settings().with_overrides(dispatch_group=g))  # the fill's dispatch publishes
                 stack.truncate_jobs()
                 stack.flush_redis()
-                _fill_ours(N)
-                rate = _drain(lambda g=g: stack.celery_worker("worker", "workers.celery_app", "asynch-bench",
-                                                              extra_env={"ASYNCH_DISPATCH_GROUP": str(g)}),
-                              _done_ours, N)
+
+                def worker(g=g):
+                    return stack.celery_worker("worker", "workers.celery_app", "asynch-bench",
+                                               extra_env={"ASYNCH_DISPATCH_GROUP": str(g)})
+                if LIVE:
+                    rate = _live(worker, lambda: _fill_ours(N), _done_ours, N)
+                else:
+                    _fill_ours(N)
+                    rate = _drain(worker, _done_ours, N)
                 res[f"ours-{g}"].append(rate)
-                line.append(f"ours (groups of {g}) {rate:.0f} jobs/s")
+                line.append(f"ours (groups of {g}) {rate:.0f} jobs/s [{_groups_ours()}]")
 
-            from bench.naive import http_call
-
-            for j in range(N):
-                http_call.delay(model_url + "/bench", {"i": j})
-            naive = _drain(lambda: stack.celery_worker("naive-worker", "bench.naive", "naive"),
-                           lambda: int(counter.get("naive:done") or 0), N)
+            def naive_worker():
+                return stack.celery_worker("naive-worker", "bench.naive", "naive")
+            naive_done = lambda: int(counter.get("naive:done") or 0)  # noqa: E731
+            if LIVE:
+                naive = _live(naive_worker, lambda: _delay_naive(model_url + "/bench", N), naive_done, N)
+            else:
+                _delay_naive(model_url + "/bench", N)
+                naive = _drain(naive_worker, naive_done, N)
             res["naive"].append(naive)
             print(f"  run {i + 1}: {', '.join(line)}, bare Celery HTTP task {naive:.0f} tasks/s", flush=True)
     finally:
@@ -100,7 +169,7 @@ def main() -> dict:
     summary = {"naive_tasks_s": naive, "worker_rss_mb": RSS.get("worker")}
     for g in GROUPS:
         summary[f"ours_jobs_s_group_{g}"] = stack.median(res[f"ours-{g}"])
-        print(f"end to end ({N} jobs), groups of {g}: ours {summary[f'ours_jobs_s_group_{g}']:.0f} jobs/s | bare "
+        print(f"end to end ({N} jobs{', live' if LIVE else ''}), groups of {g}: ours {summary[f'ours_jobs_s_group_{g}']:.0f} jobs/s | bare "
               f"Celery HTTP task {naive:.0f} tasks/s | ratio {summary[f'ours_jobs_s_group_{g}'] / naive:.2f}x")
     summary["ours_jobs_s"] = summary[f"ours_jobs_s_group_{GROUPS[-1]}"]
     summary["ratio"] = summary["ours_jobs_s"] / naive

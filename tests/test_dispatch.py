@@ -63,8 +63,9 @@ def _queue(model: str, tenant: str, n: int, start: float = 0.0, cap: int = 100) 
 
 @pytest.fixture
 def window(settings):
-    def _set(n: int, lease: float = 60.0):
-        set_settings(settings.with_overrides(dispatch_window=n, dispatch_lease_seconds=lease))
+    def _set(n: int, lease: float = 60.0, group: int | None = None):
+        set_settings(settings.with_overrides(dispatch_window=n, dispatch_lease_seconds=lease,
+                                             dispatch_group=group or settings.dispatch_group))
     return _set
 
 
@@ -98,7 +99,7 @@ def test_tenants_take_turns_by_weight(window, r):
 
 
 def test_a_newcomer_goes_next_not_behind_the_backlog(window, r):
-    window(4)
+    window(4, group=1)  # groups of one: every claim refills its own place
     _queue("m", "big", 500)
     first = kick("m", cap=100)
     assert len(first) == 4 and {t for t, _ in first} == {"big"}  # the window is full
@@ -106,6 +107,32 @@ def test_a_newcomer_goes_next_not_behind_the_backlog(window, r):
     # A worker takes one of big's: the free place goes to small, ahead of big's 496 others.
     assert claimed("m", "big", first[0][1], 60, cap=100) == [("small", "s0")]
     assert claimed("m", "big", first[1][1], 60, cap=100) == [("big", "big-4")]
+
+
+def test_a_backlog_refills_in_groups_and_a_newcomer_still_goes_next(window, r):
+    window(8)  # groups of 8 (the default) in a window of 8: refills of at least 4 while a backlog waits
+    _queue("m", "big", 500)
+    first = kick("m", cap=100)
+    assert len(first) == 8
+    assert enq("m", [("small", "s0", 10**9)], cap=100) == []
+    # Claims of one job each (a trickle's messages): while four or more wait unclaimed, nothing refills...
+    assert [claimed("m", "big", first[i][1], 60, cap=100) for i in range(3)] == [[], [], []]
+    # ...then four places go at once, as one group: small first, ahead of big's 492 others.
+    assert claimed("m", "big", first[3][1], 60, cap=100) == [("small", "s0"), ("big", "big-8"), ("big", "big-9"),
+                                                             ("big", "big-10")]
+    # The steady state: four always wait for the workers, and every fourth claim sends a group of four.
+    assert [len(claimed("m", "big", first[i][1], 60, cap=100)) for i in range(4, 8)] == [0, 0, 0, 4]
+    assert len(rd.inflight("m")) == 8
+
+
+def test_a_backlog_never_holds_back_a_guaranteed_minimum(window, r):
+    window(8)
+    _queue("m", "big", 500)
+    first = kick("m", cap=100)
+    rd.set_shares("m", {"vip": (1, None)})
+    assert enq("m", [("vip", "v0", 10**9)], cap=100) == []  # the window is full
+    # One place free, seven waiting: an ordinary refill would wait; the minimum goes at once.
+    assert claimed("m", "big", first[0][1], 60, cap=100) == [("vip", "v0")]
 
 
 def test_a_tenant_at_its_limit_steps_aside_and_returns_when_a_job_ends(window, r):

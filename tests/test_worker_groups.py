@@ -21,7 +21,7 @@ from datetime import timedelta
 import pytest
 from helpers import Count, P, WorkerProcess, job_row, wait_until
 from sqlalchemy import select
-from stress_util import called_with, maintenance_loop
+from stress_util import called_with, maintenance_loop, model_payloads
 
 from app.clock import now as clock_now
 from app.config import set_settings
@@ -154,3 +154,34 @@ def test_sigkill_mid_group_loses_no_job_and_runs_none_twice(test_env, tmp_path, 
     assert all(n == 1 for n in calls.values()), calls  # no attempt called the model twice
     assert {k for k in calls if k[0] in ids} == {(j, "1") for j in ids} | {(j, "2") for j in held}
     assert r.zcard("asynch:gate:{killgrp}") == 0
+
+
+@pytest.mark.e2e
+def test_a_backlog_built_one_job_at_a_time_drains_in_groups(test_env, tmp_path, make_model, model_server):
+    """Forty jobs admitted one at a time (forty dispatch steps) while the only pool process is busy:
+    the first eight go out as the window's single-job messages, and the rest leave as whole groups,
+    because a refill waits for half the window's places while a backlog waits (dispatch_lib.lua).
+    Without that rule every claim of one refills one place and all forty run one per message."""
+    make_model("trickle", max_concurrency=64, queue_limit=100, timeout_seconds=30)
+    w = WorkerProcess(test_env, concurrency=1, log_path=tmp_path / "w.log", name="trickle").start()
+    try:
+        first = jobs.submit(P, "trickle", {"hold": "busy"}).row.id
+        outbox.flush()
+        wait_until(lambda: called_with(model_server, "hold", "busy"), what="the pool process busy")
+        ids = []
+        for i in range(40):
+            ids.append(jobs.submit(P, "trickle", {"n": i}).row.id)
+            assert outbox.flush()  # one dispatch step per job: a trickle's shape
+        model_server.state.release("busy")
+        wait_until(lambda: all(job_row(j).state == JobState.DONE for j in [first, *ids]), timeout=60,
+                   what="every job done")
+    finally:
+        model_server.state.release("busy")
+        w.stop()
+    rows = [job_row(j) for j in ids]
+    groups = Counter(Counter(r.started_at for r in rows).values())  # jobs per claim statement -> claims
+    grouped = sum(size * n for size, n in groups.items() if size >= 4)
+    assert sum(groups.values()) <= 20 and grouped >= 28, groups  # at most the window's 8 ran alone
+    assert all(r.attempt == 1 for r in rows)
+    calls = Counter(p["n"] for p in model_payloads(model_server) if "n" in p)
+    assert calls == {i: 1 for i in range(40)}  # each job called once

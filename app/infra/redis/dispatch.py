@@ -10,6 +10,8 @@ Invariants:
 - A dispatch takes the tenant's permit in the same step: a message in the broker always has one.  At most ``window``
   dispatched jobs per model wait unclaimed; one not claimed within ``lease`` seconds goes back to the head of its tenant's
   queue with its permit and charge returned (a duplicate message is harmless: the claim CAS lets one through).
+  While at least ``refill_chunk`` of them wait, a refill waits for that many free places, so a backlog drains in
+  groups (run_jobs messages of several jobs) even when it built up one job at a time.
 - Every decision is one Lua step over the model's keys (dispatch_*.lua, with their KEYS/ARGV); per-tenant keys are
   built from ARGV prefixes carrying the model's hash tag, so a step touches one slot (keys.py) and reads the model's
   copy of the tenant weights (``copy_weights``, on every change and every periodic kick).  Derived state:
@@ -24,6 +26,12 @@ from app.infra.redis import keys, scripts, upstream
 from app.infra.redis.client import get_redis, read_under
 
 
+def refill_chunk(s) -> int:
+    """The smallest refill of a model's window while a backlog waits (dispatch_lib.lua): a whole group,
+    but never more than half the window, so at least as many jobs as it holds back stay ready to take."""
+    return max(1, min(s.dispatch_group, s.dispatch_window // 2))
+
+
 def _step(script, model: str, cap: int | None, *args, most: int | None = None, gate: bool = False,
           client=None) -> list:
     """A dispatch_*.lua step: the model's keys (``gate``: and its gate, run time), the common ARGV, ``args``
@@ -34,7 +42,8 @@ def _step(script, model: str, cap: int | None, *args, most: int | None = None, g
          keys.runtime_max_concurrency(model), keys.dispatch_weights(model), keys.dispatch_attempts(model),
          keys.dispatch_cost(model), keys.dispatch_charges(model), keys.dispatch_shares(model)]
     return script(client=client, keys=k + ([keys.gate(model), keys.dispatch_run_time(model)] if gate else []), args=[
-        keys.dispatch_ready(model, ""), keys.semaphore(model, ""), "" if cap is None else int(cap), s.dispatch_window,
+        keys.dispatch_ready(model, ""), keys.semaphore(model, ""), "" if cap is None else int(cap),
+        f"{s.dispatch_window} {refill_chunk(s)}",
         f"{s.dispatch_lease_seconds:.3f}", s.dispatch_window if most is None else most, s.dispatch_fairness, *args])
 
 

@@ -10,7 +10,8 @@
 --   11 charges (hash job -> "estimate charge [claim time]": what its dispatch added to its tenant's pass)
 --   12 shares (hash tenant -> "min burst": its guaranteed and its most concurrent jobs; '' = none)
 -- ARGV (every dispatch script): 1 ready key prefix ("...:dq:ready:{model}:")  2 permit key prefix ("...:sem:{model}:")
---   3 cap (max_concurrency; '' = the stored conf)  4 window  5 dispatch lease (s)  6 most jobs to dispatch
+--   3 cap (max_concurrency; '' = the stored conf)  4 "window chunk" (chunk: the smallest refill while a
+--   backlog waits; absent = 1)  5 dispatch lease (s)  6 most jobs to dispatch
 --   7 fairness: 'turns' (every job costs 1: the baseline) or 'cost' (model time)
 -- Each script returns {tenant1, job1, attempt1, tenant2, ...}: the jobs dispatched
 -- (their permits taken): publish one run_job(job, attempt) message for each.
@@ -146,13 +147,22 @@ local function pick(cap)
 end
 
 local function dispatch()
-  local window, lease, most = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local window, chunk = string.match(ARGV[4], '^(%d+) ?(%d*)$')
+  window, chunk = tonumber(window), tonumber(chunk) or 1
+  local lease, most = tonumber(ARGV[5]), tonumber(ARGV[6])
   requeue_unclaimed(NOW - lease)
   local cap = limit()
   local out = {}
+  -- Whole groups under load.  Each claim frees as many places as it claimed, so a window refilled on
+  -- every claim keeps the size its messages started with: one job each under a trickle, however long
+  -- the backlog grows.  While at least `chunk` dispatched jobs still wait unclaimed (every idle worker
+  -- has work to take), a refill waits until `chunk` places are free and leaves as one message.  The
+  -- order is the ring's either way; a guaranteed minimum is never held back.
+  local unclaimed = redis.call('ZCARD', K_INF)
+  local hold = chunk > 1 and unclaimed >= chunk and window - unclaimed < chunk
   while cap > 0 and #out < 3 * most and redis.call('ZCARD', K_INF) < window do
     local picked, pass, reserved = pick(cap)
-    if not picked then break end
+    if not picked or (hold and not reserved) then break end
     local popped = redis.call('ZPOPMIN', READY .. picked)
     local job, score = popped[1], popped[2]
     redis.call('ZADD', SEM .. picked, NOW + lease, job)
