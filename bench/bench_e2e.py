@@ -63,12 +63,15 @@ def _groups_ours() -> str:
     from app.infra.tables import tasks
 
     with transaction() as conn:
-        sizes = Counter(conn.execute(select(func.count()).select_from(tasks).where(
-            tasks.c.started_at.is_not(None)).group_by(tasks.c.started_at)).scalars())
+        per_claim = conn.execute(select(func.count(), func.count(tasks.c.finished_at.distinct())).where(
+            tasks.c.started_at.is_not(None)).group_by(tasks.c.started_at)).all()
+    sizes = Counter(n for n, _ in per_claim)
     claims = sum(sizes.values())
     mean = sum(k * v for k, v in sizes.items()) / max(1, claims)
+    writes = sum(d for _, d in per_claim)  # a done statement's rows share its finished_at
     return (f"{claims} claims, {mean:.1f} jobs each (" +
-            ", ".join(f"{v}x{k}" for k, v in sorted(sizes.items(), reverse=True)[:4]) + ")")
+            ", ".join(f"{v}x{k}" for k, v in sorted(sizes.items(), reverse=True)[:4]) +
+            f"), {writes / max(1, claims):.1f} done statements per claim")
 
 
 def _live(start_worker, fill, done, n: int) -> float:
