@@ -103,8 +103,8 @@ class Settings(BaseSettings):
     tenant_queue_share: float = _s(1.0, "The share of a model's queue_limit a tenant may hold by default.")
     queue_fair_share: bool = _s(True, "Fair share at admission, with a reserve for tenants holding no slot.")
     queue_newcomer_reserve: float = _s(0.05, "Headroom above queue_limit (a share of it) only newcomers may enter.")
-    dispatch_window: int = _s(8, "Dispatched jobs per model that may wait in the broker unclaimed (refilled in steps of "
-                                   "min(dispatch_group, half of it) while a backlog waits).")
+    dispatch_window: int = _s(16, "Dispatched jobs per model that may wait in the broker unclaimed (refilled in whole "
+                                    "steps of min(dispatch_group, half of it)).")
     dispatch_group: int = _s(8, "Most jobs of one model a run_jobs message carries (claimed together).", ge=1, le=64)
     dispatch_lease_seconds: float = _s(60.0, "A dispatched job unclaimed this long goes back to its queue's head.")
     estimate_alpha: float = _s(0.3, "Weight of each finished run in the model's moving average (0-1).")

@@ -125,6 +125,19 @@ def test_a_backlog_refills_in_groups_and_a_newcomer_still_goes_next(window, r):
     assert len(rd.inflight("m")) == 8
 
 
+def test_a_refill_takes_whole_groups_of_the_free_places(window, r):
+    window(16)  # groups of 8 (the defaults)
+    _queue("m", "big", 500)
+    first = kick("m", cap=100)
+    assert len(first) == 16
+    # A claim of ten frees ten places: eight go, as one group (ten would leave as two messages of five,
+    # and a window of fives would refill in fives for ever).
+    assert len(_pairs(rd.claimed("m", [("big", j) for _, j in first[:10]], 60, cap=100))) == 8
+    assert len(rd.inflight("m")) == 14
+    assert len(_pairs(rd.claimed("m", [("big", j) for _, j in first[10:12]], 60, cap=100))) == 0  # 4 free
+    assert len(_pairs(rd.claimed("m", [("big", j) for _, j in first[12:16]], 60, cap=100))) == 8  # 8 free
+
+
 def test_a_backlog_never_holds_back_a_guaranteed_minimum(window, r):
     window(8)
     _queue("m", "big", 500)

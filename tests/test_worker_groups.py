@@ -159,9 +159,9 @@ def test_sigkill_mid_group_loses_no_job_and_runs_none_twice(test_env, tmp_path, 
 @pytest.mark.e2e
 def test_a_backlog_built_one_job_at_a_time_drains_in_groups(test_env, tmp_path, make_model, model_server):
     """Forty jobs admitted one at a time (forty dispatch steps) while the only pool process is busy:
-    the first eight go out as the window's single-job messages, and the rest leave as whole groups,
-    because a refill waits for half the window's places while a backlog waits (dispatch_lib.lua).
-    Without that rule every claim of one refills one place and all forty run one per message."""
+    the first few go out as single-job messages, and the rest leave as whole groups, because a step
+    fills only whole groups of the window's free places (dispatch_lib.lua).  Without that rule every
+    claim of one refills one place and all forty run one per message."""
     make_model("trickle", max_concurrency=64, queue_limit=100, timeout_seconds=30)
     w = WorkerProcess(test_env, concurrency=1, log_path=tmp_path / "w.log", name="trickle").start()
     try:
@@ -181,7 +181,7 @@ def test_a_backlog_built_one_job_at_a_time_drains_in_groups(test_env, tmp_path, 
     rows = [job_row(j) for j in ids]
     groups = Counter(Counter(r.started_at for r in rows).values())  # jobs per claim statement -> claims
     grouped = sum(size * n for size, n in groups.items() if size >= 4)
-    assert sum(groups.values()) <= 20 and grouped >= 28, groups  # at most the window's 8 ran alone
+    assert sum(groups.values()) <= 20 and grouped >= 28, groups  # a few ran alone, the rest in groups
     assert all(r.attempt == 1 for r in rows)
     calls = Counter(p["n"] for p in model_payloads(model_server) if "n" in p)
     assert calls == {i: 1 for i in range(40)}  # each job called once

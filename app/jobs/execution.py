@@ -119,6 +119,10 @@ class _Answer:
 # app/infra/http/deadline.py: one pool per thread), started as a group first needs them: as many as
 # its largest group, never a call queued behind another (the setting's ceiling, 64, bounds them).
 # A group of one runs on the task's own thread.
+# How long the writer waits, after a call of its group answers, for the others to answer too.  An instant
+# model's answers arrive within ~1 ms of each other and took ~2 done statements per group without it
+# (bench_e2e prints the count); a slow call holds back the others' ends by at most this.
+_LINGER_SECONDS = 0.002
 _calls = PerProcess(lambda: ThreadPoolExecutor(64, "asynch-call"), on_reset=lambda pool: pool.shutdown(wait=False))
 
 
@@ -134,6 +138,9 @@ def run_claimed_group(runnable: list[tuple]) -> dict[str, str]:
     pending = {_calls.get().submit(_call, *job) for job in runnable}
     while pending:
         finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        if pending:  # calls that end together are written together: one done statement, not one each
+            more, pending = wait(pending, timeout=_LINGER_SECONDS)
+            finished |= more
         results = [f.result() for f in finished]
         for r in results:
             if isinstance(r, dict):

@@ -10,8 +10,8 @@ Invariants:
 - A dispatch takes the tenant's permit in the same step: a message in the broker always has one.  At most ``window``
   dispatched jobs per model wait unclaimed; one not claimed within ``lease`` seconds goes back to the head of its tenant's
   queue with its permit and charge returned (a duplicate message is harmless: the claim CAS lets one through).
-  While at least ``refill_chunk`` of them wait, a refill waits for that many free places, so a backlog drains in
-  groups (run_jobs messages of several jobs) even when it built up one job at a time.
+  A step fills whole ``refill_chunk`` steps of the free places only (none until that many are free), so a backlog
+  drains in groups (run_jobs messages of several jobs) even when it built up one job at a time.
 - Every decision is one Lua step over the model's keys (dispatch_*.lua, with their KEYS/ARGV); per-tenant keys are
   built from ARGV prefixes carrying the model's hash tag, so a step touches one slot (keys.py) and reads the model's
   copy of the tenant weights (``copy_weights``, on every change and every periodic kick).  Derived state:

@@ -155,14 +155,19 @@ local function dispatch()
   local out = {}
   -- Whole groups under load.  Each claim frees as many places as it claimed, so a window refilled on
   -- every claim keeps the size its messages started with: one job each under a trickle, however long
-  -- the backlog grows.  While at least `chunk` dispatched jobs still wait unclaimed (every idle worker
-  -- has work to take), a refill waits until `chunk` places are free and leaves as one message.  The
-  -- order is the ring's either way; a guaranteed minimum is never held back.
-  local unclaimed = redis.call('ZCARD', K_INF)
-  local hold = chunk > 1 and unclaimed >= chunk and window - unclaimed < chunk
+  -- the backlog grows.  So a step fills whole chunks of the free places only: none until `chunk` are
+  -- free, and 8 of 10, not 10 (split evenly, 10 would leave as two messages of 5, and a window of 5s
+  -- refills in 5s for ever).  chunk <= window / 2 (dispatch.py), so fewer than `chunk` free places
+  -- means more than `chunk` jobs still wait for the workers: none starves.  A step that finds fewer
+  -- ready jobs than its room sends what there is (nothing waits at idle); the order is the ring's
+  -- either way; a guaranteed minimum is never held.
+  local room = window - redis.call('ZCARD', K_INF)
+  if chunk > 1 then room = room - room % chunk end
+  local sent = 0
   while cap > 0 and #out < 3 * most and redis.call('ZCARD', K_INF) < window do
     local picked, pass, reserved = pick(cap)
-    if not picked or (hold and not reserved) then break end
+    if not picked or (sent >= room and not reserved) then break end
+    sent = sent + 1
     local popped = redis.call('ZPOPMIN', READY .. picked)
     local job, score = popped[1], popped[2]
     redis.call('ZADD', SEM .. picked, NOW + lease, job)
