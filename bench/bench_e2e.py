@@ -11,8 +11,11 @@ interleaved in each run ("1,4,8": one job per message as before run_jobs, beside
 time from 8 threads, the bare tasks' ``.delay()`` from 8 threads too): a backlog that builds up one job
 at a time, the shape an API under sustained overload gives.  The clock runs from the first submission
 to the last job done.  ``BENCH_E2E_RATE=R`` paces the submissions at R a second (open loop), so
-a rate between the single-job and the grouped capacity shows whether the backlog groups.  Each run prints how ours grouped: the jobs of one claim statement share its
-``started_at`` (the claim transaction's ``now()``), so the rows count the groups."""
+a rate between the single-job and the grouped capacity shows whether the backlog groups.
+
+Each run prints how ours grouped: the jobs of one claim statement share its ``started_at`` (the
+statement's one clock reading), so the rows count the claims; the jobs of one done statement share its
+``finished_at``, so they count the writer's statements too."""
 from __future__ import annotations
 
 import sys
@@ -74,23 +77,6 @@ def _groups_ours() -> str:
             f"), {writes / max(1, claims):.1f} done statements per claim")
 
 
-def _live(start_worker, fill, done, n: int) -> float:
-    """jobs/s from the first submission to the last done, the worker already running."""
-    w = start_worker()
-    try:
-        t0 = time.monotonic()
-        fill()
-        while done() < n:
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError("drain did not finish")
-            time.sleep(0.02)
-        rate = n / (time.monotonic() - t0)
-        RSS[w.name] = max(w.rss_mb() or [0.0])
-        return rate
-    finally:
-        w.stop()
-
-
 def _delay_naive(url: str, n: int) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -111,10 +97,14 @@ def _done_ours() -> int:
 RSS: dict[str, float] = {}
 
 
-def _drain(start_worker, done, n: int) -> float:
+def _drain(start_worker, done, n: int, fill=None) -> float:
+    """jobs/s until ``done()`` reaches n: from the worker's start (a filled queue), or, with ``fill`` (live),
+    from the first submission, the worker already running."""
     w = start_worker()
-    t0 = time.monotonic()
     try:
+        t0 = time.monotonic()
+        if fill is not None:
+            fill()
         while done() < n:
             if time.monotonic() - t0 > 600:
                 raise RuntimeError("drain did not finish")
@@ -148,22 +138,19 @@ def main() -> dict:
                 def worker(g=g):
                     return stack.celery_worker("worker", "workers.celery_app", "asynch-bench",
                                                extra_env={"ASYNCH_DISPATCH_GROUP": str(g)})
-                if LIVE:
-                    rate = _live(worker, lambda: _fill_ours(N), _done_ours, N)
-                else:
+                if not LIVE:
                     _fill_ours(N)
-                    rate = _drain(worker, _done_ours, N)
+                rate = _drain(worker, _done_ours, N, fill=(lambda: _fill_ours(N)) if LIVE else None)
                 res[f"ours-{g}"].append(rate)
                 line.append(f"ours (groups of {g}) {rate:.0f} jobs/s [{_groups_ours()}]")
 
             def naive_worker():
                 return stack.celery_worker("naive-worker", "bench.naive", "naive")
             naive_done = lambda: int(counter.get("naive:done") or 0)  # noqa: E731
-            if LIVE:
-                naive = _live(naive_worker, lambda: _delay_naive(model_url + "/bench", N), naive_done, N)
-            else:
-                _delay_naive(model_url + "/bench", N)
-                naive = _drain(naive_worker, naive_done, N)
+            fill_naive = lambda: _delay_naive(model_url + "/bench", N)  # noqa: E731
+            if not LIVE:
+                fill_naive()
+            naive = _drain(naive_worker, naive_done, N, fill=fill_naive if LIVE else None)
             res["naive"].append(naive)
             print(f"  run {i + 1}: {', '.join(line)}, bare Celery HTTP task {naive:.0f} tasks/s", flush=True)
     finally:

@@ -110,12 +110,12 @@ def test_a_newcomer_goes_next_not_behind_the_backlog(window, r):
 
 
 def test_a_backlog_refills_in_groups_and_a_newcomer_still_goes_next(window, r):
-    window(8)  # groups of 8 (the default) in a window of 8: refills of at least 4 while a backlog waits
+    window(8)  # groups of 8 (the default) in a window of 8: refills in whole steps of 4
     _queue("m", "big", 500)
     first = kick("m", cap=100)
     assert len(first) == 8
     assert enq("m", [("small", "s0", 10**9)], cap=100) == []
-    # Claims of one job each (a trickle's messages): while four or more wait unclaimed, nothing refills...
+    # Claims of one job each (a trickle's messages): fewer than four places free, nothing refills...
     assert [claimed("m", "big", first[i][1], 60, cap=100) for i in range(3)] == [[], [], []]
     # ...then four places go at once, as one group: small first, ahead of big's 492 others.
     assert claimed("m", "big", first[3][1], 60, cap=100) == [("small", "s0"), ("big", "big-8"), ("big", "big-9"),

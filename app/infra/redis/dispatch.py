@@ -27,8 +27,8 @@ from app.infra.redis.client import get_redis, read_under
 
 
 def refill_chunk(s) -> int:
-    """The smallest refill of a model's window while a backlog waits (dispatch_lib.lua): a whole group,
-    but never more than half the window, so at least as many jobs as it holds back stay ready to take."""
+    """The step a model's window refills in (dispatch_lib.lua): a whole group, but never more than half the
+    window, so fewer free places than this means more than this many jobs still wait for the workers."""
     return max(1, min(s.dispatch_group, s.dispatch_window // 2))
 
 

@@ -10,8 +10,8 @@
 --   11 charges (hash job -> "estimate charge [claim time]": what its dispatch added to its tenant's pass)
 --   12 shares (hash tenant -> "min burst": its guaranteed and its most concurrent jobs; '' = none)
 -- ARGV (every dispatch script): 1 ready key prefix ("...:dq:ready:{model}:")  2 permit key prefix ("...:sem:{model}:")
---   3 cap (max_concurrency; '' = the stored conf)  4 "window chunk" (chunk: the smallest refill while a
---   backlog waits; absent = 1)  5 dispatch lease (s)  6 most jobs to dispatch
+--   3 cap (max_concurrency; '' = the stored conf)  4 "window chunk" (a step fills the window's free places
+--   in whole chunks; chunk absent = 1)  5 dispatch lease (s)  6 most jobs to dispatch
 --   7 fairness: 'turns' (every job costs 1: the baseline) or 'cost' (model time)
 -- Each script returns {tenant1, job1, attempt1, tenant2, ...}: the jobs dispatched
 -- (their permits taken): publish one run_job(job, attempt) message for each.
