@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from helpers import Count, auth, gate_depth, wait_until
+from helpers import Count, WorkerProcess, auth, gate_depth, wait_until
 from sqlalchemy import func, select
 
 from app.infra.db import transaction
@@ -83,7 +83,16 @@ def test_idempotency_keys_per_item(api_url, make_model, user_key, other_key):
     assert _rows("bmi") == 4
 
 
-def test_a_batch_of_1000_is_one_insert_one_gate_step_and_one_lpush(api_url, make_model, user_key, workers):
+@pytest.fixture
+def own_workers(test_env, tmp_path):
+    """Workers for one test: the module's (conftest ``workers``) would live on into the tests after it
+    and run their jobs, so their "the slot is still held" checks raced it (a red CI run)."""
+    w = WorkerProcess(test_env, concurrency=2, log_path=tmp_path / "worker.log").start()
+    yield w
+    w.stop()
+
+
+def test_a_batch_of_1000_is_one_insert_one_gate_step_and_one_lpush(api_url, make_model, user_key, own_workers):
     make_model("bulk", queue_limit=5000, max_concurrency=50)
     _batch(api_url, user_key, "bulk", [{"payload": {"warm": 1}}])  # scripts loaded, connections open
     assert outbox.flush(5)
