@@ -112,8 +112,15 @@ class Settings(BaseSettings):
                                 pattern="^(cost|turns)$")
     batch_max_ids: int = _s(1000, "getTaskBatch: most task ids one call may name.")
     upstream_control: bool = _s(True, "Adapt each model's concurrency to its upstream's 429/503 and latency.")
-    upstream_busy_budget: int = _s(20, "Busy answers per job spending no retry; beyond: failed.")
-    upstream_retry_after_max_seconds: float = _s(30.0, "Longest pause a Retry-After may ask for.")
+    upstream_busy_budget: int = _s(20, "Free busy answers a tenant has in hand per model (earned back one per done "
+                                       "answer); spent out, a busy answer spends a retry.", ge=0)
+    upstream_max_pause_seconds: float = _s(30.0, "Longest pause or backoff a busy answer (any Retry-After) may ask for.",
+                                           gt=0, validation_alias=_aka("UPSTREAM_MAX_PAUSE", "UPSTREAM_RETRY_AFTER_MAX",
+                                                                       "SECONDS"))
+    upstream_backoff_seconds: float = _s(0.5, "First backoff after a busy answer without a usable Retry-After "
+                                              "(doubling per busy answer in a row, with jitter).", gt=0)
+    upstream_window_seconds: float = _s(10.0, "Two tenants congested on a model within this many seconds make "
+                                              "the model as a whole back off.", gt=0)
     upstream_decrease: float = _s(0.5, "A busy answer multiplies the model's concurrency by this (floor 1).")
     upstream_latency_tolerance: float = _s(2.0, "Concurrency falls while run time exceeds this x baseline; 0: off.")
     delivery_timeout_seconds: float = _s(10.0, "The wall-clock deadline of one delivery attempt (seconds).",

@@ -24,6 +24,7 @@ from sqlalchemy import (BigInteger, DateTime, Integer, LargeBinary, String, Text
                         literal, literal_column, select, update)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql.elements import ClauseElement
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
@@ -53,19 +54,23 @@ class Moved:
     release: bool      # the job left pending/running: its gate slots and permit go back
     terminal: bool     # it ended: waiters wake with its snapshot, the finish is counted
     deliveries: int    # outbox rows the same statement wrote (their doorbell rings)
-    requeue: bool = False  # back to pending (busy upstream): permit back, queued at its tenant's head
+    requeue: bool = False  # back to pending (a retry re-admitted, a busy answer): queued by the effects
+    stops_call: bool = False  # it ended an attempt whose call may still run elsewhere: that call is stopped
 
     @property
     def state(self) -> S:
         return S(self.row.state)
 
 
-def _moved(row: Row | None) -> Moved | None:
-    """What a won move out of pending/running implies; None stays None."""
+def _moved(row: Row | None, *, stops_call: bool = False) -> Moved | None:
+    """What a won move out of pending/running implies; None stays None.  ``stops_call``: the caller is not the
+    attempt's own worker (a cancel, a timeout, recovery): a call still running for it is stopped (the
+    statement's ``call_open`` says whether one was running)."""
     if row is None:
         return None
     return Moved(row=row, release=True, terminal=S(row.state) in TERMINAL_STATES,
-                 deliveries=int(getattr(row, "deliveries_queued", 0) or 0))
+                 deliveries=int(getattr(row, "deliveries_queued", 0) or 0),
+                 stops_call=stops_call and bool(getattr(row, "call_open", 1)))
 
 
 def check_allowed(from_states: Iterable[S], to_state: S) -> None:
@@ -90,13 +95,16 @@ def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *
         vals.update(passthrough_headers=None, model_key=None)
     vals.update(values or {})
     states = tuple(int(s) for s in from_states)
+    # A value that is SQL (a column of the row itself) is part of the statement, not a parameter.
+    exprs = {k: str(v) for k, v in vals.items() if isinstance(v, ClauseElement)}
     # A terminal state writes its outbox rows with the transition itself
     # (app/infra/outbox_rows.py): never lost, never twice.
     hooks = S(to_state) if S(to_state) in outbox_rows.EVENT_OF_STATE else None
     side, side_params = alongside or (None, {})
     # Hot paths: one statement per shape, built once, values as parameters.  Maintenance guards
     # (``where``) carry their own literals: built per call (rare).
-    key = None if where else (states, attempt is not None, tuple(sorted(vals)), id(side), log_attempt, hooks)
+    key = None if where else (states, attempt is not None, tuple(sorted(vals)), tuple(sorted(exprs.items())), id(side),
+                              log_attempt, hooks)
     stmt = _STATEMENTS.get(key)
     if stmt is None:
         # UPDATE asynch_task WHERE id = :_id AND state IN (...) [AND attempt = :_attempt]
@@ -104,12 +112,13 @@ def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *
         stmt = stmt.where(tasks.c.state == states[0]) if len(states) == 1 else stmt.where(tasks.c.state.in_(states))
         if attempt is not None:
             stmt = stmt.where(tasks.c.attempt == bindparam("_attempt"))
-        stmt = stmt.where(*where).values({k: bindparam(f"v_{k}") for k in vals}).returning(*tasks.c)
+        stmt = stmt.where(*where).values({k: vals[k] if k in exprs else bindparam(f"v_{k}") for k in vals}
+                                         ).returning(*tasks.c)
         if side is not None or log_attempt or hooks is not None:
             stmt = _combined(stmt, side, log_attempt, hooks)
         if key is not None:
             _STATEMENTS[key] = stmt
-    params = {f"v_{k}": v for k, v in vals.items()} | {"_id": job_id, "_attempt": attempt}
+    params = {f"v_{k}": v for k, v in vals.items() if k not in exprs} | {"_id": job_id, "_attempt": attempt}
     return conn.execute(stmt, params | side_params).first()
 
 
@@ -136,7 +145,10 @@ def _combined(stmt, side, log_attempt: bool | str, hooks: S | None):
                                                       task_attempts.c.attempt == c.attempt)
             rows = rows.where(c.attempt > 0, ~logged.exists())
         log = insert(task_attempts).from_select(list(_ATTEMPT_COLS), rows)
-        ctes.append(log.returning(literal_column("1")).cte("logged"))
+        logged = log.returning(literal_column("1")).cte("logged")
+        ctes.append(logged)
+        if log_attempt == "open":  # whether an attempt was running: its call is to be stopped
+            cols.append(select(func.count()).select_from(logged).scalar_subquery().label("call_open"))
     if hooks is not None:
         made = [ins.returning(deliveries.c.id).cte(f"hook{i}")
                 for i, ins in enumerate(outbox_rows.inserts(moved, hooks))]
@@ -243,36 +255,42 @@ def fail_attempt(
     values = {"error": error[:4000], "error_detail": detail[:4000] if detail else None, "lease_expires_at": None}
     values |= {"next_retry_at": retry_at} if retry_at is not None else {"finished_at": clock_now()}
     return _moved(_cas(conn, job_id, [S.RUNNING], S.RETRY_WAIT if retry_at is not None else S.FAILED,
-                       attempt=attempt, where=where, values=values, alongside=alongside, log_attempt=True))
+                       attempt=attempt, where=where, values=values, alongside=alongside, log_attempt=True),
+                  stops_call=bool(where))  # recovery's: the worker may live on (paused, partitioned)
 
 
 def return_busy(conn: Connection, job_id: str, attempt: int, error: str, *, busy_count: int,
                 detail: str | None = None, alongside: tuple | None = None) -> Moved | None:
     """running -> pending: the model's upstream answered busy (429/503).  It
-    keeps its gate slot; the effects queue it at its tenant's head.
-    ``busy_count``: the row's + 1, so no retry is spent."""
+    keeps its gate slot and goes back to the head of its tenant's queue (its
+    queue time its creation, ``promoted_at`` now: app/jobs/dispatch.py entry);
+    the effects set it aside for its backoff first.  ``busy_count``: the row's + 1, so no retry is spent."""
+    now = clock_now()
     row = _cas(conn, job_id, [S.RUNNING], S.PENDING, attempt=attempt, alongside=alongside, log_attempt=True,
                values={"busy_count": busy_count, "lease_expires_at": None, "error": error[:4000],
-                       "error_detail": detail and detail[:4000]})
+                       "error_detail": detail and detail[:4000], "enqueue_at": tasks.c.created_at,
+                       "promoted_at": now})
     return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, requeue=True)
 
 
 def readmit(conn: Connection, job_id: str, attempt: int, enqueue_at: datetime,
-            *, retries: int, promoted_at: datetime | None = None) -> Row | None:
-    """retry_wait -> pending (the caller holds a gate slot for it).
-    ``promoted_at``: published at high priority at once (retry_queue_max_seconds = 0); None: at
+            *, retries: int, promoted_at: datetime | None = None) -> Moved | None:
+    """retry_wait -> pending (the caller holds a gate slot for it); the effects queue it.
+    ``promoted_at``: at the head at once (retry_queue_max_seconds = 0, ``enqueue_at`` its creation); None: at
     the tail until the promotion pass.  ``retries``: ``attempt - busy_count``."""
-    return _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
+    row = _cas(conn, job_id, [S.RETRY_WAIT], S.PENDING, attempt=attempt, values={
         "retry_count": retries, "enqueue_at": enqueue_at, "next_retry_at": None, "promoted_at": promoted_at})
+    return None if row is None else Moved(row=row, release=False, terminal=False, deliveries=0, requeue=True)
 
 
-def mark_republished(conn: Connection, job_id: str, attempt: int, *, now: datetime) -> Row | None:
-    """A waiting retry's message was sent again at high priority (not a state change): ``promoted_at``
-    marks it, once; ``updated_at`` restarts the lost-message clock.  None if the job moved on or was
-    promoted already (the message is then a no-op)."""
+def mark_promoted(conn: Connection, job_id: str, attempt: int, *, now: datetime) -> Row | None:
+    """A waiting retry moves to the head of its tenant's queue (not a state change): its queue time becomes
+    its creation and ``promoted_at`` marks it, once; ``updated_at`` restarts the lost-message clock.  Returns
+    the row to queue (app/jobs/dispatch.py entry), or None if the job moved on or was promoted already."""
     stmt = update(tasks).where(tasks.c.id == job_id, tasks.c.state == int(S.PENDING), tasks.c.attempt == attempt,
                                tasks.c.promoted_at.is_(None))
-    return conn.execute(stmt.values(updated_at=now, promoted_at=now).returning(tasks.c.id)).first()
+    return conn.execute(stmt.values(updated_at=now, promoted_at=now, enqueue_at=tasks.c.created_at)
+                        .returning(*tasks.c)).first()
 
 
 def mark_read(conn: Connection, job_ids: Sequence[str], *, now: datetime) -> None:
@@ -303,7 +321,8 @@ def _end_active(conn: Connection, job_id: str, to_state: S, error: str, *, now: 
     """pending/running/retry_wait -> ``to_state``; a running attempt is logged
     and its late writes are refused by the attempt guard."""
     return _moved(_cas(conn, job_id, [S.PENDING, S.RUNNING, S.RETRY_WAIT], to_state, where=where, log_attempt="open",
-                       values={"finished_at": now or clock_now(), "lease_expires_at": None, "error": error, **values}))
+                       values={"finished_at": now or clock_now(), "lease_expires_at": None, "error": error, **values}),
+                  stops_call=True)
 
 
 def cancel(conn: Connection, job_id: str, tenant_id: str | None) -> Moved | None:

@@ -90,7 +90,7 @@ def _seed() -> float:
         r.zadd(keys.gate("deep"), {j: now for j in chunk})
         r.zadd(keys.tenant_gate("deep", "tenant-a"), {j: now for j in chunk})
         # most=0: queued, nothing dispatched (A's permits are the dispatch part's to use)
-        rd.enqueue("deep", [("tenant-a", j, i + k, 0) for k, j in enumerate(chunk)], most=0)
+        rd.enqueue("deep", [("tenant-a", j, i + k, 0, "") for k, j in enumerate(chunk)], most=0)
     return time.monotonic() - t0
 
 
@@ -111,11 +111,11 @@ def _dispatch_rate(steps: int = 2000) -> float:
     from app.infra.redis import dispatch as rd
 
     ids = [f"job_disp_{i:08d}" for i in range(steps + 1)]
-    rd.enqueue("deep", [("tenant-c", j, i, 0) for i, j in enumerate(ids)], cap=1, most=0)
+    rd.enqueue("deep", [("tenant-c", j, i, 0, "") for i, j in enumerate(ids)], cap=1, most=0)
     rd.kick("deep", cap=1)
     t0 = time.monotonic()
     for j in ids[:steps]:
-        rd.finish("deep", [("tenant-c", j, None, None)], cap=1)
+        rd.finish("deep", [("tenant-c", j, None, None, None)], cap=1)
     return steps / (time.monotonic() - t0)
 
 

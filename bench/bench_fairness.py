@@ -175,7 +175,7 @@ def _deep_fill(n: int) -> None:
         chunk = ids[i:i + 5000]
         r.zadd(keys.gate("fair"), {j: time.time() for j in chunk})
         r.zadd(keys.tenant_gate("fair", "tenant-a"), {j: time.time() for j in chunk})
-        rd.enqueue("fair", [("tenant-a", j, i + k, 0) for k, j in enumerate(chunk)], cap=4, most=0)
+        rd.enqueue("fair", [("tenant-a", j, i + k, 0, "") for k, j in enumerate(chunk)], cap=4, most=0)
 
 
 def deep(worker_pids, depth: int, seconds: float = 20.0) -> dict:

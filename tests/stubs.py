@@ -5,6 +5,7 @@ a bare TCP listener that only counts connections, and the OSS file service
 from __future__ import annotations
 
 import itertools
+import random
 import socket
 import threading
 import time
@@ -30,6 +31,7 @@ class ModelState:
         self.fail_counts: dict[str, int] = {}
         self.room_used: dict[str, int] = {}
         self.busy_answers = 0  # 429s sent for want of room
+        self.hangups: dict[str, float] = {}  # X-Asynch-Job-Id -> when its caller hung up before the answer
 
     def hold(self, name: str) -> threading.Event:
         with self.lock:
@@ -57,6 +59,14 @@ class StubModel(DemoModel):
                     the Retry-After header, if given) -- a full inference server
       crowd_ms      add this many ms per other call of the ``room_tag`` in
                     flight: an upstream whose latency grows with its load
+      busy_until    429 (with ``retry_after`` as Retry-After, verbatim, if given)
+                    until this Unix time: an upstream (or a quota) that is full for a while
+      busy_key      429 (with ``retry_after``) when the call's X-Stub-Key header
+                    is this value: one credential's exhausted quota
+      flaky         [fail %, busy %, hang %]: each call at random answers 500, 429
+                    (with ``retry_after``), never answers, or as usual: a flaky upstream
+    A caller that hangs up before its answer (sleep_ms, hold, hang) is recorded in
+    ``state.hangups`` (its job id -> when the stub noticed).
     Every call is recorded in ``self.server.state`` (path, method, headers --
     also as the raw list of (name, value) lines, repeats kept --, payload,
     time, peer), and calls in flight are counted in total and per value of
@@ -86,7 +96,27 @@ class StubModel(DemoModel):
                     state.in_flight -= 1
                     state.in_flight_by[group] -= 1
 
+    def hung_up(self) -> None:
+        state = self.server.state
+        with state.lock:
+            state.hangups[self.headers.get("X-Asynch-Job-Id", "")] = time.time()
+
     def _in_room(self, state: ModelState, p: dict) -> tuple:
+        if p.get("flaky"):
+            fail, busy, hang = (float(x) for x in p["flaky"])
+            roll = random.uniform(0, 100)
+            if roll < hang:
+                self.hold(3600)  # until the caller gives up and hangs up
+            if roll < hang + fail:
+                return 500, b'{"error":"flaky"}', "application/json"
+            if roll < hang + fail + busy:
+                p = {**p, "busy_until": time.time() + 60}
+        busy_until, busy_key = float(p.get("busy_until") or 0), p.get("busy_key")
+        if time.time() < busy_until or (busy_key and self.headers.get("X-Stub-Key") == busy_key):
+            with state.lock:
+                state.busy_answers += 1
+            ra = p.get("retry_after")
+            return 429, b'{"error":"busy"}', "application/json", {"Retry-After": str(ra)} if ra is not None else None
         room, crowd = int(p.get("room") or 0), float(p.get("crowd_ms") or 0)
         if not (room or crowd):
             return self._answer(state, p)
@@ -108,7 +138,9 @@ class StubModel(DemoModel):
 
     def _answer(self, state: ModelState, p: dict) -> tuple:
         if p.get("hold"):
-            state.hold(str(p["hold"])).wait(60)
+            ev, deadline = state.hold(str(p["hold"])), time.monotonic() + 60
+            while not ev.wait(0.05) and time.monotonic() < deadline:
+                self.hold(0.001)  # a caller that hangs up meanwhile ends the hold (ClientGone)
         answer = super().respond(p)  # sleep_ms first: a failing call is as slow as the others
         tag, fail_first = p.get("tag"), int(p.get("fail_first") or 0)
         if tag and fail_first:

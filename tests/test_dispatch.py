@@ -42,7 +42,7 @@ def _pairs(sent):
 
 def enq(model, entries, **kw):
     """rd.enqueue of (tenant, job, score) entries at attempt 0; the (tenant, job) dispatched."""
-    return _pairs(rd.enqueue(model, [(t, j, score, 0) for t, j, score in entries], **kw))
+    return _pairs(rd.enqueue(model, [(t, j, score, 0, "") for t, j, score in entries], **kw))
 
 
 def kick(model, **kw):
@@ -54,7 +54,7 @@ def claimed(model, tenant, job, lease, **kw):
 
 
 def finish(model, tenant, job, *, wake, message="", cap=None):
-    return _pairs(rd.finish(model, [(tenant, job, message if wake else None, None)], cap=cap)[1])
+    return _pairs(rd.finish(model, [(tenant, job, message if wake else None, None, None)], cap=cap)[1])
 
 
 def _queue(model: str, tenant: str, n: int, start: float = 0.0, cap: int = 100) -> list:

@@ -50,9 +50,9 @@ def _queue(tenant: str, n: int, model: str = "m") -> None:
 def _ran(r, model: str, job: str, seconds: float) -> None:
     """The job's attempt was claimed ``seconds`` ago (its measured run, without waiting it out)."""
     charge = r.hget(f"asynch:dq:charge:{{{model}}}", job)
-    est, d = charge.split()[:2]
+    est, d, dispatched = charge.split()[:3]  # estimate, charge, dispatch time [, claim time]
     now = float(r.time()[0]) + r.time()[1] / 1e6
-    r.hset(f"asynch:dq:charge:{{{model}}}", job, f"{est} {d} {now - seconds}")
+    r.hset(f"asynch:dq:charge:{{{model}}}", job, f"{est} {d} {dispatched} {now - seconds}")
 
 
 def _run_seconds(r, model: str) -> dict[str, float]:
@@ -107,7 +107,7 @@ def test_a_lost_or_cancelled_dispatch_costs_nothing(window, r):
     finish("m", "a", "a0", wake=False, cap=5)  # cancelled before any worker claimed it
     assert _pass("m", "a", r) == 0.0
     assert enq("m", [("a", "a1", 0)], cap=5) == [("a", "a1")]
-    assert r.hget("asynch:dq:charge:{m}", "a1") == "1 1" and _pass("m", "a", r) == 1.0
+    assert r.hget("asynch:dq:charge:{m}", "a1").split()[:2] == ["1", "1"] and _pass("m", "a", r) == 1.0
     # The broker lost its message: the job goes back (its charge refunded) and out again (charged once).
     assert kick("m", cap=5, requeue_inflight=True) == [("a", "a1")]
     assert _pass("m", "a", r) == 1.0
@@ -126,7 +126,7 @@ def test_a_minimum_goes_first_free_and_at_high_priority_and_a_ceiling_holds(wind
     assert all(a == "0" for t, _j, a in sent[2:])
     assert len(sent) == 53 and r.sismember("asynch:dq:blocked:{m}", "small")
     # One of small's jobs ends: below its ceiling, not its minimum, it gets the ring's turn (flood is at its cap).
-    assert rd.finish("m", [("small", mine[2], None, None)], cap=50)[1] == [("small", "small-3", "0")]
+    assert rd.finish("m", [("small", mine[2], None, None, None)], cap=50)[1] == [("small", "small-3", "0")]
     assert r.sismember("asynch:dq:blocked:{m}", "small")  # at its ceiling again
 
 

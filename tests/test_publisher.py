@@ -89,7 +89,7 @@ def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settin
     def send(t):
         barrier.wait()
         for i in range(100):
-            outbox.send_many([("ob", f"tenant{t}", f"job_t{t}_{i}", float(i))])
+            outbox.send_many([("ob", (f"tenant{t}", f"job_t{t}_{i}", float(i), "0", ""))])
 
     threads = [threading.Thread(target=send, args=(t,)) for t in range(8)]
     for t in threads:
@@ -117,10 +117,10 @@ def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty
 
     real = publisher._current.get()
     monkeypatch.setattr(publisher._current, "_value", dataclasses.replace(real, broker=Down()))
-    outbox.send_many([("ob", "t", "job_refused", 1.0)])
+    outbox.send_many([("ob", ("t", "job_refused", 1.0, "0", ""))])
     assert outbox.flush(5)  # refused, logged: the dispatcher re-queues it when its lease ends
     monkeypatch.undo()
-    outbox.send_many([("ob", "t", "job_after", 2.0)])
+    outbox.send_many([("ob", ("t", "job_after", 2.0, "0", ""))])
     assert outbox.flush(5)
     assert _queued_args(settings) == [["job_after", 0]]
 
@@ -128,7 +128,7 @@ def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty
 def _send_in_child(out):
     from app.jobs import outbox
 
-    outbox.send_many([("ob", "t", "job_from_child", 2.0)])
+    outbox.send_many([("ob", ("t", "job_from_child", 2.0, "0", ""))])
     out.put(outbox.flush(10))
 
 
@@ -137,7 +137,7 @@ def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
 
     from app.jobs import outbox
 
-    outbox.send_many([("ob", "t", "job_from_parent", 1.0)])  # the parent's sender thread exists before the fork
+    outbox.send_many([("ob", ("t", "job_from_parent", 1.0, "0", ""))])  # the parent's sender thread exists before the fork
     assert outbox.flush(5)
     ctx = mp.get_context("fork")
     q = ctx.Queue()

@@ -190,7 +190,7 @@ def test_the_position_follows_the_dispatchers_weights_and_priorities(r):
     rd.set_weight("tb", 2, ["w"])
     now = datetime.now().astimezone()
     for t in ("ta", "tb"):
-        rd.enqueue("w", [(t, f"{t}-{i}", order_score(now) + i / 1000, 0) for i in range(6)], cap=1)
+        rd.enqueue("w", [(t, f"{t}-{i}", order_score(now) + i / 1000, 0, "") for i in range(6)], cap=1)
     last = order_score(now.replace(year=now.year + 1))
     a = rd.position("w", "ta", "", [last, order_score(now, 9)], cap=1)
     b = rd.position("w", "tb", "", [last], cap=1)
@@ -214,7 +214,7 @@ def test_a_new_jobs_place_counts_its_tenants_jobs_still_in_this_process_outbox(r
 
     r.set(keys.runtime_max_concurrency("w"), 0)
     now = datetime.now().astimezone()
-    rd.enqueue("w", [("ta", f"ta-{i}", order_score(now) + i / 1000, 0) for i in range(3)], cap=1)
+    rd.enqueue("w", [("ta", f"ta-{i}", order_score(now) + i / 1000, 0, "") for i in range(3)], cap=1)
     model = SimpleNamespace(model_name="w", max_concurrency=1, expected_seconds=2)
     new = order_score(now) + 1
     [[base]] = estimates.for_new_many([(model, "ta", [new])])

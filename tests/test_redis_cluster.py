@@ -68,10 +68,10 @@ def test_every_script_runs_on_one_slot_and_each_models_keys_share_a_node(on_clus
         for i, t in enumerate(("a", "a", "b")):
             assert gate.gate_admit(m, t, f"{m}-j{i}", cap=10, tenant_cap=2).admitted
         assert not gate.gate_admit(m, "a", f"{m}-j9", cap=10, tenant_cap=2).admitted  # a's share
-        sent = rd.enqueue(m, [(t, f"{m}-j{i}", float(i), 0) for i, t in enumerate(("a", "a", "b"))])
+        sent = rd.enqueue(m, [(t, f"{m}-j{i}", float(i), 0, "") for i, t in enumerate(("a", "a", "b"))])
         assert {j for _, j, _ in sent} == {f"{m}-j0", f"{m}-j1", f"{m}-j2"}
         rd.claimed(m, [("a", f"{m}-j0")], 30)
-        released, _ = rd.finish(m, [("a", f"{m}-j0", "", None)])
+        released, _ = rd.finish(m, [("a", f"{m}-j0", "", None, None)])
         assert released == [True] and permits(m, "a") == [f"{m}-j1"]
         rd.kick(m, requeue_inflight=True)
         assert gate.gate_reconcile(m, [f"{m}-j1", f"{m}-j2"], grace_seconds=0) == ([], [])
@@ -132,7 +132,7 @@ def test_a_wake_up_published_on_one_master_reaches_a_listener_on_every_other(on_
         listeners.append(ps)
     assert len({ps.connection.port for ps in listeners}) == len(rcluster.ports)
     for port, model in where.items():
-        rd.finish(model, [("t", f"{model}-x", json.dumps({"id": f"{model}-x"}), None)])
+        rd.finish(model, [("t", f"{model}-x", json.dumps({"id": f"{model}-x"}), None, None)])
         for ps in listeners:
             m = wait_until(lambda p=ps: (lambda x: x if x and x["type"] == "message" else None)(
                 p.get_message(timeout=0.2)), timeout=5, what=f"the wake-up from node {port}")

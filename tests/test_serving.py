@@ -251,7 +251,7 @@ from app.infra.wakeups import hub
 
 hub.ensure_started()            # the listener and the fetcher: waiting on Redis / an Event
 assert hub.subscribed.is_set()
-outbox.send_many([("probe-model", "probe-tenant", "job_probe", 0)])  # the sender: then idle on its queue
+outbox.send_many([("probe-model", ("probe-tenant", "job_probe", 0.0, "0", ""))])  # the sender: then idle on its queue
 outbox.flush(5)
 gaps, last = [], [time.monotonic()]
 

@@ -131,8 +131,8 @@ def test_a_canceled_attempt_keeps_no_inline_result_and_cleanup_needs_no_storage(
     wait_until(lambda: job_row(lost).state == JobState.RUNNING, what="running")
     jobs.cancel_job(P, lost)
     t.join(10)
-    assert out == ["lost"] and job_row(lost).result_inline is None
-    assert _count_row("gone") == 1  # the model did the work: counted, whoever owns the row
+    assert out == ["stopped"] and job_row(lost).result_inline is None  # its call was stopped
+    assert _count_row("gone") == 1  # the call reached the model: counted, whoever owns the row
 
     kept = jobs.submit(P, "gone", {}).row.id
     assert execution.run_attempt(kept, 0) == "done"

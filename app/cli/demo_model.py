@@ -4,12 +4,14 @@ stub model (tests/stubs.py) extends its handler, ``DemoModel.respond``.
 It answers any path with ``{"model": "demo-echo", "echo": <payload>}``.  POST
 bodies (JSON) and GET query strings are read as the payload; a few payload
 fields steer it, to try a slow, failing or other-bytes model:
-  sleep_ms      wait this long before answering
+  sleep_ms      wait this long before answering (a caller that hangs up meanwhile
+                stops it: nothing more is done for it, as vLLM aborts a request
+                whose client disconnected)
   status        answer with this HTTP status
   content_type  answer with this Content-Type and ``body`` (text) as bytes
   body          the body to send (with content_type); default: JSON echo
   size          answer with this many bytes of b"x" (application/octet-stream)
-  hang          never answer (until the client gives up)
+  hang          never answer (until the client gives up and hangs up)
 
 With ``webhook_secrets`` (a function giving the secrets to try; `asynch dev`
 passes its stack's) the service is also a webhook receiver at ``/webhooks``:
@@ -22,6 +24,8 @@ secret verifies it; a plain ``GET /webhooks`` lists what came, newest first:
 from __future__ import annotations
 
 import json
+import select
+import socket
 import sys
 import threading
 import time
@@ -46,6 +50,10 @@ def _verified(secrets, headers, payload: bytes | str) -> str | None:
     except Exception as exc:  # the secrets' source is down: say so, still record it
         why = f"secrets unavailable: {type(exc).__name__}"
     return why
+
+
+class ClientGone(Exception):
+    """The caller hung up while its answer was being made."""
 
 
 class DemoModel(BaseHTTPRequestHandler):
@@ -82,7 +90,29 @@ class DemoModel(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         if self.server.webhook_secrets is not None and (path == RECEIVER or path.startswith(RECEIVER + "/")):
             return self._receive(raw)
-        self._send(*self.respond(self._payload(raw)))
+        try:
+            self._send(*self.respond(self._payload(raw)))
+        except ClientGone:
+            self.close_connection = True
+            self.hung_up()
+
+    def hung_up(self) -> None:
+        """The caller closed the connection before the answer (a canceled job): nothing is sent."""
+
+    def hold(self, seconds: float) -> None:
+        """Wait ``seconds``, or until the caller hangs up (ClientGone): as vLLM stops generating for a
+        client that went away, the demo stops working for it."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([self.connection], [], [], min(left, 1.0))[0]:
+                continue
+            try:
+                gone = not self.connection.recv(1, socket.MSG_PEEK)
+            except OSError:
+                gone = True
+            if gone:
+                raise ClientGone()
+            time.sleep(min(left, 0.01))  # a pipelined request's bytes, not a hang-up
 
     do_GET = do_POST = _handle
 
@@ -110,10 +140,10 @@ class DemoModel(BaseHTTPRequestHandler):
     def respond(self, p: dict) -> tuple:
         """The answer to a model call: (status, body, content type[, extra headers])."""
         if p.get("hang"):
-            time.sleep(3600)
+            self.hold(3600)
         sleep_ms = float(p.get("sleep_ms") or 0)
         if sleep_ms:
-            time.sleep(sleep_ms / 1000.0)
+            self.hold(sleep_ms / 1000.0)
         status = int(p.get("status") or 200)
         if p.get("size"):
             return status, b"x" * int(p["size"]), "application/octet-stream"

@@ -68,6 +68,10 @@ _DISPATCHED = Counter("asynch_dispatched", "jobs dispatched to workers (a permit
 _RUN_JOB = Counter("asynch_run_job_messages", "run_job messages a worker took, by what came of them "
                    "(done, retry_wait, failed, lost, stale: a duplicate or outdated message)", ["outcome"],
                    registry=_REGISTRY)
+_BUSY = Counter("asynch_upstream_busy", "busy answers (429/503) of a model's upstream, by tenant, the scope that "
+                "received it (tenant / credential: the job's own model key) and what the job paid (free: back to the "
+                "queue from its tenant's busy budget; retry: spent out, a failed attempt)",
+                ["model", "tenant", "scope", "paid"], registry=_REGISTRY)
 _WAITS_REFUSED = Counter("asynch_waits_refused", "long-polls refused at a waiter cap, by cap (tenant, process)",
                          ["cap"], registry=_REGISTRY)
 _JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
@@ -139,6 +143,11 @@ def job_finished(row) -> None:
 @_never_raise
 def dispatched(model: str, tenant: str, n: int = 1) -> None:
     _DISPATCHED.labels(model, tenant).inc(n)
+
+
+@_never_raise
+def upstream_busy(model: str, tenant: str, credential: bool, free: bool) -> None:
+    _BUSY.labels(model, tenant, "credential" if credential else "tenant", "free" if free else "retry").inc()
 
 
 @_never_raise

@@ -247,7 +247,7 @@ tenant_limits = Table(
     Column("model_name", String(128), primary_key=True, server_default=""),
     Column("weight", Integer),
     Column("rate_per_second", Float),
-    *_cols(Integer, "burst", "max_waiters", "queue_limit", "min_concurrency", "burst_concurrency"),
+    *_cols(Integer, "burst", "max_waiters", "queue_limit", "min_concurrency", "burst_concurrency", "busy_budget"),
     Column("updated_at", TS, nullable=False),
 )
 

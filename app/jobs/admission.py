@@ -68,8 +68,8 @@ class Submission:
 
     @property
     def score(self) -> float:
-        """Its place in its tenant's ready queue (app/jobs/dispatch.py order_score)."""
-        return dispatch.order_score(self.values["enqueue_at"], self.values.get("priority"))
+        """Its place in its tenant's ready queue (app/jobs/dispatch.py entry)."""
+        return dispatch.entry(self.values)[2]
 
 
 class _Committer:
@@ -176,7 +176,7 @@ def commit_batch(batch: list[Submission]) -> None:
     committed = [s for s in admitted if not s.event.is_set()]
     # After the commit: the batch's jobs join their tenants' queues as one
     # group (the outbox never splits a group).
-    outbox.send_many([(s.model, s.tenant, s.job_id, s.score) for s in committed])
+    outbox.send_many([(s.model, dispatch.entry(rows[s.job_id])) for s in committed])
     for s in committed:
         _answer(s, row=rows[s.job_id])
 

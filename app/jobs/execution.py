@@ -5,8 +5,9 @@ Every state change goes through app.transitions with the attempt this
 worker claimed, so a worker that lost its row (lease expired, canceled,
 timed out) has its late writes refused and only cleans up after itself.
 An upstream that answers busy (429/503) sends the attempt back to pending
-("busy"), spending no retry, up to ASYNCH_UPSTREAM_BUSY_BUDGET busy answers
-per job: retries count ``attempt - busy_count``.
+("busy") after a backoff, spending no retry while its tenant has free busy
+answers in hand (ASYNCH_UPSTREAM_BUSY_BUDGET, earned back one per done answer):
+retries count ``attempt - busy_count``.
 """
 from __future__ import annotations
 
@@ -18,21 +19,24 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
 
+import redis
 from sqlalchemy import String, any_, bindparam, cast, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from app import transitions
-from app.clock import now as clock_now
+from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.infra import metrics, secretbox
-from app.infra.process import PerProcess
 from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
+from app.infra.process import PerProcess
+from app.infra.redis import upstream
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
-from app.jobs import dispatch, effects, stats
+from app.jobs import calls, dispatch, effects, stats
 from app.jobs.dispatch import CURRENT
 from app.states import JobState, is_terminal, job_error
+from app.tenancy import limits
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ def run_group(jobs: list[tuple[str, int]], worker: str | None = None) -> list[st
             if job is not None and is_terminal(job.state):
                 # Its queue entry came back after a slow or lost message
                 # (requeue_unclaimed): nobody will claim it.
-                effects.release_stale_dispatch(job.task_model, job.tenant_id, job_id)
+                effects.call_ended(job.task_model, job.tenant_id, job_id)
             out[job_id] = "stale"
         elif job.caller_deadline_at is not None and job.caller_deadline_at < clock_now():
             # Its caller's deadline passed while it waited: it ends expired, the model is never called.
@@ -159,16 +163,29 @@ def _call(row, model, mine: int) -> _Answer | dict[str, str]:
                               None, permanent=True)}
     try:
         t0 = time.monotonic()
+        # The call's deadline: the model's timeout, or the job's whole budget if that ends first.
+        budget = (as_utc(row.deadline_at) - clock_now()).total_seconds() if row.deadline_at is not None else None
+        timeout = model.timeout_seconds if budget is None else max(0.001, min(model.timeout_seconds, budget))
         try:
-            resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
-                              head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key,
-                              payload=json.loads(row.request_payload),
-                              timeout_seconds=model.timeout_seconds, max_bytes=settings.max_result_bytes,
-                              job=(row.id, mine), model_key_headers=model.model_key_headers)
+            with calls.running(row.id, mine) as abort:
+                resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
+                                  head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key,
+                                  payload=json.loads(row.request_payload),
+                                  timeout_seconds=timeout, max_bytes=settings.max_result_bytes,
+                                  job=(row.id, mine), model_key_headers=model.model_key_headers, abort=abort)
         except ModelCallError as exc:
             if exc.called:
                 metrics.model_call(row.model_name, time.monotonic() - t0, False)
-            if exc.busy and settings.upstream_control and row.busy_count < settings.upstream_busy_budget:
+            if exc.stopped:  # its job was ended by someone else: nothing to write, the call's end to report
+                log.info("attempt stopped: %s", exc, extra=ctx)
+                if exc.called:  # it reached the model: counted, whoever owns the row
+                    with atomic_statement() as conn:
+                        conn.execute(*_call_counted(conn, row))
+                effects.call_ended(row.model_name, row.tenant_id, row.id, mine)
+                return {row.id: "stopped"}
+            if exc.code == "model_timeout" and timeout < model.timeout_seconds and _out_of_budget(row, ctx):
+                return {row.id: "timeout"}
+            if exc.busy and settings.upstream_control and _busy_is_free(row, exc):
                 return {row.id: _busy(row, mine, exc, model, ctx)}
             return {row.id: _fail(row, mine, job_error(exc.code, exc.public), ctx, model, permanent=exc.permanent,
                                   counted=exc.called, detail=str(exc))}
@@ -208,7 +225,8 @@ def _write(answers: list[_Answer]) -> dict[str, str]:
             log.info("job done", extra=a.ctx)
             out[a.row.id] = "done"
             continue
-        # Canceled, timed out or recovered while we worked: not ours any more.
+        # Canceled, timed out or recovered while we worked: not ours any more; the call's end frees its permit.
+        effects.call_ended(a.row.model_name, a.row.tenant_id, a.row.id, a.done.attempt)
         if a.done.inline is None:
             try:
                 get_storage().delete(a.done.location)
@@ -217,6 +235,18 @@ def _write(answers: list[_Answer]) -> dict[str, str]:
         log.info("attempt lost its job before completing", extra=a.ctx)
         out[a.row.id] = "lost"
     return out
+
+
+def _out_of_budget(row, ctx: dict) -> bool:
+    """The call ran into its job's whole budget (deadline_at): the job ends timeout, as the cleanup pass would
+    end it a moment later (False: not past it yet, or not ours: an ordinary timed-out attempt then)."""
+    with effects.collecting() as due, atomic_statement() as conn:
+        won = due.add(transitions.time_out(conn, row.id, now=clock_now()))
+    if won is None:
+        return False
+    effects.call_ended(row.model_name, row.tenant_id, row.id, row.attempt)  # the call is over: its permit back
+    log.info("job out of budget during its call", extra=ctx)
+    return True
 
 
 def _crashed(row, mine: int, model, ctx: dict, exc: Exception) -> str:
@@ -263,22 +293,41 @@ def _fail(row, attempt: int, error: str, ctx: dict, model, *, permanent: bool = 
                                                alongside=_call_counted(conn, row) if counted else None))
     if won is None:
         log.info("attempt lost its job before failing", extra=ctx)
+        effects.call_ended(row.model_name, row.tenant_id, row.id, attempt)
         return "lost"
     retrying = won.state == JobState.RETRY_WAIT  # not terminal: the slot goes back, waiters keep waiting
     log.info("attempt failed, will retry: %s" if retrying else "job failed: %s", detail or error, extra=ctx)
     return "retry_wait" if retrying else "failed"
 
 
+def _busy_is_free(row, exc: ModelCallError) -> bool:
+    """Whether a busy answer returns its job to the queue unspent: one of its tenant's free busy answers on
+    the model (ASYNCH_UPSTREAM_BUSY_BUDGET, or the tenant's own ``busy_budget``), earned back one per done
+    answer.  Spent out (or Redis away), it is an ordinary failed attempt: it spends a retry."""
+    budget = limits.limits_of(row.tenant_id).busy_budget
+    try:
+        free = upstream.take_busy(row.model_name, row.tenant_id,
+                                  get_settings().upstream_busy_budget if budget is None else budget)
+    except redis.RedisError:
+        free = False
+    metrics.upstream_busy(row.model_name, row.tenant_id, bool(row.model_key), free)
+    return free
+
+
 def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
-    """The upstream answered busy: back to pending at its tenant's head; the
-    effects lower the model's concurrency and pause it for Retry-After."""
+    """The upstream answered busy: back to pending, at its tenant's head after a backoff (the answer's
+    Retry-After, capped, else exponential with jitter); the effects tell the scope that received it (its
+    credential, else its tenant) and charge the call's time to its tenant."""
+    busy = dispatch.Busy(retry_after=upstream.capped(exc.retry_after),
+                         delay=upstream.job_delay(exc.retry_after, row.busy_count + 1))
     with effects.collecting() as due, atomic_statement() as conn:
         error = job_error("model_busy", exc.public + ", queued again")
         won = due.add(transitions.return_busy(conn, row.id, attempt, error, busy_count=row.busy_count + 1,
                                               detail=str(exc), alongside=_call_counted(conn, row)),
-                      cap=model.max_concurrency, retry_after=exc.retry_after)
+                      cap=model.max_concurrency, busy=busy)
     if won is None:
         log.info("attempt lost its job before going back to the queue", extra=ctx)
+        effects.call_ended(row.model_name, row.tenant_id, row.id, attempt)
         return "lost"
-    log.info("model busy, back in the queue: %s", exc, extra=ctx)
+    log.info("model busy, back in the queue in %.1fs: %s", busy.delay, exc, extra=ctx)
     return "busy"

@@ -45,9 +45,13 @@ class _Outbox:
                     batch.extend(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            dispatch.enqueue_new(batch)  # logs and moves on if Redis refuses
+            by_model: dict[str, list] = {}
+            for model, entry in batch:
+                by_model.setdefault(model, []).append(entry)
+            for model, entries in by_model.items():
+                dispatch.queue_entries(model, entries, mode="NX")  # logs and moves on if Redis refuses
             with self.cond:
-                for model, tenant, job, _score in batch:
+                for model, (tenant, job, *_rest) in batch:
                     left = self.jobs[(model, tenant)]
                     left.pop(job, None)
                     if not left:
@@ -59,14 +63,14 @@ class _Outbox:
 _current: PerProcess[_Outbox] = PerProcess(_Outbox)
 
 
-def send_many(items: list[tuple[str, str, str, float]]) -> None:
-    """Queue committed jobs, (model, tenant, job_id, score) each, for one
+def send_many(items: list[tuple[str, dispatch.Entry]]) -> None:
+    """Queue committed jobs, (model, queue entry: app/jobs/dispatch.py entry) each, for one
     pass of the sender (one group); returns at once."""
     if not items:
         return
     box = _current.get()
     with box.cond:
-        for model, tenant, job, score in items:
+        for model, (tenant, job, score, *_rest) in items:
             box.jobs[(model, tenant)][job] = score
     box.queue.put(list(items))
 

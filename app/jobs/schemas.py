@@ -52,6 +52,9 @@ class JobStatus(QueueEstimate):
     result_size: int | None = Field(None, description="done")
     content_type: str | None = Field(None, description="done")
     priority: int | None = Field(None, ge=0, le=9, description="0-9 (9 first), as submitted")
+    busy_answers: int | None = Field(None, ge=0, description="the model's upstream answered this job busy (429/503) "
+                                     "this many times, each sent back to the queue from its tenant's busy budget "
+                                     "without spending a retry (absent: none)")
 
     @classmethod
     def values_of(cls, row) -> dict:
@@ -64,6 +67,8 @@ class JobStatus(QueueEstimate):
             out["error"] = row.error
         if getattr(row, "priority", None) is not None:
             out["priority"] = row.priority
+        if getattr(row, "busy_count", 0):
+            out["busy_answers"] = row.busy_count
         if row.result_size is not None and state in RESULT_STATES:
             out["result_size"] = row.result_size
             out["content_type"] = row.result_content_type

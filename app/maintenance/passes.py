@@ -45,7 +45,7 @@ from app.infra.db import transaction
 from app.infra.redis import gate
 from app.infra.redis.runtime import runtime_limits_raw
 from app.infra.tables import models, tasks
-from app.jobs import dispatch, execution, retention
+from app.jobs import dispatch, effects, execution, retention
 from app.jobs.admission import release_slot
 from app.maintenance.autotune import effective
 # Re-exported too: beat, the CLI and the HTTP triggers reach every part through this module.
@@ -119,10 +119,11 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
     now = clock_now()
     due = tasks.c.id.in_(only) if only is not None else tasks.c.next_retry_at <= now
     rep = Report(details={"gate_full": 0, "head": 0, "tail": 0})
-    queued: dict[str, list[tuple[str, str, float, int | str]]] = {}
     taken: list[tuple[str, str, str]] = []
     try:
-        with transaction() as conn:
+        # The effects queue each re-admitted job after the commit: a worker must find the row pending when its
+        # message comes (app/jobs/dispatch.py entry: at the head with its creation's queue time, or the tail).
+        with effects.collecting() as fx, transaction() as conn:
             rows = conn.execute(locked(select(
                 tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.attempt, tasks.c.busy_count,
                 tasks.c.created_at, tasks.c.priority, models.c.queue_limit, models.c.tenant_queue_limit,
@@ -143,23 +144,17 @@ def retry_due(limit: int | None = None, only: list[str] | None = None) -> Report
                     continue
                 taken.append((r.model_name, r.tenant_id, r.id))
                 head = (r.retry_queue_max_seconds or 0) == 0
-                won = transitions.readmit(conn, r.id, r.attempt, r.created_at if head else now,
-                                          retries=r.attempt - r.busy_count, promoted_at=now if head else None)
+                won = fx.add(transitions.readmit(conn, r.id, r.attempt, r.created_at if head else now,
+                                                 retries=r.attempt - r.busy_count, promoted_at=now if head else None))
                 if won is None:
                     release_slot(r.model_name, r.tenant_id, r.id)
                     continue
-                queued.setdefault(r.model_name, []).append(
-                    (r.tenant_id, r.id, dispatch.order_score(r.created_at if head else now, r.priority),
-                     dispatch.head(r.attempt) if head else r.attempt))
                 rep.details["head" if head else "tail"] += 1
     except BaseException:
         for model, tenant, jid in taken:
             release_slot(model, tenant, jid)
         raise
-    # After the commit: a worker must find the row pending when the message comes.
-    for model, entries in queued.items():
-        dispatch.requeue(model, entries)
-    rep.processed = sum(len(e) for e in queued.values())
+    rep.processed = rep.details["head"] + rep.details["tail"]
     return rep
 
 
@@ -174,23 +169,20 @@ def promote_waiting_retries(limit: int | None = None) -> Report:
     n = 0
     for m in waits:
         cutoff = now - timedelta(seconds=m.retry_queue_max_seconds)
-        with transaction() as conn:
-            rows = conn.execute(locked(select(
-                tasks.c.id, tasks.c.tenant_id, tasks.c.attempt, tasks.c.created_at, tasks.c.priority).where(
-                tasks.c.model_name == m.model_name, tasks.c.state == int(JobState.PENDING),
-                tasks.c.retry_count > 0, tasks.c.promoted_at.is_(None), tasks.c.enqueue_at < cutoff,
-            ).order_by(tasks.c.enqueue_at).limit(batch_size(limit)))).all()
-            if not rows:
-                continue
-            try:
-                # Move first, mark after: a failed move leaves it unmarked for the next pass.
-                dispatch.requeue(m.model_name, [(r.tenant_id, r.id, dispatch.order_score(r.created_at, r.priority),
-                                                 dispatch.head(r.attempt)) for r in rows], mode="XXLT")
-            except redis.RedisError:
-                continue
-            for r in rows:
-                transitions.mark_republished(conn, r.id, r.attempt, now=now)
-                n += 1
+        try:
+            with transaction() as conn:
+                rows = conn.execute(locked(select(tasks.c.id, tasks.c.attempt).where(
+                    tasks.c.model_name == m.model_name, tasks.c.state == int(JobState.PENDING),
+                    tasks.c.retry_count > 0, tasks.c.promoted_at.is_(None), tasks.c.enqueue_at < cutoff,
+                ).order_by(tasks.c.enqueue_at).limit(batch_size(limit)))).all()
+                moved = [row for r in rows if (row := transitions.mark_promoted(conn, r.id, r.attempt, now=now))]
+                # Only a job still queued moves, and only forward (XXLT): one dispatched is left alone.  Inside the
+                # transaction: a failed move rolls the marks back, for the next pass (a move whose commit fails is
+                # moved again, a no-op).
+                dispatch.queue(moved, mode="XXLT", strict=True)
+        except redis.RedisError:
+            continue
+        n += len(moved)
     return Report(processed=n)
 
 

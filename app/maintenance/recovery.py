@@ -38,21 +38,14 @@ def _requeue_batch(where, limit: int, after: tuple | None) -> tuple[int, tuple |
     """Queue one batch of pending jobs again (NX), in queue order after
     ``after`` = (enqueue_at, id).  Returns (rows seen, the last position)."""
     q = select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.enqueue_at, tasks.c.attempt,
-               tasks.c.promoted_at, tasks.c.priority).where(
+               tasks.c.promoted_at, tasks.c.priority, tasks.c.model_key).where(
         tasks.c.state == int(JobState.PENDING), *where)
     if after is not None:
         at, jid = after
         q = q.where(or_(tasks.c.enqueue_at > at, and_(tasks.c.enqueue_at == at, tasks.c.id > jid)))
     with transaction() as conn:
         rows = conn.execute(q.order_by(tasks.c.enqueue_at, tasks.c.id).limit(limit)).all()
-    by_model: dict[str, list[tuple[str, str, float, int | str]]] = {}
-    for r in rows:
-        by_model.setdefault(r.model_name, []).append(
-            (r.tenant_id, r.id, dispatch.order_score(r.enqueue_at, r.priority),
-             dispatch.head(r.attempt) if r.promoted_at is not None else r.attempt))
-    caps = model_caps() if by_model else {}
-    for model, entries in by_model.items():
-        dispatch.requeue(model, entries, mode="NX", cap=caps.get(model))
+    dispatch.queue(rows, mode="NX", caps=model_caps() if rows else {})
     return len(rows), ((rows[-1].enqueue_at, rows[-1].id) if rows else None)
 
 

@@ -21,8 +21,7 @@ def requeue_job(job_id: str) -> dict:
     row = get_job(OPERATOR, job_id)
     state = JobState(row.state)
     if state == JobState.PENDING:
-        dispatch.requeue(row.model_name, [(row.tenant_id, row.id, dispatch.order_score(row.enqueue_at, row.priority),
-                                           row.attempt)], mode="NX")
+        dispatch.queue([row], mode="NX")
         if row.id in redis_dispatch.inflight(row.model_name) and not publish_run_job(row.id, row.attempt):
             raise Conflict("the broker refused the message; recovery will re-publish it")
         return {"job_id": row.id, "action": "republished", "attempt": row.attempt}

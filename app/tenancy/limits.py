@@ -1,5 +1,5 @@
 """Per-tenant limits (table asynch_tenant_limits): the dispatch weight, the
-request rate per key and the long-poll cap (the tenant-wide row, model_name
+request rate per key, the long-poll cap and the busy budget (the tenant-wide row, model_name
 ''), and per model its queue cap, guaranteed minimum and burst ceiling of
 concurrent jobs (a row with none is deleted; a minimum above the ceiling is
 refused).
@@ -28,7 +28,7 @@ from app.infra.tables import models, tenant_limits
 from app.tenancy.keys import Principal
 from app.tenancy.schemas import TenantLimits, TenantLimitsInput, check_tenant
 
-_TENANT_FIELDS = ("weight", "rate_per_second", "burst", "max_waiters")
+_TENANT_FIELDS = ("weight", "rate_per_second", "burst", "max_waiters", "busy_budget")
 # The per-model fields (model_name -> value) and their column.
 _MODEL_FIELDS = {"queue_limits": "queue_limit", "min_concurrency": "min_concurrency",
                  "burst_concurrency": "burst_concurrency"}

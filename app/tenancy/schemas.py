@@ -98,6 +98,9 @@ class TenantLimitsInput(Shape):
     burst: Int(1, 10_000_000) | None = rule("the token bucket's size (default twice the rate)", None)
     max_waiters: Int(0, 1_000_000) | None = rule(
         "concurrent long-polls per API process (default ASYNCH_WAITERS_PER_TENANT)", None)
+    busy_budget: Int(0, 1_000_000) | None = rule(
+        "free busy answers (429/503) this tenant has in hand per model: each returns its job to the queue "
+        "without spending a retry, earned back one per done answer (default ASYNCH_UPSTREAM_BUSY_BUDGET)", None)
     queue_limits: PerModel | None = Field(
         None, description="model_name -> how many of the model's queue slots this tenant may hold "
                           "(null: the model's tenant_queue_limit)")
@@ -115,6 +118,7 @@ class TenantLimits(Shape):
     rate_per_second: float | None
     burst: int | None
     max_waiters: int | None
+    busy_budget: int | None
     queue_limits: dict[str, int]
     min_concurrency: dict[str, int]
     burst_concurrency: dict[str, int]

@@ -14,6 +14,8 @@ Invariants:
     certificate name) use the URL's host: a DNS answer that changes after the check cannot redirect it.
   * Redirects are never followed; a body over ``max_bytes`` (or such a Content-Length) fails, or with
     ``truncate=True`` is cut there and the connection closed; h11 caps header blocks (``MAX_HEADER_BYTES``).
+  * ``abort=`` (an ``Abort``) lets another thread end the exchange at any point: the socket is shut down both
+    ways, the peer sees the connection close, and ``request`` raises ``Stopped`` (never a pooled connection).
   * ``keep_alive=True`` reuses connections from a per-thread, per-process pool (a forked child never touches its
     parent's sockets: app/infra/process.py), dropping one idle too long or readable (closed by the peer).
 """
@@ -68,6 +70,48 @@ class BrokenResponse(RequestError):
 
 class InvalidRequest(RequestError):
     """Our side: a URL or header that cannot be sent.  Never reached."""
+
+
+class Stopped(RequestError):
+    """``Abort.stop()`` ended the exchange: its socket was shut down (the peer sees the connection close)."""
+
+
+class Abort:
+    """A handle that ends one exchange from another thread, at any point: ``stop()`` shuts its socket down
+    (both ways, so a blocked recv or send returns at once and the peer sees FIN: an upstream that aborts on
+    disconnect, as vLLM does, stops computing), and the request raises ``Stopped``.  Stopped before the
+    connect, the request never connects."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.stopped = False
+        self.reason = ""
+
+    def attach(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.stopped and sock is not None:
+                _shutdown(sock)
+
+    def stop(self, reason: str = "stopped") -> bool:
+        """End the exchange (idempotent); False if it was stopped already."""
+        with self._lock:
+            if self.stopped:
+                return False
+            self.stopped, self.reason = True, reason
+            if self._sock is not None:
+                _shutdown(self._sock)
+            return True
+
+    def check(self, reached: bool) -> None:
+        if self.stopped:
+            raise Stopped(f"stopped: {self.reason}", reached=reached)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass(frozen=True)
@@ -279,8 +323,9 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
             headers: Mapping[str, str] | Iterable[tuple[str, str]] = (), params: Mapping[str, str] | None = None,
             json: Any = None, body: bytes | None = None, address: str | None = None,
             connect_timeout: float | None = None, keep_alive: bool = False, truncate: bool = False,
-            tls_context: ssl.SSLContext | None = None) -> Response:
-    """One exchange, finished or failed within ``timeout`` seconds of the call."""
+            tls_context: ssl.SSLContext | None = None, abort: Abort | None = None) -> Response:
+    """One exchange, finished or failed within ``timeout`` seconds of the call; ``abort``: a handle another
+    thread may end it with (``Stopped``)."""
     clock, t = _Clock(timeout), _target(url, params)
     ctype = None
     if json is not None:
@@ -292,12 +337,24 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
     except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
         raise InvalidRequest(f"cannot send this request: {exc}", reached=False) from exc
     pool = _pool.get()
+    if abort is not None:
+        abort.check(False)
     conn = (pool.take(key) if keep_alive else None) or _Conn(_connect(t, address, clock, connect_timeout, tls_context))
     try:
+        if abort is not None:
+            abort.attach(conn.sock)
         resp = _exchange(conn, req, body, clock, max_bytes, truncate)
-    except BaseException:
+    except BaseException as exc:
         conn.close()
+        if abort is not None and abort.stopped and isinstance(exc, (RequestError, OSError)):
+            raise Stopped(f"stopped: {abort.reason}", reached=getattr(exc, "reached", True)) from exc
         raise
+    finally:
+        if abort is not None:
+            abort.attach(None)
+    if abort is not None and abort.stopped:  # stopped just as it ended: the caller asked for it to end
+        conn.close()
+        raise Stopped(f"stopped: {abort.reason}", reached=True)
     if keep_alive and conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
         conn.h11.start_next_cycle()
         pool.put(key, conn)

@@ -11,6 +11,7 @@ a request we cannot send); 5xx, 408, 429, timeouts and network failures are.  ``
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -31,21 +32,36 @@ class ModelCallError(Exception):
         self.retry_after = retry_after  # its Retry-After, in seconds from now
 
     @property
+    def stopped(self) -> bool:
+        """Our side ended the call (its job was canceled, timed out or recovered): no answer, no failure."""
+        return self.code == "model_call_stopped"
+
+    @property
     def busy(self) -> bool:
         """The upstream is full (429 Too Many Requests, 503 Service Unavailable), not failing."""
         return self.status in (429, 503)
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """Retry-After (RFC 9110: seconds or an HTTP date) as seconds from ``now``; None if absent or unreadable."""
+    """Retry-After (RFC 9110: seconds or an HTTP date) as seconds from ``now``; None if absent or unusable
+    (garbage, negative, NaN, infinite).  A date in the past is 0; a far one is returned as it is (the caller
+    caps it: app/infra/redis/upstream.py capped)."""
     value = (value or "").strip()
-    if value.isdigit():
-        return float(value)
+    if not value:
+        return None
+    try:
+        seconds = float(value)  # delay-seconds; a decimal is read too
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
     try:
         at = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return None if at.tzinfo is None else max(0.0, at.timestamp() - (time.time() if now is None else now))
+    if at is None or at.tzinfo is None:
+        return None
+    return max(0.0, at.timestamp() - (time.time() if now is None else now))
 
 
 @dataclass(frozen=True)
@@ -57,9 +73,11 @@ class ModelResponse:
 
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
-               job: tuple[str, int] | None = None, model_key_headers: str = "") -> ModelResponse:
+               job: tuple[str, int] | None = None, model_key_headers: str = "",
+               abort: deadline.Abort | None = None) -> ModelResponse:
     """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt so a model (or a proxy) can
-    deduplicate: an attempt calls it at most once. ``model_key_headers``: the names ``model_key`` may set."""
+    deduplicate: an attempt calls it at most once. ``model_key_headers``: the names ``model_key`` may set.
+    ``abort``: ends the call from another thread (app/jobs/calls.py): ModelCallError ``stopped``."""
     try:
         configured = job_headers(head_msg, model_key, model_key_headers)
     except HeaderSpecError as exc:
@@ -77,7 +95,10 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
     try:
         resp = deadline.request(method, url, headers=headers, timeout=timeout_seconds,
                                 connect_timeout=min(10.0, timeout_seconds), max_bytes=max_bytes,
-                                keep_alive=True, **kw)
+                                keep_alive=True, abort=abort, **kw)
+    except deadline.Stopped as exc:
+        raise ModelCallError(f"model call {exc}", permanent=False, called=exc.reached, code="model_call_stopped",
+                             public="model call stopped") from exc
     except deadline.RequestError as exc:  # ``reached``: False for ConnectFailed and InvalidRequest
         message, permanent, code, public = {
             deadline.DeadlineExceeded: (f"model call timed out after {timeout_seconds}s", False, "model_timeout", None),

@@ -40,11 +40,14 @@ def _step(script, model: str, cap: int | None, *args, most: int | None = None, g
     k = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
          keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_conf(model),
          keys.runtime_max_concurrency(model), keys.dispatch_weights(model), keys.dispatch_attempts(model),
-         keys.dispatch_cost(model), keys.dispatch_charges(model), keys.dispatch_shares(model)]
+         keys.dispatch_cost(model), keys.dispatch_charges(model), keys.dispatch_shares(model),
+         keys.dispatch_scopes(model), keys.dispatch_job_scopes(model), keys.dispatch_delayed(model),
+         keys.dispatch_congested(model), keys.dispatch_busy_budget(model)]
     return script(client=client, keys=k + ([keys.gate(model), keys.dispatch_run_time(model)] if gate else []), args=[
-        keys.dispatch_ready(model, ""), keys.semaphore(model, ""), "" if cap is None else int(cap),
-        f"{s.dispatch_window} {refill_chunk(s)}",
-        f"{s.dispatch_lease_seconds:.3f}", s.dispatch_window if most is None else most, s.dispatch_fairness, *args])
+        keys.dispatch_ready(model, ""), keys.semaphore(model, ""), keys.dispatch_parked(model, ""),
+        "" if cap is None else int(cap), f"{s.dispatch_window} {refill_chunk(s)}",
+        f"{s.dispatch_lease_seconds:.3f}", s.dispatch_window if most is None else most, s.dispatch_fairness,
+        upstream.params(), *args])
 
 
 def _triples(flat: list) -> list[tuple[str, str, str]]:
@@ -52,10 +55,11 @@ def _triples(flat: list) -> list[tuple[str, str, str]]:
     return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
 
-def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int]], *, cap: int | None = None,
+def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int, str]], *, cap: int | None = None,
             mode: str = "", most: int | None = None) -> list[tuple[str, str, str]]:
-    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry at the head) entries and dispatch."""
-    flat = [x for t, job, score, attempt in entries for x in (t, job, repr(float(score)), str(attempt))]
+    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry at the head, credential scope or '')
+    entries and dispatch."""
+    flat = [x for t, job, score, attempt, scope in entries for x in (t, job, repr(float(score)), str(attempt), scope)]
     return _triples(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat, most=most))
 
 
@@ -66,26 +70,34 @@ def claimed(model: str, jobs: Iterable[tuple[str, str]], run_lease_seconds: floa
     return _triples(_step(scripts.get("dispatch_claimed"), model, cap, f"{run_lease_seconds:.3f}", *flat))
 
 
-def finish(model: str, jobs: Iterable[tuple[str, str, str | None, float | None]],
+def finish(model: str, jobs: Iterable[tuple[str, str, str | None, float | None, tuple[float, int] | None]],
            cap: int | None = None) -> tuple[list[bool], list[tuple[str, str, str]]]:
-    """Jobs that left pending/running, (tenant, job_id, wake-up, ran) each, in ONE step: (for each, whether its
-    gate slot was still held; the jobs dispatched).  Wake-up: None for none, "" for the job id alone, else the
-    message (wakeups.py snapshot_message); ran: a done attempt's seconds, for the EWMA and upstream.py."""
-    flat = [x for t, job, wake, ran in jobs for x in (t, job, "-" if wake is None else wake,
-                                                      "" if ran is None else f"{ran:.6f}")]
+    """Jobs that left pending/running, (tenant, job_id, wake-up, ran, keep) each, in ONE step: (for each, whether
+    its gate slot was still held; the jobs dispatched).  Wake-up: None for none, "" for the job id alone, else the
+    message (wakeups.py snapshot_message); ran: a done attempt's seconds, for the EWMA and upstream.py; keep:
+    None to release its permits, or (seconds, attempt): someone else ended it while that attempt's call may
+    still run, so its permits stay, as "<job>#<attempt>", until the call ends (its worker's own finish of that
+    id, keep None) and at most that long."""
+    flat = [x for t, job, wake, ran, keep in jobs for x in (t, job, "-" if wake is None else wake,
+                                                            "" if ran is None else f"{ran:.6f}",
+                                                            "" if keep is None else f"{keep[0]:.3f} {keep[1]}")]
     n, *rest = _step(scripts.get("dispatch_finish"), model, cap, keys.tenant_gate(model, ""), keys.terminal_channel(),
-                     f"{get_settings().estimate_alpha:.6f}", upstream.finish_arg(), *flat, gate=True)
+                     f"{get_settings().estimate_alpha:.6f}", *flat, gate=True)
     return [bool(x) for x in rest[:n]], _triples(rest[n:])
 
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: str, started: float,
-             retry_after: float | None, cap: int | None = None) -> tuple[float, list[tuple[str, str, str]]]:
-    """A job whose upstream answered busy (a call ``started`` at unix s) is pending again at ``score`` with
-    ``attempt`` ("<n>h"), its permit back, the controller decreased and paused; returns (the pause's end if
-    this moved it, else 0; the jobs dispatched)."""
-    till, *rest = _step(scripts.get("dispatch_return"), model, cap, tenant, job_id, repr(float(score)), attempt,
-                        f"{started:.3f}", f"{retry_after or 0:.3f}", upstream.params())
-    return float(till), _triples(rest)
+             retry_after: float | None, delay: float, jitter: float,
+             cap: int | None = None) -> tuple[float, float, list[tuple[str, str, str]]]:
+    """A job whose upstream answered busy (a call ``started`` at unix s) is pending again: it waits ``delay``
+    seconds, then returns to its tenant's queue at ``score`` with ``attempt`` ("<n>h"); its permits back, its
+    charge settled, its scope's controller told (``retry_after``: capped seconds, None: none usable;
+    ``jitter`` in [0, 1)).  Returns (when the job may run again, when a pause this answer moved ends or 0,
+    the jobs dispatched)."""
+    due, till, *rest = _step(scripts.get("dispatch_return"), model, cap, tenant, job_id, repr(float(score)), attempt,
+                             f"{started:.3f}", f"{-1 if retry_after is None else retry_after:.3f}", f"{delay:.3f}",
+                             f"{jitter:.6f}")
+    return float(due), float(till), _triples(rest)
 
 
 def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> list[tuple[str, str, str]]:

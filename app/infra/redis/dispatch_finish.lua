@@ -1,37 +1,73 @@
 -- Jobs left pending/running (terminal, or retry_wait): each one's gate slots, its place in the queue and its
--- permit all go back, in one step for the group, and the next jobs are dispatched (app/infra/redis/dispatch.py).
--- Each charge is settled to the run seconds the job really took (dispatch_lib.lua settle).
--- KEYS 1..12 and ARGV 1..7: as dispatch_lib.lua.
--- KEYS 13 the model's gate (zset)  14 the model's run-time hash (s: EWMA seconds, n: samples; app/jobs/estimates.py)
--- ARGV 8 tenant-gate key prefix ("...:tgate:{model}:")  9 terminal channel.  A channel is not a key: under
---   Redis Cluster the PUBLISH reaches the subscribers on every node.  10 the EWMA's alpha (the first sample is
---   taken whole)  11 the upstream controller's parameters ('-' = the controller is off: forget its state)
--- ARGV 12.. four per job: tenant, job, its wake-up ('-' = none; '' = the job id alone; else the message),
---   a done attempt's run time in seconds ('' = none: nothing measured).
+-- permits all go back, in one step for the group, and the next jobs are dispatched (app/infra/redis/dispatch.py).
+-- Each charge is settled to the run seconds the job really took (dispatch_lib.lua settle); a done job ends
+-- its scopes' busy streaks and earns its tenant back a free busy answer (upstream_lib.lua up_done).
+-- KEYS 1..17 and ARGV 1..9: as dispatch_lib.lua.
+-- KEYS 18 the model's gate (zset)  19 the model's run-time hash (s: EWMA seconds, n: samples; app/jobs/estimates.py)
+-- ARGV 10 tenant-gate key prefix ("...:tgate:{model}:")  11 terminal channel.  A channel is not a key: under
+--   Redis Cluster the PUBLISH reaches the subscribers on every node.  12 the EWMA's alpha (the first sample is
+--   taken whole)
+-- ARGV 13.. five per job: tenant, job, its wake-up ('-' = none; '' = the job id alone; else the message),
+--   a done attempt's run time in seconds ('' = none: nothing measured), and keep: '' to release everything,
+--   or "<seconds> <attempt>": the job was ended by someone else while that attempt's call may still run (a
+--   cancel, a timeout, a lost lease): its permits stay, as "<job>#<attempt>", until the call really ends (its
+--   worker's finish of "<job>#<attempt>") and at most this long (a dead worker's); the charge settles then.
 -- Returns {n, then for each of the n jobs 1 if the model's gate slot was still held (0: released before),
 --   then the dispatched triples...}.
 --@include dispatch_lib.lua
 --@include upstream_lib.lua
 local released = {}
-for i = 12, #ARGV, 4 do
-  local t, job, wake, ran = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  table.insert(released, redis.call('ZREM', KEYS[13], job))
-  redis.call('ZREM', ARGV[8] .. t, job)
+local _, ceiling = limit()
+-- (A credential scope's parked jobs go back to their queue as its permits free; its job scope stays
+-- while a stopped call's permits are kept.)
+for i = 13, #ARGV, 5 do
+  local t, job, wake, ran, keep = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  table.insert(released, redis.call('ZREM', KEYS[18], job))
+  redis.call('ZREM', ARGV[10] .. t, job)
   redis.call('ZREM', READY .. t, job)
-  redis.call('ZREM', SEM .. t, job)
   redis.call('ZREM', K_INF, job)
+  redis.call('ZREM', K_DELAY, job)
   redis.call('HDEL', K_INFO, job)
   redis.call('HDEL', K_ATT, job)
-  settle(t, job, false)
-  unblock(t)
-  if wake ~= '-' then redis.call('PUBLISH', ARGV[9], wake ~= '' and wake or job) end
-  if ran ~= '' then
-    local x, a = tonumber(ran), tonumber(ARGV[10])
-    local s = tonumber(redis.call('HGET', KEYS[14], 's') or '')
-    redis.call('HSET', KEYS[14], 's', tostring(s and a * x + (1 - a) * s or x))
-    redis.call('HINCRBY', KEYS[14], 'n', 1)
+  local k = redis.call('HGET', K_JSCOPE, job) or ''
+  if keep ~= '' and claimed(job) then
+    -- Its call may still run: its permits and charge pass to "<job>#<attempt>" (the job itself may be queued
+    -- again, a retry, under its own id), for at most 'keep' seconds more; the call's end (its worker's finish
+    -- of "<job>#<attempt>", keep '') gives them back and settles the charge then.
+    local secs, attempt = string.match(keep, '^(%S+) (%S+)$')
+    local tag, until_ = job .. '#' .. attempt, NOW + tonumber(secs)
+    for _, s in ipairs(k ~= '' and {t, k} or {t}) do
+      local held_until = tonumber(redis.call('ZSCORE', SEM .. s, job) or '')
+      redis.call('ZREM', SEM .. s, job)
+      if held_until then redis.call('ZADD', SEM .. s, math.min(held_until, until_), tag) end
+    end
+    redis.call('HSET', K_CHARGE, tag, redis.call('HGET', K_CHARGE, job))
+    redis.call('HDEL', K_CHARGE, job)
+    if k ~= '' then
+      redis.call('HSET', K_JSCOPE, tag, k)
+      redis.call('HDEL', K_JSCOPE, job)
+    end
+  else
+    redis.call('ZREM', SEM .. t, job)
+    if k ~= '' then
+      redis.call('HDEL', K_JSCOPE, job)
+      redis.call('ZREM', SEM .. k, job)
+      redis.call('ZREM', PARKED .. k, job)
+    end
+    settle(t, job, false)
   end
-  if ARGV[11] == '-' then up_done('-', '') elseif ran ~= '' then up_done(ran, ARGV[11]) end
+  unblock(t)
+  if wake ~= '-' then redis.call('PUBLISH', ARGV[11], wake ~= '' and wake or job) end
+  if ran ~= '' then
+    local x, a = tonumber(ran), tonumber(ARGV[12])
+    local s = tonumber(redis.call('HGET', KEYS[19], 's') or '')
+    redis.call('HSET', KEYS[19], 's', tostring(s and a * x + (1 - a) * s or x))
+    redis.call('HINCRBY', KEYS[19], 'n', 1)
+    up_done(t, k, tonumber(ran))
+  elseif not UP_ON then
+    up_done(t, k, nil)
+  end
+  if k ~= '' then unpark(k, ceiling) end
 end
 local out = dispatch()
 for i = #released, 1, -1 do table.insert(out, 1, released[i]) end

@@ -1,7 +1,7 @@
 -- Where jobs stand in the dispatcher's order (app/jobs/estimates.py), read only:
 -- the ring as dispatch_lib.lua's dispatch() runs it, projected forward.
--- KEYS 1..12 and ARGV 1..7: as dispatch_lib.lua.  KEYS 13 the model's gate (zset)  14 its run-time hash
--- ARGV 8 tenant  9 job id ('' : jobs not queued yet)  10 m  11..10+m order scores (for a queued job: its
+-- KEYS 1..17 and ARGV 1..9: as dispatch_lib.lua.  KEYS 18 the model's gate (zset)  19 its run-time hash
+-- ARGV 10 tenant  11 job id ('' : jobs not queued yet)  12 m  13..12+m order scores (for a queued job: its
 --   own wins)  then job ids the caller admitted whose hand-over it has not seen done (app/jobs/outbox.py)
 -- Returns {cap, running (slots held but not ready: dispatched or running), the tenant's permits held,
 --   tenants with ready work (the tenant included), EWMA seconds ('' none), samples,
@@ -12,7 +12,7 @@
 -- p + k*step; another tenant U (pass pU, nU ready) gets min(nU, ceil((p + k*step - pU) / step(U)))
 -- turns before it.  Guaranteed minimums are not projected (they only move a tenant earlier).
 --@include dispatch_lib.lua
-local t, job = ARGV[8], ARGV[9]
+local t, job = ARGV[10], ARGV[11]
 local cap = limit()
 local vt = tonumber(redis.call('HGET', K_PASS, '') or '0')
 local function pass_of(u)
@@ -42,13 +42,13 @@ for i, u in ipairs(others) do
   ready = ready + counts[i]
   if counts[i] > 0 and u ~= t then tenants = tenants + 1 end
 end
-local running = math.max(own_running, redis.call('ZCARD', KEYS[13]) - ready)
-local rt = redis.call('HMGET', KEYS[14], 's', 'n')
+local running = math.max(own_running, redis.call('ZCARD', KEYS[18]) - ready)
+local rt = redis.call('HMGET', KEYS[19], 's', 'n')
 local out = {cap, running, own_running, tenants, rt[1] or '', tonumber(rt[2] or '0')}
 local dispatched = job ~= '' and (redis.call('ZSCORE', K_INF, job) or redis.call('ZSCORE', SEM .. t, job))
 local pt, st = pass_of(t), step(t)
-local m = tonumber(ARGV[10])
-for i = 11, 10 + m do
+local m = tonumber(ARGV[12])
+for i = 13, 12 + m do
   if dispatched then
     out[#out + 1] = -1; out[#out + 1] = -1
   else
@@ -64,5 +64,5 @@ for i = 11, 10 + m do
     out[#out + 1] = k; out[#out + 1] = ahead
   end
 end
-for i = 11 + m, #ARGV do out[#out + 1] = redis.call('HEXISTS', K_ATT, ARGV[i]) end
+for i = 13 + m, #ARGV do out[#out + 1] = redis.call('HEXISTS', K_ATT, ARGV[i]) end
 return out

@@ -1,25 +1,35 @@
--- A running job whose model's upstream answered busy (429/503) went back to
--- pending (app/infra/redis/dispatch.py returned): the upstream controller
--- lowers the model's limit and pauses its dispatch for Retry-After
--- (upstream_lib.lua), the job's permit goes back and it is queued at the
--- head of its tenant's queue (its gate slot stays), then dispatch, under the
--- new limit and pause.
--- KEYS 1..12 and ARGV 1..7: as dispatch_lib.lua.
--- ARGV 8 tenant  9 job  10 its order score  11 the attempt its message carries ("<n>h")
---   12 when the busy call started (unix s)  13 Retry-After (s; 0 = none)  14 the controller's parameters.
--- The dispatch's charge is refunded (settle 'void'): a busy answer used no model time.
--- Returns {the pause's end if this answer moved it (unix s, a string; "0": not), dispatched triples...}.
+-- A running job whose upstream answered busy (429/503) went back to pending (app/infra/redis/dispatch.py
+-- returned).  The answer belongs to its scope (upstream_lib.lua up_busy: the job's credential, else its
+-- tenant): that scope is cut and paused when busy answers come in a row, the model only when two tenants'
+-- scopes are congested.  The job's permits go back and its charge is settled to the time the call held
+-- (a busy attempt is model time its tenant used); the job waits out its own delay (the answer's
+-- Retry-After, else a backoff), then returns to the head of its tenant's queue (its gate slot stays);
+-- then dispatch, under the new limits and pauses.
+-- KEYS 1..17 and ARGV 1..9: as dispatch_lib.lua.
+-- ARGV 10 tenant  11 job  12 its order score  13 the attempt its next message carries ("<n>h")
+--   14 when the busy call started (unix s; its dispatch time, from its charge, is preferred)  15 Retry-After (s, capped; < 0: none usable)
+--   16 the job's own delay (s)  17 a uniform random number in [0, 1) (the pauses' jitter)
+-- Returns {when the job may run again (unix s, a string), when a pause this answer moved ends ("0":
+--   none), dispatched triples...}: the caller schedules a kick at each.
 --@include dispatch_lib.lua
 --@include upstream_lib.lua
-local t, job = ARGV[8], ARGV[9]
-local till = up_busy(tonumber(ARGV[12]), tonumber(ARGV[13]) or 0, ARGV[14])
-settle(t, job, true)
+local t, job, score = ARGV[10], ARGV[11], ARGV[12]
+local k = redis.call('HGET', K_JSCOPE, job) or ''
+local till = up_busy(t, k, dispatched_at(job, tonumber(ARGV[14])), tonumber(ARGV[15]) or -1,
+                     tonumber(ARGV[17]) or 0.5)
+settle(t, job, false)
 redis.call('ZREM', SEM .. t, job)
 redis.call('ZREM', K_INF, job)
-redis.call('HDEL', K_INFO, job)
-redis.call('HSET', K_ATT, job, ARGV[11])
-redis.call('ZADD', READY .. t, ARGV[10], job)
+redis.call('HSET', K_ATT, job, ARGV[13])
+local due = NOW + math.max(0, tonumber(ARGV[16]) or 0)
+redis.call('ZADD', K_DELAY, due, job)
+redis.call('HSET', K_INFO, job, t .. ' ' .. score)
 unblock(t)
+if k ~= '' then
+  redis.call('ZREM', SEM .. k, job)
+  unpark(k, select(2, limit()))
+end
 local out = dispatch()
 table.insert(out, 1, tostring(till))
+table.insert(out, 1, tostring(due))
 return out

@@ -1,5 +1,6 @@
-"""Pub/sub: cache invalidations (terminal wake-ups, after the winning commit
-only, are published by dispatch.finish's script).  The listener is app/infra/wakeups.py."""
+"""Pub/sub: cache invalidations (their listener is app/infra/wakeups.py) and stop notices (a running
+attempt someone else ended: its worker closes the call; app/jobs/calls.py listens).  Terminal wake-ups,
+after the winning commit only, are published by dispatch.finish's script."""
 from __future__ import annotations
 
 from contextlib import suppress
@@ -14,3 +15,10 @@ def publish_invalidate(what: str) -> None:
     """Tell every API process to drop its cached keys/models now (else: within their TTL).  Best effort."""
     with suppress(redis.RedisError):
         get_redis().publish(keys.invalidate_channel(), what)
+
+
+def publish_stop(job_id: str, attempt: int) -> None:
+    """Tell the worker running ``job_id``'s attempt ``attempt`` to stop its call now.  Best effort: workers
+    also check their calls' rows every half second."""
+    with suppress(redis.RedisError):
+        get_redis().publish(keys.stop_channel(), f"{job_id} {attempt}")

@@ -78,10 +78,18 @@ dispatch_shares = partial(_m, "dq:shares")  # hash: tenant -> "min burst" concur
 # Hash: tenant -> weight, the model's copy of ``tenant_weights()`` its steps read (refreshed on changes and kicks).
 dispatch_weights = partial(_m, "dq:weights")
 dispatch_run_time = partial(_m, "dq:runtime")  # hash: s (EWMA run seconds), n (samples): app/jobs/estimates.py
+# The upstream controller's scopes (app/infra/redis/upstream.py): a tenant's, or a credential's ("~k:<hash>").
+dispatch_scopes = partial(_m, "dq:scopes")  # hash: scope -> "limit cut pause streak" (upstream_lib.lua)
+dispatch_job_scopes = partial(_m, "dq:jscope")  # hash: job -> its credential scope (a job with its own model key)
+dispatch_delayed = partial(_m, "dq:delayed")  # sorted set: job -> when it may be dispatched again (busy backoff)
+dispatch_parked = partial(_mt, "dq:parked")  # sorted set per credential scope: its jobs waiting for its permits
+dispatch_congested = partial(_m, "dq:congested")  # sorted set: tenant -> when its scope was last congested
+dispatch_busy_budget = partial(_m, "dq:budget")  # hash: tenant -> free busy answers spent (upstream_budget.lua)
 
 # Global keys.
 terminal_channel = partial(_g, "events:terminal")  # pub/sub: a job id, after its terminal commit (wake-ups)
 invalidate_channel = partial(_g, "events:invalidate")  # pub/sub: drop your cached keys/models now
+stop_channel = partial(_g, "events:stop")  # pub/sub: "<job id> <attempt>": stop that attempt's call now
 beat_lock = partial(_g, "{beat}:leader")
 beat_token = partial(_g, "{beat}:token")  # fencing counter, larger for every new leadership (leader_acquire.lua)
 beat_history = partial(_g, "{beat}:history")
