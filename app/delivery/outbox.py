@@ -336,7 +336,8 @@ def job_deliveries(principal: Principal, job_id: str, kind: str | None = WEBHOOK
         if conn.execute(q).first() is None:
             return None
         which = [D.job_id == job_id] + ([D.kind == kind] if kind else [])
-        return _views(conn, conn.execute(select(deliveries).where(*which).order_by(D.created_at, D.id)).all())
+        # Ids are random: of rows written by one statement (the terminal transition's), the callback comes first.
+        return _views(conn, conn.execute(select(deliveries).where(*which).order_by(D.created_at, D.kind, D.id)).all())
 
 
 def callback_view(principal: Principal, job_id: str) -> dict | None:
