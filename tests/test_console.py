@@ -267,6 +267,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     (node,) = [w["node"] for w in client.get("/v1/workers", headers=auth(key)).get_json()["workers"]]
     row = f'#workers-table tr[data-node="{node}"]'
     assert page.text_content(f"{row} td.alive") == "alive"
+    assert page.text_content("#workers-summary").startswith("1 node, 1 alive;")
     # (each test starts with an empty Redis: the node's next heartbeat is at most an interval away)
     expect(page.locator(f"{row} td.heartbeat")).to_have_text(re.compile(r"^\d+\.\d s ago$"), timeout=20000)
     # What it runs: the held job, linked, until the stub lets it go.
@@ -302,7 +303,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     assert "0 / " in page.text_content('#share-table tr[data-model="echo"] td.share')
     assert page.text_content("#rate-policy") == "Each key: 50 requests/s, bursts of 100."
     assert page.text_content("#dispatch-share") == ("Weight 3: its share of model time when tenants compete. "
-                                                    "echo: 1 jobs guaranteed, at most 2.")
+                                                    "echo: 1 job guaranteed, at most 2.")
     assert "/ 100" in page.text_content("#rate-table tbody tr td.tokens")
     shot(page, "tenants")
 
@@ -318,7 +319,7 @@ def test_operator_pages_live_by_keyboard_and_at_200_percent(page, zoomed, api_ur
     assert page.text_content('#gates-table tr[data-gate="echo"] td.drift-cell') == "in step"
     page.focus("#reconcile")
     page.keyboard.press("Enter")
-    expect(page.locator("#reconcile-result")).to_contain_text("Reconciled 2 model(s)")
+    expect(page.locator("#reconcile-result")).to_contain_text("Reconciled 2 models: ")
     shot(page, "maintenance")
 
     # 200% zoom: every page reads in 640 CSS pixels without scrolling sideways.
@@ -433,7 +434,7 @@ def test_every_page_reads_right_in_latin_and_chinese(page, api_url, workers, mak
         page.wait_for_selector("#usage-chart svg")
         assert page.input_value("#tenant-select") == "ops"
         page.locator(f'#usage-chart g[data-day="{clock_now().date().isoformat()}"]').hover()
-        expect(page.locator("#usage-chart text.readout")).to_contain_text(" call(s) — ")
+        expect(page.locator("#usage-chart text.readout")).to_contain_text(re.compile(r": \d+ calls? — "))
         shot(page, f"{lang}/tenants")
 
         page.goto(f"{api_url}/console/workers")
