@@ -349,3 +349,27 @@ def test_the_metric_counts_each_callback_once_when_it_is_settled(make_model, rec
     assert callbacks.deliver(cid).status == "delivered"
     assert callbacks.deliver(cid).status == "skipped"
     assert _settled(r) == {"m|delivered": "1"}
+
+
+def test_a_jobs_deliveries_of_both_kinds_in_one_list_and_none_is_an_empty_list(make_model, receiver, client,
+                                                                               user_key, other_key):
+    """GET /v1/jobs/{id}/deliveries: the callback and the webhooks, oldest first; a job without any is
+    200 and an empty list (the console's job page asks it for every job), not the callback route's 404."""
+    make_model("m")
+    both = jobs.submit(P, "m", {"q": 1}, jobs.SubmitOptions(callback_url=receiver.url + "/hook",
+                                                            webhook_url=receiver.url + "/wh")).row.id
+    plain = jobs.submit(P, "m", {"q": 2}).row.id
+    for job_id in (both, plain):
+        assert execution.run_attempt(job_id, 0) == "done"
+    got = client.get(f"/v1/jobs/{both}/deliveries", headers=auth(user_key))
+    assert got.status_code == 200
+    listed = got.get_json()["deliveries"]
+    # Written by one statement (same created_at, random ids): the callback first, every time.
+    assert [(d["kind"], d["event"], d["url"].split("?")[0], d["status"]) for d in listed] == [
+        ("callback", "done", receiver.url + "/hook", "pending"), ("webhook", "done", receiver.url + "/wh", "pending")]
+    assert all(d["job_id"] == both and d["log"] == [] and d["subscription_id"] is None for d in listed)
+    none = client.get(f"/v1/jobs/{plain}/deliveries", headers=auth(user_key))
+    assert (none.status_code, none.get_json()) == (200, {"deliveries": []})
+    assert client.get(f"/v1/jobs/{plain}/callback", headers=auth(user_key)).status_code == 404
+    for job_id in (both, plain, "job_000000000000000000000000"):  # another tenant's, or no job: 404
+        assert client.get(f"/v1/jobs/{job_id}/deliveries", headers=auth(other_key)).status_code == 404

@@ -87,6 +87,8 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
     # Webhooks: A's subscriptions (with their secrets), A's deliveries, A's replays.
     ("GET", "/v1/jobs/<job_id>/webhooks"): [
         {"url": "/v1/jobs/{done}/webhooks", "expect": 404, "owner": 200}],
+    ("GET", "/v1/jobs/<job_id>/deliveries"): [
+        {"url": "/v1/jobs/{done}/deliveries", "expect": 404, "owner": 200}],
     ("GET", "/v1/tenants/<tenant>/webhooks"): [
         {"url": "/v1/tenants/tenant-a/webhooks", "expect": 403, "owner": 200}],
     ("POST", "/v1/tenants/<tenant>/webhooks"): [

@@ -171,6 +171,7 @@ def test_real_responses_match_the_documented_schemas(client, make_model, admin_k
     conforms(client.get("/v1/model-types", headers=h), "/v1/model-types", "get")
     conforms(client.patch("/v1/model-types/1", json={"remark": "r"}, headers=a), "/v1/model-types/{type_id}", "patch")
     conforms(client.get(f"/v1/jobs/{tid}/callback", headers=h), "/v1/jobs/{job_id}/callback", "get")
+    conforms(client.get(f"/v1/jobs/{tid}/deliveries", headers=h), "/v1/jobs/{job_id}/deliveries", "get")
     conforms(client.get("/v1/tenants/tenant-a/callback-secret", headers=h),
              "/v1/tenants/{tenant}/callback-secret", "get")
     conforms(client.post("/v1/tenants/tenant-a/callback-secret/rotate", headers=a),

@@ -321,22 +321,23 @@ def _views(conn: Connection, rows: list) -> list[dict]:
                               .order_by(delivery_attempts.c.id)):
             logs[a.delivery_id].append({"attempt": a.attempt, "at": a.started_at, "duration_ms": a.duration_ms,
                                         "address": a.address, "http_status": a.http_status, "error": a.error})
-    return [{"id": d.id, "job_id": d.job_id, "tenant": d.tenant_id, "event": d.event, "url": d.url,
+    return [{"id": d.id, "kind": d.kind, "job_id": d.job_id, "tenant": d.tenant_id, "event": d.event, "url": d.url,
              "subscription_id": d.subscription_id or None, "status": d.status, "attempts": d.attempts,
              "next_attempt_at": d.next_attempt_at if d.status == PENDING else None,
              "delivered_at": d.delivered_at, "last_error": d.last_error, "log": logs[d.id]} for d in rows]
 
 
-def job_deliveries(principal: Principal, job_id: str, kind: str = WEBHOOK) -> list[dict] | None:
-    """A job's deliveries of ``kind`` with their logs; None if the principal may not see the job."""
+def job_deliveries(principal: Principal, job_id: str, kind: str | None = WEBHOOK) -> list[dict] | None:
+    """A job's deliveries of ``kind`` (None: both) with their logs; None if the principal may not see the job."""
     q = select(tasks.c.id).where(tasks.c.id == job_id)
     if not principal.is_admin:
         q = q.where(tasks.c.tenant_id == principal.tenant_id)
     with transaction() as conn:
         if conn.execute(q).first() is None:
             return None
-        return _views(conn, conn.execute(select(deliveries).where(D.job_id == job_id, D.kind == kind)
-                                         .order_by(D.created_at, D.id)).all())
+        which = [D.job_id == job_id] + ([D.kind == kind] if kind else [])
+        # Ids are random: of rows written by one statement (the terminal transition's), the callback comes first.
+        return _views(conn, conn.execute(select(deliveries).where(*which).order_by(D.created_at, D.kind, D.id)).all())
 
 
 def callback_view(principal: Principal, job_id: str) -> dict | None:

@@ -1,5 +1,5 @@
 """Delivery contracts: a job's callback and its webhook deliveries with their
-attempt logs, a tenant's signing secret, and its webhook subscriptions (in
+attempt logs (apart, or both in one list), a tenant's signing secret, and its webhook subscriptions (in
 and out).  One outbox row shape underneath (app/delivery/outbox.py); the two
 views keep the wire shapes they always had."""
 from __future__ import annotations
@@ -55,6 +55,22 @@ class WebhookDelivery(_Delivery):
 
 class WebhookDeliveryList(Shape):
     deliveries: list[WebhookDelivery]
+
+
+class JobDelivery(_Delivery):
+    """One of a job's deliveries, either kind: what the console's job page lists."""
+    id: int
+    kind: Literal["callback", "webhook"] = Field(description="callback: the seed's signed GET on done; webhook: a "
+                                                             "Standard Webhooks POST")
+    job_id: str
+    event: WebhookEvent = Field(description="the terminal state it was sent for")
+    url: str
+    subscription_id: int | None = Field(description="webhooks: the tenant webhook; null: the job's own "
+                                                    "(X-Webhook-Url), and every callback")
+
+
+class JobDeliveryList(Shape):
+    deliveries: list[JobDelivery]
 
 
 class TenantSecret(Shape):

@@ -1,14 +1,15 @@
 """v1 routes for the seed-002 features: usage stats, model types, a job's
 callback delivery log, the tenants' callback signing secrets, and webhooks
-(a tenant's subscriptions, a job's deliveries, the replay of a failed one).
+(a tenant's subscriptions, a job's deliveries -- its webhooks, or both kinds
+in one list --, the replay of a failed one).
 Parse and render only: the work is app/delivery/, app/catalog/, app/jobs/."""
 from __future__ import annotations
 
 from flask import Blueprint
 
 from app.delivery import outbox, secrets as tenant_secrets, subscriptions
-from app.delivery.schemas import (CallbackDelivery, TenantSecret, WebhookDelivery, WebhookDeliveryList, WebhookInput,
-                                  WebhookList, WebhookView)
+from app.delivery.schemas import (CallbackDelivery, JobDelivery, JobDeliveryList, TenantSecret, WebhookDelivery,
+                                  WebhookDeliveryList, WebhookInput, WebhookList, WebhookView)
 from app.catalog import model_types
 from app.catalog.schemas import ModelTypeInput, ModelTypeList, ModelTypePatch, ModelTypeView
 from app.errors import NotFound
@@ -118,6 +119,17 @@ def job_webhooks(job_id: str):
     if (views := outbox.job_deliveries(current_principal(), job_id)) is None:
         raise NotFound(f"job not found: {job_id}")
     return WebhookDeliveryList.model_construct(deliveries=[WebhookDelivery.of(v) for v in views])
+
+
+@bp.get("/jobs/<job_id>/deliveries")
+@endpoint("A job's deliveries of both kinds (its callback, its webhooks) and their logs", tag="webhooks",
+          ok=Ok(JobDeliveryList, "the deliveries, oldest first"), path=JOB_ID_PATH,
+          description="404 for unknown jobs and other tenants' jobs; an empty list when the job has none (yet): "
+                      "a job without a callback is not an error here, as it is for GET /v1/jobs/{id}/callback.")
+def job_all_deliveries(job_id: str):
+    if (views := outbox.job_deliveries(current_principal(), job_id, kind=None)) is None:
+        raise NotFound(f"job not found: {job_id}")
+    return JobDeliveryList.model_construct(deliveries=[JobDelivery.of(v) for v in views])
 
 
 @bp.post("/webhook-deliveries/<int:delivery_id>/replay")

@@ -57,6 +57,8 @@ async function api(method, path, body, key) {
 
 const isAdmin = () => sessionStorage.getItem(ROLE) === "admin";
 const fmtTime = (iso) => (iso ? new Date(iso).toLocaleString() : "");
+// "1 job", "2 jobs", "1 try", "3 tries": never "1 jobs" or "job(s)".
+const plural = (n, one, many) => `${n} ${n === 1 ? one : many || one + "s"}`;
 
 // --- field errors: a 422's pointers (or the client's own) next to their inputs ---------
 
@@ -124,9 +126,12 @@ async function loadModels() {
     el("td", { class: "depth" }, bar(m.queue_depth, m.queue_limit), `${m.queue_depth} / ${m.queue_limit}`,
        m.queue_limit !== m.queue_limit_configured ? ` (configured ${m.queue_limit_configured})` : ""),
     el("td", { class: "running" }, bar(m.running, m.max_concurrency), `${m.running} / ${m.max_concurrency}`,
-       // The upstream controller (429/503, latency) holds the model below its limit, or paused for Retry-After.
-       m.effective_concurrency < m.max_concurrency ? ` (upstream ${m.effective_concurrency})` : "",
-       m.paused_until ? " paused" : ""),
+       // The upstream controller (429/503, latency) holds the model below its limit, or paused for Retry-After:
+       // said in words, a bare "(upstream 1)" beside "0 / 2" explained nothing.
+       m.effective_concurrency < m.max_concurrency ? el("div", { class: "hint upstream" }, `upstream limit `
+         + `${m.effective_concurrency}: the model pushed back (429/503 or slow answers), so at most `
+         + `${m.effective_concurrency} run at once until it recovers`) : null,
+       m.paused_until ? el("div", { class: "hint paused" }, `paused until ${fmtTime(m.paused_until)} (the model's Retry-After)`) : null),
     el("td", {}, ["queue_limit", "max_concurrency"].filter((k) => m.runtime[k] !== null)
       .map((k) => `${k}=${m.runtime[k]}`).join(", ") || "none"),
     el("td", {},
@@ -323,14 +328,22 @@ pages.submit = async () => {
     ev.preventDefault();
     clearErrors(form);
     flash("");
-    let extra = {};
+    // "Other fields" is the one thing the console parses itself: text that is not a JSON object is said next to
+    // the field and nothing is sent (showErrors places no pointer "", which names the whole body).
+    let extra = {}, why = null;
     const extraRaw = $("#extra-json").value.trim();
     if (extraRaw) {
-      try { extra = JSON.parse(extraRaw); } catch (e) { extra = null; }
-      if (!extra || typeof extra !== "object" || Array.isArray(extra)) {
-        showErrors(form, [{ pointer: "", message: "must be a JSON object" }]);
-        return;
+      try { extra = JSON.parse(extraRaw); } catch (e) { why = "is not valid JSON: " + e.message; }
+      if (!why && (extra === null || typeof extra !== "object" || Array.isArray(extra))) {
+        why = `must be a JSON object ({"field": value, ...}), not ${Array.isArray(extra) ? "an array" : extra === null ? "null" : "a " + typeof extra}`;
       }
+    }
+    if (why) {
+      $("#extra-field").classList.add("invalid");
+      $("#extra-json-error").textContent = why;
+      $("#extra-json").focus();
+      flash("Nothing was sent: see Other fields.");
+      return;
     }
     const payload = { ...extra, ...readPayload(form, fields) };
     const resp = await api("POST", `/v1/models/${encodeURIComponent(sel.value)}/jobs`, payload);
@@ -423,7 +436,10 @@ function jobRow(j) {
   const tr = el("tr", { "data-job": j.job_id, "data-tenant": j.tenant, "data-live": ended(j) ? undefined : "1" },
     el("td", {}, el("a", { href: "/console/jobs/" + encodeURIComponent(j.job_id) }, j.job_id)),
     el("td", {}, j.model), el("td", { class: "tenant" }, j.tenant ?? ""), el("td", { class: "state state-" + j.state }, j.state),
-    el("td", {}, fmtTime(j.created_at)), el("td", { class: "elapsed" }, secs(j.elapsed_ms)), el("td", {}, j.attempt));
+    el("td", {}, fmtTime(j.created_at)), el("td", { class: "elapsed" }, secs(j.elapsed_ms)), el("td", {}, j.attempt),
+    // Why it ended (failed, timeout, canceled) or is waiting to retry; a long one is cut here, whole on the job page.
+    el("td", { class: "error", title: j.error && j.error.length > 200 ? j.error : undefined },
+       j.error ? (j.error.length > 200 ? j.error.slice(0, 200) + "…" : j.error) : ""));
   tr.since = performance.now() - j.elapsed_ms;
   return tr;
 }
@@ -559,38 +575,24 @@ function renderAttempts(j) {
   $("#no-attempts").hidden = items.length > 0;
 }
 
-// Where a job's deliveries come from; each source answers a list of
-// {kind, target, status, attempts, detail, log: [{attempt, at, duration_ms, http_status, error}]}.
-// Webhook deliveries are another source of the same shape.
-const DELIVERY_SOURCES = [
-  async (j) => {
-    const r = await api("GET", `/v1/jobs/${encodeURIComponent(j.job_id)}/callback`);
-    if (r.status !== 200) return [];
-    const c = r.data;
-    const detail = c.status === "delivered" ? `delivered ${fmtTime(c.delivered_at)}`
-      : c.status === "pending" && c.next_attempt_at ? `next try ${fmtTime(c.next_attempt_at)}` : (c.last_error || "");
-    return [{ kind: "callback", target: "GET " + c.url, status: c.status, attempts: c.attempts, detail, log: c.log }];
-  },
-  async (j) => {
-    // Standard Webhooks POSTs of its terminal state (GET /v1/jobs/{id}/webhooks).
-    const r = await api("GET", `/v1/jobs/${encodeURIComponent(j.job_id)}/webhooks`);
-    if (r.status !== 200) return [];
-    return r.data.deliveries.map((d) => ({
-      kind: "webhook " + d.event, target: "POST " + d.url, status: d.status, attempts: d.attempts,
-      detail: d.status === "delivered" ? `delivered ${fmtTime(d.delivered_at)}`
-        : d.status === "pending" && d.next_attempt_at ? `next try ${fmtTime(d.next_attempt_at)}` : (d.last_error || ""),
-      log: d.log }));
-  },
-];
+// A job's deliveries, both kinds in one list (GET /v1/jobs/{id}/deliveries: empty when it has none, so a job
+// without a callback costs no 404): the seed's GET callback on done, and Standard Webhooks POSTs.
+const deliveryDetail = (d) => (d.status === "delivered" ? `delivered ${fmtTime(d.delivered_at)}`
+  : d.status === "pending" && d.next_attempt_at ? `next try ${fmtTime(d.next_attempt_at)}` : (d.last_error || ""));
 
 async function loadDeliveries(j) {
-  const all = (await Promise.all(DELIVERY_SOURCES.map((src) => src(j).catch(() => [])))).flat();
+  const r = await api("GET", `/v1/jobs/${encodeURIComponent(j.job_id)}/deliveries`);
+  const all = r.status === 200 ? r.data.deliveries : [];
   const box = $("#deliveries");
   if (!all.length) { box.replaceChildren(el("p", { class: "hint", id: "no-deliveries" }, "No delivery for this job.")); return all; }
-  box.replaceChildren(...all.map((d, i) => el("section", { class: "delivery", "data-kind": d.kind, "data-status": d.status },
-    el("h3", {}, `${d.kind}: `, el("span", { class: "delivery-status status-" + d.status }, d.status),
-       ` after ${d.attempts} ${d.attempts === 1 ? "try" : "tries"}`),
-    el("p", { class: "target" }, d.target), d.detail ? el("p", { class: "hint" }, d.detail) : null,
+  // The title names the event it was sent for (job.failed) apart from how the delivery went (delivered):
+  // "webhook failed: delivered" read as a failed webhook.
+  box.replaceChildren(...all.map((d, i) => el("section", { class: "delivery", "data-kind": d.kind === "webhook" ? `webhook ${d.event}` : d.kind,
+                                                           "data-status": d.status },
+    el("h3", {}, d.kind === "webhook" ? `Webhook for job.${d.event}` : `Callback (GET on job.${d.event})`, " — ",
+       el("span", { class: "delivery-status status-" + d.status }, d.status), ` after ${plural(d.attempts, "try", "tries")}`),
+    el("p", { class: "target" }, `${d.kind === "webhook" ? "POST" : "GET"} ${d.url}`),
+    deliveryDetail(d) ? el("p", { class: "hint" }, deliveryDetail(d)) : null,
     el("div", { class: "table-wrap" }, el("table", { class: "delivery-log", "aria-label": `${d.kind} ${i + 1} tries` },
       el("thead", {}, el("tr", {}, ["Try", "At", "Took", "Address", "HTTP", "Error"].map((h) => el("th", {}, h)))),
       el("tbody", {}, d.log.map((a) => el("tr", { "data-try": a.attempt },
@@ -610,9 +612,13 @@ pages.job = async () => {
     const rows = [["Job", j.job_id], ["Model", j.model], ["State", j.state], ["Internal state", j.internal_state],
       ["Tenant", j.tenant], ["Attempt", j.attempt], ["Retries", j.retry_count], ["Priority", j.priority ?? ""],
       ["Elapsed", (j.elapsed_ms / 1000).toFixed(2) + " s"], ["Error", j.error || ""], ["Payload", JSON.stringify(j.payload)]];
-    $("#job-fields").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k.toLowerCase() }, v)]));
+    // A long value (a 6 KB payload) wraps inside a box of its own height, which scrolls: the page keeps its size.
+    $("#job-fields").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k),
+      el("dd", { "data-field": k.toLowerCase(), class: String(v).length > 600 ? "long" : undefined }, v)]));
     $("#timeline").replaceChildren(...j.timeline.map((e) => el("li", { "data-event": e.event },
-      el("strong", {}, e.event), ` ${e.at ? fmtTime(e.at) : "(time not kept)"} `, e.detail)));
+      el("strong", {}, e.event), " ", e.at ? `${fmtTime(e.at)} ` : "", e.detail,
+      // The row keeps only its latest requeue's time (docs/api.md, the job detail's timeline).
+      e.at ? "" : e.event === "requeued" ? " (time not recorded: only the latest requeue's time is kept)" : " (time not recorded)")));
     renderAttempts(j);
     const cancel = $("#cancel-job");
     const over = ended(j);
@@ -669,7 +675,7 @@ function usageChart(tenant, days, rows) {
   const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, class: "usage", role: "img",
                              "aria-label": `Model calls per day for ${tenant}: ${total} in ${days} days` });
   svg.append(svgEl("title", {}, `Model calls per day for ${tenant}`));
-  svg.append(svgEl("text", { x: left, y: 12, class: "caption" }, `${total} calls in ${days} days, at most ${Math.max(...totals)} a day`));
+  svg.append(svgEl("text", { x: left, y: 12, class: "caption" }, `${plural(total, "call")} in ${days} days, at most ${Math.max(...totals)} a day`));
   const readout = svgEl("text", { x: left, y: H - 4, class: "readout" }, "Point at a day for its calls.");
   for (const frac of [0, 0.5, 1]) {
     const y = H - bottom - (H - bottom - top) * frac;
@@ -681,7 +687,7 @@ function usageChart(tenant, days, rows) {
     let y = H - bottom;
     const g = svgEl("g", { class: "day", "data-day": d });
     g.append(svgEl("rect", { x: left + i * bw, y: top, width: bw, height: H - bottom - top, class: "hit" }));
-    hover(g, readout, `${d}: ${totals[i]} call(s)` + (totals[i] ? " — " + [...per.get(d)].map(([m, n]) => `${m} ${n}`).join(", ") : ""));
+    hover(g, readout, `${d}: ${plural(totals[i], "call")}` + (totals[i] ? " — " + [...per.get(d)].map(([m, n]) => `${m} ${n}`).join(", ") : ""));
     modelsSeen.forEach((m, k) => {
       const n = per.get(d).get(m) || 0;
       if (!n) return;
@@ -743,7 +749,7 @@ pages.tenants = async () => {
     if (st.status !== 200) { flash(st.data.error); return; }
     const { weight, min_concurrency: lo = {}, burst_concurrency: hi = {} } = lim.status === 200 ? lim.data : {};
     $("#dispatch-share").textContent = [`Weight ${weight ?? 1}: its share of model time when tenants compete.`,
-      ...Object.keys({ ...lo, ...hi }).sort().map((m) => `${m}: ${lo[m] ?? 0} jobs guaranteed, at most ${hi[m] ?? "max_concurrency"}.`)].join(" ");
+      ...Object.keys({ ...lo, ...hi }).sort().map((m) => `${m}: ${plural(lo[m] ?? 0, "job")} guaranteed, at most ${hi[m] ?? "max_concurrency"}.`)].join(" ");
     $("#share-table tbody").replaceChildren(...st.data.models.map((m) => el("tr", { "data-model": m.model },
       el("td", {}, m.model), el("td", { class: "share" }, bar(m.in_use, m.cap), `${m.in_use} / ${m.cap}`),
       el("td", {}, m.queue_limit), el("td", {}, m.pending), el("td", {}, m.running), el("td", {}, m.retry_wait))));
@@ -772,11 +778,11 @@ const age = (s) => (s === null || s === undefined ? "never" : s < 60 ? `${s.toFi
 pages.workers = async () => {
   const load = async () => {
     const r = await api("GET", "/v1/workers");
-    if (r.status !== 200) { flash(r.data.error); return; }
+    if (r.status !== 200) { flash(r.data.error); return false; }
     const ws = r.data.workers;
-    $("#workers-summary").textContent = `${ws.length} node(s), ${ws.filter((w) => w.alive).length} alive; a node silent `
+    $("#workers-summary").textContent = `${plural(ws.length, "node")}, ${ws.filter((w) => w.alive).length} alive; a node silent `
       + `for ${r.data.ttl_seconds} s is dead and recovery fails its attempts.`
-      + (r.data.unassigned_running ? ` ${r.data.unassigned_running} running job(s) name no node.` : "");
+      + (r.data.unassigned_running ? ` ${plural(r.data.unassigned_running, "running job")} ${r.data.unassigned_running === 1 ? "names" : "name"} no node.` : "");
     $("#workers-table tbody").replaceChildren(...ws.map((w) => el("tr", { "data-node": w.node, class: w.alive ? "" : "dead" },
       el("td", {}, w.node, w.instance ? el("div", { class: "hint" }, w.instance) : null),
       el("td", { class: "alive " + (w.alive ? "yes" : "no") }, w.alive ? "alive" : "dead"),
@@ -786,8 +792,9 @@ pages.workers = async () => {
       el("td", { class: "running" }, w.running.length ? el("ul", { class: "plain" }, w.running.map((j) => el("li", {},
         el("a", { href: "/console/jobs/" + encodeURIComponent(j.job_id) }, j.job_id), ` ${j.model}, attempt ${j.attempt}, since ${fmtTime(j.started_at)}`)))
         : "idle"))));
+    return true;
   };
-  await load();
+  if (!(await load())) return;  // refused (a stale admin role): nothing to follow
   setInterval(load, 3000);  // heartbeat ages move on their own
   // Jobs starting and ending show at once: every job event re-reads the nodes (at most one read in flight).
   let busy = false;
@@ -804,7 +811,7 @@ const unixTime = (t) => (t ? new Date(t * 1000).toLocaleString() : "");
 pages.maintenance = async () => {
   const load = async () => {
     const [st, runs] = await Promise.all([api("GET", "/v1/maintenance/state"), api("GET", "/v1/maintenance/runs?limit=30")]);
-    if (st.status !== 200) { flash(st.data.error); return; }
+    if (st.status !== 200) { flash(st.data.error); return false; }
     const l = st.data.leader;
     $("#leader").replaceChildren(...(l
       ? [el("strong", { id: "leader-owner" }, l.owner), ` holds the beat lock (fencing token ${l.token})`,
@@ -819,17 +826,28 @@ pages.maintenance = async () => {
     $("#latest-table tbody").replaceChildren(...(st.data.latest.length ? st.data.latest.map((e) => runRow(e, true))
       : [el("tr", {}, el("td", { colspan: 5, class: "hint" }, "No periodic run recorded yet."))]));
     if (runs.status === 200) $("#runs-table tbody").replaceChildren(...runs.data.runs.slice().reverse().map((e) => runRow(e, false)));
+    return true;
   };
   $("#reconcile").addEventListener("click", async () => {
     const r = await api("POST", "/v1/maintenance/reconcile");
     $("#reconcile-result").textContent = r.status === 200
-      ? `Reconciled ${r.data.models} model(s): ${r.data.added} slot(s) added, ${r.data.removed} removed.`
+      ? `Reconciled ${plural(r.data.models, "model")}: ${plural(r.data.added, "slot")} added, ${r.data.removed} removed.`
       : (r.data && r.data.error) || `HTTP ${r.status}`;
     await load();
   });
-  await load();
-  setInterval(load, 5000);
+  if (await load()) setInterval(load, 5000);
 };
+
+// The pages only an admin key can use: a user key is told so on arrival, not on Save, and the page neither
+// shows empty tables nor follows anything live.
+const ADMIN_PAGES = { model_edit: "Creating and editing models is", workers: "The workers page is",
+                      maintenance: "The maintenance page is" };
+
+function adminOnly(page) {
+  flash(`admin key required: ${ADMIN_PAGES[page]} for admin keys; this tab is logged in with a user key`
+    + ` (tenant ${sessionStorage.getItem(TENANT) || "unknown"}).`);
+  document.querySelectorAll("main > :not(h1):not(#flash)").forEach((n) => { n.hidden = true; });
+}
 
 document.addEventListener("DOMContentLoaded", () => {
   const page = document.body.dataset.page;
@@ -838,6 +856,7 @@ document.addEventListener("DOMContentLoaded", () => {
     $("#whoami").textContent = [isAdmin() ? "admin" : "user", sessionStorage.getItem(TENANT)].filter(Boolean).join(" · ");
     $("#logout").addEventListener("click", () => { sessionStorage.clear(); location.href = "/console/login"; });
     if (isAdmin()) document.querySelectorAll(".admin-only").forEach((n) => { n.hidden = false; });
+    else if (page in ADMIN_PAGES) { adminOnly(page); return; }
   }
   const init = pages[page];
   if (init) Promise.resolve().then(init).catch((e) => flash(String(e.message || e)));
