@@ -94,6 +94,30 @@ def test_keys_are_shown_once_and_stored_hashed(client, admin_key):
     assert bad.status_code == 422
 
 
+def test_a_sole_key_is_kept_while_valid_and_every_other_of_its_name_is_revoked(client):
+    """`asynch dev`'s admin key (issue 32, item 7): reused at every start, and
+    one live key of its name whatever came before (earlier starts minted one each)."""
+    from app.tenancy import keys
+
+    def live() -> list[str]:
+        with transaction() as conn:
+            return [r.prefix for r in conn.execute(select(api_keys).where(
+                api_keys.c.name == "asynch dev", api_keys.c.revoked_at.is_(None)))]
+
+    older = [keys.create_key("demo", "admin", "asynch dev")[0] for _ in range(3)]
+    other = keys.create_key("demo", "admin", "ci")[0]
+    first = keys.sole_key("demo", "admin", "asynch dev", None)
+    assert first not in older and live() == [first.split("_")[1]]
+    assert keys.sole_key("demo", "admin", "asynch dev", first) == first  # kept
+    # A revoked one (`asynch keys revoke`) is not revived: a new one replaces it and every other.
+    again = keys.sole_key("demo", "admin", "asynch dev", older[0])
+    assert again not in (first, *older) and live() == [again.split("_")[1]]
+    for k in (*older, first):
+        assert client.get("/v1/jobs", headers=auth(k)).status_code == 401
+    for k in (again, other):  # the key of another name is untouched
+        assert client.get("/v1/jobs", headers=auth(k)).status_code == 200
+
+
 @pytest.mark.parametrize("method", ["patch", "put"])
 def test_null_text_fields_mean_empty_on_a_change(client, admin_key, method):
     """null for a text field is "none" on a change, also for model_key_headers,

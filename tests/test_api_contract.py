@@ -96,7 +96,7 @@ def test_404_unknown_and_disabled_model(client, make_model, user_key, r):
     make_model("off", enabled=False)
     resp = post(client, user_key, "off", json={"prompt": "x"})
     assert resp.status_code == 404
-    assert resp.get_json() == {"error": "model not found: off"}
+    assert resp.get_json() == {"error": "model disabled: off"}  # the name is right: it says so
     assert_nothing_taken(r, "off")
 
 
@@ -243,7 +243,7 @@ def test_cancel_then_409_on_second_cancel(client, echo, user_key, r):
     assert resp.get_json() == {"error": "job already finished (state: canceled)"}
     resp = client.get(f"/v1/models/echo/jobs/{job_id}/result", headers=auth(user_key))
     assert resp.status_code == 409
-    assert resp.get_json() == {"error": "job not finished (state: canceled)"}
+    assert resp.get_json() == {"error": "job ended without a result (state: canceled)"}
 
 
 def test_job_listing_is_per_tenant_and_paginates(client, make_model, user_key, other_key):

@@ -40,6 +40,34 @@ def test_one_leader_renews_and_a_standby_takes_over_with_a_larger_token(settings
     assert [(x["task"], x["owner"]) for x in runs] == [("t", "beat-b")]
 
 
+def test_a_routine_pass_logs_one_info_line_only_when_it_did_something(settings, r, caplog):
+    """Beat's passes run every few seconds: celery's own lines for them are
+    DEBUG (app/infra/logs.py quiet_routine_tasks; the whole stack's log is
+    tests/test_dev_lifecycle.py's), and the pass says one INFO line only when
+    it did something (issue 32, item 7)."""
+    import logging
+
+    from app.infra.logs import quiet_routine_tasks
+
+    caplog.set_level(logging.INFO)
+    periodic.run_periodic("run_work", None, lambda: {"processed": 0})
+    periodic.run_periodic("recover", None, lambda: {"processed": 2, "leases": {"processed": 2}})
+    lines = [(x.levelno, x.getMessage()) for x in caplog.records if x.name == "app.maintenance.periodic"]
+    assert lines == [(logging.INFO, 'periodic recover: {"processed": 2, "leases": {"processed": 2}}')]
+    # Celery's "received" / "succeeded" lines (its fields as extra["data"]) of the passes: gone at INFO;
+    # another task's, and a pass's failure, stay.
+    quiet_routine_tasks({"asynch.run_work"})
+    caplog.clear()
+    for logger, level, name in (("celery.worker.strategy", logging.INFO, "asynch.run_work"),
+                                ("celery.app.trace", logging.INFO, "asynch.run_work"),
+                                ("celery.app.trace", logging.INFO, "asynch.run_jobs"),
+                                ("celery.app.trace", logging.ERROR, "asynch.run_work")):
+        logging.getLogger(logger).log(level, "Task %(name)s", {"name": name}, extra={"data": {"name": name}})
+    assert [(x.name, x.levelno, x.getMessage()) for x in caplog.records if x.name.startswith("celery")] == [
+        ("celery.app.trace", logging.INFO, "Task asynch.run_jobs"),
+        ("celery.app.trace", logging.ERROR, "Task asynch.run_work")]
+
+
 def _beat(env: dict, schedule: str, log) -> subprocess.Popen:
     from app.cli.processes import beat_argv
 

@@ -171,7 +171,8 @@ def test_a_job_is_named_by_its_id_alone(api_url, workers, make_model, user_key, 
     model_server.state.release("cli2")
     out = _cli(api_url, user_key, "result", held)
     assert out.returncode == 1 and out.stderr.splitlines() == [
-        "Error: job not finished (state: canceled) (HTTP 409): nothing was changed"], out.stderr
+        f"Error: job ended without a result (state: canceled) (HTTP 409): only a done job has one: `asynch wait "
+        f"{held}` shows how it ended"], out.stderr
     out = _cli(api_url, user_key, "submit", "cli2", "{}")
     assert out.returncode == 1 and out.stderr.splitlines() == [
         "Error: request body does not match the model's form; /prompt: is required (HTTP 422): fix the request "

@@ -7,6 +7,7 @@ what was published, at which priority."""
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
 import threading
 import time
@@ -201,11 +202,21 @@ def test_the_lost_job_scan_costs_one_batch_per_pass(make_model, r):
     assert sorted(order("deep")) == sorted(ids[1:])
 
 
-def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, settings, r):
+def _recovery_lines(caplog) -> list[tuple[int, str]]:
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "app.maintenance.recovery"]
+    caplog.clear()
+    return lines
+
+
+def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, settings, r, caplog):
+    caplog.set_level(logging.INFO, logger="app.maintenance.recovery")
     make_model("wiped", queue_limit=10, max_concurrency=2)
     broker.delete(keys.epoch())  # the broker database outlives tests: start as a fresh deployment
     first = maintenance.repair_after_wipe()  # which looks like a wipe
     assert set(first.details["wiped"]) == {"redis", "broker"}
+    # No job was active, so nothing was lost: a first start, said at INFO (issue 32, item 7).
+    assert [(lvl, msg.split(":")[0]) for lvl, msg in _recovery_lines(caplog)] == [
+        (logging.INFO, "first start of redis (redis, broker)")]
     assert maintenance.repair_after_wipe().details["wiped"] == []
     ids = [_submit("wiped", {"i": i}) for i in range(3)]
     done = _submit("wiped", {})
@@ -216,6 +227,9 @@ def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, setti
     rep = maintenance.recover()
     assert rep.details["wipe"]["wiped"] == ["redis"]
     assert rep.details["wipe"]["requeued"] == 3
+    # Pending jobs' gate slots and queue entries were lost: that is a WARNING.
+    assert [(lvl, msg.split(":")[0]) for lvl, msg in _recovery_lines(caplog)] == [
+        (logging.WARNING, "redis data lost (redis)")]
     assert set(r.zrange("asynch:gate:{wiped}", 0, -1)) == set(ids)
     # Queue order kept: the first two dispatched again (2 permits), the third waits.
     assert [j for _, j, _ in queued(broker, settings.queue_name)] == ids[:2] and order("wiped") == ids[2:]

@@ -31,7 +31,8 @@ class LeaderScheduler(PersistentScheduler):
         if fence is None:
             log.debug("standby: not sending %s", entry.name)
             return
-        log.info("Scheduler: Sending due task %s (%s) token=%s", entry.name, entry.task, fence["token"])
+        # DEBUG: one line every few seconds would bury the rest (the pass itself logs what it did).
+        log.debug("Scheduler: Sending due task %s (%s) token=%s", entry.name, entry.task, fence["token"])
         try:
             self.send_task(entry.task, entry.args, {**(entry.kwargs or {}), "fence": fence},
                            producer=producer, **entry.options)

@@ -3,7 +3,8 @@
 Each public function is a unit of work that raises domain errors; the
 ``_``-prefixed ones take a connection, so an import does many in one
 transaction (app/catalog/transfer.py).  Rules that live here only: a
-disabled model does not exist for users (404), a name cannot change,
+disabled model does not exist for users' reads (404 "model not found") and
+takes no submission (404 "model disabled"), a name cannot change,
 models_type ids must exist, a model with active jobs cannot be deleted, a
 redacted head_msg sent back keeps the stored secret, head_msg is stored
 encrypted.  Writers drop the per-process cache of model rows (admission
@@ -140,15 +141,18 @@ def visible_models(principal: Principal) -> list[Row]:
 
 def enabled_model(name: str) -> Row:
     """The model a job is submitted to, through the per-process cache
-    (admission path): unknown and disabled look the same."""
+    (admission path): 404 for an unknown one and for a disabled one, which
+    says so (the caller's name is right; an admin can enable it)."""
     row = _cache.get(name, caches.MISSING)
     if row is caches.MISSING:
         token = _cache.token()  # a change during the read keeps it out of the cache
         with transaction() as conn:
             row = _row(conn, name)
         _cache.set(name, row, token)
-    if row is None or not row.enabled:
+    if row is None:
         raise NotFound(f"model not found: {name}")
+    if not row.enabled:
+        raise NotFound(f"model disabled: {name}")
     return row
 
 

@@ -10,7 +10,6 @@ listing needs it): ``asynch wait`` loads the HTTP client, not the server."""
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 import click
@@ -36,17 +35,22 @@ def upgrade_db() -> None:
     command.upgrade(alembic_config(), "head")
 
 
+def one_line(message: str, errors: list[dict] | None = None) -> str:
+    """A domain error as one line: its message, then each invalid field as
+    ``; <pointer>: <message>`` (as the client commands print an HTTP 422)."""
+    return message + "".join(f"; {e.get('pointer', '')}: {e.get('message', '')}" for e in errors or ())
+
+
 class DomainGroup(click.Group):
     """A command group whose commands may raise DomainError: it is shown as
-    ``Error: <message>`` (with the invalid fields, if any) and exit status 1,
-    the same text the HTTP API answers with."""
+    one line, ``Error: <message>`` (with the invalid fields, if any), and exit
+    status 1, the same text the HTTP API answers with."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except DomainError as exc:
-            errors = getattr(exc, "errors", None)
-            raise click.ClickException(exc.message + ("\n" + json.dumps(errors, indent=2) if errors else ""))
+            raise click.ClickException(one_line(exc.message, getattr(exc, "errors", None))) from None
 
 
 # module -> its commands ("name=attribute" where they differ)
@@ -72,6 +76,8 @@ class LazyGroup(DomainGroup):
              "checkout whose `asynch dev` runs, commands use that stack (.asynch/dev.json): the server commands "
              "its database unless ASYNCH_DATABASE_URL is set, the client commands (submit, wait, result, "
              "cancel) its API URL and admin key unless --url/ASYNCH_URL or --key/ASYNCH_API_KEY say otherwise.")
+@click.version_option(package_name="model-asynch", prog_name="asynch", message="%(prog)s %(version)s",
+                      help="Print the version (of the installed model-asynch package) and exit.")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     # Before any setting is read; `asynch dev` starts a stack of its own instead.

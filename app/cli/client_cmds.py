@@ -8,7 +8,8 @@ app/cli/devstate.py); else http://127.0.0.1:8000 (and a key is needed).
 Invariants: the commands only parse and render; every HTTP call, retry and
 error is the client library's.  Output is the job's JSON on stdout (``result``:
 the result's bytes).  Every failure is one line on stderr, ``Error: <cause>:
-<next step>``, exit status 1, and no traceback unless ``--debug``.  A job is
+<next step>``, exit status 1, and no traceback unless ``--debug``.  An empty
+key (``--key ""``, an empty ASYNCH_API_KEY) is an error, never a fallback.  A job is
 named by its id alone (its model is looked up, ``GET /v1/jobs/{id}``) or, as
 before, ``MODEL JOB_ID``.  ``wait`` exits 0 for done, 1 for
 failed/timeout/canceled/expired, 2 when still running at its timeout.
@@ -17,13 +18,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 import click
 import requests
 
+from app.cli import one_line
 from app.cli.devstate import dev_client
-from model_asynch import AsynchError, Client, Job
+from model_asynch import AsynchError, Client, Job, NotFinished
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 START = "start one with ./scripts/dev.sh, or pass --url / set ASYNCH_URL"
@@ -38,9 +41,11 @@ _NEXT = {401: "pass a valid key with --key or ASYNCH_API_KEY (./scripts/dev.sh p
 
 def _error_line(exc: Exception, url: str) -> str:
     if isinstance(exc, AsynchError):
-        cause = exc.message + "".join(f"; {e.get('pointer', '')}: {e.get('message', '')}" for e in exc.errors)
+        cause = one_line(exc.message, exc.errors)
         after = f" (after {exc.retry_after:g} s)" if exc.status == 429 and exc.retry_after else ""
         step = _NEXT.get(exc.status, "the server failed: see the API's log") + after
+        if exc.status == 404 and exc.message.startswith("model disabled: "):
+            step = f"an admin enables it: asynch models enable {exc.message.split(': ', 1)[1]}"
         return f"{cause} (HTTP {exc.status}): {step}"
     if isinstance(exc, requests.Timeout):
         return f"the API at {url} did not answer in time: is it overloaded? retry, or pass --url"
@@ -65,6 +70,13 @@ def client_command(fn):
     @click.option("--debug", is_flag=True, help="On an error, show the traceback too.")
     @functools.wraps(fn)
     def run(url: str | None, key: str | None, debug: bool, **kw):
+        # An empty key is a mistake (--key "$UNSET"), never a reason to fall back to the dev admin key.
+        # (click drops an empty environment value before we see it.)
+        empty = [n for n in ("ASYNCH_API_KEY", "ASYNCH_KEY") if os.environ.get(n, None) == ""]
+        if key is not None and not key.strip() or key is None and empty:
+            where = "--key" if key is not None else " and ".join(empty)
+            raise click.ClickException(f"empty key: {where} is set but empty; pass a key, or leave it out to use "
+                                       "the dev stack's admin key")
         url, key = dev_client(url, key)
         url = url or DEFAULT_URL
         if not key:
@@ -147,7 +159,14 @@ def wait(c: Client, job: tuple[str, ...], timeout: float | None) -> None:
 @click.option("-o", "--output", type=click.File("wb"), default="-", help="Write it to this file [default: stdout].")
 @client_command
 def result(c: Client, job: tuple[str, ...], output) -> None:
-    output.write(c.result(*_job(c, job)).content)
+    model, job_id = _job(c, job)
+    try:
+        body = c.result(model, job_id)
+    except NotFinished as exc:  # 409: still running, or ended without a result (canceled, failed, ...)
+        step = (f"wait for it: asynch wait {job_id}" if exc.message.startswith("job not finished") else
+                f"only a done job has one: `asynch wait {job_id}` shows how it ended")
+        raise click.ClickException(f"{exc.message} (HTTP 409): {step}") from None
+    output.write(body.content)
 
 
 @click.command("cancel", help="Cancel a job (yours) through the API and print it.")

@@ -184,7 +184,8 @@ class DemoModelServer:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for serve_forever: one never started would never answer
+            self.httpd.shutdown()
         self.httpd.server_close()
 
     def __enter__(self) -> "DemoModelServer":

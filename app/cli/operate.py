@@ -56,7 +56,16 @@ def keys_revoke(key_id: int) -> None:
     _echo(ApiKeyView.from_row(key_service.revoke_key(key_id)))
 
 
-models = DomainGroup("models", help="Model configurations: JSON import/export, enable/disable.")
+models = DomainGroup("models", help="Model configurations: list, JSON import/export, enable/disable.")
+
+
+@models.command("list", help="Every model (disabled ones too), one JSON object a line: model_name, enabled, "
+                             "base_url, max_concurrency, queue_limit (the configured values; GET /v1/models "
+                             "has every field).")
+def models_list() -> None:
+    for row in registry.visible_models(OPERATOR):
+        click.echo(json.dumps({k: getattr(row, k) for k in (
+            "model_name", "enabled", "base_url", "max_concurrency", "queue_limit")}, ensure_ascii=False))
 
 
 @models.command("export", help="Write models as a JSON list (head_msg left out unless --with-secrets).")
@@ -90,7 +99,8 @@ def _set_enabled(enabled: bool):
 
 
 models.command("enable", help="Let a model take submissions again.")(_set_enabled(True))
-models.command("disable", help="Refuse new submissions (404); admitted jobs still run.")(_set_enabled(False))
+models.command("disable", help="Refuse new submissions (404 \"model disabled\"); admitted jobs still run.")(
+    _set_enabled(False))
 
 
 jobs = DomainGroup("jobs", help="Inspect and steer jobs (as an operator: every tenant).")
@@ -169,8 +179,9 @@ def work_run_once(max_tasks: int | None) -> None:
 tenants = DomainGroup("tenants", help="Tenants' limits: dispatch weight, request rate, long-polls, queue caps.")
 
 
-@tenants.command("limits", help="Show a tenant's limits; with options, change them first "
-                                "(--queue-limit MODEL=N, repeatable; N empty: back to the default).")
+@tenants.command("limits", help="Show a tenant's limits (an error for a tenant with no API key and no limits: "
+                                "a typo); with options, change them first, for any tenant (--queue-limit MODEL=N, "
+                                "repeatable; N empty: back to the default).")
 @click.argument("tenant")
 @click.option("--weight", type=int, default=None, help="Share of dispatch when tenants compete (default 1).")
 @click.option("--rate", type=float, default=None, help="Requests per second per API key.")
@@ -189,7 +200,7 @@ def tenants_limits(tenant, weight, rate, burst, max_waiters, queue_limits) -> No
             caps[model] = int(n) if n.strip() else None
         change["queue_limits"] = caps
     _echo(limits.update(tenant, parse(TenantLimitsInput, change, message="invalid tenant limits")) if change
-          else limits.read(OPERATOR, tenant), indent=2)
+          else limits.read(OPERATOR, tenant, must_exist=True), indent=2)
 
 
 callbacks = DomainGroup("callbacks", help="Callback and webhook deliveries.")

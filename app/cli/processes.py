@@ -88,8 +88,12 @@ _CONCURRENCY = click.option("--concurrency", "-c", default=2, type=int, show_def
 @click.command(help="Run a Celery worker for jobs (run_job and maintenance); callbacks have their own.")
 @_CONCURRENCY
 @click.option("--queues", "-Q", default=None, help="Queues to consume (default: the job queue, ASYNCH_QUEUE_NAME).")
-def worker(concurrency: int, queues: str | None) -> None:
-    _exec(worker_argv(concurrency, queues))
+@click.option("--name", "-n", default=None, help="The node's name, NAME@HOST (%h: this host's name; NAME alone: "
+              "NAME@this host) [default: celery@%h].  Two nodes on one host need two names (and two "
+              "ASYNCH_WORKER_METRICS_PORTs): liveness is kept per name, so a dead node hidden behind a live one of "
+              "its name is noticed only when its jobs' leases run out.")
+def worker(concurrency: int, queues: str | None, name: str | None) -> None:
+    _exec(worker_argv(concurrency, queues, node=name))
 
 
 def worker_argv(concurrency: int = 2, queues: str | None = None, node: str | None = None) -> list[str]:

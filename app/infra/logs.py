@@ -69,3 +69,38 @@ def configure_logging(level: str = "INFO") -> None:
     root.handlers[:] = [json_handler()]
     root.setLevel(level.upper())
     _configured = True
+
+
+# Celery's loggers of the two lines it writes for every task: "received" (the
+# worker's consumer) and "succeeded in" (the pool process that ran it).
+_CELERY_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+class _RoutineTasks(logging.Filter):
+    """Celery's INFO "received" / "succeeded" lines of the named tasks, at
+    DEBUG (dropped unless the logger is enabled for DEBUG); their failures and
+    retries (ERROR, WARNING) and every other task's lines stay as they are."""
+
+    def __init__(self, names) -> None:
+        super().__init__()
+        self.names = frozenset(names)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)  # celery passes the line's fields as extra={"data": ...}
+        if record.levelno != logging.INFO or not isinstance(data, dict) or data.get("name") not in self.names:
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+def quiet_routine_tasks(names) -> None:
+    """Log the named (periodic) tasks' routine lines at DEBUG: beat sends one
+    every few seconds, and their ~150 lines a minute buried everything else
+    (the dev stack's banner with its admin key).  A pass that did something
+    says so itself (app/maintenance/periodic.py run_periodic)."""
+    for name in _CELERY_TASK_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.filters = [f for f in logger.filters if not isinstance(f, _RoutineTasks)]
+        logger.addFilter(_RoutineTasks(names))

@@ -229,7 +229,9 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
     redirected to a presigned URL: ASYNCH_RESULT_REDIRECT_SECONDS); a small one comes from the row."""
     row = read_result_row(principal, job_id, model_name)
     if JobState(row.state) not in RESULT_STATES:
-        raise Conflict(f"job not finished (state: {v1_name(row.state)})")
+        # A job that ended otherwise (failed, timeout, canceled, expired) is finished: it has no result.
+        raise Conflict(f"job ended without a result (state: {v1_name(row.state)})" if is_terminal(row.state)
+                       else f"job not finished (state: {v1_name(row.state)})")
     ctype = row.result_content_type or "application/octet-stream"
     if row.result_inline is not None:  # a small result kept in the row (app/jobs/execution.py)
         return ResultBody(row, ctype, bytes(row.result_inline))

@@ -54,7 +54,9 @@ class Leadership:
             self.token = 0
         self._checked = time.monotonic()
         if self.token != before:
-            log.warning("beat %s %s", self.owner, f"leads (fencing token {self.token})" if self.token else "stands by")
+            # Taking the lead is routine (every start); losing it is worth a WARNING.
+            log.log(logging.INFO if self.token else logging.WARNING, "beat %s %s", self.owner,
+                    f"leads (fencing token {self.token})" if self.token else "stands by")
         return self.token
 
     def fence(self) -> dict | None:
@@ -66,7 +68,7 @@ class Leadership:
     def release(self) -> None:
         with suppress(redis.RedisError):
             if leader.leader_release(self.owner):
-                log.warning("beat %s released leadership", self.owner)
+                log.info("beat %s released leadership", self.owner)
         self.token = 0
 
 
@@ -90,6 +92,12 @@ def run_periodic(name: str, fence: dict | None, fn: Callable[[], object]) -> dic
         entry.update(owner=fence.get("owner"), token=fence.get("token"), sent_at=fence.get("sent_at"))
     with suppress(redis.RedisError):  # the history is for operators: the pass itself ran
         leader.record_beat_run(json.dumps(entry), get_settings().beat_history_size)
+    if entry["processed"]:
+        # The one INFO line of a routine pass, and only when it did something: celery's own
+        # lines for these tasks are DEBUG (app/infra/logs.py quiet_routine_tasks).
+        log.info("periodic %s: %s", name, json.dumps(out, default=str))
+    else:
+        log.debug("periodic %s: nothing to do", name)
     return out
 
 

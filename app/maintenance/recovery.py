@@ -28,7 +28,7 @@ from app.infra.tables import models, tasks
 from app.jobs import dispatch, effects
 from app.jobs.execution import backoff_seconds
 from app.maintenance.report import Report, batch_size, locked
-from app.states import SLOT_STATES, JobState, job_error
+from app.states import ACTIVE_STATES, SLOT_STATES, JobState, job_error
 from app.tenancy import limits
 
 log = logging.getLogger(__name__)
@@ -147,17 +147,30 @@ def _restore_permits() -> int:
     return len(rows)
 
 
+def _any_active_job() -> bool:
+    with transaction() as conn:
+        return conn.execute(select(tasks.c.id).where(tasks.c.state.in_([int(x) for x in ACTIVE_STATES]))
+                            .limit(1)).first() is not None
+
+
 def repair_after_wipe() -> Report:
     """A Redis (the gates' or the broker's) without our epoch mark lost its
     data.  The gates': gates, queues, permits and weights are rebuilt from the
     rows and every pending job is queued again.  The broker's: dispatched jobs
     go back to the head of their queues.  A first start looks the same (one
-    rebuild)."""
+    rebuild), and is logged as one (INFO, not the WARNING) when no job is
+    active: nothing was lost."""
     token = secrets.token_hex(8)
     wiped = epoch.claim_epochs(token)
     if not wiped:
         return Report(details={"wiped": []})
-    log.warning("redis data lost (%s): rebuilding gates and queues from the rows", ", ".join(wiped))
+    if _any_active_job():
+        log.warning("redis data lost (%s): rebuilding gates and queues from the rows", ", ".join(wiped))
+    else:
+        # A fresh Redis (a first start) looks like a wiped one; with no job
+        # pending, running or waiting to retry, nothing was lost: no WARNING.
+        log.info("first start of redis (%s): no active job to repair; gates and queues built from the rows",
+                 ", ".join(wiped))
     details: dict = {"wiped": wiped}
     try:
         # "redis", or "redis:<tag>" for one master of a Redis Cluster: any

@@ -63,14 +63,43 @@ def hash_key(key: str) -> str:
 def create_key(tenant_id: str, role: str = "user", name: str = "") -> tuple[str, Row]:
     """A new key for ``tenant_id``; returns (the key, shown once, and its row)."""
     spec = parse(ApiKeyInput, {"tenant": tenant_id, "role": role, "name": name}, message="invalid API key request")
+    with transaction() as conn:
+        return _insert_key(conn, spec)
+
+
+def _insert_key(conn, spec: ApiKeyInput) -> tuple[str, Row]:
     prefix = secrets.token_hex(6)
     key = f"ak_{prefix}_{secrets.token_urlsafe(32)}"
-    with transaction() as conn:
-        row = conn.execute(insert(api_keys).values(
-            tenant_id=spec.tenant, role=spec.effective_role, name=spec.name, prefix=prefix,
-            key_hash=hash_key(key), created_at=clock_now(),
-        ).returning(*api_keys.c)).one()
+    row = conn.execute(insert(api_keys).values(
+        tenant_id=spec.tenant, role=spec.effective_role, name=spec.name, prefix=prefix,
+        key_hash=hash_key(key), created_at=clock_now(),
+    ).returning(*api_keys.c)).one()
     return key, row
+
+
+def sole_key(tenant_id: str, role: str, name: str, current: str | None) -> str:
+    """The one live key named ``name`` of (tenant, role): ``current`` while it
+    still authenticates as such a key, else a new one; every other live key of
+    that name is revoked in the same transaction (`asynch dev`'s admin key:
+    one per data directory however often the stack starts)."""
+    spec = parse(ApiKeyInput, {"tenant": tenant_id, "role": role, "name": name}, message="invalid API key request")
+    c = api_keys.c
+    mine = (c.tenant_id == spec.tenant, c.role == spec.effective_role, c.name == spec.name, c.revoked_at.is_(None))
+    with transaction() as conn:
+        keep = None
+        if current and (m := _KEY.match(current)):
+            row = conn.execute(select(api_keys).where(c.prefix == m.group(1), *mine)).first()
+            if row is not None and hmac.compare_digest(hash_key(current), row.key_hash):
+                keep = row.id
+        key = current
+        if keep is None:
+            key, row = _insert_key(conn, spec)
+            keep = row.id
+        revoked = conn.execute(update(api_keys).where(*mine, c.id != keep).values(revoked_at=clock_now())).rowcount
+    if revoked:  # after the commit, as revoke_key does
+        _cache.clear()
+        publish_invalidate("keys")
+    return key
 
 
 def list_keys(tenant_id: str | None = None) -> list[Row]:

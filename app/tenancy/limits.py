@@ -14,17 +14,17 @@ from __future__ import annotations
 import math
 
 from cachetools import TTLCache
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, exists, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.errors import ValidationFailed
+from app.errors import NotFound, ValidationFailed
 from app.infra import caches
 from app.infra.db import transaction
 from app.infra.redis import dispatch as redis_dispatch
 from app.infra.redis.events import publish_invalidate
-from app.infra.tables import models, tenant_limits
+from app.infra.tables import api_keys, models, tenant_limits
 from app.tenancy.keys import Principal
 from app.tenancy.schemas import TenantLimits, TenantLimitsInput, check_tenant
 
@@ -71,10 +71,22 @@ def tenant_queue_cap(tenant: str, model) -> int:
     return max(0, min(cap, model.queue_limit))
 
 
-def read(principal: Principal, tenant: str) -> TenantLimits:
-    """A tenant's limits for its own keys or an admin (else 403)."""
+def read(principal: Principal, tenant: str, must_exist: bool = False) -> TenantLimits:
+    """A tenant's limits for its own keys or an admin (else 403).  With
+    ``must_exist`` (`asynch tenants limits T`), a tenant with no API key and no
+    limits row is NotFound: its defaults would hide a typo."""
     principal.check_tenant_access(tenant)
+    if must_exist and not known(tenant):
+        raise NotFound(f"tenant not found: {tenant} (no API key, no limits)")
     return _load(tenant)
+
+
+def known(tenant: str) -> bool:
+    """Has ``tenant`` an API key (revoked ones count) or a limits row?  (What
+    GET /v1/tenants lists: app/observe/ops.py tenants.)"""
+    with transaction() as conn:
+        return bool(conn.execute(select(or_(exists().where(api_keys.c.tenant_id == tenant),
+                                            exists().where(tenant_limits.c.tenant_id == tenant)))).scalar())
 
 
 def update(tenant: str, change: TenantLimitsInput) -> TenantLimits:
