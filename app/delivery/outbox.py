@@ -307,20 +307,26 @@ def replay(principal: Principal, delivery_id: int) -> dict:
             if (cur := conn.execute(select(D.status).where(*mine)).first()) is None:
                 raise NotFound("no such webhook delivery")
             raise Conflict(f"only a failed delivery is replayed (this one is {cur.status})")
-        view = _views(conn, [won])[0]  # as replayed: pending, before a pump can claim it
+        view = _views(conn, [won], principal.is_admin)[0]  # as replayed: pending, before a pump can claim it
     log.info("webhook delivery replayed", extra={"delivery_id": delivery_id})
     wake()
     return view
 
 
-def _views(conn: Connection, rows: list) -> list[dict]:
-    """Rows as their service views, each with its attempt log."""
+def _views(conn: Connection, rows: list, admin: bool) -> list[dict]:
+    """Rows as their service views, each with its attempt log.  An attempt's
+    ``address`` is the resolved IP we connected to for admins only; a tenant
+    sees the host of the URL it gave (what an allowlisted name such as
+    ``localhost`` resolves to is ours, not theirs), or null when the attempt
+    connected nowhere."""
     logs: dict[int, list] = {r.id: [] for r in rows}
+    hosts = {r.id: urlsplit(r.url or "").hostname for r in rows}
     if rows:
         for a in conn.execute(select(delivery_attempts).where(delivery_attempts.c.delivery_id.in_(list(logs)))
                               .order_by(delivery_attempts.c.id)):
+            address = a.address if admin or a.address is None else hosts[a.delivery_id]
             logs[a.delivery_id].append({"attempt": a.attempt, "at": a.started_at, "duration_ms": a.duration_ms,
-                                        "address": a.address, "http_status": a.http_status, "error": a.error})
+                                        "address": address, "http_status": a.http_status, "error": a.error})
     return [{"id": d.id, "job_id": d.job_id, "tenant": d.tenant_id, "event": d.event, "url": d.url,
              "subscription_id": d.subscription_id or None, "status": d.status, "attempts": d.attempts,
              "next_attempt_at": d.next_attempt_at if d.status == PENDING else None,
@@ -336,7 +342,7 @@ def job_deliveries(principal: Principal, job_id: str, kind: str = WEBHOOK) -> li
         if conn.execute(q).first() is None:
             return None
         return _views(conn, conn.execute(select(deliveries).where(D.job_id == job_id, D.kind == kind)
-                                         .order_by(D.created_at, D.id)).all())
+                                         .order_by(D.created_at, D.id)).all(), principal.is_admin)
 
 
 def callback_view(principal: Principal, job_id: str) -> dict | None:
