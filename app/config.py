@@ -124,7 +124,8 @@ class Settings(BaseSettings):
                                          validation_alias=_aka("DELIVERY", "CALLBACK", "BACKOFF_SECONDS"))
     delivery_backoff_max_seconds: float = _s(3600.0, "Cap of the delivery retry backoff (seconds).",
                                              validation_alias=_aka("DELIVERY", "CALLBACK", "BACKOFF_MAX_SECONDS"))
-    delivery_tenant_inflight: int = _s(4, "Deliveries one tenant may have in flight at once.")
+    delivery_tenant_inflight: int = _s(3, "Deliveries one tenant may have in flight at once (never more than the "
+                                          "claiming node's processes - 1).")
     beat_deliveries_seconds: float = _s(15.0, "Beat interval of the outbox sweep (seconds).",
                                         validation_alias=_aka("BEAT_DELIVERIES", "BEAT_CALLBACKS", "SECONDS"))
     delivery_allow_hosts: str = _s("", "Allowlist of otherwise refused delivery targets: IPs, CIDRs, host names.",

@@ -92,8 +92,9 @@ def auth(key: str) -> dict:
 
 class WorkerProcess:
     def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w",
-                 extra_args: tuple[str, ...] = (), callbacks: bool = False):
+                 extra_args: tuple[str, ...] = (), callbacks: bool = False, argv: list[str] | None = None):
         self.env = {**os.environ, **env}
+        self.argv = argv  # a whole command (e.g. app.cli.processes.callback_worker_argv() with its defaults)
         # callbacks=True: what `asynch callback-worker` runs (the callback queue only).
         self.queue = self.env["ASYNCH_CALLBACK_QUEUE_NAME" if callbacks else "ASYNCH_QUEUE_NAME"]
         self.concurrency = concurrency
@@ -106,7 +107,7 @@ class WorkerProcess:
     def start(self, ready_timeout: float = 60) -> "WorkerProcess":
         from app.cli.processes import worker_argv
 
-        argv = (worker_argv(self.concurrency, self.queue)
+        argv = ((self.argv or worker_argv(self.concurrency, self.queue))
                 + ["-n", f"{self.name}-{time.time_ns()}@%h"] + self.extra_args)
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,

@@ -16,10 +16,13 @@ Invariants:
   that used them all; one at the cap still pending (the cap was lowered) or
   whose last attempt never finished is marked failed.
 - A tenant's share: a pump token names no row; it claims the fairest due row
-  (of the tenants below ASYNCH_DELIVERY_TENANT_INFLIGHT in flight, the one
-  with the fewest, its oldest) under one advisory lock, so the cap holds
-  exactly, and claims again until none is left: another tenant's slow
-  receivers delay a row by one delivery deadline at most.
+  (of the tenants below their cap in flight, the one with the fewest, its
+  oldest) under one advisory lock, so the cap holds exactly, and claims
+  again until none is left.  The cap (``tenant_cap``) is
+  ASYNCH_DELIVERY_TENANT_INFLIGHT and never more than the claiming node's
+  pool processes - 1: every claim leaves a process of the delivery pool
+  (which has at least that node's) free of any one tenant, so another
+  tenant's row never waits for a slow receiver's deadline.
 - Each attempt re-checks the target (app/infra/http/netguard.py), connects to
   the checked address within one deadline (ASYNCH_DELIVERY_TIMEOUT_SECONDS)
   and follows no redirect; failures back off exponentially with jitter.
@@ -106,6 +109,24 @@ def wake(tokens: int = 1, countdown: float | None = None) -> int:
     return sum(1 for _ in range(tokens) if publish_task(DELIVER_TASK, [], countdown=countdown))
 
 
+_pool_processes: int | None = None  # this node's delivery processes (workers/celery_app.py), None: unknown
+
+
+def set_pool_processes(n: int | None) -> None:
+    """The pool size of the worker node this process belongs to (its worker_init; forked children inherit it)."""
+    global _pool_processes
+    _pool_processes = n
+
+
+def tenant_cap() -> int:
+    """Deliveries one tenant may have in flight: the setting, lowered to leave one of this node's processes
+    free of it (a node of one process cannot, and keeps the setting)."""
+    cap = get_settings().delivery_tenant_inflight
+    if _pool_processes is not None and _pool_processes >= 2:
+        cap = min(cap, _pool_processes - 1)
+    return max(1, cap)
+
+
 def _due(c, now: datetime, cap: int):
     """Claimable: attempts left, and pending and due, or sending with an expired lease."""
     return and_(c.attempts < cap, or_(and_(c.status == PENDING, c.next_attempt_at <= now),
@@ -124,7 +145,7 @@ def claim(conn: Connection, now: datetime, delivery_id: int | None = None) -> Ro
                 .group_by(b.c.tenant_id).subquery())
         n = func.coalesce(busy.c.n, 0)
         pick = (select(d.c.id).select_from(d.outerjoin(busy, busy.c.tenant_id == d.c.tenant_id))
-                .where(_due(d.c, now, cap), n < s.delivery_tenant_inflight)
+                .where(_due(d.c, now, cap), n < tenant_cap())
                 .order_by(n, d.c.next_attempt_at).limit(1).with_for_update(of=d, skip_locked=True))
         which = D.id == pick.scalar_subquery()
     else:
@@ -284,7 +305,7 @@ def deliver_due(limit: int = 500) -> dict:
     with transaction() as conn:
         failed = give_up_at_cap(conn, now, limit=limit)
     with transaction() as conn:
-        per = (select(func.least(func.count(), s.delivery_tenant_inflight).label("n"))
+        per = (select(func.least(func.count(), tenant_cap()).label("n"))
                .where(_due(D, now, s.delivery_max_attempts)).group_by(D.tenant_id).subquery())
         due = min(limit, int(conn.execute(select(func.coalesce(func.sum(per.c.n), 0))).scalar_one()))
     published = wake(due)
