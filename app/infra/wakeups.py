@@ -44,7 +44,7 @@ from app.infra.db import make_engine
 from app.infra.process import PerProcess
 from app.infra.redis.client import pubsub_client
 from app.infra.redis.keys import invalidate_channel, terminal_channel
-from app.infra.tables import tasks
+from app.infra.tables import read_at, tasks
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ def read_rows(ids: list[str]) -> dict[str, object]:
     out = {}
     with fetch_engine.get().connect() as conn:
         for i in range(0, len(ids), FETCH_BATCH):
-            out.update((r.id, r) for r in conn.execute(select(tasks).where(tasks.c.id.in_(ids[i:i + FETCH_BATCH]))))
+            out.update((r.id, r) for r in conn.execute(select(tasks, read_at())
+                                                       .where(tasks.c.id.in_(ids[i:i + FETCH_BATCH]))))
     return out
 
 

@@ -35,7 +35,7 @@ from app.config import get_settings
 from app.contract import dump
 from app.infra.db import single_statement
 from app.infra.process import PerProcess
-from app.infra.tables import tasks
+from app.infra.tables import read_at, tasks
 from app.infra.wakeups import FETCH_BATCH, GONE, Waiter, hub
 from app.jobs import service as jobs
 from app.jobs.schemas import JobStatus
@@ -59,7 +59,7 @@ Change = tuple[str, tuple[datetime, str], str, dict]  # (event id, its (updated_
 def changed_page(scope: str | None, model_name: str | None, after: tuple[datetime, str]) -> list:
     """The next page of rows after the pair ``after`` in (updated_at, id) order: a page boundary inside one
     timestamp loses nothing."""
-    q = jobs.scoped(select(*_COLUMNS), scope, model_name or None)
+    q = jobs.scoped(select(*_COLUMNS, read_at()), scope, model_name or None)
     at, job_id = after
     # The plain bound is the index range (tenant_id, updated_at); the row value orders within one timestamp.
     q = q.where(tasks.c.updated_at >= at, tuple_(tasks.c.updated_at, tasks.c.id) > tuple_(at, job_id))
@@ -221,7 +221,8 @@ def read_jobs(ids: list[str]) -> dict[str, object]:
     out = {}
     with single_statement() as conn:
         for i in range(0, len(ids), FETCH_BATCH):
-            out.update((r.id, r) for r in conn.execute(select(*_COLUMNS).where(tasks.c.id.in_(ids[i:i + FETCH_BATCH]))))
+            out.update((r.id, r) for r in conn.execute(select(*_COLUMNS, read_at())
+                                                       .where(tasks.c.id.in_(ids[i:i + FETCH_BATCH]))))
     return out
 
 

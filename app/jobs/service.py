@@ -47,7 +47,7 @@ from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import Lookups
 from app.infra.storage import ObjectMissing, StorageError, get_storage
-from app.infra.tables import tasks
+from app.infra.tables import read_at, tasks
 from app.jobs import admission, effects, estimates, submission
 from app.jobs.requests import JobListQuery
 from app.jobs.seed_schemas import SeedTask
@@ -184,7 +184,7 @@ def scoped(q, tenant: str | None, model_name: str | None = None):
 def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:
     """A job the principal may see; another tenant's job does not exist."""
     tenant = None if principal.is_admin else principal.tenant_id
-    row = conn.execute(scoped(select(tasks).where(tasks.c.id == job_id), tenant, model_name)).first()
+    row = conn.execute(scoped(select(tasks, read_at()).where(tasks.c.id == job_id), tenant, model_name)).first()
     if row is None:
         raise NotFound(f"job not found: {job_id}")
     return row
@@ -334,7 +334,7 @@ def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: st
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
     """A page of jobs, newest first (``query``: state, limit, cursor, tenant for admins, since, until)."""
     tenant = (query.tenant or None) if principal.is_admin else principal.tenant_id
-    q = scoped(select(tasks), tenant, model_name or None)
+    q = scoped(select(tasks, read_at()), tenant, model_name or None)
     if query.state:
         q = q.where(tasks.c.state.in_([int(x) for x in parse_v1_filter(query.state)]))
     if query.since is not None:
