@@ -200,11 +200,17 @@ def __getattr__(name: str):
 
 
 class Count:
-    """Statements sent to PostgreSQL (every engine) and gate/broker calls sent to Redis."""
+    """Statements sent to PostgreSQL (every engine: ``sql`` their verbs, ``statements`` their text) and
+    gate/broker calls sent to Redis."""
 
     def __init__(self) -> None:
         self.sql: list[str] = []
+        self.statements: list[str] = []
         self.redis: list[str] = []
+
+    def reads(self, fragment: str) -> int:
+        """The statements whose text holds ``fragment``."""
+        return sum(fragment in s for s in list(self.statements))
 
     def __enter__(self) -> "Count":
         import redis.connection
@@ -237,6 +243,7 @@ class Count:
 
     def _sql(self, _conn, _cur, statement, *_a) -> None:
         self.sql.append(statement.split(None, 1)[0].upper())
+        self.statements.append(statement)
 
 
 # --- Redis state the product writes but never reads back this way -------------------------

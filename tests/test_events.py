@@ -10,7 +10,7 @@ import time
 
 import pytest
 import requests
-from helpers import auth, job_row, submit, wait_until
+from helpers import Count, auth, job_row, submit, wait_until
 
 from app.config import set_settings
 from app.jobs.service import set_waiter_cap_resolver
@@ -256,35 +256,6 @@ def test_the_tenant_stream_sends_every_row_of_one_instant_once_and_resumes_among
     assert [d["job_id"] for _i, _e, d in rest] == ids[1000:]
 
 
-class Statements:
-    """Counts the statements the API process (this one: the suite's server is in-process) sends on its
-    autocommit pool, where every stream read goes: ``reads(fragment)`` those whose SQL holds it."""
-
-    def __init__(self) -> None:
-        from app.infra.db import get_engine
-
-        self.engine, self.sql, self.lock = get_engine(autocommit=True), [], threading.Lock()
-
-    def _seen(self, conn, cursor, statement, *_a):
-        with self.lock:
-            self.sql.append(statement)
-
-    def __enter__(self) -> "Statements":
-        from sqlalchemy import event
-
-        event.listen(self.engine, "before_cursor_execute", self._seen)
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        from sqlalchemy import event
-
-        event.remove(self.engine, "before_cursor_execute", self._seen)
-
-    def reads(self, fragment: str) -> int:
-        with self.lock:
-            return sum(fragment in s for s in self.sql)
-
-
 def _drain(stream: SSE, into: list) -> threading.Thread:
     def run():
         try:
@@ -305,7 +276,8 @@ def test_a_tenants_streams_share_one_read_a_tick_and_stop_at_its_streams_cap(api
     a tenant holds at most ASYNCH_EVENTS_STREAMS_PER_TENANT streams per API
     process (429 past it; another tenant is still served), and all the
     streams of a (tenant, model) are fed by one read per tick, as all job
-    streams are: counted in statements, not timed."""
+    streams are: counted in statements (the suite's API server runs in this
+    process), not timed."""
     from app.infra.wakeups import hub
 
     cap, poll = 6, 0.1
@@ -339,7 +311,7 @@ def test_a_tenants_streams_share_one_read_a_tick_and_stop_at_its_streams_cap(api
         assert requests.get(f"{api_url}/v1/models/evs/jobs/{job}/wait?timeout=10", headers=auth(user_key),
                             timeout=10).status_code == 200
         # The reads: two feeds (A's and B's) each read once a tick, whatever the number of streams.
-        with Statements() as seen:
+        with Count() as seen:
             t0 = time.monotonic()
             time.sleep(1.0)
             ticks = (time.monotonic() - t0) / poll
@@ -354,7 +326,7 @@ def test_a_tenants_streams_share_one_read_a_tick_and_stop_at_its_streams_cap(api
     job_streams = [SSE(_events_url(api_url, "evs", j), user_key) for j in held]
     try:
         assert [s.next()[:2] for s in job_streams] == [("0", "pending")] * cap
-        with Statements() as seen:
+        with Count() as seen:
             t0 = time.monotonic()
             time.sleep(1.0)
             ticks = (time.monotonic() - t0) / poll
