@@ -63,7 +63,7 @@ def json_number(v: Any) -> Any:
     return v
 
 
-DeadlineSeconds = Annotated[float, BeforeValidator(json_number), Field(gt=0, le=30 * 86400, allow_inf_nan=False)]
+DeadlineSeconds = Annotated[float, Field(gt=0, le=30 * 86400, allow_inf_nan=False), BeforeValidator(json_number)]
 
 
 def carried(option_type: Any, wire_type: Any) -> Any:
