@@ -81,6 +81,8 @@ class Settings(BaseSettings):
     events_keepalive_seconds: float = _s(15.0, "An event stream sends a comment line this often (seconds).")
     events_poll_seconds: float = _s(1.0, "An event stream re-reads its rows this often (seconds).")
     events_max_seconds: float = _s(3600.0, "An event stream is closed after this long (seconds).")
+    events_streams_per_tenant: int = _s(100, "Event streams one API process holds open per tenant (each is a wait "
+                                             "too); past it: 429.")
     waiters_per_tenant: int = _s(1000, "Concurrent long-polls one API process holds per tenant; past it: 429.")
     waiters_max: int = _s(10000, "Concurrent long-polls one API process holds in total.")
     wait_parking: bool = _s(True, "Park a sleeping /wait as a record the wake-up hub answers (gevent only).")
@@ -131,7 +133,8 @@ class Settings(BaseSettings):
                                          validation_alias=_aka("DELIVERY", "CALLBACK", "BACKOFF_SECONDS"))
     delivery_backoff_max_seconds: float = _s(3600.0, "Cap of the delivery retry backoff (seconds).",
                                              validation_alias=_aka("DELIVERY", "CALLBACK", "BACKOFF_MAX_SECONDS"))
-    delivery_tenant_inflight: int = _s(4, "Deliveries one tenant may have in flight at once.")
+    delivery_tenant_inflight: int = _s(3, "Deliveries one tenant may have in flight at once (never more than the "
+                                          "claiming node's processes - 1).")
     beat_deliveries_seconds: float = _s(15.0, "Beat interval of the outbox sweep (seconds).",
                                         validation_alias=_aka("BEAT_DELIVERIES", "BEAT_CALLBACKS", "SECONDS"))
     delivery_allow_hosts: str = _s("", "Allowlist of otherwise refused delivery targets: IPs, CIDRs, host names.",

@@ -14,6 +14,7 @@ translation layer, and aliases give the camelCase face for free.
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import date, datetime, timezone
 from typing import Annotated, Any, Literal
@@ -154,15 +155,25 @@ def _not_json(name: str):
     # Python's json takes NaN/Infinity, which JSON has not (and PostgreSQL's jsonb refuses).
     raise ValueError(f"{name} is not JSON")
 
+
+def _finite(text: str) -> float:
+    # A literal past the double range (1e400) parses to inf, which json.dumps writes back as the
+    # non-JSON Infinity: the stored payload would no longer be JSON.  Refused like the literal.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range (not a finite double)")
+    return value
+
 # A \\uD800-\\uDFFF escape: the only way a surrogate gets into parsed JSON
 # (raw UTF-8 cannot carry one: decoding would fail first).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 def parse_json(raw: str | bytes):
-    """Strict JSON, else ValueError: NaN/Infinity, nesting too deep (not a 500), an
+    """Strict JSON, else ValueError: NaN/Infinity, a number beyond the double range
+    (1e400: it would come back as Infinity), nesting too deep (not a 500), an
     unpaired surrogate (not Unicode text: PostgreSQL cannot store it)."""
     try:
-        data = json.loads(raw, parse_constant=_not_json)
+        data = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except RecursionError as exc:
         raise ValueError("nested too deeply") from exc
     text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
@@ -223,8 +234,8 @@ _GENERIC = {
     "bool_parsing": "must be true or false", "list_type": "must be an array", "dict_type": "must be an object",
     "model_type": "must be an object", "model_attributes_type": "must be an object",
     # With values from the error's context (pydantic's ``ctx``).
-    "greater_than_equal": "must be >= {ge}", "greater_than": "must be >= {gt}",
-    "less_than_equal": "must be <= {le}", "less_than": "must be <= {lt}",
+    "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}", "finite_number": "must be a finite number",
     "string_too_long": "must be at most {max_length} characters",
     "string_too_short": "must be at least {min_length} characters",
     "too_long": "must have at most {max_length} items", "too_short": "must have at least {min_length} items",
@@ -243,7 +254,8 @@ def _message(err: dict, model: type[BaseModel] | None) -> str:
         return f"is required: {text}" if kind == "missing" else f"must be {text}"
     if custom:
         return err["msg"]
-    ctx = err.get("ctx") or {}
+    # A bound of a float field comes as 0.0: said as the number it is ("must be > 0").
+    ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in (err.get("ctx") or {}).items()}
     if kind in _GENERIC:
         return _GENERIC[kind].format_map(ctx)
     if kind == "string_pattern_mismatch":

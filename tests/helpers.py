@@ -92,8 +92,9 @@ def auth(key: str) -> dict:
 
 class WorkerProcess:
     def __init__(self, env: dict, concurrency: int = 2, log_path: Path | None = None, name: str = "w",
-                 extra_args: tuple[str, ...] = (), callbacks: bool = False):
+                 extra_args: tuple[str, ...] = (), callbacks: bool = False, argv: list[str] | None = None):
         self.env = {**os.environ, **env}
+        self.argv = argv  # a whole command (e.g. app.cli.processes.callback_worker_argv() with its defaults)
         # callbacks=True: what `asynch callback-worker` runs (the callback queue only).
         self.queue = self.env["ASYNCH_CALLBACK_QUEUE_NAME" if callbacks else "ASYNCH_QUEUE_NAME"]
         self.concurrency = concurrency
@@ -106,7 +107,7 @@ class WorkerProcess:
     def start(self, ready_timeout: float = 60) -> "WorkerProcess":
         from app.cli.processes import worker_argv
 
-        argv = (worker_argv(self.concurrency, self.queue)
+        argv = ((self.argv or worker_argv(self.concurrency, self.queue))
                 + ["-n", f"{self.name}-{time.time_ns()}@%h"] + self.extra_args)
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
@@ -199,11 +200,17 @@ def __getattr__(name: str):
 
 
 class Count:
-    """Statements sent to PostgreSQL (every engine) and gate/broker calls sent to Redis."""
+    """Statements sent to PostgreSQL (every engine: ``sql`` their verbs, ``statements`` their text) and
+    gate/broker calls sent to Redis."""
 
     def __init__(self) -> None:
         self.sql: list[str] = []
+        self.statements: list[str] = []
         self.redis: list[str] = []
+
+    def reads(self, fragment: str) -> int:
+        """The statements whose text holds ``fragment``."""
+        return sum(fragment in s for s in list(self.statements))
 
     def __enter__(self) -> "Count":
         import redis.connection
@@ -236,6 +243,7 @@ class Count:
 
     def _sql(self, _conn, _cur, statement, *_a) -> None:
         self.sql.append(statement.split(None, 1)[0].upper())
+        self.statements.append(statement)
 
 
 # --- Redis state the product writes but never reads back this way -------------------------

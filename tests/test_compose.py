@@ -437,6 +437,20 @@ def test_workers_are_scalable(services, name):
     assert params["concurrency"] >= 1
 
 
+def test_the_callback_pool_leaves_a_process_free_of_any_one_tenant(services):
+    """Issue 32 item 8: the claim holds a tenant to its cap and to all but
+    one process of the node (app/delivery/outbox.py ``tenant_cap``), so the
+    shipped pools need two processes at least; the CLI's default is above
+    the default cap, so the cap alone leaves one free too."""
+    from app.cli.processes import CALLBACK_PROCESSES
+    from app.config import Settings
+
+    argv = service_argv(services["callbacks"])
+    assert resolve_asynch(argv).make_context("callbacks", argv[2:]).params["concurrency"] >= 2
+    assert resolve_asynch(["asynch", "callback-worker"]).make_context("callbacks", []).params["concurrency"] \
+        == CALLBACK_PROCESSES > Settings().delivery_tenant_inflight
+
+
 def test_jobs_and_callbacks_have_separate_queues_and_pools(services):
     """A stalling callback receiver must never hold a job worker: the worker
     service consumes the job queue only, the callbacks service the callback

@@ -154,11 +154,23 @@ def test_resource_requests_cover_the_measured_rss(docs):
     for d in list(deps.values()) + list(_by(docs, "Job").values()):
         for c in _containers(d):
             assert c["resources"]["requests"]["memory"] and c["resources"]["limits"]["memory"], c["name"]
-    for name, kind, opt in (("asynch-api", "api", "--workers"), ("asynch-worker", "worker", "-c")):
+    for name, kind, opt in (("asynch-api", "api", "--workers"), ("asynch-worker", "worker", "-c"),
+                            ("asynch-callbacks", "worker", "-c")):
         c = deps[name]["spec"]["template"]["spec"]["containers"][0]
         processes = int(c["command"][c["command"].index(opt) + 1]) + 1  # + the master / main process
         assert _mi(c["resources"]["requests"]["memory"]) >= processes * RSS_MI[kind], name
         assert _mi(c["resources"]["limits"]["memory"]) > _mi(c["resources"]["requests"]["memory"])
+
+
+def test_the_callback_pool_leaves_a_process_free_of_any_one_tenant(docs):
+    """Issue 32 item 8: a tenant holds at most all but one of a node's
+    delivery processes; with one process (or the old 2 against a cap of 4)
+    its stalled receivers held them all."""
+    from app.config import Settings
+
+    c = _by(docs, "Deployment")["asynch-callbacks"]["spec"]["template"]["spec"]["containers"][0]
+    n = int(c["command"][c["command"].index("-c") + 1])
+    assert n >= 2 and n > Settings().delivery_tenant_inflight, c["command"]
 
 
 def test_the_autoscaler_scales_workers_on_metrics_the_project_exports(docs, make_model):

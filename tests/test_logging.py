@@ -134,3 +134,28 @@ def test_a_logged_database_error_carries_no_statement_values():
     out = buf.getvalue()
     assert "no_such_table" in out and "statement hidden" in out
     assert MODEL_KEY_SECRET not in out
+
+
+def test_a_logged_database_error_of_a_rendered_statement_carries_no_values():
+    """The admission INSERT renders its rows into the statement (psycopg2's
+    mogrify): a refused one was logged ("admission INSERT failed: ...") with
+    SQLAlchemy's [SQL: ...] holding every payload and modelKey of the batch."""
+    from sqlalchemy.exc import DBAPIError
+
+    from app.infra.db import single_statement
+
+    buf = io.StringIO()
+    log = logging.getLogger("asynch.test.db")
+    log.addHandler(json_handler(buf))
+    log.propagate = False
+    try:
+        with single_statement() as conn:
+            conn.exec_driver_sql(f"INSERT INTO no_such_table (k) VALUES ('{MODEL_KEY_SECRET}')")
+    except DBAPIError as exc:
+        assert MODEL_KEY_SECRET in str(exc)  # what the log line was given
+        log.error("admission INSERT failed: %s", exc)
+    finally:
+        log.propagate = True
+    out = buf.getvalue()
+    assert "no_such_table" in out and "[SQL: statement hidden]" in out
+    assert MODEL_KEY_SECRET not in out

@@ -294,6 +294,32 @@ def test_tenant_b_can_neither_see_nor_replay_tenant_a_deliveries(make_model, cli
     assert webhooks.deliver(d.id).status == "delivered"
 
 
+def test_a_tenant_sees_the_host_it_gave_not_the_address_it_resolved_to(settings, make_model, client, user_key,
+                                                                         admin_key, receiver):
+    """Issue 32 item 8: the delivery log showed a tenant the address an
+    allowlisted name resolved to (``localhost`` -> ``127.0.0.1``).  The
+    tenant sees its URL's host; an admin the address connected to."""
+    set_settings(settings.with_overrides(delivery_allow_hosts="localhost", delivery_backoff_seconds=0.01))
+    make_model("m")
+    port = receiver.url.rsplit(":", 1)[1]
+    job_id = submit(client, user_key, {"q": 1}, **{"X-Webhook-Url": f"http://localhost:{port}/job",
+                                                     "X-Callback-Url": f"http://localhost:{port}/cb"})
+    assert execution.run_attempt(job_id, 0) == "done"
+    with transaction() as conn:
+        ids = conn.execute(select(webhook_deliveries.c.id).where(webhook_deliveries.c.job_id == job_id)).scalars().all()
+    for i in ids:
+        assert webhooks.deliver(i).status in ("delivered", "retry")  # the receiver takes POSTs only: the GET is 501
+    with transaction() as conn:  # every attempt connected to the loopback address
+        assert set(conn.execute(select(webhook_attempts.c.address)).scalars()) == {"127.0.0.1"}
+    for path in ("webhooks", "callback"):
+        mine = client.get(f"/v1/jobs/{job_id}/{path}", headers=auth(user_key)).get_json()
+        ops = client.get(f"/v1/jobs/{job_id}/{path}", headers=auth(admin_key)).get_json()
+        mine, ops = (v["deliveries"][0] if path == "webhooks" else v for v in (mine, ops))
+        assert [e["address"] for e in mine["log"]] == ["localhost"], mine
+        assert [e["address"] for e in ops["log"]] == ["127.0.0.1"], ops
+        assert "127.0.0.1" not in json.dumps(mine)
+
+
 @pytest.mark.parametrize("body", [
     {"url": "http://10.0.0.7/hook"},                      # the SSRF guard
     {"url": "ftp://example.com/x"},

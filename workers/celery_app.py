@@ -64,6 +64,14 @@ def _unbind_job(task_id=None, **_kw):
 # pool forks and after it is gone; worker_process_shutdown in each pool child.
 
 @worker_init.connect
+def _delivery_pool(sender=None, **_kw):
+    # The claim leaves one of this node's processes free of any one tenant (app/delivery/outbox.py).
+    from app.delivery import outbox
+
+    outbox.set_pool_processes(getattr(sender, "concurrency", None))
+
+
+@worker_init.connect
 def _node_metrics(**_kw):
     port = get_settings().worker_metrics_port
     if metrics.prepare_group_dir() is None:

@@ -13,7 +13,7 @@ from app.catalog import registry, transfer
 from app.catalog.schemas import ModelPatch
 from app.cli import DomainGroup
 from app.config import get_settings
-from app.contract import dump, parse
+from app.contract import dump, parse, parse_json
 from app.jobs import service as job_service
 from app.jobs.requests import JobListQuery
 from app.jobs.schemas import JobDetail, JobStatus
@@ -84,7 +84,7 @@ def models_export(names: tuple[str, ...], out: str, with_secrets: bool) -> None:
 @click.argument("file", type=click.File("r"))
 def models_import(file) -> None:
     try:
-        data = json.load(file)
+        data = parse_json(file.read())  # strict, as every body the API takes (no NaN, no 1e400)
     except ValueError as exc:
         raise click.ClickException(f"{file.name}: invalid JSON: {exc}")
     click.echo(json.dumps(transfer.import_models(data)))

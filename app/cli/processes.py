@@ -103,14 +103,22 @@ def worker_argv(concurrency: int = 2, queues: str | None = None, node: str | Non
     return argv + (["-n", node] if node else [])
 
 
+# Delivery processes mostly wait on receivers' sockets.  Four by default: the claim leaves one of a
+# node's processes free of any one tenant (app/delivery/outbox.py ``tenant_cap``), so one tenant's
+# stalled receivers hold at most 3 (ASYNCH_DELIVERY_TENANT_INFLIGHT's default) and another tenant's
+# delivery finds a free process at once.
+CALLBACK_PROCESSES = 4
+
+
 @click.command("callback-worker", help="Run a Celery worker that delivers callbacks only "
                "(ASYNCH_CALLBACK_QUEUE_NAME): a slow receiver ties up these processes, never the job workers.")
-@_CONCURRENCY
+@click.option("--concurrency", "-c", default=CALLBACK_PROCESSES, type=int, show_default=True,
+              help="Pool processes: deliveries this node sends at once.  A tenant holds at most this - 1 of them.")
 def callback_worker(concurrency: int) -> None:
     _exec(callback_worker_argv(concurrency))
 
 
-def callback_worker_argv(concurrency: int = 2) -> list[str]:
+def callback_worker_argv(concurrency: int = CALLBACK_PROCESSES) -> list[str]:
     # Its own node name: a job worker on the same host keeps celery@%h.
     return worker_argv(concurrency, get_settings().delivery_queue_name, node="callbacks@%h")
 

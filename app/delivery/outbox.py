@@ -16,10 +16,13 @@ Invariants:
   that used them all; one at the cap still pending (the cap was lowered) or
   whose last attempt never finished is marked failed.
 - A tenant's share: a pump token names no row; it claims the fairest due row
-  (of the tenants below ASYNCH_DELIVERY_TENANT_INFLIGHT in flight, the one
-  with the fewest, its oldest) under one advisory lock, so the cap holds
-  exactly, and claims again until none is left: another tenant's slow
-  receivers delay a row by one delivery deadline at most.
+  (of the tenants below their cap in flight, the one with the fewest, its
+  oldest) under one advisory lock, so the cap holds exactly, and claims
+  again until none is left.  The cap (``tenant_cap``) is
+  ASYNCH_DELIVERY_TENANT_INFLIGHT and never more than the claiming node's
+  pool processes - 1: every claim leaves a process of the delivery pool
+  (which has at least that node's) free of any one tenant, so another
+  tenant's row never waits for a slow receiver's deadline.
 - Each attempt re-checks the target (app/infra/http/netguard.py), connects to
   the checked address within one deadline (ASYNCH_DELIVERY_TIMEOUT_SECONDS)
   and follows no redirect; failures back off exponentially with jitter.
@@ -106,6 +109,24 @@ def wake(tokens: int = 1, countdown: float | None = None) -> int:
     return sum(1 for _ in range(tokens) if publish_task(DELIVER_TASK, [], countdown=countdown))
 
 
+_pool_processes: int | None = None  # this node's delivery processes (workers/celery_app.py), None: unknown
+
+
+def set_pool_processes(n: int | None) -> None:
+    """The pool size of the worker node this process belongs to (its worker_init; forked children inherit it)."""
+    global _pool_processes
+    _pool_processes = n
+
+
+def tenant_cap() -> int:
+    """Deliveries one tenant may have in flight: the setting, lowered to leave one of this node's processes
+    free of it (a node of one process cannot, and keeps the setting)."""
+    cap = get_settings().delivery_tenant_inflight
+    if _pool_processes is not None and _pool_processes >= 2:
+        cap = min(cap, _pool_processes - 1)
+    return max(1, cap)
+
+
 def _due(c, now: datetime, cap: int):
     """Claimable: attempts left, and pending and due, or sending with an expired lease."""
     return and_(c.attempts < cap, or_(and_(c.status == PENDING, c.next_attempt_at <= now),
@@ -124,7 +145,7 @@ def claim(conn: Connection, now: datetime, delivery_id: int | None = None) -> Ro
                 .group_by(b.c.tenant_id).subquery())
         n = func.coalesce(busy.c.n, 0)
         pick = (select(d.c.id).select_from(d.outerjoin(busy, busy.c.tenant_id == d.c.tenant_id))
-                .where(_due(d.c, now, cap), n < s.delivery_tenant_inflight)
+                .where(_due(d.c, now, cap), n < tenant_cap())
                 .order_by(n, d.c.next_attempt_at).limit(1).with_for_update(of=d, skip_locked=True))
         which = D.id == pick.scalar_subquery()
     else:
@@ -284,7 +305,7 @@ def deliver_due(limit: int = 500) -> dict:
     with transaction() as conn:
         failed = give_up_at_cap(conn, now, limit=limit)
     with transaction() as conn:
-        per = (select(func.least(func.count(), s.delivery_tenant_inflight).label("n"))
+        per = (select(func.least(func.count(), tenant_cap()).label("n"))
                .where(_due(D, now, s.delivery_max_attempts)).group_by(D.tenant_id).subquery())
         due = min(limit, int(conn.execute(select(func.coalesce(func.sum(per.c.n), 0))).scalar_one()))
     published = wake(due)
@@ -307,20 +328,26 @@ def replay(principal: Principal, delivery_id: int) -> dict:
             if (cur := conn.execute(select(D.status).where(*mine)).first()) is None:
                 raise NotFound("no such webhook delivery")
             raise Conflict(f"only a failed delivery is replayed (this one is {cur.status})")
-        view = _views(conn, [won])[0]  # as replayed: pending, before a pump can claim it
+        view = _views(conn, [won], principal.is_admin)[0]  # as replayed: pending, before a pump can claim it
     log.info("webhook delivery replayed", extra={"delivery_id": delivery_id})
     wake()
     return view
 
 
-def _views(conn: Connection, rows: list) -> list[dict]:
-    """Rows as their service views, each with its attempt log."""
+def _views(conn: Connection, rows: list, admin: bool) -> list[dict]:
+    """Rows as their service views, each with its attempt log.  An attempt's
+    ``address`` is the resolved IP we connected to for admins only; a tenant
+    sees the host of the URL it gave (what an allowlisted name such as
+    ``localhost`` resolves to is ours, not theirs), or null when the attempt
+    connected nowhere."""
     logs: dict[int, list] = {r.id: [] for r in rows}
+    hosts = {r.id: urlsplit(r.url or "").hostname for r in rows}
     if rows:
         for a in conn.execute(select(delivery_attempts).where(delivery_attempts.c.delivery_id.in_(list(logs)))
                               .order_by(delivery_attempts.c.id)):
+            address = a.address if admin or a.address is None else hosts[a.delivery_id]
             logs[a.delivery_id].append({"attempt": a.attempt, "at": a.started_at, "duration_ms": a.duration_ms,
-                                        "address": a.address, "http_status": a.http_status, "error": a.error})
+                                        "address": address, "http_status": a.http_status, "error": a.error})
     return [{"id": d.id, "kind": d.kind, "job_id": d.job_id, "tenant": d.tenant_id, "event": d.event, "url": d.url,
              "subscription_id": d.subscription_id or None, "status": d.status, "attempts": d.attempts,
              "next_attempt_at": d.next_attempt_at if d.status == PENDING else None,
@@ -337,7 +364,8 @@ def job_deliveries(principal: Principal, job_id: str, kind: str | None = WEBHOOK
             return None
         which = [D.job_id == job_id] + ([D.kind == kind] if kind else [])
         # Ids are random: of rows written by one statement (the terminal transition's), the callback comes first.
-        return _views(conn, conn.execute(select(deliveries).where(*which).order_by(D.created_at, D.kind, D.id)).all())
+        return _views(conn, conn.execute(select(deliveries).where(*which).order_by(D.created_at, D.kind, D.id)).all(),
+                      principal.is_admin)
 
 
 def callback_view(principal: Principal, job_id: str) -> dict | None:

@@ -20,7 +20,8 @@ class DeliveryAttempt(Shape):
     attempt: int
     at: Timestamp | None
     duration_ms: int | None
-    address: str | None
+    address: str | None = Field(description="admins: the IP address connected to; a tenant: the host of its URL "
+                                            "(null: the attempt connected nowhere)")
     http_status: int | None
     error: str | None
 

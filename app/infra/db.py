@@ -58,12 +58,18 @@ def reset_engine() -> None:
         item.reset()
 
 
+# A server that cannot write now: a read-only session (a standby, or default_transaction_read_only
+# during maintenance).  A full disk (class 53) is an OperationalError already.
+_CANNOT_WRITE = {"25006"}  # read_only_sql_transaction
+
+
 @contextmanager
 def _lost_database_is_unavailable() -> Iterator[None]:
     try:
         yield
     except DBAPIError as exc:  # OperationalError is one
-        if isinstance(exc, OperationalError) or exc.connection_invalidated:
+        if (isinstance(exc, OperationalError) or exc.connection_invalidated
+                or getattr(exc.orig, "pgcode", None) in _CANNOT_WRITE):
             raise Unavailable("database unavailable") from exc
         raise
 

@@ -20,6 +20,9 @@ _SECRET_SHAPES = [
     # PostgreSQL quotes the failing statement, with psycopg2's interpolated values (payloads,
     # modelKey), in its error text (the engine hides SQLAlchemy's own: hide_parameters).
     (re.compile(r"(?m)^LINE \d+: .*$"), "LINE n: [statement hidden]"),
+    # SQLAlchemy's error text carries the statement; one whose values were rendered into it (the
+    # admission INSERT's mogrified rows: payloads, modelKey) would carry them too.
+    (re.compile(r"(?s)\[SQL: .*?\](?=\n\[SQL parameters|\n\(Background on this error|\Z)"), "[SQL: statement hidden]"),
 ]
 
 

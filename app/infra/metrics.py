@@ -72,8 +72,8 @@ _BUSY = Counter("asynch_upstream_busy", "busy answers (429/503) of a model's ups
                 "received it (tenant / credential: the job's own model key) and what the job paid (free: back to the "
                 "queue from its tenant's busy budget; retry: spent out, a failed attempt)",
                 ["model", "tenant", "scope", "paid"], registry=_REGISTRY)
-_WAITS_REFUSED = Counter("asynch_waits_refused", "long-polls refused at a waiter cap, by cap (tenant, process)",
-                         ["cap"], registry=_REGISTRY)
+_WAITS_REFUSED = Counter("asynch_waits_refused", "long-polls refused at a waiter cap, by cap (tenant, process; "
+                         "streams: an event stream past its tenant's streams cap)", ["cap"], registry=_REGISTRY)
 _JOB_DURATION = Histogram("asynch_job_duration_seconds", "created -> terminal state, by final state",
                           ["model", "state"], buckets=JOB_BUCKETS, registry=_REGISTRY)
 _CALL_DURATION = Histogram("asynch_model_call_duration_seconds", "one call to the model service (that reached it)",
@@ -306,7 +306,7 @@ def seed(target: str) -> None:
     if (target, "") not in _seeded:
         if target == "api":
             _REJECTIONS.labels("_unknown", "not_found")
-            for cap in ("tenant", "process"):
+            for cap in ("tenant", "process", "streams"):
                 _WAITS_REFUSED.labels(cap)
             _lazy("asynch_waiters").inc(0)
             _lazy("asynch_waits_parked")

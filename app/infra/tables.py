@@ -3,9 +3,10 @@ only describes them so queries can be written against names, not strings."""
 from __future__ import annotations
 
 from sqlalchemy import (BigInteger, Boolean, Column, Date, DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
-                        MetaData, SmallInteger, String, Table, Text, UniqueConstraint, func, text)
+                        MetaData, SmallInteger, String, Table, Text, UniqueConstraint, func, literal, text)
 from sqlalchemy.dialects.postgresql import JSONB
 
+from app.clock import now as clock_now
 from app.states import JobState as S
 
 metadata = MetaData()
@@ -15,6 +16,13 @@ TS = DateTime(timezone=True)
 
 def _in(*states: S) -> str:
     return f"state = {int(states[0])}" if len(states) == 1 else f"state IN ({', '.join(str(int(x)) for x in states)})"
+
+
+def read_at():
+    """A column for a job read: when the read began (this process's clock, taken as the statement is built).  A
+    job that has not ended shows its elapsed time up to its read (app/jobs/schemas.py), not up to whenever the
+    row is rendered: a long-poll's last row is answered at the end of its budget, maybe after the job ended."""
+    return literal(clock_now(), TS).label("read_at")
 
 
 def _cols(type_, *names: str, **kw) -> list[Column]:

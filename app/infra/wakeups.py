@@ -15,8 +15,9 @@ Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
   re-reads it itself (its own read says 404).
 - On every (re)subscribe all waited jobs are fetched; while unsubscribed, and after a failed fetch, the fetcher
   re-reads them every ``DEGRADED_POLL_SECONDS``, on its own connection.
-- Caps: a register past the tenant's or the process's cap raises ``TooManyWaiters`` and counts nothing; every
-  register is matched by one unregister (``finally``), a client gone included.
+- Caps: a register past the tenant's or the process's cap (or, for an event stream, the tenant's streams cap)
+  raises ``TooManyWaiters`` and counts nothing; every register is matched by one unregister (``finally``), a
+  client gone included.
 - Fork: the whole state is per process (app/infra/process.py).
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ from app.infra.db import make_engine
 from app.infra.process import PerProcess
 from app.infra.redis.client import pubsub_client
 from app.infra.redis.keys import invalidate_channel, terminal_channel
-from app.infra.tables import tasks
+from app.infra.tables import read_at, tasks
 from app.states import is_terminal
 
 log = logging.getLogger(__name__)
@@ -103,17 +104,18 @@ def read_rows(ids: list[str]) -> dict[str, object]:
     out = {}
     with fetch_engine.get().connect() as conn:
         for i in range(0, len(ids), FETCH_BATCH):
-            out.update((r.id, r) for r in conn.execute(select(tasks).where(tasks.c.id.in_(ids[i:i + FETCH_BATCH]))))
+            out.update((r.id, r) for r in conn.execute(select(tasks, read_at())
+                                                       .where(tasks.c.id.in_(ids[i:i + FETCH_BATCH]))))
     return out
 
 
 class Waiter:
     """One waiting request.  ``row``: the newest delivered copy (or GONE), None if none since ``take``."""
 
-    __slots__ = ("job_id", "tenant", "seq", "event", "row", "on_wake")
+    __slots__ = ("job_id", "tenant", "seq", "event", "row", "on_wake", "stream")
 
-    def __init__(self, job_id: str, tenant: str, seq: int) -> None:
-        self.job_id, self.tenant = job_id, tenant
+    def __init__(self, job_id: str, tenant: str, seq: int, stream: bool = False) -> None:
+        self.job_id, self.tenant, self.stream = job_id, tenant, stream
         self.seq = seq  # registration order: a fetch started before it is not delivered to it
         self.event, self.row = threading.Event(), None
         # A parked wait (app/infra/parking.py) blocks nothing on ``event``: this is called instead.
@@ -143,6 +145,7 @@ class _State:
         self.lock = threading.Lock()
         self.jobs: dict[str, set[Waiter]] = {}
         self.per_tenant: Counter[str] = Counter()  # a tenant's count may stay at 0
+        self.streams: Counter[str] = Counter()  # the event streams among them
         self.total = 0
         self.seq = 0  # registrations so far
         self.to_fetch: set[str] = set()
@@ -250,15 +253,22 @@ class _State:
         for w in woken:
             w.wake()
 
-    def register(self, job_id: str, tenant: str, tenant_cap: int | None = None) -> Waiter:
+    def register(self, job_id: str, tenant: str, tenant_cap: int | None = None, stream: bool = False) -> Waiter:
         """The hub started, then a place under the caps (the tenant's: None for the settings'), TooManyWaiters past
-        them.  Also for an event stream (app/jobs/events.py), which must ``unregister`` in a
-        ``finally``; ``job_id`` may name no job (a tenant's stream): it is then only counted."""
+        them.  Also for an event stream (app/jobs/events.py, ``stream``: also under ASYNCH_EVENTS_STREAMS_PER_TENANT),
+        which must ``unregister`` in a ``finally``; ``job_id`` may name no job (a tenant's stream): it is then only
+        counted."""
         settings = get_settings()
         self.ensure_started()
         tenant_cap = settings.waiters_per_tenant if tenant_cap is None else tenant_cap
         with self.lock:
             n = self.per_tenant[tenant]
+            if stream and self.streams[tenant] >= settings.events_streams_per_tenant:
+                limit = settings.events_streams_per_tenant
+                metrics.wait_refused("streams")
+                raise TooManyWaiters(f"too many open event streams for this tenant on this API process (per-tenant "
+                                     f"streams cap {limit}); retry after {RETRY_AFTER_SECONDS} s",
+                                     cap="streams", limit=limit, retry_after=RETRY_AFTER_SECONDS)
             for cap, used, limit, whose in (("tenant", n, tenant_cap, "for this tenant "),
                                             ("process", self.total, settings.waiters_max, "")):
                 if used >= limit:
@@ -267,9 +277,10 @@ class _State:
                                          f"{limit}); retry after {RETRY_AFTER_SECONDS} s",
                                          cap=cap, limit=limit, retry_after=RETRY_AFTER_SECONDS)
             self.seq += 1
-            w = Waiter(job_id, tenant, self.seq)
+            w = Waiter(job_id, tenant, self.seq, stream)
             self.jobs.setdefault(job_id, set()).add(w)
             self.per_tenant[tenant] = n + 1
+            self.streams[tenant] += stream
             self.total += 1
         metrics.waiters(1)
         return w
@@ -283,6 +294,7 @@ class _State:
             if not s:
                 del self.jobs[w.job_id]
             self.per_tenant[w.tenant] -= 1
+            self.streams[w.tenant] -= w.stream
             self.total -= 1
         metrics.waiters(-1)
 
@@ -345,11 +357,11 @@ def holding(w: Waiter, watch=None) -> Iterator[Waiter]:
 
 
 def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None,
-               keep: bool = False):
+               keep: bool = False, stream: bool = False):
     """The first half of a wait (``wait_for_terminal``'s, a parked one's: app/infra/parking.py, an event stream's):
     register -> read.  ``(row, waiter)``; waiter is None when there is nothing to wait for (terminal, gone, draining;
     never with ``keep``), else the caller owns it (a wake-up from now on is in ``waiter.row``)."""
-    w = hub.register(job_id, tenant, tenant_cap)
+    w = hub.register(job_id, tenant, tenant_cap, stream)
     try:
         row = read()
     except BaseException:

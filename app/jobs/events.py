@@ -13,39 +13,39 @@ Invariants:
 - A tenant's stream: an event per job change (the poll body and ``tenant``),
   id ``<updated_at µs>.<job_id>``, in (updated_at, id) order, read in pages
   keyed by that pair, so rows sharing one timestamp are all sent and a
-  Last-Event-ID among them resumes right after its row.  Each pass re-reads
-  from ``LATE_SECONDS`` before the previous one began (a commit can land a
-  little behind a newer one): at-least-once, a client dedupes by id.
+  Last-Event-ID among them resumes right after its row.  It subscribes to its
+  (tenant, model) feed first, then catches up from its cursor with reads of its
+  own; from then on the feed's passes (re-reading from ``LATE_SECONDS`` before
+  the previous one began: a commit can land a little behind a newer one) bring
+  its rows: at-least-once, a client dedupes by id.
+- No stream reads on its own per tick: a job stream's rows come from the job
+  poller, a tenant stream's from its feed (app/jobs/event_feeds.py), one read
+  per process and tick whatever the number of streams.
 - Tenant-scoped: a caller sees only its own tenant's jobs (admins: any).
 - Every open stream holds one place under the waiter caps (app/jobs/service.py)
-  for its whole life, checked before anything is read or sent (429), given
-  back in a ``finally``.
+  and under ASYNCH_EVENTS_STREAMS_PER_TENANT for its whole life, checked before
+  anything is read or sent (429), given back (with its place at a reader) in a
+  ``finally``.
 """
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from functools import partial
-from typing import Iterator
+from typing import Callable, Iterator
 
-from sqlalchemy import select, tuple_
-
-from app.clock import as_utc, now as clock_now
+from app.clock import now as clock_now
 from app.config import get_settings
 from app.contract import dump
 from app.errors import NotFound
-from app.infra.db import single_statement
-from app.infra.tables import tasks
 from app.infra.wakeups import GONE, begin_wait, holding, hub
 from app.jobs import service as jobs
+from app.jobs.event_feeds import EPOCH, LATE_SECONDS, Subscription, pages, readers
 from app.jobs.schemas import JobStatus
 from app.states import JobState, is_terminal, v1_name
 from app.tenancy.keys import Principal
-
-LATE_SECONDS = 2.0
-TENANT_PAGE = 500  # rows per re-read of a tenant's stream
 
 
 @dataclass(frozen=True)
@@ -60,16 +60,17 @@ KEEPALIVE = Event(None)
 
 class Stream:
     """An open stream: its events, and ``close`` (idempotent), which gives
-    its place under the caps back even if it was never iterated."""
+    its place under the caps and at its reader back even if it was never iterated."""
 
-    def __init__(self, events: Iterator[Event], waiter) -> None:
-        self._events, self._waiter = events, waiter
+    def __init__(self, events: Iterator[Event], waiter, leave: Callable[[], None]) -> None:
+        self._events, self._waiter, self._leave = events, waiter, leave
 
     def __iter__(self) -> Iterator[Event]:
         return self._events
 
     def close(self) -> None:
         self._events.close()
+        self._leave()
         hub.unregister(self._waiter)
 
 
@@ -106,12 +107,15 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
     read (404) before this returns, the rest as the iterator is consumed."""
     read = partial(jobs.get_job, principal, job_id, model_name)
     last = parse_job_id(last_id)  # before the place is taken: nothing may raise between the two
-    row, w = begin_wait(job_id, read, principal.tenant_id, jobs.waiter_cap(principal), keep=True)
-    return Stream(_follow(w, watch, _job_passes(w, row, read, last)), w)
+    row, w = begin_wait(job_id, read, principal.tenant_id, jobs.waiter_cap(principal), keep=True, stream=True)
+    readers.get().watch_job(w)  # last: nothing between taking the places and handing them to the Stream may raise
+    leave = partial(readers.get().unwatch_job, w)
+    return Stream(_follow(w, watch, _job_passes(w, row, read, last), leave), w, leave)
 
 
 def _job_passes(w, row, read, last) -> Iterator[Event | None]:
-    """The job's events since ``last``, then None (the pass is over) and the row again."""
+    """The job's events since ``last``, then None (the pass is over) and the row the job poller
+    or a wake-up delivered meanwhile (the same row if none: nothing new)."""
     if last == "end":
         last = place(row) if is_terminal(row.state) else -1
     while True:
@@ -121,13 +125,16 @@ def _job_passes(w, row, read, last) -> Iterator[Event | None]:
                 last = int(ev.id)
         yield None
         got = w.take()
-        row = got if got is not None and got is not GONE else read()
+        if got is GONE:
+            row = read()  # deleted (its own read says 404, which ends the stream)
+        elif got is not None:
+            row = got
 
 
-def _follow(w, watch, passes: Iterator[Event | None]) -> Iterator[Event]:
+def _follow(w, watch, passes: Iterator[Event | None], leave: Callable[[], None]) -> Iterator[Event]:
     """A stream's life: the events of ``passes`` (None ends a pass: a keep-alive
     when due, a pause until woken) up to ``end``, the client gone (``watch``), ASYNCH_EVENTS_MAX_SECONDS
-    or a drain; its place under the caps back at the end."""
+    or a drain; its places under the caps and at its reader back at the end."""
     s = get_settings()
     with holding(w, watch):
         try:
@@ -148,6 +155,8 @@ def _follow(w, watch, passes: Iterator[Event | None]) -> Iterator[Event]:
                     return
         except NotFound:
             return  # deleted meanwhile (cleanup): nothing more will happen
+        finally:
+            leave()
 
 
 def _ending(t0: float, s) -> bool:
@@ -155,8 +164,6 @@ def _ending(t0: float, s) -> bool:
 
 
 # --- a tenant's stream -------------------------------------------------------------------
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
@@ -166,7 +173,7 @@ def parse_tenant_cursor(last: str | None) -> tuple[datetime, str] | None:
     if not (micros.isascii() and micros.isdigit()) or len(micros) > 18:
         return None
     try:  # integer microseconds: a float would round a cursor onto its neighbour
-        return _EPOCH + timedelta(microseconds=int(micros)), job_id
+        return EPOCH + timedelta(microseconds=int(micros)), job_id
     except OverflowError:
         return None
 
@@ -177,51 +184,37 @@ def tenant_events(principal: Principal, model_name: str | None, last_id: str | N
     after ``last_id`` (none: from now); caps checked before this returns."""
     scope = tenant if principal.is_admin else principal.tenant_id
     cursor = parse_tenant_cursor(last_id) or (clock_now(), "")
-    # Last: nothing between taking the place and handing it to the Stream may raise.
-    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, jobs.waiter_cap(principal))
-    return Stream(_follow(w, watch, _tenant_passes(scope, model_name, cursor)), w)
+    w = hub.register(f"tenant-stream:{principal.tenant_id}", principal.tenant_id, jobs.waiter_cap(principal),
+                     stream=True)
+    # Subscribed before its catch-up read (event_feeds' invariant); last: nothing between taking the
+    # places and handing them to the Stream may raise.
+    sub = readers.get().subscribe(scope, model_name, w)
+    leave = partial(readers.get().unsubscribe, sub)
+    return Stream(_follow(w, watch, _tenant_passes(scope, model_name, cursor, sub), leave), w, leave)
 
 
-def _changed(scope: str | None, model_name: str | None, after: tuple[datetime, str]) -> list:
-    """The next page of rows after the pair ``after`` in (updated_at, id)
-    order: a page boundary inside one timestamp loses nothing."""
-    q = select(tasks.c.id, tasks.c.model_name, tasks.c.tenant_id, tasks.c.state, tasks.c.attempt,
-               tasks.c.retry_count, tasks.c.error, tasks.c.result_size, tasks.c.result_content_type,
-               tasks.c.created_at, tasks.c.started_at, tasks.c.finished_at, tasks.c.updated_at)
-    q = jobs.scoped(q, scope, model_name or None)
-    at, job_id = after
-    # The plain bound is the index range (tenant_id, updated_at); the row
-    # value orders within one timestamp.
-    q = q.where(tasks.c.updated_at >= at, tuple_(tasks.c.updated_at, tasks.c.id) > tuple_(at, job_id))
-    with single_statement() as conn:
-        return conn.execute(q.order_by(tasks.c.updated_at, tasks.c.id).limit(TENANT_PAGE)).all()
-
-
-def _tenant_passes(scope, model_name, cursor) -> Iterator[Event | None]:
+def _tenant_passes(scope, model_name, cursor, sub: Subscription) -> Iterator[Event | None]:
     s = get_settings()
-    late = timedelta(seconds=LATE_SECONDS)
     sent: dict[str, datetime] = {}  # event id -> its time, within the late window
-    # A pass reads page after page from ``start`` to the newest row.  A row
-    # a pass could not see yet commits within LATE_SECONDS of its time, so
-    # the next pass starts LATE_SECONDS before this one began: an idle
-    # stream re-reads the last moments, not a burst it sent long ago.
-    start, t0 = cursor[0] - late, time.monotonic()
+
+    def fresh(changes) -> Iterator[Event]:
+        for ev_id, key, name, data in changes:
+            if ev_id in sent or key <= cursor:
+                continue  # sent already, or before the client's own cursor
+            sent[ev_id] = key[0]
+            yield Event(ev_id, name, data)
+
+    # The catch-up: from LATE_SECONDS before the cursor to the newest row, on reads of its own.
+    t0 = time.monotonic()
+    for page in pages(scope, model_name, cursor[0] - timedelta(seconds=LATE_SECONDS), lambda: _ending(t0, s)):
+        yield from fresh(page)
     while True:
-        began, pos = clock_now(), (start, "")
-        while True:
-            rows = _changed(scope, model_name, pos)
-            for row in rows:
-                micros = (as_utc(row.updated_at) - _EPOCH) // timedelta(microseconds=1)
-                ev_id, key = f"{micros}.{row.id}", (as_utc(row.updated_at), row.id)
-                if ev_id in sent or key <= cursor:
-                    continue  # sent already, or before the client's own cursor
-                sent[ev_id] = key[0]
-                yield Event(ev_id, v1_name(row.state), {**dump(JobStatus.from_row(row)), "tenant": row.tenant_id})
-            if len(rows) < TENANT_PAGE or _ending(t0, s):
-                break
-            pos = (as_utc(rows[-1].updated_at), rows[-1].id)  # a full page: on from the pair
-        start = max(start, began - late)  # never back: a clock that moved back re-sends nothing
-        sent = {k: t for k, t in sent.items() if t >= start}  # no later pass reads that far back
+        for changes, next_start in sub.take():
+            yield from fresh(changes)
+            if next_start is not None:  # no later pass reads before it
+                sent = {k: t for k, t in sent.items() if t >= next_start}
+        if sub.cut:
+            return  # too far behind its feed: the client resumes with Last-Event-ID
         yield None
 
 

@@ -4,6 +4,7 @@ admin's fail.  The views a job is shown by are app/jobs/schemas.py's.
 """
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar
 
@@ -15,7 +16,7 @@ from app.contract import NO_NUL, Int, Loose, Params, Shape, Text, rule
 from app.infra.http.headers import HEADER_SPEC_PATTERN
 from app.jobs.schemas import V1State
 from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, WEBHOOK_EVENTS_HELP, WEBHOOK_EVENTS_PATTERN,
-                                  BizName, Creator, DeadlineSeconds, IdempotencyKey, WebhookEvents, carried)
+                                  BizName, Creator, DeadlineSeconds, IdempotencyKey, Priority, WebhookEvents, carried)
 
 # The options and their rule are app/jobs/submission.py's; these shapes only say how each face's
 # wire spells them, under the options' own field names.  What the rule judges a face takes as its
@@ -24,6 +25,13 @@ from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, WEBHOOK_EVENTS
 
 # The header's own syntax (a comma list), read as the option's list.
 _CommaList = Annotated[str | None, AfterValidator(lambda v: [e.strip() for e in v.split(",")] if v else None)]
+
+# A header is text: a decimal number in it ("5", "0.5", "1e3") is read as that number; any other
+# text ("true", "inf", "1_0") stays text, which the rule refuses ("must be a number").
+_DECIMAL = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$")
+_HeaderNumber = Annotated[str | None, AfterValidator(lambda v: float(v) if v is not None and _DECIMAL.match(v) else v)]
+_INTEGER = re.compile(r"^\s*[+-]?\d{1,9}\s*$")
+_HeaderInt = Annotated[str | None, AfterValidator(lambda v: int(v) if v is not None and _INTEGER.match(v) else v)]
 
 
 def _header(alias: str, description: str, **kw) -> Any:
@@ -48,12 +56,12 @@ class SubmitHeaders(CallerHeaders):
     model_key: str | None = _header("X-Model-Key", HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
     biz_name: BizName | None = _header("X-Biz-Name", "business name (callbacks)")
     callback_url: str | None = _header("X-Callback-Url", "GET on done (see docs/api.md, Callbacks)")
-    priority: str | None = _header("X-Priority", "0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
+    priority: _HeaderInt = _header("X-Priority", "0-9, default 5: orders dispatch among the tenant's own jobs (9 first)")
     webhook_url: str | None = _header("X-Webhook-Url", "a signed JSON POST (Standard Webhooks) on the job's "
                                       "terminal state (see docs/api.md, Webhooks)")
     webhook_events: _CommaList = _header(
         "X-Webhook-Events", WEBHOOK_EVENTS_HELP, max_length=64, pattern=WEBHOOK_EVENTS_PATTERN)
-    deadline_seconds: carried(DeadlineSeconds | None, str | None) = _header("X-Deadline", DEADLINE_HELP, max_length=32)
+    deadline_seconds: carried(DeadlineSeconds | None, _HeaderNumber) = _header("X-Deadline", DEADLINE_HELP, max_length=32)
     prefer: str | None = _header("Prefer", "RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                        "with the terminal job if it ends within N s (sync mode)", max_length=1024)
 
@@ -71,10 +79,11 @@ class BatchItem(Shape):
     biz_name: BizName = ""
     callback_url: str | None = Field(None, description="GET on done (see docs/api.md, Callbacks)")
     model_key: str | None = Field(None, description=HEADER_SPEC_HELP, json_schema_extra={"pattern": HEADER_SPEC_PATTERN})
-    priority: int | None = Field(None, description="0-9, default 5 (9 first), as X-Priority")
+    priority: carried(Priority | None, Any) = Field(None, description="0-9, default 5 (9 first), as X-Priority")
     webhook_url: str | None = Field(None, description="as X-Webhook-Url (see docs/api.md, Webhooks)")
     webhook_events: carried(WebhookEvents | None, list | None) = Field(None, description="as X-Webhook-Events")
-    deadline_seconds: carried(DeadlineSeconds | None, float | None) = Field(None, description="as X-Deadline")
+    # Taken as sent: the rule judges the JSON value (true and "5" are not numbers).
+    deadline_seconds: carried(DeadlineSeconds | None, Any) = Field(None, description="as X-Deadline")
 
 
 class BatchSubmit(Shape):

@@ -58,7 +58,10 @@ class JobStatus(QueueEstimate):
 
     @classmethod
     def values_of(cls, row) -> dict:
-        state, end = JobState(row.state), as_utc(row.finished_at) or clock_now()
+        # Up to the end, or (not ended) up to the read of this row: a row read earlier and answered later (a
+        # long-poll's budget end, an event) must not show more than a later read's done row (issue 32 item 8).
+        state = JobState(row.state)
+        end = as_utc(row.finished_at) or as_utc(getattr(row, "read_at", None)) or clock_now()
         elapsed_ms = max(0, int((end - as_utc(row.created_at)).total_seconds() * 1000))
         out = {"job_id": row.id, "model": row.model_name, "state": v1_name(row.state), "elapsed_ms": elapsed_ms,
                "attempt": row.attempt, "retry_count": row.retry_count, "created_at": row.created_at,

@@ -52,7 +52,7 @@ class CreateTask(Shape):
     callback_url: carried(CallbackUrl | None, str | None) = None
     model_key: carried(ModelKey, str | None) = Field(None, description=HEADER_SPEC_HELP)
     creator: carried(Creator | None, str | None) = None
-    deadline_seconds: carried(DeadlineSeconds | None, float | None) = Field(
+    deadline_seconds: carried(DeadlineSeconds | None, Any) = Field(
         None, alias="deadline", description="seconds from now, as v1's X-Deadline (docs/api.md, Deadlines)")
 
     _empty_is_none = field_validator("biz_name", "callback_url", "model_key", "creator", mode="before")(_none_if_empty)

@@ -18,6 +18,10 @@ UPDATE: each task is claimed, its expire_at set, exactly once; ``claimed:
 true`` in the one answer that did it).  Another tenant's ids are not found
 and never touched.  Every done or claimed task named has its last_read_at
 set (max_completed evicts the least recently read).
+
+Reads never need a write: a result read (and a batch status's re-read of
+claimed tasks) marks last_read_at at best (``mark_read``): with PostgreSQL
+unable to write, the read still answers, and only the eviction order misses it.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import SQLAlchemyError
 
 from app import transitions
 from app.clock import now as clock_now
@@ -42,7 +47,7 @@ from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import Lookups
 from app.infra.storage import ObjectMissing, StorageError, get_storage
-from app.infra.tables import tasks
+from app.infra.tables import read_at, tasks
 from app.jobs import admission, effects, estimates, submission
 from app.jobs.requests import JobListQuery
 from app.jobs.seed_schemas import SeedTask
@@ -179,7 +184,7 @@ def scoped(q, tenant: str | None, model_name: str | None = None):
 def load_job(conn: Connection, principal: Principal, job_id: str, model_name: str | None = None) -> Row:
     """A job the principal may see; another tenant's job does not exist."""
     tenant = None if principal.is_admin else principal.tenant_id
-    row = conn.execute(scoped(select(tasks).where(tasks.c.id == job_id), tenant, model_name)).first()
+    row = conn.execute(scoped(select(tasks, read_at()).where(tasks.c.id == job_id), tenant, model_name)).first()
     if row is None:
         raise NotFound(f"job not found: {job_id}")
     return row
@@ -192,12 +197,23 @@ def get_job(principal: Principal, job_id: str, model_name: str | None = None) ->
 
 def read_result_row(principal: Principal, job_id: str, model_name: str | None = None) -> Row:
     """get_job for a read of the result: a done/claimed job's last_read_at
-    is set (a model's max_completed cap evicts the least recently read)."""
+    is set (a model's max_completed cap evicts the least recently read), at best."""
     row = get_job(principal, job_id, model_name)
     if JobState(row.state) in RESULT_STATES:
-        with single_statement() as conn:
-            transitions.mark_read(conn, [job_id], now=clock_now())
+        mark_read(row.id)
     return row
+
+
+def mark_read(*job_ids: str) -> None:
+    """Best effort: a read never needs a write to succeed.  With PostgreSQL
+    unable to write (its disk full, a read-only replica or transaction mode)
+    the result is still served; only the eviction order misses this read."""
+    try:
+        with single_statement() as conn:
+            transitions.mark_read(conn, list(job_ids), now=clock_now())
+    except (DomainError, SQLAlchemyError) as exc:
+        log.warning("last read of %d result(s) not recorded: %s", len(job_ids), str(exc).splitlines()[0][:200],
+                    extra={"job_id": job_ids[0]})
 
 
 def wait_job(principal: Principal, job_id: str, timeout_ms: int, model_name: str | None = None, watch=None) -> Row:
@@ -320,7 +336,7 @@ def fail_job(principal: Principal, job_id: str, reason: str = "", model_name: st
 def list_jobs(principal: Principal, query: JobListQuery, model_name: str | None = None) -> tuple[list[Row], str | None]:
     """A page of jobs, newest first (``query``: state, limit, cursor, tenant for admins, since, until)."""
     tenant = (query.tenant or None) if principal.is_admin else principal.tenant_id
-    q = scoped(select(tasks), tenant, model_name or None)
+    q = scoped(select(tasks, read_at()), tenant, model_name or None)
     if query.state:
         q = q.where(tasks.c.state.in_([int(x) for x in parse_v1_filter(query.state)]))
     if query.since is not None:
@@ -362,6 +378,5 @@ def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
             rows.update((r.id, r) for r in conn.execute(q))
     again = [i for i in ids if i in rows and i not in claimed and rows[i].state in RESULT_STATES]
     if again:
-        with single_statement() as conn:
-            transitions.mark_read(conn, again, now=clock_now())
+        mark_read(*again)
     return [SeedTask.from_row(rows[tid], tid in claimed) if tid in rows else SeedTask.not_found(tid) for tid in ids]

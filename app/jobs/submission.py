@@ -24,10 +24,11 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from app.catalog.forms import validate_payload
 from app.catalog.registry import enabled_model
-from app.contract import Shape, pattern, pointer_errors, rule
+from app.contract import Int, Shape, pattern, pointer_errors, rule
 from app.errors import BadRequest, ValidationFailed
 from app.infra import secretbox
 from app.infra.http.headers import HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT, override_problem, parse_header_spec
@@ -49,10 +50,20 @@ _EVENT = "(done|failed|timeout|canceled)"
 WEBHOOK_EVENTS_PATTERN = f"^( *{_EVENT} *(, *{_EVENT} *)*)?$"
 WEBHOOK_EVENTS_HELP = "comma-separated terminal states to POST the webhook on: done, failed, timeout, canceled (default all)"
 WebhookEvents = Annotated[list[WebhookEvent], Field(min_length=1)]
-Priority = Annotated[int, Field(ge=0, le=9)]
+Priority = Int(0, 9)  # a JSON integer: true and "7" are not (a header's text is read by its face)
 DEADLINE_HELP = ("seconds from now (0 < s <= 2592000) by which the job must be done: refused at submit (429 "
                  "deadline_unmeetable) when the queue estimate ends later; still pending past it, it ends expired")
-DeadlineSeconds = Annotated[float, Field(gt=0, le=30 * 86400, allow_inf_nan=False)]
+
+
+def json_number(v: Any) -> Any:
+    """A JSON number as JSON has it: true is not 1 and "5" is not 5 (pydantic's lax float takes both;
+    a header's text is turned into a number by its face, app/jobs/requests.py)."""
+    if isinstance(v, (bool, str)):
+        raise PydanticCustomError("float_type", "must be a number")
+    return v
+
+
+DeadlineSeconds = Annotated[float, Field(gt=0, le=30 * 86400, allow_inf_nan=False), BeforeValidator(json_number)]
 
 
 def carried(option_type: Any, wire_type: Any) -> Any:
