@@ -75,6 +75,7 @@ class Settings(BaseSettings):
     retry_backoff_seconds: float = _s(2.0, "Backoff of a failed attempt: base * 2**(attempt-1), capped.")
     retry_backoff_max_seconds: float = _s(300.0, "Cap of the retry backoff (seconds).")
     reconcile_grace_seconds: float = _s(30.0, "Reconcile spares gate slots younger than this (their row may commit).")
+    queue_retry_after_max_seconds: int = _s(60, "Longest Retry-After a full queue answers (seconds).")
     wait_default_ms: int = _s(30000, "Long-poll budget when the caller names none (milliseconds).")
     wait_max_ms: int = _s(300000, "Cap on a long-poll budget (milliseconds).")
     sync_result_max_bytes: int = _s(65536, "Sync mode: a done job's JSON result up to this size is in the 200 body.")

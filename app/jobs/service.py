@@ -83,8 +83,9 @@ class Submitted:
 
 
 def retry_after_seconds(model_row) -> int:
-    # About one job's turn at the model's concurrency; bounded to be useful.
-    return int(min(300, max(1, math.ceil(model_row.expected_seconds / max(1, model_row.max_concurrency)))))
+    """A full queue's Retry-After from the configuration alone (one job's turn at the model's concurrency):
+    only when the estimator cannot say; app/jobs/estimates.py ``retry_after`` caps it."""
+    return max(1, math.ceil(model_row.expected_seconds / max(1, model_row.max_concurrency)))
 
 
 def job_deadline(model_row, created):
