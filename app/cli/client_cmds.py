@@ -12,9 +12,11 @@ the result's bytes).  Every failure is one line on stderr, ``Error: <cause>:
 named by its id alone (its model is looked up, ``GET /v1/jobs/{id}``) or, as
 before, ``MODEL JOB_ID``.  ``wait`` exits 0 for done, 1 for
 failed/timeout/canceled/expired, 2 when still running at its timeout.
-A retried 429/503 or dropped connection is said before its wait, one line on
-stderr (``queue full for demo-echo, retrying in 3 s (Retry-After)``); each
-wait is at most the client's ``max_backoff`` (30 s).
+A 429 or 503 the command retries is said before its wait, one line on
+stderr (``queue full for demo-echo, retrying in 3 s (Retry-After)``), each
+wait at most the client's ``max_backoff`` (30 s); a dropped connection's two
+short retries (under 2 s in all) are not, so an API that is down is still
+one line.
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def client_command(fn):
 
 
 def _say_retry(notice: Retrying) -> None:
-    click.echo(str(notice), err=True)
+    if isinstance(notice.error, AsynchError):  # an answer that asks us to wait, not a connection failure
+        click.echo(str(notice), err=True)
 
 
 def _show(job: Job) -> None:
