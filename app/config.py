@@ -140,6 +140,7 @@ class Settings(BaseSettings):
     trusted_gateway: bool = _s(False, "Trust X-User-Info from a gateway in front of the API for the creator.")
     model_key_headers_default: str = _s("", "The model_key_headers of a model created without them.")
     auth_mode: str = _s("key", "How requests authenticate: \"key\" (API keys) or \"gateway\" (the seed's gateway).")
+    seed000_model: str = _s("", "The model the seed-000 routes (POST /jobs, GET /jobs/{id}...) serve; empty: 404.")
     seed_errors_http_200: bool = _s(False, "Seed-002 routes answer errors with HTTP 200 (the code in the envelope).")
     gateway_secret: str = _s("", "Gateway mode: the shared secret the gateway sends.")
     gateway_secret_header: str = _s("X-Gateway-Secret", "Gateway mode: the header carrying the gateway secret.")

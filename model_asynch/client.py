@@ -10,9 +10,10 @@ Invariants:
   exponential backoff with jitter (capped at ``max_backoff``).  A submit is
   only ever retried with an Idempotency-Key (one is made when the caller gave
   none), so a retry after a lost answer returns the first job instead of
-  admitting a second one.  Every wait is told first: ``on_retry`` gets a
-  ``Retrying`` notice (model_asynch/retries.py; default: an INFO log line).  Other non-idempotent calls (cancel) are retried
-  only on answers the server gave (429/503: nothing was done).
+  admitting a second one.  Other non-idempotent calls (cancel) are retried
+  only on answers the server gave (429/503: nothing was done).  Every wait
+  is told first: ``on_retry`` gets a ``Retrying`` notice
+  (model_asynch/retries.py; default: an INFO log line).
 - Each call is written once (``Api``), as a generator of requests that the
   blocking and the asyncio client (model_asynch/aio.py) drive with their
   own transport: the two never differ in headers, bodies or retries.

@@ -32,7 +32,8 @@ def _fresh_install_types() -> None:
     # What migration 0012_seed_dropin puts in (the test tables are emptied between tests).
     with transaction() as conn:
         for i in (1, 2, 3):
-            conn.execute(model_types.insert().values(type_id=i, type_name=f"seed type {i}", remark="", created_at=now()))
+            conn.execute(model_types.insert().values(type_id=i, type_name=f"seed type {i}", remark="",
+                                                     created_at=now()))
 
 
 def _create_task(client, key, model: str, model_key: str):

@@ -18,6 +18,8 @@ Invariants:
 - dev.json exists only while the stack serves (removed when it stops); a
   file left by a killed stack is ignored (its lock is free).
 - The demo model's max_concurrency is the dev worker's process count.
+- The seed-000 routes serve the demo model (ASYNCH_SEED000_MODEL=demo-echo
+  unless the environment sets it; empty turns them off).
 """
 from __future__ import annotations
 
@@ -182,6 +184,8 @@ def _stack_env(data_dir: Path, pg, valkey) -> tuple[dict[str, str], str]:
             os.environ.get("ASYNCH_DELIVERY_ALLOW_HOSTS") or os.environ.get("ASYNCH_CALLBACK_ALLOW_HOSTS"),
             "127.0.0.0/8,::1,localhost"))),
         "ASYNCH_WORKER_METRICS_PORT": metrics,
+        # The seed-000 routes (POST /jobs ...) serve the demo model unless told otherwise (empty: off).
+        "ASYNCH_SEED000_MODEL": os.environ.get("ASYNCH_SEED000_MODEL", "demo-echo"),
     }, callbacks
 
 
@@ -296,12 +300,15 @@ def _banner(base: str, key: str, demo_url: str, helpers: int, data_dir: Path) ->
     job = "python3 -c 'import json, sys; print(json.load(sys.stdin)[\"job_id\"])'"
     venv = Path(sys.executable).parent  # asynch and the client's python: this interpreter's venv
     venv = venv.relative_to(Path.cwd()) if venv.is_relative_to(Path.cwd()) else venv
+    seed000 = (f"for {os.environ['ASYNCH_SEED000_MODEL']}" if os.environ.get("ASYNCH_SEED000_MODEL")
+               else "off (ASYNCH_SEED000_MODEL is empty)")
     return f"""
 model-asynch dev is up: API {base}, demo model {demo_url}, {helpers} helper processes.
 PostgreSQL and Valkey of its own, data in {data_dir} (settings: {data_dir / STATE_FILE}).
 Admin key (tenant "demo"): {key}
 Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
 OpenAPI: {base}/openapi.json   Webhook receiver: {demo_url}/webhooks (verifies signatures; GET lists them)
+Seed-000 routes (POST /jobs, GET /jobs/{{id}}[/wait|/result]): {base}/jobs, {seed000}
 
 In another terminal, in this checkout (asynch finds this stack by itself):
   . {venv}/activate     # asynch and the Python client on PATH (or run {venv}/asynch)

@@ -8,8 +8,9 @@ protected ones; empty allows none).  Protected -- framing, routing and credentia
 Transfer-Encoding, TE, Connection, Keep-Alive, Trailer, Upgrade, Expect, Proxy-*, Cookie, Forwarded, X-Forwarded-*,
 X-Real-IP, Via) and every header head_msg sets -- pass only when named explicitly; reserved (X-Asynch-*, the
 middleware's own) never.  A model that never set its own (``None``: NULL) allows what
-ASYNCH_MODEL_KEY_HEADERS_DEFAULT names when the job is judged and when it is sent (``allowed_names``).  ``override_problem`` judges at submit (a 422), ``job_headers`` again at call time.  Names
-compare case-insensitively everywhere: a request never carries one name twice.
+ASYNCH_MODEL_KEY_HEADERS_DEFAULT names when the job is judged and when it is sent (``allowed_names``).
+``override_problem`` judges at submit (a 422), ``job_headers`` again at call time.  Names compare
+case-insensitively everywhere: a request never carries one name twice.
 """
 from __future__ import annotations
 
