@@ -68,7 +68,8 @@ class AsyncClient(Api):
                                             timeout=aiohttp.ClientTimeout(total=None, sock_read=120)) as r:
                     if r.status >= 400:
                         n += 1
-                        await asyncio.sleep(self._refused(n, Answer(r.status, r.headers, await r.read())))
+                        await asyncio.sleep(self._refused(n, Answer(r.status, r.headers, await r.read()),
+                                                          request=f"GET {path}"))
                         continue
                     parser = SSEParser()
                     async for raw in r.content:
@@ -80,4 +81,4 @@ class AsyncClient(Api):
                             return
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
                 n += 1
-                await asyncio.sleep(self._pause(n, exc, True))
+                await asyncio.sleep(self._pause(n, exc, True, f"GET {path}"))

@@ -11,7 +11,9 @@ Invariants:
   only ever retried with an Idempotency-Key (one is made when the caller gave
   none), so a retry after a lost answer returns the first job instead of
   admitting a second one.  Other non-idempotent calls (cancel) are retried
-  only on answers the server gave (429/503: nothing was done).
+  only on answers the server gave (429/503: nothing was done).  Every wait
+  is told first: ``on_retry`` gets a ``Retrying`` notice
+  (model_asynch/retries.py; default: an INFO log line).
 - Each call is written once (``Api``), as a generator of requests that the
   blocking and the asyncio client (model_asynch/aio.py) drive with their
   own transport: the two never differ in headers, bodies or retries.
@@ -25,14 +27,16 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from urllib.parse import quote
 
 import requests
 
+from model_asynch.retries import Retrying, log_retry
+
 __all__ = ["AsynchError", "BadRequest", "BatchItem", "BatchResult", "Client", "Conflict", "Event", "Forbidden", "Gone",
-           "Job", "NotFinished", "NotFound", "PayloadTooLarge", "RateLimited", "Result", "ServerError", "Unauthorized",
-           "Unavailable", "ValidationError"]
+           "Job", "NotFinished", "NotFound", "PayloadTooLarge", "RateLimited", "Result", "Retrying", "ServerError",
+           "Unauthorized", "Unavailable", "ValidationError"]
 TERMINAL = frozenset({"done", "failed", "timeout", "canceled", "expired"})
 RETRY_STATUSES = frozenset({429, 503})
 
@@ -216,23 +220,29 @@ class Api:
     (``_stream``) are each client's own."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 5,
-                 backoff: float = 0.5, max_backoff: float = 30.0) -> None:
+                 backoff: float = 0.5, max_backoff: float = 30.0,
+                 on_retry: Callable[[Retrying], Any] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
+        self.on_retry = on_retry or log_retry
         self.auth = {"Authorization": f"Bearer {api_key}"}
 
-    def _pause(self, n: int, err: Exception, retry: bool) -> float:
-        """The wait before retry ``n`` (1-based) after ``err``; raises it when no retry is left."""
+    def _pause(self, n: int, err: Exception, retry: bool, request: str = "") -> float:
+        """The wait before retry ``n`` (1-based) after ``err`` of ``request``, told to ``on_retry`` first;
+        raises ``err`` when no retry is left."""
         if not retry or n > self.retries:
             raise err
         if (retry_after := getattr(err, "retry_after", None)) is not None:
-            return min(self.max_backoff, retry_after)
-        return min(self.max_backoff, self.backoff * 2 ** (n - 1)) * (0.5 + random.random() / 2)
+            delay = min(self.max_backoff, retry_after)
+        else:
+            delay = min(self.max_backoff, self.backoff * 2 ** (n - 1)) * (0.5 + random.random() / 2)
+        self.on_retry(Retrying(request, n, delay, err, retry_after))
+        return delay
 
-    def _refused(self, n: int, answer: Answer, result_call: bool = False) -> float:
+    def _refused(self, n: int, answer: Answer, result_call: bool = False, request: str = "") -> float:
         err = error_for(answer.status, answer.content.decode(errors="replace"), answer.headers.get("Retry-After"),
                         result_call)
-        return self._pause(n, err, answer.status in RETRY_STATUSES)
+        return self._pause(n, err, answer.status in RETRY_STATUSES, request)
 
     def _answer(self, call: Call):
         """``call`` sent with the retry policy: its successful answer."""
@@ -241,9 +251,9 @@ class Api:
             n += 1
             got = yield call
             if isinstance(got, Exception):
-                yield self._pause(n, got, call.safe)
+                yield self._pause(n, got, call.safe, f"{call.method} {call.path}")
             elif got.status >= 400:
-                yield self._refused(n, got, call.result_call)
+                yield self._refused(n, got, call.result_call, f"{call.method} {call.path}")
             else:
                 return got
 
@@ -378,7 +388,8 @@ class Client(Api):
                                       timeout=(self.timeout, 120)) as resp:
                     if resp.status_code >= 400:
                         n += 1
-                        time.sleep(self._refused(n, Answer(resp.status_code, resp.headers, resp.content)))
+                        time.sleep(self._refused(n, Answer(resp.status_code, resp.headers, resp.content),
+                                                 request=f"GET {path}"))
                         continue
                     parser = SSEParser()
                     for ev in filter(None, map(parser.feed, resp.iter_lines(decode_unicode=True))):
@@ -388,4 +399,4 @@ class Client(Api):
                             return
             except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
                 n += 1
-                time.sleep(self._pause(n, exc, True))
+                time.sleep(self._pause(n, exc, True, f"GET {path}"))

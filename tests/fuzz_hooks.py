@@ -22,21 +22,21 @@ import schemathesis
 
 # (operation label regex, pointer regex, why no static schema can say it)
 STATEFUL_RULES: list[tuple[str, str, str]] = [
-    (r"^POST /v1/models/\{model\}/jobs$", r"^/(?!(modelKey|bizName|callbackUrl|webhookUrl|webhookEvents|Idempotency-Key|X-[A-Za-z-]+)$).*$",
+    (r"^POST (/v1/models/\{model\}/jobs|/jobs)$", r"^/(?!(modelKey|bizName|callbackUrl|webhookUrl|webhookEvents|Idempotency-Key|X-[A-Za-z-]+)$).*$",
      "the body is the payload, checked against the model's stored form (pointers name its fields)"),
     (r"^POST /task/createTask$", r"^/requestPayload(/.*)?$", "the payload must fit the model's stored form"),
-    (r"^(POST /v1/models/\{model\}/jobs|POST /task/createTask)$", r"^/Idempotency-Key$",
+    (r"^(POST /v1/models/\{model\}/jobs|POST /jobs|POST /task/createTask)$", r"^/Idempotency-Key$",
      "an idempotency key already used with another body"),
-    (r"^(POST /v1/models/\{model\}/jobs|POST /task/createTask)$", r"^/modelKey$",
+    (r"^(POST /v1/models/\{model\}/jobs|POST /jobs|POST /task/createTask)$", r"^/modelKey$",
      "the headers a job may set are the model's stored model_key_headers"),
     (r"^(POST /v1/models|(PUT|PATCH) /v1/models/\{name\}|POST /model/(createModel|updateModel)"
      r"|(POST /v1/model-types|(PUT|PATCH) /v1/model-types/\{type_id\}))$",
      r"^/form/\d+/pattern$", "a form pattern must be RE2 syntax (format: regex admits backreferences and lookaround)"),
-    (r"^(POST /v1/models/\{model\}/jobs|POST /task/createTask)$", r"^/callbackUrl$",
+    (r"^(POST /v1/models/\{model\}/jobs|POST /jobs|POST /task/createTask)$", r"^/callbackUrl$",
      "a callback host must resolve to an allowed address on an allowed port (DNS and the allow list, not syntax)"),
-    (r"^POST /v1/models/\{model\}/jobs$", r"^/webhookUrl$",
+    (r"^POST (/v1/models/\{model\}/jobs|/jobs)$", r"^/webhookUrl$",
      "a webhook host must resolve to an allowed address on an allowed port (DNS and the allow list, not syntax)"),
-    (r"^POST /v1/models/\{model\}/jobs$", r"^/webhookEvents$",
+    (r"^POST (/v1/models/\{model\}/jobs|/jobs)$", r"^/webhookEvents$",
      "X-Webhook-Events needs X-Webhook-Url (a rule across two headers)"),
     (r"^POST /v1/tenants/\{tenant\}/webhooks$", r"^/url$",
      "a webhook host must resolve to an allowed address on an allowed port, and a tenant holds at most 10 webhooks (stored count)"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -99,6 +100,34 @@ def test_retries_on_429_honour_retry_after(api_url, workers, make_model, user_ke
         second = c.submit("clr", {"n": 2})
     took = time.monotonic() - t0
     assert second.state == "pending" and 1.0 <= took < 15, took
+
+
+def test_a_retried_full_queue_says_what_it_waits_for(api_url, workers, make_model, user_key, model_server, caplog):
+    """Issue 32 item 4: every wait is told before it -- ``on_retry`` gets the
+    notice (by default an INFO line on the model_asynch logger), and the CLI
+    says it on stderr, one line per wait, before its error line."""
+    make_model("clw", queue_limit=1, max_concurrency=1, expected_seconds=1)
+    with Client(api_url, user_key, retries=0) as c:
+        first = c.submit("clw", {"hold": "clw"})
+    try:
+        wait_until(lambda: job_row(first.job_id).state == 1, what="running")
+        told = []
+        with Client(api_url, user_key, retries=1, on_retry=told.append) as c, pytest.raises(RateLimited):
+            c.submit("clw", {"n": 2})
+        assert [(t.request, t.model, t.attempt, t.retry_after, t.delay) for t in told] == [
+            ("POST /v1/models/clw/jobs", "clw", 1, 1.0, 1.0)], told
+        assert str(told[0]) == "queue full for clw, retrying in 1 s (Retry-After)"
+        with caplog.at_level(logging.INFO, logger="model_asynch"), Client(api_url, user_key, retries=1) as c, \
+                pytest.raises(RateLimited):
+            c.submit("clw", {"n": 3})
+        assert [r.getMessage() for r in caplog.records if r.name == "model_asynch"] == [
+            "POST /v1/models/clw/jobs: queue full for clw, retrying in 1 s (Retry-After)"]
+        out = _cli(api_url, user_key, "submit", "clw", '{"n": 4}')
+        assert out.returncode == 1 and out.stderr.splitlines() == [
+            "queue full for clw, retrying in 1 s (Retry-After)"] * 2 + [
+            "Error: async queue full (max 1) (HTTP 429): retry later (after 1 s)"], out.stderr
+    finally:
+        model_server.state.release("clw")
 
 
 def test_the_asyncio_client(api_url, workers, make_model, user_key):

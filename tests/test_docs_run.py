@@ -1,6 +1,6 @@
 """The docs run as printed (issue 23 item 2): every shell and Python block of
-README.md, docs/client.md and docs/api.md runs, in order, against one live
-`asynch dev` stack started here on free ports, with only the ports and the
+README.md, docs/client.md, docs/api.md and docs/migrating.md runs, in order,
+against one live `asynch dev` stack started here on free ports, with only the ports and the
 key substituted (``127.0.0.1:8000`` / ``localhost:8000`` -> the API's port,
 ``127.0.0.1:8765`` -> the demo model's, ``ak_...`` -> the stack's admin key).
 
@@ -37,7 +37,7 @@ from helpers import ROOT, free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-DOCS = ("README.md", "docs/client.md", "docs/api.md")
+DOCS = ("README.md", "docs/client.md", "docs/api.md", "docs/migrating.md")
 RUNNABLE = {"sh": "sh", "bash": "sh", "shell": "sh", "python": "python", "py": "python"}
 FENCE = re.compile(r"^```(\S*)")
 NO_RUN = re.compile(r"^<!--\s*no-run\b")

@@ -29,6 +29,10 @@ from app.infra.tables import model_types
 SECRET = "gw-shared-secret-5b1e"
 USER_TOKEN = "Bearer business-user-token-9c2d"
 IDENTITY = '{"tenantId": "tenant-g", "userId": 7, "username": "zhang.san"}'
+# The seed's createModel has no modelKeyHeaders: a seed deployment names the header its clients' modelKey
+# sets, on the workers (who check it again when they call the model) as on the API (docs/migrating.md).
+KEY_HEADERS = "X-API-Key"
+SEED_WORKER_ENV = {"ASYNCH_MODEL_KEY_HEADERS_DEFAULT": KEY_HEADERS}
 
 
 class Gateway:
@@ -85,8 +89,7 @@ def _run_client(base: str, auth_value: str, admin_key: str, model_url: str, call
 def test_a_seed_client_completes_its_flow_unchanged_in_both_auth_modes(mode, api_url, gateway, seed_worker, oss,
                                                                        receiver, model_server, admin_key, user_key):
     _fresh_install_types()
-    # The seed's createModel has no modelKeyHeaders: a seed deployment names the header its clients' modelKey sets.
-    set_settings(get_settings().with_overrides(model_key_headers_default="X-API-Key"))
+    set_settings(get_settings().with_overrides(model_key_headers_default=KEY_HEADERS))
     if mode == "gateway":
         set_settings(get_settings().with_overrides(auth_mode="gateway", gateway_secret=SECRET))
         base, credential, tenant = gateway.url, USER_TOKEN, "tenant-g"

@@ -33,8 +33,10 @@ USER_INFO = '{"userId": 7, "username": "zhang.san"}'
 
 
 @pytest.fixture(scope="module")
-def seed_worker(test_env, oss, tmp_path_factory):
-    env = {**test_env, "ASYNCH_STORAGE_URL": f"oss+{oss.base}", "ASYNCH_CALLBACK_ALLOW_HOSTS": "127.0.0.1"}
+def seed_worker(request, test_env, oss, tmp_path_factory):
+    # A module's SEED_WORKER_ENV: settings its deployment gives the workers as well as the API.
+    env = {**test_env, "ASYNCH_STORAGE_URL": f"oss+{oss.base}", "ASYNCH_CALLBACK_ALLOW_HOSTS": "127.0.0.1",
+           **getattr(request.module, "SEED_WORKER_ENV", {})}
     w = WorkerProcess(env, log_path=tmp_path_factory.mktemp("seedw") / "worker.log", name="seed").start()
     # Callbacks go to their own queue and worker (`asynch callback-worker`).
     cb = WorkerProcess(env, concurrency=1, log_path=tmp_path_factory.mktemp("seedcb") / "worker.log", name="seedcb",

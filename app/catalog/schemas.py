@@ -18,7 +18,7 @@ from app.config import get_settings
 from app.contract import NO_NUL, Bool01, Int, Shape, StrictBool, Timestamp, partial, pattern, rule
 from app.infra import secretbox
 from app.infra.http.headers import (HEADER_NAMES_PATTERN, HEADER_NAMES_TEXT, HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT,
-                                    redact)
+                                    allowed_names, redact)
 
 # Column sizes (app/infra/tables.py): longer values are refused here, not by the database.
 MAX_URL_PART = 1024
@@ -180,7 +180,8 @@ class ModelInput(Shape):
         description="header names a job's modelKey / X-Model-Key may set, comma-separated; * for any name "
                         "but the protected ones (Host, Content-Length, Transfer-Encoding, TE, Connection, "
                         "Keep-Alive, Trailer, Upgrade, Proxy-*, Cookie and head_msg's names), which pass only "
-                        "when named; empty: none (default ASYNCH_MODEL_KEY_HEADERS_DEFAULT, empty)")
+                        "when named; empty or null: none; left out: ASYNCH_MODEL_KEY_HEADERS_DEFAULT, as it is "
+                        "set when each job is judged and sent (reads show the names in force)")
     enabled: Bool01 = rule("true/false (or 1/0)", True)
     max_concurrency: Int(1, 10_000) = rule("an integer from 1 to 10000: calls at once per tenant", 5)
     queue_limit: Int(0, 1_000_000) = rule("an integer from 0 to 1000000: pending + running jobs; 0 rejects all", 20)
@@ -208,6 +209,8 @@ class ModelInput(Shape):
         out = super().values(only_given)
         if out.get("form") is not None:  # the form as written (no defaults filled in)
             out["form"] = [f.model_dump(exclude_unset=True) for f in self.form]
+        if not only_given and "model_key_headers" not in self.model_fields_set:
+            out["model_key_headers"] = None  # never set: the deployment's default, whenever it is set
         return out
 
 
@@ -283,6 +286,7 @@ def model_view(row, is_admin: bool, face: str = "v1") -> Shape:
         cls = SeedModelView if face == "seed" else ModelView
         values = {k: getattr(row, k) for k in ModelView.model_fields}
         values["head_msg"] = redact(secretbox.decrypt(row.head_msg))
+        values["model_key_headers"] = allowed_names(row.model_key_headers)  # in force: its own or the default
     else:
         cls = SeedModelUserView if face == "seed" else ModelUserView
         values = {k: getattr(row, k) for k in ModelUserView.model_fields}

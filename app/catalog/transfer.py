@@ -25,7 +25,14 @@ def export_models(names: list[str] | None = None, with_secrets: bool = False) ->
         q = q.where(models.c.model_name.in_(names))
     with transaction() as conn:
         return [{k: secretbox.decrypt(row.head_msg) if k == "head_msg" else getattr(row, k)
-                 for k in FIELDS if with_secrets or k != "head_msg"} for row in conn.execute(q)]
+                 for k in FIELDS if _exported(row, k, with_secrets)} for row in conn.execute(q)]
+
+
+def _exported(row, field: str, with_secrets: bool) -> bool:
+    if field == "head_msg":
+        return with_secrets
+    # Never set (NULL): left out, so the imported model follows its own deployment's default too.
+    return field != "model_key_headers" or row.model_key_headers is not None
 
 
 def _redacted(spec) -> bool:

@@ -13,6 +13,11 @@ key (``--key ""``, an empty ASYNCH_API_KEY) is an error, never a fallback.  A jo
 named by its id alone (its model is looked up, ``GET /v1/jobs/{id}``) or, as
 before, ``MODEL JOB_ID``.  ``wait`` exits 0 for done, 1 for
 failed/timeout/canceled/expired, 2 when still running at its timeout.
+A 429 or 503 the command retries is said before its wait, one line on
+stderr (``queue full for demo-echo, retrying in 3 s (Retry-After)``), each
+wait at most the client's ``max_backoff`` (30 s); a dropped connection's two
+short retries (under 2 s in all) are not, so an API that is down is still
+one line.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import requests
 
 from app.cli import one_line
 from app.cli.devstate import dev_client
-from model_asynch import AsynchError, Client, Job, NotFinished
+from model_asynch import AsynchError, Client, Job, NotFinished, Retrying
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 START = "start one with ./scripts/dev.sh, or pass --url / set ASYNCH_URL"
@@ -83,8 +88,9 @@ def client_command(fn):
             raise click.ClickException(f"no API key for {url}: pass --key or set ASYNCH_API_KEY "
                                        "(or run ./scripts/dev.sh in this checkout: its admin key is used)")
         try:
-            # Two retries: a 429/503 or a dropped connection is retried, a stopped API is said at once.
-            with Client(url, key, retries=2) as c:
+            # Two retries: a 429/503 or a dropped connection is retried (each wait said first), a
+            # stopped API is said at once.
+            with Client(url, key, retries=2, on_retry=_say_retry) as c:
                 return fn(c, **kw)
         except (click.ClickException, click.exceptions.Exit):
             raise
@@ -93,6 +99,11 @@ def client_command(fn):
                 raise
             raise click.ClickException(_error_line(exc, url)) from None
     return run
+
+
+def _say_retry(notice: Retrying) -> None:
+    if isinstance(notice.error, AsynchError):  # an answer that asks us to wait, not a connection failure
+        click.echo(str(notice), err=True)
 
 
 def _show(job: Job) -> None:

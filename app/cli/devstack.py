@@ -28,6 +28,8 @@ Invariants:
   SIGTERM and SIGHUP never raise (app/cli/children.py); each step runs even
   if one before it failed, and each is bounded (SIGKILL after its grace; a
   further signal during the stop cuts the app processes' grace short).
+- The seed-000 routes serve the demo model (ASYNCH_SEED000_MODEL=demo-echo
+  unless the environment sets it; empty turns them off).
 """
 from __future__ import annotations
 
@@ -237,6 +239,8 @@ def _stack_env(data_dir: Path, pg, valkey, metrics_port: int) -> dict[str, str]:
             os.environ.get("ASYNCH_DELIVERY_ALLOW_HOSTS") or os.environ.get("ASYNCH_CALLBACK_ALLOW_HOSTS"),
             "127.0.0.0/8,::1,localhost"))),
         "ASYNCH_WORKER_METRICS_PORT": str(metrics_port),
+        # The seed-000 routes (POST /jobs ...) serve the demo model unless told otherwise (empty: off).
+        "ASYNCH_SEED000_MODEL": os.environ.get("ASYNCH_SEED000_MODEL", "demo-echo"),
     }
 
 
@@ -352,6 +356,8 @@ def _banner(base: str, key: str, demo_url: str, helpers: int, data_dir: Path, po
     job = "python3 -c 'import json, sys; print(json.load(sys.stdin)[\"job_id\"])'"
     venv = Path(sys.executable).parent  # asynch and the client's python: this interpreter's venv
     venv = venv.relative_to(Path.cwd()) if venv.is_relative_to(Path.cwd()) else venv
+    seed000 = (f"for {os.environ['ASYNCH_SEED000_MODEL']}" if os.environ.get("ASYNCH_SEED000_MODEL")
+               else "off (ASYNCH_SEED000_MODEL is empty)")
     return f"""
 model-asynch dev is up: API {base}, demo model {demo_url}, {helpers} helper processes.
 PostgreSQL (127.0.0.1:{ports["postgres"]}) and Valkey (127.0.0.1:{ports["valkey"]}) of its own, data in {data_dir}
@@ -359,6 +365,7 @@ PostgreSQL (127.0.0.1:{ports["postgres"]}) and Valkey (127.0.0.1:{ports["valkey"
 Admin key (tenant "demo"): {key}   (the same at every start from this data directory)
 Console: {base}/console (log in with the key)   Metrics: {base}/metrics, {base}/metrics/cluster
 OpenAPI: {base}/openapi.json   Webhook receiver: {demo_url}/webhooks (verifies signatures; GET lists them)
+Seed-000 routes (POST /jobs, GET /jobs/{{id}}[/wait|/result]): {base}/jobs, {seed000}
 
 In another terminal, in this checkout (asynch finds this stack by itself):
   . {venv}/activate     # asynch and the Python client on PATH (or run {venv}/asynch)

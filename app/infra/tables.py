@@ -55,7 +55,8 @@ models = Table(
     Column("auto_clean_seconds", Integer, nullable=False, server_default="3600"),
     Column("remark", Text, nullable=False, server_default=""),
     Column("tenant_queue_limit", Integer),  # one tenant's slots; NULL: ASYNCH_TENANT_QUEUE_SHARE of queue_limit
-    Column("model_key_headers", Text, nullable=False, server_default=""),  # what a modelKey sets; "*": any unprotected
+    # What a modelKey sets ("*": any unprotected); NULL, never set: ASYNCH_MODEL_KEY_HEADERS_DEFAULT (revision 0024).
+    Column("model_key_headers", Text),
     Column("max_completed", Integer, nullable=False, server_default="0"),  # done/claimed jobs kept; 0: no cap
     *_cols(TS, "created_at", "updated_at", nullable=False),
 )

@@ -14,6 +14,8 @@ Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission path"):
 - A 202 only for a committed row; a refused, conflicting or failed item gets its error.
 - No leaked slot: every admitted item whose row was not inserted has its
   slots released before its answer.
+- A refusal's Retry-After is the estimator's (when one of the slots that
+  refused it should free), capped; it costs a Redis read only on refusal.
 - Retention before the gate: a capped model (max_completed) evicts its
   expired and least recently read completed jobs first (seed 000), never
   failing a submission for it.
@@ -53,7 +55,7 @@ class Submission:
     values: dict[str, Any]                # the asynch_task row
     queue_limit: int                      # the model's configured cap
     tenant_cap: int                       # the tenant's share of it
-    retry_after: int                      # for a 429
+    retry_after: int                      # a 429's Retry-After when the estimator cannot say
     max_completed: int = 0                # the model's cap on kept done/claimed jobs (0: none)
     model_row: Any = None                 # its model (name, max_concurrency, expected_seconds): the estimate's
     want_estimate: bool = True            # the 202 shows it (a job with a deadline is estimated anyway)
@@ -143,14 +145,8 @@ def commit_batch(batch: list[Submission]) -> None:
         for s in batch:
             _answer(s, error=Unavailable("admission gate unavailable"))
         return
-    admitted = []
-    for s, d in zip(batch, decisions):
-        if d.admitted:
-            admitted.append(s)
-        elif d.refused_by == "tenant":
-            _answer(s, error=TenantQueueFull(s.tenant, d.limit, s.retry_after))
-        else:
-            _answer(s, error=QueueFull(d.limit, s.retry_after))
+    admitted = [s for s, d in zip(batch, decisions) if d.admitted]
+    _refuse_full([(s, d) for s, d in zip(batch, decisions) if not d.admitted])
     if not admitted:
         return
     try:
@@ -200,6 +196,23 @@ def _estimated(batch: list[Submission]) -> list[Submission]:
             except DomainError as exc:
                 _answer(s, error=exc)
     return [s for s in batch if not s.event.is_set()]
+
+
+def _refuse_full(refused: list[tuple[Submission, Any]]) -> None:
+    """Answer the items the gate refused (429) with the estimator's Retry-After: the time until one of
+    the slots that refused it frees (app/jobs/estimates.py ``retry_after``).  Items estimated before
+    the gate use that reading; the others' (model, tenant) groups are read in one round trip, only
+    on this path; when Redis cannot say, the model's configured figure (``Submission.retry_after``)."""
+    unread: dict[tuple[str, str], Submission] = {}
+    for s, _d in refused:
+        if s.estimate is None and s.model_row is not None:
+            unread.setdefault((s.model, s.tenant), s)
+    found = estimates.for_new_many([(s.model_row, s.tenant, [s.score]) for s in unread.values()]) if unread else []
+    fresh = {key: (ests or [None])[0] for key, ests in zip(unread, found)}
+    for s, d in refused:
+        by_tenant = d.refused_by == "tenant"
+        after = estimates.retry_after(s.estimate or fresh.get((s.model, s.tenant)), by_tenant, s.retry_after)
+        _answer(s, error=TenantQueueFull(s.tenant, d.limit, after) if by_tenant else QueueFull(d.limit, after))
 
 
 def _refuse(sub: Submission, error: BaseException) -> None:

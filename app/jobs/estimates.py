@@ -29,13 +29,16 @@ Invariants:
   job takes no slot and writes no row; no estimate (Redis away) refuses nothing.
 - Monotone: a job behind another of the same tenant and band is never
   estimated to start earlier (k and p grow with the line).
+- A full queue's Retry-After (``retry_after``) comes from the same reading:
+  the time until one of the slots the refusal counted frees, never more than
+  ASYNCH_QUEUE_RETRY_AFTER_MAX_SECONDS and never less than 1 s.
 """
 from __future__ import annotations
 
 import bisect
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,6 +46,7 @@ import redis
 
 from app.catalog.registry import enabled_model
 from app.clock import as_utc, now as clock_now
+from app.config import get_settings
 from app.contract import iso_z
 from app.errors import DeadlineUnmeetable, DomainError
 from app.infra.redis import dispatch as rd
@@ -58,6 +62,11 @@ class Estimate:
     position: int
     start_at: datetime
     done_at: datetime
+    # What the reading saw (for ``retry_after``): T (measured, else expected_seconds) and the
+    # slots held by attempts under way (dispatched or running), the model's and its tenant's.
+    run_seconds: float = 0.0
+    running: int = 0
+    own_running: int = 0
 
     def fields(self) -> dict:
         """The poll body's and the 202's estimate fields."""
@@ -80,7 +89,7 @@ def _read(model, out: list, scores: list[float], now: datetime,
     for k, p in zip(map(int, pairs[0::2]), map(int, pairs[1::2])):
         wait = 0.0 if p < 0 else max(_wave(k, own_running, cap, t), _wave(p, running, cap * tenants, t))
         start = now + timedelta(seconds=wait)
-        ests.append(Estimate(max(p, 0), start, start + timedelta(seconds=t)))
+        ests.append(Estimate(max(p, 0), start, start + timedelta(seconds=t), t, running, own_running))
     held = out[6 + 2 * len(scores):]
     return ests, [handed[j] for j, h in zip(handed or {}, held) if not int(h)]
 
@@ -113,7 +122,8 @@ def _lined_up(model, scores: list[float], distinct: list[float], base: list[Esti
         bisect.insort(earlier, s)
         if extra:
             shift = t * math.ceil(extra / max(1, model.max_concurrency))
-            est = Estimate(est.position + extra, est.start_at + shift, est.done_at + shift)
+            est = replace(est, position=est.position + extra, start_at=est.start_at + shift,
+                          done_at=est.done_at + shift)
         out.append(est)
     return out
 
@@ -139,6 +149,20 @@ def refuse_late(est: Estimate | None, deadline_at: datetime | None) -> None:
     late = (est.done_at - deadline_at).total_seconds()
     shown = {k: iso_z(v) if isinstance(v, datetime) else v for k, v in est.fields().items()}
     raise DeadlineUnmeetable(shown, iso_z(deadline_at), retry_after=int(min(300, max(1, math.ceil(late)))))
+
+
+def retry_after(est: Estimate | None, by_tenant: bool, fallback: int) -> int:
+    """A full queue's Retry-After, in whole seconds from 1 to ASYNCH_QUEUE_RETRY_AFTER_MAX_SECONDS: about
+    when one of the slots that refused the job frees -- the model's (``by_tenant`` False) or its tenant's
+    share.  With n of them under way, each taken as uniformly far along, the first of n runs of T ends
+    after T / (n + 1); with none under way the slots are held by queued jobs, and the first ends a whole
+    T after it starts (T / 1).  T is the measured run time when there is one; ``fallback`` (from the
+    model's configuration) when the estimator cannot say (None)."""
+    cap = max(1, get_settings().queue_retry_after_max_seconds)
+    if est is None:
+        return min(cap, max(1, fallback))
+    under_way = est.own_running if by_tenant else est.running
+    return min(cap, max(1, math.ceil(est.run_seconds / (under_way + 1))))
 
 
 def ran_seconds(row) -> float | None:

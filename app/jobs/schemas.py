@@ -94,6 +94,38 @@ class JobSync(JobListItem):
                                           "result itself; otherwise fetch result_url")
 
 
+class EnvelopeModel(Shape):
+    name: str
+    version: str = Field(description="always empty: models have no versions here")
+
+
+class EnvelopeResult(Shape):
+    status: int = Field(description="0: OK")
+    data: Any = Field(description="the model's JSON answer, as it sent it")
+
+
+class ResultEnvelope(Shape):
+    """A done job's JSON result in seed 000's "standard envelope" (its unified response):
+    ``GET /jobs/{id}/result`` of the seed-000 routes.  One result per job, never partial."""
+    status: int = Field(description="0: OK")
+    status_str: str
+    task_id: JobId = Field(description="the job id")
+    model: EnvelopeModel
+    results: list[EnvelopeResult] = Field(min_length=1, max_length=1)
+    server_time_ms: float = Field(ge=0, description="the model call's attempt, started to done (milliseconds)")
+    partial: bool
+
+    @classmethod
+    def of(cls, row, data: Any) -> "ResultEnvelope":
+        took = (as_utc(row.finished_at) - as_utc(row.started_at)).total_seconds() * 1000 \
+            if row.started_at and row.finished_at else 0.0
+        return cls.model_construct(
+            status=0, status_str="OK", task_id=row.id, model=EnvelopeModel.model_construct(name=row.model_name,
+                                                                                           version=""),
+            results=[EnvelopeResult.model_construct(status=0, data=data)], server_time_ms=round(max(0.0, took), 3),
+            partial=False)
+
+
 class BatchItemResult(Shape):
     """One item's answer: ``status`` is what a submit of it alone would have
     answered (202 admitted or replayed, 422, 429, 503), with that answer's

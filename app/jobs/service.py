@@ -88,8 +88,9 @@ class Submitted:
 
 
 def retry_after_seconds(model_row) -> int:
-    # About one job's turn at the model's concurrency; bounded to be useful.
-    return int(min(300, max(1, math.ceil(model_row.expected_seconds / max(1, model_row.max_concurrency)))))
+    """A full queue's Retry-After from the configuration alone (one job's turn at the model's concurrency):
+    only when the estimator cannot say; app/jobs/estimates.py ``retry_after`` caps it."""
+    return max(1, math.ceil(model_row.expected_seconds / max(1, model_row.max_concurrency)))
 
 
 def job_deadline(model_row, created):
@@ -264,12 +265,24 @@ def result_body(principal: Principal, job_id: str, model_name: str | None = None
         raise Unavailable("result storage unavailable") from exc
 
 
+def whole(out: ResultBody) -> bytes:
+    """All of a result's bytes at once (sync mode's inline result, the seed-000 envelope), a
+    redirected one's read from storage: callers bound what they ask for, or accept its size."""
+    if not out.redirect:
+        return out.data if isinstance(out.data, bytes) else b"".join(out.data)
+    try:
+        return get_storage().get(out.row.result_location)
+    except ObjectMissing as exc:
+        raise Gone(f"result no longer available: {out.row.id}") from exc
+    except StorageError as exc:
+        log.warning("result read failed: %s", exc, extra={"job_id": out.row.id})
+        raise Unavailable("result storage unavailable") from exc
+
+
 def result_bytes(principal: Principal, job_id: str, model_name: str | None = None) -> tuple[bytes, str, Row]:
     """The whole result (callers that need it at once: sync mode, tests)."""
     out = result_body(principal, job_id, model_name)
-    if out.redirect:
-        return get_storage().get(out.row.result_location), out.content_type, out.row
-    return out.data if isinstance(out.data, bytes) else b"".join(out.data), out.content_type, out.row
+    return whole(out), out.content_type, out.row
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""v1 jobs: the async-jobs wire contract of seed 000 (docs/api.md, "Jobs")."""
+"""v1 jobs: the async-jobs wire contract of seed 000 (docs/api.md, "Jobs").
+
+The seed-000 routes (app/web/seed000.py) answer through the same renderers
+(``answer_submit``, ``status_body``, ``answer_wait``, ``result_response``),
+given their own URLs: one rendering of each answer for both."""
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify, request, url_for
@@ -67,32 +71,37 @@ def prefer_wait(prefer: str | None) -> int | None:
                       "waiter caps: 200 with the terminal job (and a small JSON result inline) if it ends "
                       "within N s, else 202 as without it. Caps full: 202 at once, no Preference-Applied.")
 def submit_job(model: str, body: dict, headers: SubmitHeaders):
+    return answer_submit(model, body, headers)
+
+
+def answer_submit(model: str, body: dict, headers: SubmitHeaders, urls=job_urls):
+    """A submit's answer (202, or 200 in sync mode), its job's URLs from ``urls(row)``."""
     opts = submission.given(headers, **caller(headers))
     wait_s = prefer_wait(headers.prefer)
     if wait_s is None:
-        return _accepted(jobs.submit(current_principal(), model, body, opts), None)
+        return _accepted(jobs.submit(current_principal(), model, body, opts), None, urls=urls)
     out = jobs.submit_and_wait(current_principal(), model, body, opts, wait_s, watch=client_watch(request.environ))
     if not out.finished:
-        return _accepted(out.submitted, out.waited_s, out.row)
-    values = {**JobStatus.values_of(out.row), **job_urls(out.row)}
+        return _accepted(out.submitted, out.waited_s, out.row, urls)
+    values = {**JobStatus.values_of(out.row), **urls(out.row)}
     if out.has_result:
         values["result"] = out.result
-    return JobSync.model_construct(**values), 200, _headers(out.row, out.submitted.replayed, out.waited_s)
+    return JobSync.model_construct(**values), 200, _headers(out.row, out.submitted.replayed, out.waited_s, urls)
 
 
-def _headers(row, replayed: bool, waited_s: int | None) -> dict:
-    return {"Location": job_urls(row)["poll_url"], **({"Idempotent-Replayed": "true"} if replayed else {}),
+def _headers(row, replayed: bool, waited_s: int | None, urls=job_urls) -> dict:
+    return {"Location": urls(row)["poll_url"], **({"Idempotent-Replayed": "true"} if replayed else {}),
             **({"Preference-Applied": f"wait={waited_s}"} if waited_s is not None else {})}
 
 
-def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None):
+def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None, urls=job_urls):
     """The 202: ``seen`` is a newer copy than the admitted row (after a
     sync-mode wait that ran out), ``waited_s`` the wait honoured."""
     state = "pending" if seen is None and not out.replayed else JobStatus.from_row(
         out.row if seen is None else seen).state
     est = out.estimate.fields() if out.estimate is not None and state == "pending" else {}
-    return (JobAccepted.model_construct(job_id=out.row.id, state=state, **job_urls(out.row), **est), 202,
-            _headers(out.row, out.replayed, waited_s))
+    return (JobAccepted.model_construct(job_id=out.row.id, state=state, **urls(out.row), **est), 202,
+            _headers(out.row, out.replayed, waited_s, urls))
 
 
 @bp.post("/models/<model>/jobs:batch")
@@ -141,7 +150,10 @@ def list_all_jobs(query: JobListQuery):
 @bp.get("/models/<model>/jobs/<job_id>")
 @endpoint("Poll a job", tag="jobs", path=_JOB_PATH, ok=Ok(JobStatus, "the poll body"))
 def job_status(model: str, job_id: str):
-    row = jobs.get_job(current_principal(), job_id, model)
+    return status_body(jobs.get_job(current_principal(), job_id, model))
+
+
+def status_body(row) -> JobStatus:
     est = estimates.of_job(row)  # pending: where it stands in line
     return JobStatus.model_construct(**JobStatus.values_of(row), **(est.fields() if est else {}))
 
@@ -153,6 +165,11 @@ def job_status(model: str, job_id: str):
                       "per tenant and ASYNCH_WAITERS_MAX in total per API process: past either, 429 with "
                       "Retry-After and the cap in the error text.")
 def job_wait(model: str, job_id: str, query: WaitQuery):
+    return answer_wait(job_id, model, query)
+
+
+def answer_wait(job_id: str, model: str | None, query: WaitQuery):
+    """A long-poll's answer (``model`` None: the caller's job of any model)."""
     budget_ms = query.budget_ms()
     if budget_ms > 0 and parking.can_park(request.environ) and get_settings().wait_parking:
         # Under gunicorn's gevent worker a wait that must sleep is parked
@@ -203,7 +220,11 @@ def _wait_answer(row, job_id: str) -> tuple[str, bytes]:
               307: Ok(None, "ASYNCH_RESULT_REDIRECT_SECONDS > 0 with S3 storage: a presigned URL of the object",
                       {"Location": "the presigned URL"})})
 def job_result(model: str, job_id: str):
-    out = jobs.result_body(current_principal(), job_id, model)
+    return result_response(jobs.result_body(current_principal(), job_id, model))
+
+
+def result_response(out: jobs.ResultBody) -> Response:
+    """A done job's result as served: its bytes with their type (or a redirect), made inert."""
     if out.redirect:
         resp = Response(status=307, headers={"Location": out.redirect})
     else:

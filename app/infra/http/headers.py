@@ -7,12 +7,16 @@ A job's modelKey may set only the headers its model allows (``model_key_headers`
 protected ones; empty allows none).  Protected -- framing, routing and credentials (Host, Content-Length,
 Transfer-Encoding, TE, Connection, Keep-Alive, Trailer, Upgrade, Expect, Proxy-*, Cookie, Forwarded, X-Forwarded-*,
 X-Real-IP, Via) and every header head_msg sets -- pass only when named explicitly; reserved (X-Asynch-*, the
-middleware's own) never.  ``override_problem`` judges at submit (a 422), ``job_headers`` again at call time.  Names
-compare case-insensitively everywhere: a request never carries one name twice.
+middleware's own) never.  A model that never set its own (``None``: NULL) allows what
+ASYNCH_MODEL_KEY_HEADERS_DEFAULT names when the job is judged and when it is sent (``allowed_names``).
+``override_problem`` judges at submit (a 422), ``job_headers`` again at call time.  Names compare
+case-insensitively everywhere: a request never carries one name twice.
 """
 from __future__ import annotations
 
 import re
+
+from app.config import get_settings
 
 _TOKEN_CHARS = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _TOKEN = re.compile(_TOKEN_CHARS)
@@ -86,9 +90,16 @@ def redact(spec: str | None) -> str:
     return ",".join(f"{k}:{REDACTED}" for k in names)
 
 
+def allowed_names(spec: str | None) -> str:
+    """A model's model_key_headers as they apply now: its own, or (None: it never set them) the
+    deployment's ASYNCH_MODEL_KEY_HEADERS_DEFAULT."""
+    return get_settings().model_key_headers_default if spec is None else spec
+
+
 def override_problem(override: dict[str, str], head_msg: str | None, allowed_spec: str | None) -> str | None:
-    """Why a job's modelKey headers may not be sent to this model, or None."""
-    allowed = {n.strip(" \t").lower() for n in (allowed_spec or "").split(",")}  # "*" kept as is
+    """Why a job's modelKey headers may not be sent to this model, or None (``allowed_spec``: the
+    model's model_key_headers; None: the default, ``allowed_names``)."""
+    allowed = {n.strip(" \t").lower() for n in allowed_names(allowed_spec).split(",")}  # "*" kept as is
     try:
         base = frozenset(n.lower() for n in parse_header_spec(head_msg))
     except HeaderSpecError:

@@ -1,7 +1,7 @@
 """asynch_tenant_limits.busy_budget: a tenant's own budget of free busy answers
 
-Revision ID: 0024_tenant_busy_budget
-Revises: 0023_pending_head_index
+Revision ID: 0025_tenant_busy_budget
+Revises: 0024_model_key_headers_default
 Create Date: 2026-12-07
 
 A busy answer (429/503) returns its job to the queue unspent while its tenant
@@ -12,8 +12,8 @@ the tenant-wide row (model_name '') when set.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0024_tenant_busy_budget"
-down_revision = "0023_pending_head_index"
+revision = "0025_tenant_busy_budget"
+down_revision = "0024_model_key_headers_default"
 branch_labels = None
 depends_on = None
 
