@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Iterable, Sequence
 
 from sqlalchemy import (BigInteger, DateTime, Integer, LargeBinary, String, Text, bindparam, cast, delete, func, insert,
-                        literal, literal_column, select, update)
+                        literal, literal_column, or_, select, update)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ClauseElement
@@ -171,19 +171,23 @@ _CLAIM = (update(tasks).where(tasks.c.id == _CLAIMS.c.id, tasks.c.attempt == _CL
           .values(state=int(S.RUNNING), attempt=tasks.c.attempt + 1, started_at=bindparam("v_now"),
                   updated_at=bindparam("v_now"), lease_expires_at=bindparam("v_lease"), worker=bindparam("v_worker"))
           .returning(*tasks.c))
+# The same, but not for a job whose caller's deadline passed while it waited (it is to expire, never to run).
+_CLAIM_IN_TIME = _CLAIM.where(or_(tasks.c.caller_deadline_at.is_(None), tasks.c.caller_deadline_at >= bindparam("v_now")))
 
 
 def claim_group(conn: Connection, jobs: Sequence[tuple[str, int]], lease_until: datetime,
-                worker: str | None = None) -> list[Row]:
-    """pending -> running for each (job_id, attempt its message was published for) of a worker's group, in
+                worker: str | None = None, *, before_caller_deadline: bool = False) -> list[Row]:
+    """pending -> running for each (job_id, the attempt it was pulled or published at) of a worker's group, in
     ONE statement (one commit: every claim is durable before any of its calls).  Returns the rows it moved;
-    a duplicate or outdated message's job is left out (it must not run).  ``worker``: the node."""
+    a job no longer pending at that attempt is left out (it must not run), and with ``before_caller_deadline``
+    one past its caller's deadline too.  ``worker``: the node."""
     check_allowed([S.PENDING], S.RUNNING)
     jobs = dict(jobs)  # a job named twice is claimed once
     if not jobs:
         return []
-    return list(conn.execute(_CLAIM, {"g_id": list(jobs), "g_attempt": list(jobs.values()), "v_now": clock_now(),
-                                      "v_lease": lease_until, "v_worker": worker}).all())
+    return list(conn.execute(_CLAIM_IN_TIME if before_caller_deadline else _CLAIM, {
+        "g_id": list(jobs), "g_attempt": list(jobs.values()), "v_now": clock_now(), "v_lease": lease_until,
+        "v_worker": worker}).all())
 
 
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
