@@ -114,11 +114,14 @@ def test_a_user_key_meets_no_admin_control_and_reads_the_failed_jobs(page, api_u
     make_model("pushback", max_concurrency=4)
     user = make_key("acme")
     failed = client.post("/v1/models/bad/jobs", json={"status": 500}, headers=auth(user)).get_json()["job_id"]
-    # The upstream answers busy once: the controller holds the model below its max_concurrency.
-    busy = client.post("/v1/models/pushback/jobs", json={"status_first": 429, "tag": "pb", "fail_first": 1},
-                       headers=auth(user)).get_json()["job_id"]
-    for j in (failed, busy):
-        wait_until(lambda j=j: _job(client, user, j)["state"] in ("done", "failed"), what="the job to end")
+    # The upstream answers two tenants busy twice in a row each (overload, not one tenant's quota): the
+    # controller holds the model below its max_concurrency.
+    other = make_key("other-co")
+    busy = {k: client.post("/v1/models/pushback/jobs", json={"status_first": 429, "tag": f"pb-{i}", "fail_first": 2},
+                           headers=auth(k)).get_json()["job_id"] for i, k in enumerate((user, other))}
+    wait_until(lambda: _job(client, user, failed)["state"] == "failed", what="the failed job to end")
+    for k, j in busy.items():
+        wait_until(lambda j=j, k=k: _job(client, k, j)["state"] == "done", what="the busy jobs to end")
     _webhook_delivered(failed, "acme")
 
     login(page, api_url, user, "/console/models")

@@ -129,6 +129,8 @@ def test_dev_starts_and_stops_again_and_again_on_one_data_directory():
     os.chmod(base, 0o755)  # under root PostgreSQL's user traverses it
     names = ("api", "model", "postgres", "valkey", "metrics")
     ports = dict(zip(names, (free_port() for _ in names)))
+    while not _free(ports["metrics"] + 1):  # the callback worker's metrics take the next port
+        ports["metrics"] = free_port()
     dev = Dev(base, ports)
     try:
         # 1. The first start: pinned ports, the first-start line, a quiet log after the banner.

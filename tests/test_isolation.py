@@ -102,6 +102,17 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
         {"url": "/v1/tenants/tenant-a/state", "expect": 403, "owner": 200}],
     # The tenants a key may look at: a user key, its own only.
     ("GET", "/v1/tenants"): [{"url": "/v1/tenants", "expect": "own tenant only", "owner": "own tenant only"}],
+    # Seed 000's own routes (ASYNCH_SEED000_MODEL: the model they serve, set for these cases).
+    ("GET", "/jobs/<job_id>"): [
+        {"url": "/jobs/{pending}", "expect": 404, "owner": 200, "seed000": True},
+        {"url": "/jobs/{done}", "expect": 404, "owner": 200, "seed000": True}],
+    ("GET", "/jobs/<job_id>/wait"): [
+        {"url": "/jobs/{done}/wait?timeout=50", "expect": 404, "owner": 200, "seed000": True}],
+    ("GET", "/jobs/<job_id>/result"): [
+        {"url": "/jobs/{done}/result", "expect": 404, "owner": 200, "seed000": True}],
+    ("POST", "/jobs"): [
+        {"method": "POST", "url": "/jobs", "json": {"prompt": "p"}, "headers": {"Idempotency-Key": "idem-a"},
+         "expect": "new job", "owner": "replay", "seed000": True}],
 }
 
 _ANY = "/v1/maintenance/<any(retry, recover, cleanup, reconcile):name>"
@@ -310,6 +321,10 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
 
         set_settings(get_settings().with_overrides(events_max_seconds=0.5, events_poll_seconds=0.05,
                                                    events_keepalive_seconds=0.2))
+    if case.get("seed000"):  # the seed-000 routes serve the world's model
+        from app.config import get_settings, set_settings
+
+        set_settings(get_settings().with_overrides(seed000_model=MODEL))
     resp = _call(client, case, world, world["b"])
     expect = case["expect"]
     body = resp.get_json() if resp.is_json else None

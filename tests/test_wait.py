@@ -19,6 +19,8 @@ from app.infra.db import transaction
 from app.jobs import effects
 from app.jobs import service as jobs
 from app.jobs.requests import WaitQuery
+from app.tenancy import limits
+from app.tenancy.schemas import TenantLimitsInput
 from app.states import is_terminal
 from app.tenancy.keys import Principal
 
@@ -83,6 +85,8 @@ def test_finish_between_read_and_wait_is_not_lost(make_model):
     arrive, so the wait ends long before its 5 s budget."""
     make_model("window")
     p = Principal("tenant-a", "user", None)
+    # The module's workers (an earlier test's) must not take the job this test claims itself: a ceiling of 0.
+    limits.update("tenant-a", TenantLimitsInput(burst_concurrency={"window": 0}))
     job_id = jobs.submit(p, "window", {}).row.id
     with transaction() as conn:
         transitions.claim(conn, job_id, 0, now() + timedelta(minutes=1))
