@@ -304,7 +304,10 @@ def _busy_is_free(row, exc: ModelCallError) -> bool:
     """Whether a busy answer returns its job to the queue unspent: one of its tenant's free busy answers on
     the model (ASYNCH_UPSTREAM_BUSY_BUDGET, or the tenant's own ``busy_budget``), earned back one per done
     answer.  Spent out (or Redis away), it is an ordinary failed attempt: it spends a retry."""
-    budget = limits.limits_of(row.tenant_id).busy_budget
+    try:
+        budget = limits.limits_of(row.tenant_id).busy_budget
+    except Exception:  # the limits unreadable (the database busy): the default budget
+        budget = None
     try:
         free = upstream.take_busy(row.model_name, row.tenant_id,
                                   get_settings().upstream_busy_budget if budget is None else budget)
