@@ -354,3 +354,39 @@ def test_200_concurrent_batch_calls_claim_each_of_50_done_tasks_exactly_once(api
         # expire_at is the one the winner set, never overwritten by a later call.
         assert as_utc(row.expire_at).isoformat().replace("+00:00", "Z") == winners[row.id][0]
         assert as_utc(row.expire_at) - as_utc(row.claimed_at) == timedelta(seconds=900)
+
+
+def test_a_batch_call_never_shows_a_done_task_it_did_not_claim(seed_model):
+    """A task that turns done while getTaskBatch runs (between its claim and its read) is claimed by that
+    call: the seed client downloads on state 2 and counts on the claim (it showed 2 unclaimed, and
+    getTaskResult then said 2, not 4: seed_flow.py's gateway run, once)."""
+    from app import transitions
+    from app.clock import now
+
+    seed_model("race", autoCleanSeconds=120)
+    p = Principal("tenant-a", "user", None)
+    shown_unclaimed = []
+    for _round in range(30):
+        ids = [jobs.submit(p, "race", {"prompt": str(i)}).row.id for i in range(8)]
+        with transaction() as conn:
+            for j in ids:
+                transitions.claim(conn, j, 0, now() + timedelta(minutes=1))
+        stop = threading.Event()
+
+        def finish_them():
+            from app.jobs import effects
+
+            for j in ids:
+                with effects.collecting() as due, transaction() as conn:
+                    due.add(transitions.complete(conn, j, 1, location="x", content_type="t", size=0))
+
+        t = threading.Thread(target=finish_them)
+        t.start()
+        while t.is_alive() or not stop.is_set():
+            if not t.is_alive():
+                stop.set()
+            for d in jobs.get_task_batch(p, ids):
+                if d.state == 2 and not d.claimed:
+                    shown_unclaimed.append(d.task_id)
+        t.join()
+    assert not shown_unclaimed, shown_unclaimed

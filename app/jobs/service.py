@@ -389,6 +389,13 @@ def get_task_batch(principal: Principal, task_ids: list[str]) -> list[SeedTask]:
             # Read after claiming: rows another call claimed meanwhile show as claimed.
             q = scoped(select(*VIEW_COLUMNS).where(tasks.c.id.in_(rest)), tenant)
             rows.update((r.id, r) for r in conn.execute(q))
+            # A task that turned done between the claim and the read (a worker's commit, seen by this read's
+            # newer snapshot) is claimed now: an answer never shows a done task this call did not claim.
+            late = [i for i in rest if i in rows and rows[i].state == JobState.DONE]
+            if late:
+                more = {r.id: r for r in transitions.claim_results(conn, late, tenant, returning=VIEW_COLUMNS)}
+                rows.update(more)
+                claimed |= set(more)
     again = [i for i in ids if i in rows and i not in claimed and rows[i].state in RESULT_STATES]
     if again:
         mark_read(*again)
