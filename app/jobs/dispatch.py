@@ -92,7 +92,7 @@ def _safely(model: str, what: str, call, *, strict: bool = False):
             raise
         log.warning("dispatch (%s) of %s failed: %s; the maintenance pass repairs it", what, model, exc)
         return None
-    step = out[-1] if isinstance(out, tuple) else out
+    step = next(x for x in out if isinstance(x, rd.Step)) if isinstance(out, tuple) else out
     _rung(model, step)
     return out
 
@@ -115,10 +115,10 @@ def queue(rows: Iterable, *, mode: str = "", caps: dict[str, int] | None = None,
         queue_entries(m, e, mode=mode, cap=(caps or {}).get(m), strict=strict)
 
 
-def pull(model: str, most: int) -> list[Pulled]:
+def pull(model: str, most: int, lease: float) -> list[Pulled]:
     """A worker answers the model's doorbell with ``most`` free call slots: the jobs the ring picks now, their
-    permits taken (claim them at once).  The doorbell is answered (rung again if work is left)."""
-    step = _safely(model, "pull", lambda: rd.pull(model, most))
+    permits taken for ``lease`` (claim them at once).  The doorbell is answered (rung again if work is left)."""
+    step = _safely(model, "pull", lambda: rd.pull(model, most, lease))
     if step is None:
         return []
     if not step.ring:
@@ -136,12 +136,13 @@ def claimed(model: str, jobs: list[tuple[str, str]], lease_seconds: float, cap: 
 
 
 def finished(model: str, jobs: list[tuple[str, str, str | None, float | None, tuple[float, int] | str | None]],
-             cap: int | None = None, most: int = 0) -> list[Pulled]:
+             cap: int | None = None, most: int = 0, lease: float = 0.0) -> list[Pulled]:
     """Jobs that left pending/running and calls that ended, (tenant, job_id, wake-up, ran, keep) each, in one
     step: slots back, permits back unless ``keep`` (a call may still run: app/infra/redis/dispatch.py finish); a
     wake-up (None: none; "": the job id; else the row's snapshot) for their waiters; ``ran``: a done attempt's
-    seconds.  ``most``: the caller's slots these calls freed, each taking the job the ring picks now (returned)."""
-    out = _safely(model, "finish", lambda: rd.finish(model, jobs, cap=cap, most=most))
+    seconds.  ``most``: the caller's slots these calls freed, each taking the job the ring picks now (returned),
+    its permit lasting ``lease``."""
+    out = _safely(model, "finish", lambda: rd.finish(model, jobs, cap=cap, most=most, lease=lease))
     return [] if out is None else out[1].pulled
 
 

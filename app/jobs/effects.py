@@ -70,10 +70,10 @@ class Due(list):
 
 
 @contextmanager
-def collecting(refill: dict[str, int] | None = None) -> Iterator[Due]:
+def collecting(refill: dict[str, tuple[int, float]] | None = None) -> Iterator[Due]:
     """Collect won transitions; run their effects on a clean exit (enter it BEFORE the transaction, so the commit
-    comes first).  ``refill``: model -> the caller's call slots these ends freed, each taking the job the fair
-    dispatcher picks then (a worker's writer); what they took is ``due.pulled`` after the exit."""
+    comes first).  ``refill``: model -> (the caller's call slots these ends freed, each taking the job the fair
+    dispatcher picks then; their permits' lease) (a worker's writer); what they took is ``due.pulled`` after."""
     due = Due()
     yield due
     due.pulled = run_all(due, ended=due.ended, refill=refill)
@@ -87,7 +87,7 @@ def run(moved: Moved | None, cap: int | None = None, busy: dispatch.Busy | None 
 
 def run_all(due: list[tuple[Moved, int | None, dispatch.Busy | None]], *,
             ended: list[tuple[str, str, str, str | None]] = (),
-            refill: dict[str, int] | None = None) -> dict[str, list[dispatch.Pulled]]:
+            refill: dict[str, tuple[int, float]] | None = None) -> dict[str, list[dispatch.Pulled]]:
     """The effects of committed transitions, those each ``Moved`` says are due, and of calls that ``ended``
     (model, tenant, job or "<job>#<attempt>", keep: None or "back", ``Due.give_back``): a busy answer's job keeps its slot, its permit goes back and it
     waits out its backoff (``returned``: its scope's controller told); then the releases and call ends of one
@@ -113,9 +113,10 @@ def run_all(due: list[tuple[Moved, int | None, dispatch.Busy | None]], *,
     for model, tenant, job, keep in ended:
         releases.setdefault(model, []).append((tenant, job, None, None, keep))
     pulled = {}
-    for model in sorted(set(releases) | {m for m, n in (refill or {}).items() if n > 0}):
-        pulled[model] = dispatch.finished(model, releases.get(model, []), cap=caps.get(model),
-                                          most=(refill or {}).get(model, 0))
+    for model in sorted(set(releases) | {m for m, (n, _lease) in (refill or {}).items() if n > 0}):
+        most, lease = (refill or {}).get(model, (0, 0.0))
+        pulled[model] = dispatch.finished(model, releases.get(model, []), cap=caps.get(model), most=most,
+                                          lease=lease)
     for moved, _cap, _busy in due:
         if moved.stops_call:  # its worker closes the call's connection (app/jobs/calls.py)
             publish_stop(moved.row.id, moved.row.attempt)

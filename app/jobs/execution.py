@@ -229,11 +229,12 @@ def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrou
 
 # --- write ----------------------------------------------------------------------------------------------------
 
-def write(batch: list[Outcome], refill: dict[str, int] | None = None) -> tuple[dict[str, str], dict]:
+def write(batch: list[Outcome], refill: dict[str, tuple[int, float]] | None = None) -> tuple[dict[str, str], dict]:
     """The writer: a batch of ended calls.  Their answers -> done in ONE statement with their usage counts,
     attempt logs and outbox rows (the calls are counted whether or not each job is still ours: the model did
     the work); then every effect of the batch (the answers', the other outcomes') in ONE dispatch step per model,
-    which takes, for ``refill`` (model -> the call slots this batch freed), the jobs the ring picks now.
+    which takes, for ``refill`` (model -> (the call slots this batch freed, their calls' lease)), the jobs the
+    ring picks now.
     Returns (job id -> what came of it, model -> the jobs pulled)."""
     out: dict[str, str] = {o.attempt.row.id: o.result for o in batch if o.done is None}
     with effects.collecting(refill=refill) as due:
@@ -289,8 +290,8 @@ def run_claimed(attempts: list[Attempt]) -> dict[str, str]:
     """Run attempts this caller claimed, here (the worker-less runWork pass; one job in process): the calls at
     once, on threads of their own; this thread writes the outcomes as they come, each batch of calls that ended
     together in ONE done statement.  No refill: nothing more is pulled.  Returns job id -> what came of it."""
-    if len(attempts) == 1:
-        return write([call(attempts[0])])[0]
+    if len(attempts) <= 1:
+        return write([call(a) for a in attempts])[0]
     out: dict[str, str] = {}
     with ThreadPoolExecutor(len(attempts), "asynch-call-here") as pool:
         pending = {pool.submit(call, a) for a in attempts}

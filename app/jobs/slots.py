@@ -35,6 +35,7 @@ from app.config import get_settings
 from app.errors import Unavailable
 from app.infra import metrics
 from app.infra.process import PerProcess
+from app.catalog import registry
 from app.jobs import dispatch, execution
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ class Slots:
             self.active += n
         started = 0
         try:
-            started = self._start(model, dispatch.pull(model, n), reserved=n)
+            row = registry.model_row(model)
+            started = self._start(model, dispatch.pull(model, n, execution.lease_seconds(row)), reserved=n)
         except Exception:
             log.exception("doorbell of %s not answered; it is rung again", model)
             self._release(n - started)
@@ -151,7 +153,8 @@ class Slots:
 
     def _write(self, batch: list[execution.Outcome]) -> None:
         freed = Counter(o.attempt.row.model_name for o in batch)
-        refill = {} if self._give_back(freed) else dict(freed)
+        leases = {o.attempt.row.model_name: execution.lease_seconds(o.attempt.model) for o in batch}
+        refill = {} if self._give_back(freed) else {m: (n, leases[m]) for m, n in freed.items()}
         results, pulled = execution.write(batch, refill)
         for outcome in results.values():
             metrics.run_job_message(outcome)

@@ -37,15 +37,11 @@ class Step:
     head: list = field(default_factory=list)
 
 
-def pull_lease() -> float:
-    """A pulled job's permit lease: the longest call and its grace (recovery shortens a dead call's)."""
-    s = get_settings()
-    return float(s.max_model_timeout_seconds + s.lease_grace_seconds)
-
-
-def _step(script, model: str, cap: int | None, *args, most: int = 0, gate: bool = False, client=None) -> list:
+def _step(script, model: str, cap: int | None, *args, most: int = 0, lease: float = 0.0, gate: bool = False,
+          client=None) -> list:
     """A dispatch_*.lua step's raw answer: the model's keys (``gate``: and its gate, run time), the common ARGV,
-    ``args`` (``client``: a pipeline to queue it on)."""
+    ``args`` (``client``: a pipeline to queue it on); ``most`` jobs pulled for the caller, their permits lasting
+    ``lease`` seconds (their calls' lease: the model's timeout and the grace)."""
     s = get_settings()
     k = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
          keys.dispatch_job_info(model), keys.dispatch_conf(model), keys.runtime_max_concurrency(model),
@@ -55,7 +51,7 @@ def _step(script, model: str, cap: int | None, *args, most: int = 0, gate: bool 
          keys.dispatch_busy_budget(model)]
     return script(client=client, keys=k + ([keys.gate(model), keys.dispatch_run_time(model)] if gate else []), args=[
         keys.dispatch_ready(model, ""), keys.semaphore(model, ""), keys.dispatch_parked(model, ""),
-        "" if cap is None else int(cap), f"{s.dispatch_bell_seconds:.3f}", f"{pull_lease():.3f}", int(most),
+        "" if cap is None else int(cap), f"{s.dispatch_bell_seconds:.3f}", f"{lease:.3f}", int(most),
         s.dispatch_fairness, upstream.params(), *args])
 
 
@@ -74,9 +70,10 @@ def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int, str]
     return _parsed(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat))
 
 
-def pull(model: str, most: int, cap: int | None = None) -> Step:
-    """A worker answers the model's doorbell with ``most`` free call slots: the jobs the ring picks now are its."""
-    return _parsed(_step(scripts.get("dispatch_pull"), model, cap, most=most))
+def pull(model: str, most: int, lease: float, cap: int | None = None) -> Step:
+    """A worker answers the model's doorbell with ``most`` free call slots: the jobs the ring picks now are its,
+    their permits lasting ``lease``."""
+    return _parsed(_step(scripts.get("dispatch_pull"), model, cap, most=most, lease=lease))
 
 
 def claimed(model: str, jobs: Iterable[tuple[str, str]], run_lease_seconds: float,
@@ -87,10 +84,10 @@ def claimed(model: str, jobs: Iterable[tuple[str, str]], run_lease_seconds: floa
 
 
 def finish(model: str, jobs: Iterable[tuple[str, str, str | None, float | None, tuple[float, int] | str | None]],
-           cap: int | None = None, most: int = 0) -> tuple[list[bool], Step]:
+           cap: int | None = None, most: int = 0, lease: float = 0.0) -> tuple[list[bool], Step]:
     """Jobs that left pending/running and calls that ended, (tenant, job_id, wake-up, ran, keep) each, in ONE step:
     (for each, whether its gate slot was still held; the step: the jobs pulled for the caller's ``most`` freed
-    slots, the ring).  Wake-up: None for none, "" for the job id alone, else the message (wakeups.py
+    slots, their permits lasting ``lease``, the ring).  Wake-up: None for none, "" for the job id alone, else the message (wakeups.py
     snapshot_message); ran: a done attempt's seconds, for the EWMA and upstream.py; keep: None to release its
     permits, (seconds, attempt): someone else ended it while that attempt's call may still run, so its permits
     stay, as "<job>#<attempt>", until the call ends (its worker's own finish of that id) and at most that long;
@@ -99,7 +96,7 @@ def finish(model: str, jobs: Iterable[tuple[str, str, str | None, float | None, 
         t, job, "-" if wake is None else wake, "" if ran is None else f"{ran:.6f}",
         "" if keep is None else keep if isinstance(keep, str) else f"{keep[0]:.3f} {keep[1]}")]
     raw = _step(scripts.get("dispatch_finish"), model, cap, keys.tenant_gate(model, ""), keys.terminal_channel(),
-                f"{get_settings().estimate_alpha:.6f}", *flat, gate=True, most=most)
+                f"{get_settings().estimate_alpha:.6f}", *flat, gate=True, most=most, lease=lease)
     n = int(raw[0])
     return [bool(x) for x in raw[1:1 + n]], _parsed(raw, 1 + n)
 
