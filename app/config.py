@@ -270,6 +270,22 @@ ALIASES = {old: f.validation_alias.choices[0] for f in Settings.model_fields.val
 OLD_FIELDS = {old[len(ENV_PREFIX):].lower(): new[len(ENV_PREFIX):].lower() for old, new in ALIASES.items()}
 
 
+# Settings no longer read (docs/operations.md, "Removed settings"): a process that finds one set says so at
+# start (app/cli/processes.py), with this reason.
+REMOVED = {
+    "ASYNCH_DISPATCH_WINDOW": "no longer read since 2026-12-07: no job waits in the broker; a worker's free call "
+                              "slots pull theirs (ASYNCH_WORKER_SLOTS)",
+    "ASYNCH_DISPATCH_LEASE_SECONDS": "no longer read since 2026-12-07: no dispatched job waits unclaimed; a lost "
+                                     "doorbell is rung again after ASYNCH_DISPATCH_BELL_SECONDS",
+}
+
+
+def removed_settings(env: Mapping[str, str] | None = None) -> list[str]:
+    """The removed settings ``env`` (default: os.environ) still sets, each with its reason."""
+    env = os.environ if env is None else env
+    return [f"{name} is {why}" for name, why in REMOVED.items() if name in env]
+
+
 def env_names() -> dict[str, str]:
     """Setting name -> environment variable (used by docs and the compose test)."""
     return {name: ENV_PREFIX + name.upper() for name in Settings.model_fields}

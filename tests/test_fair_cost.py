@@ -15,7 +15,9 @@ work over many keys and creators gets no more than one that does not.
 """
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -178,6 +180,35 @@ def _measure(tenants, warmup: float, seconds: float) -> dict[str, float]:
     return model_seconds(tenants, t0, t1)
 
 
+@contextmanager
+def _fed(model: str, feeds: dict[str, list[tuple[dict, dict]]], depth: int = 64):
+    """Keep each tenant's queue on ``model`` at least ``depth`` deep while the block runs: ``feeds`` maps a
+    tenant to its jobs' (payload, submit kwargs), taken in turn (the share is measured under contention only,
+    however fast the slots drain it)."""
+    stop, n = threading.Event(), iter(range(10**9))
+
+    def top_up():
+        for tenant, kinds in feeds.items():
+            for _ in range(max(0, depth - rd.ready_counts(model).get(tenant, 0))):
+                i = next(n)
+                payload, kw = kinds[i % len(kinds)]
+                _submit(tenant, model, {**payload, "i": i}, **kw)
+
+    top_up()
+
+    def feed():
+        while not stop.wait(0.1):
+            top_up()
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(10)
+
+
 def _busy(tenants, model: str) -> bool:
     """Every tenant still has work queued (the share is measured under contention only)."""
     counts = rd.ready_counts(model)
@@ -189,13 +220,9 @@ def _busy(tenants, model: str) -> bool:
 def test_equal_weight_tenants_of_01s_and_2s_jobs_get_equal_model_time(two_workers, make_model, r):
     make_model("cost", max_concurrency=10, queue_limit=3000, timeout_seconds=10, expected_seconds=1,
                model_key_headers="X-Stub-Tenant")
-    # Enough of each to keep both backlogged: 16 slots (2 processes x 8) for 13 s, about half each.
-    for i in range(1400):
-        _submit("fast", "cost", {"sleep_ms": 100, "i": i})
-        if i % 20 == 0:
-            _submit("slow", "cost", {"sleep_ms": 2000, "i": i})
-    got = _measure(("fast", "slow"), warmup=3, seconds=10)
-    assert _busy(("fast", "slow"), "cost"), rd.ready_counts("cost")
+    with _fed("cost", {"fast": [({"sleep_ms": 100}, {})], "slow": [({"sleep_ms": 2000}, {})]}):
+        got = _measure(("fast", "slow"), warmup=3, seconds=10)
+        assert _busy(("fast", "slow"), "cost"), rd.ready_counts("cost")
     assert sum(got.values()) > 100, got  # the slots mostly busy over 10 s
     assert abs(got["fast"] - got["slow"]) <= 0.15 * max(got.values()), got  # turns would give slow ~95%
     cost = _run_seconds(r, "cost")
@@ -209,7 +236,7 @@ def test_a_guaranteed_minimum_holds_under_a_flood(two_workers, make_model, model
                model_key_headers="X-Stub-Tenant")
     limits.update("flood", TenantLimitsInput(weight=100))
     limits.update("small", TenantLimitsInput(min_concurrency={"minf": 1}, burst_concurrency={"minf": 1}))
-    for i in range(200):
+    for i in range(600):
         _submit("flood", "minf", {"sleep_ms": 300, "i": i})
     wait_until(lambda: rd.ready_counts("minf").get("flood", 0) > 0 and len(model_server.state.calls) >= 2,
                what="the flood on both workers")
@@ -238,10 +265,10 @@ def test_splitting_work_over_keys_and_creators_gains_nothing(two_workers, make_m
     make_model("split", max_concurrency=10, queue_limit=2000, timeout_seconds=10, expected_seconds=1,
                model_key_headers="X-Stub-Tenant")
     keys_ = [create_key("many", "user", f"k{i}")[1].id for i in range(10)]
-    for i in range(150):
-        _submit("one", "split", {"sleep_ms": 1000, "i": i})
-        for k in keys_[:4] if i % 10 else keys_:  # ten keys, ten creators: five times the jobs queued
-            _submit("many", "split", {"sleep_ms": 1000, "i": i}, key_id=k, creator=f"c{k}")
-    got = _measure(("one", "many"), warmup=3, seconds=10)
-    assert _busy(("one", "many"), "split"), rd.ready_counts("split")
+    # Ten keys, ten creators, five times the jobs queued: its share is the tenant's all the same.
+    many = [({"sleep_ms": 200}, {"key_id": k, "creator": f"c{k}"}) for k in keys_]
+    with _fed("split", {"one": [({"sleep_ms": 200}, {})], "many": many}, depth=64):
+        with _fed("split", {"many": many}, depth=320):
+            got = _measure(("one", "many"), warmup=3, seconds=10)
+            assert _busy(("one", "many"), "split"), rd.ready_counts("split")
     assert abs(got["one"] - got["many"]) <= 0.15 * max(got.values()), got

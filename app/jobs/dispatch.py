@@ -168,19 +168,21 @@ def returned(row, busy: Busy, cap: int | None = None) -> None:
         publisher.publish_task(KICK_MODEL_TASK, [row.model_name], countdown=max(0.0, at - time.time()))
 
 
-def kick(model: str, *, cap: int | None = None, broker_lost: bool = False) -> None:
+def kick(model: str, *, cap: int | None = None, broker_lost: bool = False) -> int:
     """The model's blocked tenants tried again, delayed jobs whose time came queued, its doorbell rung if work
-    waits (``broker_lost``: its message is gone, ring anew); the doorbells out kept true (``keys.bells``)."""
+    waits (``broker_lost``: its message is gone, ring anew); the doorbells out kept true (``keys.bells``).
+    Returns 1 if it rang, else 0."""
     out = _safely(model, "kick", lambda: rd.kick(model, cap=cap, broker_lost=broker_lost))
     if out is not None and not out[0].ring and not out[1]:
         try:
             get_redis().zrem(keys.bells(), model)
         except redis.RedisError:
             pass
+    return int(out is not None and out[0].ring)
 
 
 def kick_all(caps: dict[str, int], *, broker_lost: bool = False) -> int:
-    """Every model with dispatch state (and every configured one): ``kick``.  Returns how many were kicked."""
+    """Every model with dispatch state (and every configured one): ``kick``.  Returns how many doorbells rang."""
     names = sorted(set(caps) | rd.models())
     try:
         # Each model's steps read their own copy of the weights (one hash slot,
@@ -188,9 +190,7 @@ def kick_all(caps: dict[str, int], *, broker_lost: bool = False) -> int:
         rd.copy_weights(names)
     except redis.RedisError as exc:
         log.warning("dispatch weights not copied: %s; the next pass tries again", exc)
-    for model in names:
-        kick(model, cap=caps.get(model), broker_lost=broker_lost)
-    return len(names)
+    return sum(kick(model, cap=caps.get(model), broker_lost=broker_lost) for model in names)
 
 
 def bells_waiting(but: str) -> bool:

@@ -34,8 +34,7 @@ from app.infra import metrics, secretbox
 from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
 from app.infra.storage import StorageError, get_storage
-from app.infra.tables import tasks
-from app.catalog import registry
+from app.infra.tables import models, tasks
 from app.jobs import calls, dispatch, effects, outcomes, stats
 from app.jobs.dispatch import CURRENT
 from app.states import JobState, job_error
@@ -84,7 +83,8 @@ def claim(model_name: str, pulled: list[dispatch.Pulled], worker: str | None) ->
     "expired", "stale").  The database away: every pulled job goes back to its queue's head, Unavailable."""
     if not pulled:
         return [], {}
-    model = registry.model_row(model_name)
+    with single_statement() as conn:  # read afresh: a model deleted or changed a moment ago is seen so
+        model = conn.execute(select(models).where(models.c.model_name == model_name)).first()
     try:
         with single_statement() as conn:
             rows = transitions.claim_group(conn, [(j, a) for _t, j, a in pulled],
@@ -171,6 +171,7 @@ def call(a: Attempt) -> Outcome:
         return out
     try:
         t0 = time.monotonic()
+        log.debug("calling the model")  # the job's fields: bound by the caller (app/jobs/slots.py)
         # The call's deadline: the model's timeout, or the job's whole budget if that ends first.
         budget = (as_utc(row.deadline_at) - clock_now()).total_seconds() if row.deadline_at is not None else None
         timeout = model.timeout_seconds if budget is None else max(0.001, min(model.timeout_seconds, budget))

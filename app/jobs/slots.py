@@ -33,7 +33,7 @@ from typing import Callable
 
 from app.config import get_settings
 from app.errors import Unavailable
-from app.infra import metrics
+from app.infra import logs, metrics
 from app.infra.process import PerProcess
 from app.catalog import registry
 from app.jobs import dispatch, execution
@@ -82,7 +82,7 @@ class Slots:
             self.active += n
         started = 0
         try:
-            row = registry.model_row(model)
+            row = registry.model_row(model)  # its timeout, for the pulled permits' lease (a cached read)
             started = self._start(model, dispatch.pull(model, n, execution.lease_seconds(row)), reserved=n)
         except Exception:
             log.exception("doorbell of %s not answered; it is rung again", model)
@@ -126,11 +126,15 @@ class Slots:
         return len(attempts)
 
     def _call(self, a: execution.Attempt) -> None:
+        # Everything logged on this slot's thread while the call runs carries its job (a library's lines too).
+        token = logs.bind(job_id=a.row.id, model=a.row.model_name, tenant=a.row.tenant_id)
         try:
             outcome = execution.call(a)
         except Exception:  # call() records its own failures: this is a bug, and the lease repairs the job
             log.exception("call crashed", extra=a.ctx)
             outcome = execution.Outcome(a, result="lost")
+        finally:
+            logs.reset(token)
         self._ended.put(outcome)
 
     # --- the writer -------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ def requeue_job(job_id: str) -> dict:
     row = get_job(OPERATOR, job_id)
     state = JobState(row.state)
     if state == JobState.PENDING:
-        dispatch.queue([row], mode="NX", ring=True)  # its doorbell rung again too: a lost one is the likely cause
+        dispatch.queue([row], mode="NX")
+        dispatch.kick(row.model_name, broker_lost=True)  # its doorbell rung anew: a lost one is the likely cause
         return {"job_id": row.id, "action": "republished", "attempt": row.attempt}
     if state == JobState.RETRY_WAIT:
         rep = maintenance.retry_due(only=[row.id])

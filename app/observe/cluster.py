@@ -119,7 +119,7 @@ class ClusterCollector:
                      (([m, t], depth) for m, (per, _) in sorted(fairness.items()) for t, depth in sorted(per.items())))
         yield _gauge("asynch_dispatch_bell_age_seconds", "how long the model's doorbell has been out unanswered: "
                      "work waits and no worker had a free slot for it (0: no doorbell out)", ["model"],
-                     (([m], max(0.0, at_ - rang) if rang else 0.0) for m, (_, rang) in sorted(fairness.items())))
+                     (([m], max(0.0, time.time() - rang) if rang else 0.0) for m, (_, rang) in sorted(fairness.items())))
         yield _gauge("asynch_tenant_weight", "a tenant's dispatch weight (tenants not listed: 1)", ["tenant"],
                      (([t], w) for t, w in sorted(weights.items())))
 
