@@ -195,6 +195,32 @@ def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, wo
     return next(iter(claim_group(conn, [(job_id, attempt)], lease_until, worker)), None)
 
 
+# A worker's claim of pulled jobs, with their model's row read in the same statement (a model deleted or changed a
+# moment ago is seen so, and the lease follows the timeout the call will use): the claim as a CTE, its lease
+# from the job's model (``v_grace`` seconds past its timeout; 60 s for a model gone), the claimed rows joined
+# back to their model, whose columns come as ``m_<name>`` (``m_id`` NULL: the model is gone).
+_MODEL_TIMEOUT = (select(models.c.timeout_seconds).where(models.c.model_name == tasks.c.model_name)
+                  .scalar_subquery())
+_CLAIMED = (_CLAIM_IN_TIME.values(lease_expires_at=bindparam("v_now") + func.make_interval(
+    0, 0, 0, 0, 0, 0, func.coalesce(_MODEL_TIMEOUT, 60) + bindparam("v_grace", type_=Integer)))
+    .cte("claimed"))
+_CLAIM_WITH_MODEL = (select(*_CLAIMED.c, *[c.label(f"m_{c.name}") for c in models.c])
+                     .select_from(_CLAIMED.outerjoin(models, models.c.model_name == _CLAIMED.c.model_name)))
+
+
+def claim_pulled(conn: Connection, jobs: Sequence[tuple[str, int]], grace_seconds: float,
+                 worker: str | None = None) -> list[Row]:
+    """claim_group(before_caller_deadline=True) for jobs a worker's free slots pulled, with each job's model row
+    (``m_*`` columns) from the same statement and the lease its timeout plus ``grace_seconds``."""
+    check_allowed([S.PENDING], S.RUNNING)
+    jobs = dict(jobs)
+    if not jobs:
+        return []
+    return list(conn.execute(_CLAIM_WITH_MODEL, {
+        "g_id": list(jobs), "g_attempt": list(jobs.values()), "v_now": clock_now(), "v_grace": int(grace_seconds),
+        "v_worker": worker}).all())
+
+
 @dataclass(frozen=True)
 class Done:
     """One attempt's answer, for complete_group.  ``inline``: the result itself, kept in the row

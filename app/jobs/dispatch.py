@@ -69,7 +69,8 @@ def _rung(model: str, step: rd.Step) -> rd.Step:
     if step.ring:
         if publisher.publish_bell(model, publisher.Priority.HIGH if step.high else publisher.Priority.NORMAL):
             try:
-                get_redis().zadd(keys.bells(), {model: time.time()})
+                # NX: a doorbell rung again (its lease passed unanswered) is still the same wait
+                get_redis().zadd(keys.bells(), {model: time.time()}, nx=True)
             except redis.RedisError:
                 pass
         else:  # not rung: the next step may ring it at once

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import timedelta
+from types import SimpleNamespace
 
 from sqlalchemy import select
 
@@ -77,19 +77,23 @@ def lease_seconds(model) -> float:
     return (model.timeout_seconds if model is not None else 60) + get_settings().lease_grace_seconds
 
 
+def _model_of(row):
+    """The model row a claim_pulled row carries (its ``m_*`` columns), None if the model is gone."""
+    if row.m_id is None:
+        return None
+    return SimpleNamespace(**{c.name: getattr(row, f"m_{c.name}") for c in models.c})
+
+
 def claim(model_name: str, pulled: list[dispatch.Pulled], worker: str | None) -> tuple[list[Attempt], dict[str, str]]:
     """Claim the jobs free slots pulled, (tenant, job_id, attempt) each, in ONE statement (CAS pending at the
     pulled attempt -> running), with their model's row.  Returns (the attempts to call, what came of the rest:
     "expired", "stale").  The database away: every pulled job goes back to its queue's head, Unavailable."""
     if not pulled:
         return [], {}
-    with single_statement() as conn:  # read afresh: a model deleted or changed a moment ago is seen so
-        model = conn.execute(select(models).where(models.c.model_name == model_name)).first()
     try:
-        with single_statement() as conn:
-            rows = transitions.claim_group(conn, [(j, a) for _t, j, a in pulled],
-                                           clock_now() + timedelta(seconds=lease_seconds(model)), worker,
-                                           before_caller_deadline=True)
+        with single_statement() as conn:  # the model's row from the same statement: a model deleted or changed
+            rows = transitions.claim_pulled(conn, [(j, a) for _t, j, a in pulled],  # a moment ago is seen so
+                                            get_settings().lease_grace_seconds, worker)
     except Unavailable:
         with effects.collecting() as due:
             for tenant, job, _a in pulled:
@@ -99,7 +103,7 @@ def claim(model_name: str, pulled: list[dispatch.Pulled], worker: str | None) ->
     out, left = {}, [p for p in pulled if p[1] not in claimed]
     if left:
         out = _unclaimed(model_name, left)
-    return [Attempt(row, model) for row in rows], out
+    return [Attempt(row, _model_of(row)) for row in rows], out
 
 
 def claim_given(jobs: list[tuple[str, int]], worker: str | None) -> tuple[list[Attempt], dict[str, str]]:

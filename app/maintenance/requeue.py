@@ -19,8 +19,10 @@ def requeue_job(job_id: str) -> dict:
     row = get_job(OPERATOR, job_id)
     state = JobState(row.state)
     if state == JobState.PENDING:
+        # Its doorbell counted lost (the likely cause) and rung anew if its entry is there, then its entry put
+        # back if it is not (NX), which rings then: one doorbell either way.
+        dispatch.kick(row.model_name, broker_lost=True)
         dispatch.queue([row], mode="NX")
-        dispatch.kick(row.model_name, broker_lost=True)  # its doorbell rung anew: a lost one is the likely cause
         return {"job_id": row.id, "action": "republished", "attempt": row.attempt}
     if state == JobState.RETRY_WAIT:
         rep = maintenance.retry_due(only=[row.id])
