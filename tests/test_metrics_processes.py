@@ -195,7 +195,10 @@ def _worker_node(test_env, tmp_path, name: str) -> WorkerProcess:
     so two nodes on one host stay two in the liveness keys."""
     port = free_port()
     env = {**test_env, **metrics.group_env(str(tmp_path / f"{name}-metrics")),
-           "ASYNCH_WORKER_METRICS_PORT": str(port), "ASYNCH_METRICS_TOKEN": TOKEN}
+           "ASYNCH_WORKER_METRICS_PORT": str(port), "ASYNCH_METRICS_TOKEN": TOKEN,
+           # Two slots a process: the model's 8 permits need all four processes (with the default 8, one
+           # process's slots could run every call, and the other node would have nothing to report).
+           "ASYNCH_WORKER_SLOTS": "2"}
     node = WorkerProcess(env, concurrency=2, log_path=tmp_path / f"{name}.log", name=name).start()
     node.metrics_url, node.metrics_port = f"http://127.0.0.1:{port}/metrics", port
     node.metrics_dir = Path(env["PROMETHEUS_MULTIPROC_DIR"])
