@@ -106,10 +106,12 @@ class Settings(BaseSettings):
     tenant_queue_share: float = _s(1.0, "The share of a model's queue_limit a tenant may hold by default.")
     queue_fair_share: bool = _s(True, "Fair share at admission, with a reserve for tenants holding no slot.")
     queue_newcomer_reserve: float = _s(0.05, "Headroom above queue_limit (a share of it) only newcomers may enter.")
-    dispatch_window: int = _s(16, "Dispatched jobs per model that may wait in the broker unclaimed (refilled in whole "
-                                    "steps of min(dispatch_group, half of it)).")
-    dispatch_group: int = _s(8, "Most jobs of one model a run_jobs message carries (claimed together).", ge=1, le=64)
-    dispatch_lease_seconds: float = _s(60.0, "A dispatched job unclaimed this long goes back to its queue's head.")
+    worker_slots: int = _s(8, "Model calls one worker pool process runs at once; a slot freed takes the job the fair "
+                              "dispatcher picks then.", ge=1, le=256)
+    dispatch_group: int = _s(8, "Most jobs one pull takes for a worker's free slots (claimed in one statement).",
+                             ge=1, le=64)
+    dispatch_bell_seconds: float = _s(10.0, "A model's doorbell no worker answered, while nothing of the model was "
+                                            "pulled, is rung again after this long (its message was lost).", gt=0)
     estimate_alpha: float = _s(0.3, "Weight of each finished run in the model's moving average (0-1).")
     dispatch_fairness: str = _s("cost", "What fair dispatch shares: 'cost' (model time) or 'turns' (jobs).",
                                 pattern="^(cost|turns)$")
@@ -266,6 +268,22 @@ def prometheus_multiproc_dir() -> str:
 ALIASES = {old: f.validation_alias.choices[0] for f in Settings.model_fields.values()
            if isinstance(f.validation_alias, AliasChoices) for old in f.validation_alias.choices[1:]}
 OLD_FIELDS = {old[len(ENV_PREFIX):].lower(): new[len(ENV_PREFIX):].lower() for old, new in ALIASES.items()}
+
+
+# Settings no longer read (docs/operations.md, "Removed settings"): a process that finds one set says so at
+# start (app/cli/processes.py), with this reason.
+REMOVED = {
+    "ASYNCH_DISPATCH_WINDOW": "no longer read since 2026-12-07: no job waits in the broker; a worker's free call "
+                              "slots pull theirs (ASYNCH_WORKER_SLOTS)",
+    "ASYNCH_DISPATCH_LEASE_SECONDS": "no longer read since 2026-12-07: no dispatched job waits unclaimed; a lost "
+                                     "doorbell is rung again after ASYNCH_DISPATCH_BELL_SECONDS",
+}
+
+
+def removed_settings(env: Mapping[str, str] | None = None) -> list[str]:
+    """The removed settings ``env`` (default: os.environ) still sets, each with its reason."""
+    env = os.environ if env is None else env
+    return [f"{name} is {why}" for name, why in REMOVED.items() if name in env]
 
 
 def env_names() -> dict[str, str]:

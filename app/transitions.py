@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Iterable, Sequence
 
 from sqlalchemy import (BigInteger, DateTime, Integer, LargeBinary, String, Text, bindparam, cast, delete, func, insert,
-                        literal, literal_column, select, update)
+                        literal, literal_column, or_, select, update)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ClauseElement
@@ -171,24 +171,54 @@ _CLAIM = (update(tasks).where(tasks.c.id == _CLAIMS.c.id, tasks.c.attempt == _CL
           .values(state=int(S.RUNNING), attempt=tasks.c.attempt + 1, started_at=bindparam("v_now"),
                   updated_at=bindparam("v_now"), lease_expires_at=bindparam("v_lease"), worker=bindparam("v_worker"))
           .returning(*tasks.c))
+# The same, but not for a job whose caller's deadline passed while it waited (it is to expire, never to run).
+_CLAIM_IN_TIME = _CLAIM.where(or_(tasks.c.caller_deadline_at.is_(None), tasks.c.caller_deadline_at >= bindparam("v_now")))
 
 
 def claim_group(conn: Connection, jobs: Sequence[tuple[str, int]], lease_until: datetime,
-                worker: str | None = None) -> list[Row]:
-    """pending -> running for each (job_id, attempt its message was published for) of a worker's group, in
+                worker: str | None = None, *, before_caller_deadline: bool = False) -> list[Row]:
+    """pending -> running for each (job_id, the attempt it was pulled or published at) of a worker's group, in
     ONE statement (one commit: every claim is durable before any of its calls).  Returns the rows it moved;
-    a duplicate or outdated message's job is left out (it must not run).  ``worker``: the node."""
+    a job no longer pending at that attempt is left out (it must not run), and with ``before_caller_deadline``
+    one past its caller's deadline too.  ``worker``: the node."""
     check_allowed([S.PENDING], S.RUNNING)
     jobs = dict(jobs)  # a job named twice is claimed once
     if not jobs:
         return []
-    return list(conn.execute(_CLAIM, {"g_id": list(jobs), "g_attempt": list(jobs.values()), "v_now": clock_now(),
-                                      "v_lease": lease_until, "v_worker": worker}).all())
+    return list(conn.execute(_CLAIM_IN_TIME if before_caller_deadline else _CLAIM, {
+        "g_id": list(jobs), "g_attempt": list(jobs.values()), "v_now": clock_now(), "v_lease": lease_until,
+        "v_worker": worker}).all())
 
 
 def claim(conn: Connection, job_id: str, attempt: int, lease_until: datetime, worker: str | None = None) -> Row | None:
     """A group of one (claim_group)."""
     return next(iter(claim_group(conn, [(job_id, attempt)], lease_until, worker)), None)
+
+
+# A worker's claim of pulled jobs, with their model's row read in the same statement (a model deleted or changed a
+# moment ago is seen so, and the lease follows the timeout the call will use): the claim as a CTE, its lease
+# from the job's model (``v_grace`` seconds past its timeout; 60 s for a model gone), the claimed rows joined
+# back to their model, whose columns come as ``m_<name>`` (``m_id`` NULL: the model is gone).
+_MODEL_TIMEOUT = (select(models.c.timeout_seconds).where(models.c.model_name == tasks.c.model_name)
+                  .scalar_subquery())
+_CLAIMED = (_CLAIM_IN_TIME.values(lease_expires_at=bindparam("v_now") + func.make_interval(
+    0, 0, 0, 0, 0, 0, func.coalesce(_MODEL_TIMEOUT, 60) + bindparam("v_grace", type_=Integer)))
+    .cte("claimed"))
+_CLAIM_WITH_MODEL = (select(*_CLAIMED.c, *[c.label(f"m_{c.name}") for c in models.c])
+                     .select_from(_CLAIMED.outerjoin(models, models.c.model_name == _CLAIMED.c.model_name)))
+
+
+def claim_pulled(conn: Connection, jobs: Sequence[tuple[str, int]], grace_seconds: float,
+                 worker: str | None = None) -> list[Row]:
+    """claim_group(before_caller_deadline=True) for jobs a worker's free slots pulled, with each job's model row
+    (``m_*`` columns) from the same statement and the lease its timeout plus ``grace_seconds``."""
+    check_allowed([S.PENDING], S.RUNNING)
+    jobs = dict(jobs)
+    if not jobs:
+        return []
+    return list(conn.execute(_CLAIM_WITH_MODEL, {
+        "g_id": list(jobs), "g_attempt": list(jobs.values()), "v_now": clock_now(), "v_grace": int(grace_seconds),
+        "v_worker": worker}).all())
 
 
 @dataclass(frozen=True)

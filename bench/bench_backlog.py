@@ -89,8 +89,8 @@ def _seed() -> float:
         chunk = ids[i:i + 5000]
         r.zadd(keys.gate("deep"), {j: now for j in chunk})
         r.zadd(keys.tenant_gate("deep", "tenant-a"), {j: now for j in chunk})
-        # most=0: queued, nothing dispatched (A's permits are the dispatch part's to use)
-        rd.enqueue("deep", [("tenant-a", j, i + k, 0, "") for k, j in enumerate(chunk)], most=0)
+        # queued only: nothing is pulled until a slot asks (A's permits are the dispatch part's to use)
+        rd.enqueue("deep", [("tenant-a", j, i + k, 0, "") for k, j in enumerate(chunk)])
     return time.monotonic() - t0
 
 
@@ -105,17 +105,18 @@ def _latency(url: str, headers: dict, n: int = 20) -> dict:
 
 
 def _dispatch_rate(steps: int = 2000) -> float:
-    """FINISH steps/s on model "dispatch-<n>": tenant C's jobs, each finish
-    frees the permit and dispatches C's next job (the ring also holds A's
-    deep queue when there is one)."""
+    """FINISH steps/s on model "deep": tenant C's jobs, each finish frees the
+    permit and pulls the ring's next job for the freed slot (the ring also
+    holds A's deep queue when there is one)."""
     from app.infra.redis import dispatch as rd
 
     ids = [f"job_disp_{i:08d}" for i in range(steps + 1)]
-    rd.enqueue("deep", [("tenant-c", j, i, 0, "") for i, j in enumerate(ids)], cap=1, most=0)
-    rd.kick("deep", cap=1)
+    rd.enqueue("deep", [("tenant-c", j, i, 0, "") for i, j in enumerate(ids)], cap=1)
+    held = rd.pull("deep", 1, 30.0, cap=1).pulled
     t0 = time.monotonic()
-    for j in ids[:steps]:
-        rd.finish("deep", [("tenant-c", j, None, None, None)], cap=1)
+    for _ in range(steps):
+        _, step = rd.finish("deep", [(t, j, None, None, None) for t, j, _a in held], cap=1, most=1, lease=30.0)
+        held = step.pulled
     return steps / (time.monotonic() - t0)
 
 

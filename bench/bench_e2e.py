@@ -4,14 +4,14 @@ versus bare Celery tasks making the same HTTP call, same worker settings
 worker runs; the clock starts when the worker reports ready and stops when
 the last job is done.  Medians of 3.
 
-``BENCH_E2E_GROUPS`` (default "8", the product's ASYNCH_DISPATCH_GROUP): the group sizes ours runs at,
-interleaved in each run ("1,4,8": one job per message as before run_jobs, beside groups of 4 and 8).
+``BENCH_E2E_GROUPS`` (default "8", the product's ASYNCH_DISPATCH_GROUP): the most jobs one pull takes,
+interleaved in each run ("1,4,8": one job per pull, beside pulls of up to 4 and 8).
 
 ``BENCH_E2E_LIVE=1``: the worker runs first and the jobs arrive while it drains (one submission at a
 time from 8 threads, the bare tasks' ``.delay()`` from 8 threads too): a backlog that builds up one job
 at a time, the shape an API under sustained overload gives.  The clock runs from the first submission
 to the last job done.  ``BENCH_E2E_RATE=R`` paces the submissions at R a second (open loop), so
-a rate between the single-job and the grouped capacity shows whether the backlog groups.
+a rate between the single-job and the grouped capacity shows whether the pulls group.
 
 Each run prints how ours grouped: the jobs of one claim statement share its ``started_at`` (the
 statement's one clock reading), so the rows count the claims; the jobs of one done statement share its

@@ -238,9 +238,9 @@ def cost(fairness: str, seconds: float = 30.0, warmup: float = 4.0) -> dict:
 
     stack.truncate_jobs()
     stack.flush_redis()
-    set_settings(get_settings().with_overrides(dispatch_window=2, dispatch_fairness=fairness))
+    set_settings(get_settings().with_overrides(dispatch_fairness=fairness))
     worker = stack.celery_worker(f"fair-cost-{fairness}", "workers.celery_app", os.environ["ASYNCH_QUEUE_NAME"], 2,
-                                 {"ASYNCH_DISPATCH_WINDOW": "2", "ASYNCH_DISPATCH_FAIRNESS": fairness})
+                                 {"ASYNCH_DISPATCH_FAIRNESS": fairness})
     try:
         for i in range(480):
             for tenant, ms in (("fast", 100),) + ((("slow", 2000),) if i % 8 == 0 else ()):

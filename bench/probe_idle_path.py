@@ -43,7 +43,7 @@ def main() -> None:
 
     for mod, name, label in ((estimates, "for_new_many", "estimate"), (gate, "gate_admit_many", "gate"),
                              (admission, "_insert", "insert"), (rd, "enqueue", "dispatch"),
-                             (publisher, "publish_run_jobs", "lpush")):
+                             (publisher, "publish_bell", "lpush")):
         timed(mod, name, label)
     client = create_app().test_client()
     worker = stack.celery_worker("worker", "workers.celery_app", "asynch-bench")

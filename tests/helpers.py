@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -203,10 +204,12 @@ class Count:
     """Statements sent to PostgreSQL (every engine: ``sql`` their verbs, ``statements`` their text) and
     gate/broker calls sent to Redis."""
 
-    def __init__(self) -> None:
+    def __init__(self, this_thread: bool = False) -> None:
         self.sql: list[str] = []
         self.statements: list[str] = []
         self.redis: list[str] = []
+        # Only what this thread sends (a process's other threads: a writer, a watcher, a listener).
+        self._only = threading.get_ident() if this_thread else None
 
     def reads(self, fragment: str) -> int:
         """The statements whose text holds ``fragment``."""
@@ -225,7 +228,8 @@ class Count:
 
         def send(conn, command, check_health=True):
             raw = b"".join(command) if isinstance(command, list) else command
-            me.redis.append(raw.split(b"\r\n")[2].decode().upper() if raw.startswith(b"*") else "?")
+            if me._only in (None, threading.get_ident()):
+                me.redis.append(raw.split(b"\r\n")[2].decode().upper() if raw.startswith(b"*") else "?")
             return me._real(conn, command, check_health)
 
         redis.connection.AbstractConnection.send_packed_command = send
@@ -242,8 +246,9 @@ class Count:
         event.remove(get_engine(False), "before_cursor_execute", self._sql)
 
     def _sql(self, _conn, _cur, statement, *_a) -> None:
-        self.sql.append(statement.split(None, 1)[0].upper())
-        self.statements.append(statement)
+        if self._only in (None, threading.get_ident()):
+            self.sql.append(statement.split(None, 1)[0].upper())
+            self.statements.append(statement)
 
 
 # --- Redis state the product writes but never reads back this way -------------------------
@@ -287,7 +292,7 @@ def clear_dispatch(model: str) -> None:
 
     r = get_redis()
     doomed = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
-              keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_attempts(model),
+              keys.dispatch_job_info(model), keys.dispatch_conf(model), keys.dispatch_attempts(model),
               keys.dispatch_charges(model)]
     for prefix in (keys.dispatch_ready(model, ""), keys.semaphore(model, "")):
         doomed += list(r.scan_iter(match=prefix + "*", count=500))

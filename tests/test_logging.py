@@ -67,7 +67,7 @@ def test_no_secret_in_api_or_worker_logs_and_job_fields_present(
         assert job_row(done["job_id"]).state == 2 and job_row(failed["job_id"]).state == 3
         client.get(done["result_url"], headers=auth(user_key))
         # The worker logs just after its commit: let it finish before stopping it.
-        finals = {done["job_id"]: "job done", failed["job_id"]: "job failed", got["job_id"]: "Task asynch.run_jobs"}
+        finals = {done["job_id"]: "job done", failed["job_id"]: "job failed", got["job_id"]: "job done"}
         wait_until(lambda: all(any(d.get("job_id") == j and d["msg"].startswith(m)
                                    for d in _lines(worker_log.read_text(errors="replace")))
                                for j, m in finals.items()), timeout=20, what="worker log lines")
@@ -91,8 +91,17 @@ def test_no_secret_in_api_or_worker_logs_and_job_fields_present(
     assert finished and finished[0] | {"model": "echo", "tenant": "tenant-a", "attempt": 1} == finished[0]
     failed_line = [d for d in work if d.get("job_id") == failed["job_id"] and d["msg"].startswith("job failed")]
     assert failed_line and failed_line[0]["attempt"] == 1 and failed_line[0]["tenant"] == "tenant-a"
-    # Lines logged inside a task without extra= still carry the job (bound per task).
-    assert any(d.get("job_id") == got["job_id"] and "attempt" not in d for d in work)
+    # Lines logged on a call's thread without extra= still carry the job (bound per call): a process's
+    # slots, here in this process at DEBUG.
+    from app.jobs import slots
+
+    here = slots.Slots()
+    mine = client.post("/v1/models/echo/jobs", json={"prompt": "here"}, headers=auth(user_key)).get_json()["job_id"]
+    here.answer_bell("echo", "here#1")
+    wait_until(lambda: job_row(mine).state == 2, what="the job run here")
+    here.drain(10)
+    assert any(d.get("job_id") == mine and d["msg"] == "calling the model" and "attempt" not in d
+               and d["tenant"] == "tenant-a" for d in _lines(api_log.getvalue()))
 
 
 def test_secret_shapes_are_masked_and_context_binds():

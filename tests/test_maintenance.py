@@ -48,9 +48,9 @@ def purge_queue(b, queue: str) -> None:
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])
 
 
-def queued(b, queue: str) -> list[tuple[int, str, int]]:
-    """(priority, job id, attempt) of every job of every run_jobs message, in the order a
-    worker takes them: priority list 0 first, each list FIFO (LPUSH/BRPOP), a group's jobs in order."""
+def queued(b, queue: str) -> list[tuple[int, str, list]]:
+    """(priority, task, args) of every message on the broker's queue, in the order a worker takes them:
+    priority list 0 first, each list FIFO (LPUSH/BRPOP)."""
     from app.jobs import outbox
 
     outbox.flush()
@@ -59,9 +59,13 @@ def queued(b, queue: str) -> list[tuple[int, str, int]]:
         key = queue if pri == 0 else f"{queue}:{pri}"
         for raw in reversed(b.lrange(key, 0, -1)):
             msg = json.loads(raw)
-            (group,) = json.loads(__import__("base64").b64decode(msg["body"]))[0]
-            out.extend((pri, job_id, attempt) for job_id, attempt in group)
+            out.append((pri, msg["headers"]["task"], json.loads(__import__("base64").b64decode(msg["body"]))[0]))
     return out
+
+
+def _pull(model: str, n: int = 1) -> list[str]:
+    """A worker's free slots take ``n`` jobs (the ring's picks, permits taken)."""
+    return [j for _t, j, _a in rd.pull(model, n, 60).pulled]
 
 
 HIGH, NORMAL = broker_priority(Priority.HIGH), broker_priority(Priority.NORMAL)
@@ -99,9 +103,11 @@ def order(model: str) -> list[str]:
 def test_a_head_retry_goes_before_every_waiting_job(make_model, settings):
     make_model("head", retry_times=1, retry_queue_max_seconds=0, max_concurrency=1)
     failed = _fail_once("head", "h")
-    running = _submit("head", {"n": 0})  # takes the one permit
+    running = _submit("head", {"n": 0})
     waiting = [_submit("head", {"n": i}) for i in (1, 2, 3)]
-    assert order("head") == waiting and rd.inflight("head") == [running]
+    assert order("head") == [running, *waiting]
+    assert _pull("head") == [running]  # a free slot takes it, with the one permit
+    assert order("head") == waiting
     _at(job_row(failed).next_retry_at + timedelta(seconds=1))
     rep = maintenance.retry_due()
     assert rep.details["head"] == 1 and rep.processed == 1
@@ -109,8 +115,8 @@ def test_a_head_retry_goes_before_every_waiting_job(make_model, settings):
     assert row.state == JobState.PENDING and row.promoted_at is not None
     assert row.enqueue_at == row.created_at  # backdated: head of the queue
     assert order("head") == [failed, *waiting]
-    assert execution.run_attempt(running) == "done"  # its permit goes to the retry
-    assert rd.inflight("head") == [failed] and order("head") == waiting
+    assert execution.run_attempt(running) == "done"  # its permit back: the next free slot takes the retry
+    assert _pull("head") == [failed] and order("head") == waiting
 
 
 def test_tail_retry_waits_and_jumps_ahead_once_after_the_threshold(make_model, settings):
@@ -118,6 +124,7 @@ def test_tail_retry_waits_and_jumps_ahead_once_after_the_threshold(make_model, s
     failed = _fail_once("tail", "t")
     running = _submit("tail", {"n": 0})
     waiting = [_submit("tail", {"n": i}) for i in (1, 2, 3)]
+    assert _pull("tail") == [running]
     t0 = job_row(failed).next_retry_at + timedelta(seconds=1)
     _at(t0)
     assert maintenance.retry_due().details["tail"] == 1
@@ -131,7 +138,7 @@ def test_tail_retry_waits_and_jumps_ahead_once_after_the_threshold(make_model, s
     assert maintenance.promote_waiting_retries().processed == 0
     assert order("tail") == [failed, *waiting]
     assert execution.run_attempt(running) == "done"
-    assert rd.inflight("tail") == [failed]
+    assert _pull("tail") == [failed]
     assert execution.run_attempt(failed) == "done" and execution.run_attempt(failed) == "stale"
 
 
@@ -169,8 +176,7 @@ def test_two_retry_passes_at_once_readmit_each_job_once(make_model, broker, sett
         t.join()
     while maintenance.retry_due(limit=5).processed:
         pass
-    queued_or_sent = order("many") + rd.inflight("many")
-    assert sorted(queued_or_sent) == sorted(failed)  # each re-admitted job queued once, none twice
+    assert sorted(order("many")) == sorted(failed)  # each re-admitted job queued once, none twice
     assert all(job_row(j).state == JobState.PENDING for j in failed)
     assert set(r.zrange("asynch:gate:{many}", 0, -1)) == failed
 
@@ -182,12 +188,12 @@ def test_a_job_that_lost_its_queue_entry_is_queued_again(make_model, r, settings
     make_model("lost", max_concurrency=1)
     running = _submit("lost", {})
     job_id = _submit("lost", {})
-    assert order("lost") == [job_id]
+    assert _pull("lost") == [running] and order("lost") == [job_id]
     r.delete("asynch:dq:ready:{lost}:tenant-a")  # its entry is lost
     assert maintenance.republish_stale_pending().processed == 0  # young: maybe on its way
     _at(now() + timedelta(seconds=301))
     assert maintenance.republish_stale_pending().processed == 2  # both looked at...
-    assert order("lost") == [job_id] and rd.inflight("lost") == [running]  # ...only the lost one queued
+    assert order("lost") == [job_id]  # ...only the lost one queued (the other holds its permit)
     assert maintenance.republish_stale_pending().processed == 2  # harmless to repeat
     assert order("lost") == [job_id]
 
@@ -199,7 +205,7 @@ def test_the_lost_job_scan_costs_one_batch_per_pass(make_model, r):
     _at(now() + timedelta(seconds=301))
     seen = [maintenance.republish_stale_pending(limit=10).processed for _ in range(4)]
     assert seen == [10, 10, 5, 10]  # a cursor: the whole backlog in three passes, then over again
-    assert sorted(order("deep")) == sorted(ids[1:])
+    assert sorted(order("deep")) == sorted(ids)
 
 
 def _recovery_lines(caplog) -> list[tuple[int, str]]:
@@ -231,15 +237,16 @@ def test_wipe_of_either_redis_is_detected_and_repaired(make_model, broker, setti
     assert [(lvl, msg.split(":")[0]) for lvl, msg in _recovery_lines(caplog)] == [
         (logging.WARNING, "redis data lost (redis)")]
     assert set(r.zrange("asynch:gate:{wiped}", 0, -1)) == set(ids)
-    # Queue order kept: the first two dispatched again (2 permits), the third waits.
-    assert [j for _, j, _ in queued(broker, settings.queue_name)] == ids[:2] and order("wiped") == ids[2:]
+    # Queue order kept, and the model's doorbell rung: a worker's free slots will pull them.
+    assert order("wiped") == ids
+    assert [(t, a) for _, t, a in queued(broker, settings.queue_name)] == [("asynch.pull", ["wiped"])]
 
-    # A broker wipe alone (its own Redis database) is seen too: the dispatched
-    # jobs' messages are gone, so they are dispatched again.
+    # A broker wipe alone (its own Redis database) is seen too: the doorbell's message is gone, so it is
+    # rung anew.
     broker.flushdb()
     rep = maintenance.run_work()
-    assert rep.details["wipe"]["wiped"] == ["broker"] and rep.details["wipe"]["dispatched"] == 2
-    assert [j for _, j, _ in queued(broker, settings.queue_name)] == ids[:2]
+    assert rep.details["wipe"]["wiped"] == ["broker"]
+    assert [(t, a) for _, t, a in queued(broker, settings.queue_name)] == [("asynch.pull", ["wiped"])]
     assert maintenance.run_work().details["wipe"]["wiped"] == []
 
 
@@ -262,7 +269,7 @@ def test_an_upgrade_from_the_layout_before_hash_tags_rebuilds_everything_from_th
     assert rep.details["wipe"]["wiped"] == ["redis"]
     assert set(r.zrange(keys.gate("upg"), 0, -1)) == set(ids)
     assert set(r.zrange(keys.tenant_gate("upg", "tenant-a"), 0, -1)) == set(ids)
-    assert len(rd.inflight("upg")) + sum(rd.ready_counts("upg").values()) == 3  # every pending job queued
+    assert sum(rd.ready_counts("upg").values()) == 3  # every pending job queued
     for k in old:  # ignored: neither read nor rewritten
         assert r.exists(k)
     assert r.zrange("asynch:gate:upg", 0, -1) == ["stale-job"]

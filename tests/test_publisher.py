@@ -41,49 +41,53 @@ def test_fast_message_matches_celery_send_task(settings, priority):
     assert ours["headers"]["id"] == ours["headers"]["root_id"] == ours["properties"]["correlation_id"]
 
 
-# --- the outbox: admissions' messages sent after the 202, batched ----------------------------
+# --- the outbox: admissions handed to their queues after the 202, batched; one doorbell per model --------
 
-def _queued_args(settings) -> list:
-    """[job_id, attempt] of every job of every run_jobs message on the session's queue, in serving order."""
+def _bells(settings) -> list[tuple[str, list]]:
+    """(task, args) of every message on the session's queue, in serving order."""
     import base64
 
     b = redis_lib.Redis.from_url(settings.effective_broker_url)
     out = []
     for key in [settings.queue_name] + [f"{settings.queue_name}:{i}" for i in range(1, 10)]:
         for raw in reversed(b.lrange(key, 0, -1)):
-            out.extend(json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0])
+            msg = json.loads(raw)
+            out.append((msg["headers"]["task"], json.loads(base64.b64decode(msg["body"]))[0]))
     return out
+
+
+def _queued(model: str, tenant: str) -> list[str]:
+    from app.infra.redis import dispatch as rd
+
+    return [j for j, _s in rd.get_redis().zrange(rd.keys.dispatch_ready(model, tenant), 0, -1, withscores=True)]
 
 
 @pytest.fixture
 def empty_queue(settings):
-    from app.config import set_settings
     from app.infra.redis import dispatch as rd
     from app.jobs import outbox
 
     outbox.flush()
-    # Room for every message: a window and a max_concurrency no test here reaches.
-    set_settings(settings.with_overrides(dispatch_window=10_000))
-    rd.set_cap("ob", 10_000)
+    rd.set_cap("ob", 10_000)  # a max_concurrency no test here reaches
     b = redis_lib.Redis.from_url(settings.effective_broker_url)
     b.delete(settings.queue_name, *[f"{settings.queue_name}:{i}" for i in range(1, 10)])
     yield
     b.delete(settings.queue_name, *[f"{settings.queue_name}:{i}" for i in range(1, 10)])
 
 
-def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settings, empty_queue, monkeypatch):
+def test_outbox_queues_every_job_once_in_few_steps_and_rings_one_doorbell(settings, empty_queue, monkeypatch):
     import threading
 
-    from app.infra import publisher
+    from app.infra.redis import dispatch as rd
     from app.jobs import outbox
 
-    batches, real = [], publisher.publish_run_jobs
+    steps, real = [], rd.enqueue
 
-    def recording(jobs, *a, **kw):
-        batches.append(len(jobs))
-        return real(jobs, *a, **kw)
+    def recording(model, entries, **kw):
+        steps.append(len(list(entries)))
+        return real(model, entries, **kw)
 
-    monkeypatch.setattr(publisher, "publish_run_jobs", recording)
+    monkeypatch.setattr(rd, "enqueue", recording)
     barrier = threading.Barrier(8)
 
     def send(t):
@@ -97,15 +101,13 @@ def test_outbox_sends_every_message_once_in_few_lpushes_from_many_threads(settin
     for t in threads:
         t.join()
     assert outbox.flush(10)
-    got = _queued_args(settings)
-    assert sorted(map(tuple, got)) == sorted((f"job_t{t}_{i}", 0) for t in range(8) for i in range(100))
-    for t in range(8):  # each thread's messages are served in the order it sent them
-        mine = [a[0] for a in got if a[0].startswith(f"job_t{t}_")]
-        assert mine == [f"job_t{t}_{i}" for i in range(100)]
-    assert sum(batches) == 800 and len(batches) < 800, batches
+    for t in range(8):  # every job queued once, each thread's in the order it sent them
+        assert _queued("ob", f"tenant{t}") == [f"job_t{t}_{i}" for i in range(100)]
+    assert sum(steps) == 800 and len(steps) < 800, steps
+    assert _bells(settings) == [("asynch.pull", ["ob"])]  # no message per job: one doorbell for the model
 
 
-def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty_queue, monkeypatch):
+def test_a_doorbell_the_broker_refused_is_rung_by_the_next_step(settings, empty_queue, monkeypatch):
     from app.infra import publisher
     from app.jobs import outbox
 
@@ -118,11 +120,13 @@ def test_outbox_survives_a_refused_batch_and_flush_still_returns(settings, empty
     real = publisher._current.get()
     monkeypatch.setattr(publisher._current, "_value", dataclasses.replace(real, broker=Down()))
     outbox.send_many([("ob", ("t", "job_refused", 1.0, "0", ""))])
-    assert outbox.flush(5)  # refused, logged: the dispatcher re-queues it when its lease ends
+    assert outbox.flush(5)  # the doorbell refused, logged; the job is in its queue all the same
     monkeypatch.undo()
+    assert _bells(settings) == [] and _queued("ob", "t") == ["job_refused"]
     outbox.send_many([("ob", ("t", "job_after", 2.0, "0", ""))])
     assert outbox.flush(5)
-    assert _queued_args(settings) == [["job_after", 0]]
+    assert _bells(settings) == [("asynch.pull", ["ob"])]  # not held back by the refused one
+    assert _queued("ob", "t") == ["job_refused", "job_after"]
 
 
 def _send_in_child(out):
@@ -146,23 +150,4 @@ def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
     assert q.get(timeout=20) is True
     p.join(10)
     assert p.exitcode == 0
-    assert _queued_args(settings) == [["job_from_parent", 0], ["job_from_child", 0]]
-
-
-@pytest.mark.parametrize("group, sizes", [(4, [4, 3, 3]), (8, [5, 5]), (1, [1] * 10), (64, [10])])
-def test_one_dispatch_step_goes_out_in_as_few_even_groups_as_the_size_allows(settings, empty_queue, group, sizes):
-    """Ten jobs of one step: ceil(10 / group) run_jobs messages, each about as large (every pool process gets
-    work), in one LPUSH, served in dispatch order (the first message holds the first picks)."""
-    import base64
-
-    from app.config import set_settings
-    from app.infra import publisher
-
-    set_settings(settings.with_overrides(dispatch_group=group))
-    jobs = [(f"job_g{i}", i % 3) for i in range(10)]
-    assert publisher.publish_run_jobs(jobs) == 10
-    b = redis_lib.Redis.from_url(settings.effective_broker_url)
-    key = settings.queue_name + ":" + str(publisher.broker_priority(publisher.Priority.NORMAL))
-    groups = [json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0] for raw in reversed(b.lrange(key, 0, -1))]
-    assert [len(g) for g in groups] == sizes
-    assert [tuple(j) for g in groups for j in g] == jobs
+    assert _queued("ob", "t") == ["job_from_parent", "job_from_child"]

@@ -115,7 +115,7 @@ def test_sigkilled_worker_job_is_retried_on_another_worker_and_ends_once(
 
 def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, make_model, model_server,
                                                           broker, r, settings):
-    make_model("bulk", queue_limit=1000, retry_times=2, timeout_seconds=30)
+    make_model("bulk", queue_limit=1000, retry_times=2, timeout_seconds=30, max_concurrency=4)
     w = WorkerProcess(test_env, concurrency=2, log_path=tmp_path / "w.log", name="bulk").start()
     try:
         maintenance.repair_after_wipe()  # the deployment's epoch marks exist before the wipe
@@ -123,27 +123,24 @@ def test_wipe_in_the_middle_of_a_500_job_run_loses_no_job(test_env, tmp_path, ma
         wait_until(lambda: _all_done(first), timeout=90, what="the first 100 jobs")
         assert maintenance.recover().details["wipe"]["wiped"] == []  # no false alarm
 
-        # Both worker processes get a held job; 398 more queue up behind them.  The held jobs
-        # go one at a time: sent together they would share one run_jobs message, and one
-        # process would hold both calls while the other ran the rest.
-        held = []
-        for i in range(2):
-            held.append(_submit("bulk", {"i": 100 + i, "hold": "mid-run"}))
-            wait_until(lambda: sum(1 for p in model_payloads(model_server) if p.get("hold")) == len(held),
-                       what=f"{len(held)} held")
-        rest = [_submit("bulk", {"i": 102 + i}) for i in range(398)]
+        # The tenant's four permits each hold a call; 396 more queue up behind them.
+        slots = 4
+        held = [_submit("bulk", {"i": 100 + i, "hold": "mid-run"}) for i in range(slots)]
+        wait_until(lambda: sum(1 for p in model_payloads(model_server) if p.get("hold")) == slots,
+                   what=f"{slots} held")
+        rest = [_submit("bulk", {"i": 100 + slots + i}) for i in range(400 - slots)]
         every = first + held + rest
 
         r.flushdb()
         broker.flushdb()  # gate slots and every queued (and unacked) message: gone
         assert r.zcard("asynch:gate:{bulk}") == 0
         model_server.state.release("mid-run")
-        wait_until(lambda: _all_done(held), what="the two in-flight jobs finish on their own")
-        assert all(s == JobState.PENDING for s in _states(rest).values())  # stuck without messages
+        wait_until(lambda: _all_done(held), what="the in-flight jobs finish on their own")
+        assert all(s == JobState.PENDING for s in _states(rest).values())  # stuck: their queue entries are gone
 
         rep = maintenance.recover()
         assert set(rep.details["wipe"]["wiped"]) == {"redis", "broker"}
-        assert rep.details["wipe"]["requeued"] == 398
+        assert rep.details["wipe"]["requeued"] == len(rest)
         passes = []
 
         def finished() -> bool:

@@ -60,7 +60,7 @@ def _nodes_of_models(rcluster) -> dict[str, set[int]]:
 def test_every_script_runs_on_one_slot_and_each_models_keys_share_a_node(on_cluster, rcluster):
     assert is_cluster()
     # Gate (gate_admit.lua), reconcile (gate_reconcile.lua), the dispatcher
-    # (dispatch_enqueue/claimed/finish/kick.lua) with weights, runtime
+    # (dispatch_enqueue/pull/claimed/finish/kick.lua) with weights, runtime
     # overrides (runtime_limits_cas.lua).
     rd.set_weight("a", 3, MODELS)
     for m in MODELS:
@@ -68,12 +68,13 @@ def test_every_script_runs_on_one_slot_and_each_models_keys_share_a_node(on_clus
         for i, t in enumerate(("a", "a", "b")):
             assert gate.gate_admit(m, t, f"{m}-j{i}", cap=10, tenant_cap=2).admitted
         assert not gate.gate_admit(m, "a", f"{m}-j9", cap=10, tenant_cap=2).admitted  # a's share
-        sent = rd.enqueue(m, [(t, f"{m}-j{i}", float(i), 0, "") for i, t in enumerate(("a", "a", "b"))])
+        assert rd.enqueue(m, [(t, f"{m}-j{i}", float(i), 0, "") for i, t in enumerate(("a", "a", "b"))]).ring
+        sent = rd.pull(m, 8, 30).pulled  # a worker's free slots
         assert {j for _, j, _ in sent} == {f"{m}-j0", f"{m}-j1", f"{m}-j2"}
         rd.claimed(m, [("a", f"{m}-j0")], 30)
         released, _ = rd.finish(m, [("a", f"{m}-j0", "", None, None)])
         assert released == [True] and permits(m, "a") == [f"{m}-j1"]
-        rd.kick(m, requeue_inflight=True)
+        rd.kick(m, broker_lost=True)
         assert gate.gate_reconcile(m, [f"{m}-j1", f"{m}-j2"], grace_seconds=0) == ([], [])
         assert runtime.runtime_limits_cas(m, (None, None), 1, 5, 60)
         assert runtime.runtime_limits_raw(m) == ("1", "5")

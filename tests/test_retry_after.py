@@ -62,12 +62,15 @@ def test_without_a_measurement_the_retry_after_is_bounded_by_the_cap(client, mak
 
 
 def test_a_tenant_share_refusal_counts_the_tenants_own_slots(client, make_model, user_key, other_key):
-    # No measurement: T is expected_seconds (6).  Each tenant holds one dispatched job (no worker
-    # runs here): two attempts under way on the model, one of them the refused tenant's.
-    make_model("shared", queue_limit=10, tenant_queue_limit=1, max_concurrency=1, expected_seconds=6)
+    # No measurement: T is expected_seconds (6).  A worker's free slots pulled one job of each tenant
+    # (their permits taken): two attempts under way on the model, one of them the refused tenant's.
+    make_model("shared", queue_limit=10, tenant_queue_limit=1, max_concurrency=2, expected_seconds=6)
     _fill(client, user_key, "shared", 1)
     _fill(client, other_key, "shared", 1)
-    wait_until(lambda: permits("shared", "tenant-a") and permits("shared", "tenant-b"), what="both dispatched")
+    from app.infra.redis import dispatch as rd
+
+    rd.pull("shared", 2, 60, cap=2)
+    assert permits("shared", "tenant-a") and permits("shared", "tenant-b")
     full = _submit(client, user_key, "shared", {"x": 1})
     assert full.status_code == 429 and full.get_json()["error"].startswith("tenant queue share full"), full.get_data()
     # Its own slot frees first: T / (1 + 1) = 3 s (the model's two: T / 3; the configuration alone: 6).

@@ -1,5 +1,5 @@
 """Retry ordering (seed: retryQueueMaxSeconds) on a real single-process
-Celery worker: a retried job overtakes a queue of waiting jobs when the
+Celery worker with one call slot: a retried job overtakes a queue of waiting jobs when the
 threshold is 0, waits behind them before a threshold > 0, and jumps ahead
 once it has waited that long.  The assertion is the ORDER in which the stub
 model received the calls, not timings: the stub's ``hold`` keeps the worker
@@ -36,8 +36,9 @@ def _all_done(ids) -> bool:
 def single_worker(test_env, tmp_path_factory, settings):
     q = settings.queue_name  # leftovers of earlier modules would be taken first
     redis_lib.Redis.from_url(settings.effective_broker_url).delete(q, *[f"{q}:{i}" for i in range(1, 10)])
-    w = WorkerProcess(test_env, concurrency=1, log_path=tmp_path_factory.mktemp("w1") / "worker.log",
-                      name="single").start()
+    # One process with one call slot: the calls' order is the queue's.
+    w = WorkerProcess({**test_env, "ASYNCH_WORKER_SLOTS": "1"}, concurrency=1,
+                      log_path=tmp_path_factory.mktemp("w1") / "worker.log", name="single").start()
     yield w
     w.stop()
 

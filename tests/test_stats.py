@@ -11,7 +11,8 @@ from helpers import ROOT, WorkerProcess, auth, wait_until
 from sqlalchemy import select
 
 from app.infra.db import transaction
-from app.infra.publisher import publish_run_job
+from app.infra.celery_config import RUN_JOBS_TASK
+from app.infra.publisher import publish_bell, publish_task
 from app.infra.tables import model_stats, tasks
 from app.jobs import service as jobs
 from app.jobs import stats
@@ -54,7 +55,10 @@ def test_stats_equal_the_calls_the_model_received(flaky_worker, make_model, mode
             payload.update(tag=f"t{i}", fail_first=1)  # the model answers 500 once: a second, real call
         job_id = jobs.submit(Principal(tenant, "user", None), "counted", payload,
                              jobs.SubmitOptions(creator=creator)).row.id
-        publish_run_job(job_id, 0)  # a duplicate delivery of every job
+        # A duplicate doorbell for every job, and a release-before-doorbells message naming it: both pulls
+        # that find the job taken or take it once (the claim CAS).
+        publish_bell("counted")
+        publish_task(RUN_JOBS_TASK, [[[job_id, 0]]])
         ids.append(job_id)
 
     def all_done():

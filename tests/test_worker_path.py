@@ -70,8 +70,9 @@ def test_a_small_result_stays_in_the_row_and_done_is_one_statement(make_model, m
     finally:
         for autocommit in (True, False):
             event.remove(get_engine(autocommit), "before_cursor_execute", count)
-    # Read job+model, the claim, then done + the usage count as one statement.
-    assert seen == ["SELECT", "UPDATE", "WITH"], seen
+    # Read the job, the claim with its model's row (a WITH: the claim's UPDATE joined to the model), then done +
+    # the usage count as one statement.
+    assert seen == ["SELECT", "WITH", "WITH"], seen
     row = job_row(job_id)
     assert row.state == JobState.DONE and row.result_location == "inline:" and row.worker == "w1#abc"
     data, ctype, _ = jobs.result_bytes(P, job_id)
@@ -96,7 +97,7 @@ def test_a_finished_job_is_one_redis_script_call_and_its_model_connection_is_reu
     for job_id in ids:
         with Count() as c:
             assert execution.run_attempt(job_id, 0, worker="w1#abc") == "done"
-        assert c.sql == ["SELECT", "UPDATE", "WITH"], c.sql
+        assert c.sql == ["SELECT", "WITH", "WITH"], c.sql  # read, claim with its model's row, done
         assert c.redis == ["EVALSHA", "EVALSHA"], c.redis  # the claim's step, then the finish
     peers = [c["peer"] for c in model_server.state.calls]
     assert len(peers) == 4 and len(set(peers)) == 1, peers  # one connection: every call reused the warm-up's

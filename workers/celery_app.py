@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 
 from celery import Celery
 from celery.signals import (task_postrun, task_prerun, worker_init, worker_process_init, worker_process_shutdown,
-                            worker_shutdown)
+                            worker_shutdown, worker_shutting_down)
 
 from app.config import get_settings
 from app.infra import metrics, metrics_server
@@ -25,6 +26,20 @@ quiet_routine_tasks({entry["task"] for entry in celery.conf.beat_schedule.values
 celery.conf.beat_scheduler = "workers.beat:LeaderScheduler"
 celery.conf.imports = ("workers.tasks",)
 celery.steps["consumer"].add(ConsumingHeartbeat)
+
+
+# Set by the main process when the node begins to stop, read by its pool processes (forked after this, they share
+# it): a doorbell's task holding its process while every call slot is taken lets go then (app/jobs/slots.py).
+_SHUTTING_DOWN = multiprocessing.RawValue("b", 0)
+
+
+def shutting_down() -> bool:
+    return bool(_SHUTTING_DOWN.value)
+
+
+@worker_shutting_down.connect
+def _node_stopping(**_kw):
+    _SHUTTING_DOWN.value = 1
 
 
 @worker_process_init.connect
@@ -86,6 +101,10 @@ def _node_metrics(**_kw):
 
 @worker_process_shutdown.connect
 def _pool_process_gone(pid=None, **_kw):
+    # The calls in flight end and are written before the process goes (each bounded by its deadline).
+    from app.jobs import slots
+
+    slots.drain()
     metrics.process_dead(pid)
 
 

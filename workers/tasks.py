@@ -5,50 +5,42 @@ Periodic tasks take the ``fence`` their beat stamped them with
 from __future__ import annotations
 
 from app.delivery import outbox
-from app.errors import Unavailable
-from app.infra.celery_config import DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, RUN_JOB_TASK, RUN_JOBS_TASK
-from app.infra import metrics
-from app.jobs import dispatch, execution
+from app.infra.celery_config import (DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, PULL_TASK, RUN_JOB_TASK,
+                                     RUN_JOBS_TASK)
+from app.jobs import dispatch, execution, slots
 from app.maintenance import autotune, passes as maintenance
 from app.maintenance.periodic import run_periodic
 from workers import heartbeat
-from workers.celery_app import celery
+from workers.celery_app import celery, shutting_down
 
 
-# max_retries=None: waiting for the database to come back is not bounded by
-# Celery's retry count; the job's budget bounds it.  A message only exists once its jobs were
-# dispatched with their tenants' permits (app/jobs/dispatch.py): no polling here.
-@celery.task(name=RUN_JOBS_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-             max_retries=None)
-def run_jobs(self, jobs: list) -> list[str]:
-    """A group of one model's jobs, [[job_id, attempt], ...]: claimed together, called at once."""
-    return _run(self, jobs)
+# A doorbell: acked late, so a process holding one (every slot taken) counts against its node's prefetch and
+# the node takes no more than it can answer; a duplicate (a redelivery) is a pull that finds nothing.
+@celery.task(name=PULL_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def pull(model: str) -> int:
+    """A model's doorbell: this process's free call slots pull its jobs (app/jobs/slots.py)."""
+    return slots.get().answer_bell(model, heartbeat.identity(pull.request.hostname), shutting_down)
 
 
-@celery.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-             max_retries=None)
-def run_job(self, job_id: str, attempt: int = -1) -> list[str]:
-    """One job's message from a release before run_jobs (a group of one)."""
-    return _run(self, [[job_id, attempt]])
+@celery.task(name=RUN_JOBS_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def run_jobs(jobs: list) -> int:
+    """A release before doorbells published its jobs, [[job_id, attempt], ...]: answered as their model's
+    doorbell (the jobs are in their queues again since the upgrade's rebuild: keys.LAYOUT)."""
+    return sum(slots.get().answer_bell(m, heartbeat.identity(run_jobs.request.hostname), shutting_down)
+               for m in execution.models_of([j for j, _a in jobs]))
 
 
-def _run(self, jobs: list) -> list[str]:
-    try:
-        out = execution.run_group([(job_id, attempt) for job_id, attempt in jobs],
-                                  worker=heartbeat.identity(self.request.hostname))
-    except Unavailable as exc:
-        # The database is away: ring the doorbell again shortly rather than
-        # leave the jobs to the maintenance pass (a job claimed meanwhile is stale then).
-        raise self.retry(exc=exc, countdown=2)
-    for outcome in out:
-        metrics.run_job_message(outcome)
-    return out
+@celery.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def run_job(job_id: str, attempt: int = -1) -> int:
+    """One job's message from a release before run_jobs: as ``run_jobs``."""
+    return sum(slots.get().answer_bell(m, heartbeat.identity(run_job.request.hostname), shutting_down)
+               for m in execution.models_of([job_id]))
 
 
 @celery.task(name=KICK_MODEL_TASK, ignore_result=True)
-def kick_model(model: str) -> int:
+def kick_model(model: str) -> None:
     """A model's Retry-After pause ended: dispatch what it allows now."""
-    return dispatch.kick(model)
+    dispatch.kick(model)
 
 
 # The outbox (app/delivery/outbox.py) runs on the delivery queue

@@ -139,16 +139,23 @@ def visible_models(principal: Principal) -> list[Row]:
         return list(conn.execute(q).all())
 
 
-def enabled_model(name: str) -> Row:
-    """The model a job is submitted to, through the per-process cache
-    (admission path): 404 for an unknown one and for a disabled one, which
-    says so (the caller's name is right; an admin can enable it)."""
+def model_row(name: str) -> Row | None:
+    """A model's row (None: none), through the per-process cache (ASYNCH_MODEL_CACHE_SECONDS): the admission
+    path, and a worker's claims (whose processes drop it by its TTL alone)."""
     row = _cache.get(name, caches.MISSING)
     if row is caches.MISSING:
         token = _cache.token()  # a change during the read keeps it out of the cache
         with transaction() as conn:
             row = _row(conn, name)
         _cache.set(name, row, token)
+    return row
+
+
+def enabled_model(name: str) -> Row:
+    """The model a job is submitted to, through the per-process cache
+    (admission path): 404 for an unknown one and for a disabled one, which
+    says so (the caller's name is right; an admin can enable it)."""
+    row = model_row(name)
     if row is None:
         raise NotFound(f"model not found: {name}")
     if not row.enabled:

@@ -8,7 +8,7 @@ import sys
 import click
 
 from app.cli import upgrade_db
-from app.config import env_names, get_settings
+from app.config import env_names, get_settings, removed_settings
 from app.secrets_policy import check_startup, masked
 
 db = click.Group("db", help="Database schema (Alembic).")
@@ -48,6 +48,8 @@ def _exec(argv: list[str], metrics: bool = True) -> None:
         check_startup(get_settings())
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    for note in removed_settings():
+        click.echo(f"warning: {note}", err=True)
     if metrics:
         from app.infra.metrics import group_env
 

@@ -1,6 +1,6 @@
 """Celery settings shared by the publisher (API side) and the workers: one broker, queues, options.
 
-Two queues: the job queue (run_jobs and maintenance; `asynch worker`) and the delivery queue (the
+Two queues: the job queue (doorbells and maintenance; `asynch worker`) and the delivery queue (the
 outbox; `asynch callback-worker`): a stalling receiver ties up delivery processes only.
 ``queue_for`` is the one routing rule; task_routes says the same to Celery (retries, beat)."""
 from __future__ import annotations
@@ -9,9 +9,11 @@ from kombu import Queue
 
 from app.config import Settings
 
-# A group of one model's dispatched jobs, [[job_id, attempt], ...] (app/jobs/execution.py run_group).
+# A model's doorbell, [model]: a worker with free call slots pulls the jobs the fair dispatcher picks (app/jobs/slots.py).
+PULL_TASK = "asynch.pull"
+# Messages of releases before doorbells ([[job_id, attempt], ...] and one job's): still answered, as doorbells of
+# their jobs' model, so none in a broker at an upgrade is lost.
 RUN_JOBS_TASK = "asynch.run_jobs"
-# One job's message, as releases before run_jobs published it: still served, so none in a broker is lost.
 RUN_JOB_TASK = "asynch.run_job"
 # The outbox (app/delivery/outbox.py): a pump token (delivers due rows, fairest first), the sweep.
 DELIVER_TASK = "asynch.deliver"

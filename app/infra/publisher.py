@@ -1,8 +1,8 @@
-"""Sends run_jobs (and other) messages by task name: the API needs a producer, not the task code (app/ never imports
-workers/).  A message is a doorbell; the row is the truth, so a lost message is repaired by recovery, not by the
-caller.
+"""Sends doorbells (``asynch.pull``) and other messages by task name: the API needs a producer, not the task code
+(app/ never imports workers/).  A message is a doorbell; the row is the truth, so a lost message is repaired by
+recovery, not by the caller.
 
-With a Redis broker run_jobs messages are written with one LPUSH in exactly the form Celery's own producer writes
+With a Redis broker a doorbell is written with one LPUSH in exactly the form Celery's own producer writes
 (protocol 2, kombu's Redis transport): ``send_task`` costs more CPU than the rest of an admission
 (bench/bench_admission.py; tests/test_publisher.py compares the two forms).  Any other broker (amqp://) goes through
 Celery's producer.
@@ -26,7 +26,7 @@ import redis
 from celery import Celery
 
 from app.config import get_settings
-from app.infra.celery_config import MAX_PRIORITY, RUN_JOBS_TASK, celery_settings, queue_for
+from app.infra.celery_config import MAX_PRIORITY, PULL_TASK, celery_settings, queue_for
 from app.infra.process import PerProcess
 
 log = logging.getLogger(__name__)
@@ -108,38 +108,21 @@ def redis_message(task: str, args: list, queue: str, priority: int | None) -> tu
     return key, json.dumps(msg).encode()
 
 
-def publish_run_job(job_id: str, attempt: int) -> bool:
-    """Publish; False (logged) if the broker refused.  Never raises: the job
-    is already committed and recovery re-publishes pending jobs."""
-    return publish_run_jobs([(job_id, attempt)]) == 1
-
-
-def publish_run_jobs(jobs: list[tuple[str, int]], priority: Priority = Priority.NORMAL) -> int:
-    """Publish jobs (of one model: one dispatch step's) as run_jobs messages of at most ASYNCH_DISPATCH_GROUP
-    jobs each, all in one LPUSH on Redis (kombu pops the tail, so the first group is served first).  How
-    many jobs were handed over; never raises (recovery re-publishes)."""
-    if not jobs:
-        return 0
+def publish_bell(model: str, priority: Priority = Priority.NORMAL) -> bool:
+    """Ring a model's doorbell: one ``asynch.pull`` message (a worker with free call slots answers it by pulling
+    the jobs the fair dispatcher picks then: app/jobs/slots.py).  On Redis one LPUSH; False (logged) if the broker
+    refused (the doorbell is rung again when its lease passes: app/infra/redis/dispatch.py)."""
     try:
         producer, s = _current.get(), get_settings()
         number = broker_priority(priority)
-        # As few messages as the group size allows, each about as large (every process gets work), in
-        # dispatch order: a group's jobs are consecutive picks of the fair scheduler.
-        n = -(-len(jobs) // max(1, s.dispatch_group))
-        size, more = divmod(len(jobs), n)
-        cut = [i * size + min(i, more) for i in range(n + 1)]
-        groups = [[list(j) for j in jobs[cut[i]:cut[i + 1]]] for i in range(n)]
-        if producer.broker is None:
-            for group in groups:
-                producer.app.send_task(RUN_JOBS_TASK, args=[group], queue=s.queue_name, priority=number)
+        if producer.broker is not None:
+            producer.broker.lpush(*redis_message(PULL_TASK, [model], s.queue_name, number))
         else:
-            messages = [redis_message(RUN_JOBS_TASK, [group], s.queue_name, number) for group in groups]
-            producer.broker.lpush(messages[0][0], *(payload for _, payload in messages))
-        return len(jobs)
+            producer.app.send_task(PULL_TASK, args=[model], queue=s.queue_name, priority=number)
+        return True
     except Exception:
-        log.exception("publish of %d jobs' run_jobs messages failed; recovery will re-publish", len(jobs),
-                      extra={"job_id": jobs[0][0]})
-        return 0
+        log.exception("doorbell of %s not rung; it is rung again when its lease passes", model)
+        return False
 
 
 def publish_task(name: str, args: list, countdown: float | None = None) -> bool:

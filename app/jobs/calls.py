@@ -71,18 +71,23 @@ class _Calls:
         return True
 
     def _watch(self) -> None:
-        ps, last_check = None, time.monotonic()
+        ps, last_check, away = None, time.monotonic(), False
         while True:
             try:
                 if ps is None:
                     ps = pubsub_client(f"asynch-stops-{os.getpid()}").pubsub(ignore_subscribe_messages=True)
                     ps.subscribe(keys.stop_channel())
                 m = ps.get_message(timeout=CHECK_SECONDS)
+                if away:
+                    away = False
+                    log.info("stop notices back")
                 if m and m.get("type") == "message":
                     job_id, _, attempt = str(m["data"]).partition(" ")
                     self.stop(job_id, int(attempt) if attempt.isdigit() else None, "its job was ended")
             except Exception as exc:  # Redis away: the row checks below still stop what must stop
-                log.warning("stop notices unavailable: %s", exc)
+                if not away:  # once per outage, not every half second
+                    away = True
+                    log.warning("stop notices unavailable: %s; the row checks go on", exc)
                 ps = None
                 time.sleep(CHECK_SECONDS)
             if time.monotonic() - last_check >= CHECK_SECONDS:

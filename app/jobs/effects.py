@@ -37,7 +37,13 @@ STOPPING_PERMIT_SECONDS = 10.0
 
 
 class Due(list):
-    """The transitions a transaction won, (moved, cap, busy) each, whose effects are due after its commit."""
+    """The transitions a transaction won, (moved, cap, busy) each, whose effects are due after its commit; and the
+    calls that ended without a transition of their own (``call_ended``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[tuple[str, str, str, str | None]] = []
+        self.pulled: dict[str, list[dispatch.Pulled]] = {}
 
     def add(self, moved: Moved | None, cap: int | None = None, busy: dispatch.Busy | None = None) -> Moved | None:
         """Note a transition's result (None: lost, nothing due); returns it.
@@ -51,14 +57,26 @@ class Due(list):
         self.extend((m, caps.get(m.row.model_name), None) for m in moves)
         return moves
 
+    def call_ended(self, model: str, tenant: str, job_id: str, attempt: int | None = None) -> None:
+        """A call ended whose job was not its worker's to end any more (canceled, timed out, recovered: its
+        ``attempt``, whose permits the ending kept as "<job>#<attempt>"), or a pulled job never claimed (no
+        attempt): its permits go back and its charge settles, at the call's real end (idempotent)."""
+        self.ended.append((model, tenant, job_id if attempt is None else f"{job_id}#{attempt}", None))
+
+    def give_back(self, model: str, tenant: str, job_id: str) -> None:
+        """A pulled job its puller could not claim (the database away): back to the head of its queue, its
+        permits and charge given back."""
+        self.ended.append((model, tenant, job_id, "back"))
+
 
 @contextmanager
-def collecting() -> Iterator[Due]:
-    """Collect won transitions; run their effects on a clean exit (enter
-    it BEFORE the transaction, so the commit comes first)."""
+def collecting(refill: dict[str, tuple[int, float]] | None = None) -> Iterator[Due]:
+    """Collect won transitions; run their effects on a clean exit (enter it BEFORE the transaction, so the commit
+    comes first).  ``refill``: model -> (the caller's call slots these ends freed, each taking the job the fair
+    dispatcher picks then; their permits' lease) (a worker's writer); what they took is ``due.pulled`` after."""
     due = Due()
     yield due
-    run_all(due)
+    due.pulled = run_all(due, ended=due.ended, refill=refill)
 
 
 def run(moved: Moved | None, cap: int | None = None, busy: dispatch.Busy | None = None) -> None:
@@ -67,41 +85,53 @@ def run(moved: Moved | None, cap: int | None = None, busy: dispatch.Busy | None 
         run_all([(moved, cap, busy)])
 
 
-def run_all(due: list[tuple[Moved, int | None, dispatch.Busy | None]]) -> None:
-    """The effects of committed transitions, those each ``Moved`` says are due: the releases of one model
-    are ONE dispatch step (slots and permits back, wake-ups, run times, the next jobs).  A move into pending
-    is queued (app/jobs/dispatch.py ``queue``: one step per model); a busy answer's job keeps its slot, its
-    permit goes back and it waits out its backoff first (``returned``: its scope's controller told)."""
-    releases: dict[tuple[str, int | None], list] = {}
+def run_all(due: list[tuple[Moved, int | None, dispatch.Busy | None]], *,
+            ended: list[tuple[str, str, str, str | None]] = (),
+            refill: dict[str, tuple[int, float]] | None = None) -> dict[str, list[dispatch.Pulled]]:
+    """The effects of committed transitions, those each ``Moved`` says are due, and of calls that ``ended``
+    (model, tenant, job or "<job>#<attempt>", keep: None or "back", ``Due.give_back``): a busy answer's job keeps its slot, its permit goes back and it
+    waits out its backoff (``returned``: its scope's controller told); then the releases and call ends of one
+    model are ONE dispatch step (slots and permits back, wake-ups, run times), which also takes, for the
+    ``refill`` slots the caller freed, the jobs the ring picks now (returned, by model); a call someone else
+    ended is told to stop; a move into pending is queued (``queue``: one step per model)."""
+    for moved, cap, busy in due:
+        if moved.requeue and busy is not None:
+            dispatch.returned(moved.row, busy, cap=cap)
+    releases: dict[str, list] = {}
+    caps: dict[str, int] = {}
     for moved, cap, _busy in due:
         row = moved.row
+        if cap is not None:
+            caps[row.model_name] = cap
         if moved.terminal:
             metrics.job_finished(row)
         if moved.release:
-            releases.setdefault((row.model_name, cap), []).append((
+            releases.setdefault(row.model_name, []).append((
                 row.tenant_id, row.id, snapshot_message(row) if moved.terminal else None,
                 estimates.ran_seconds(row) if moved.state == JobState.DONE else None,
                 (STOPPING_PERMIT_SECONDS, row.attempt) if moved.stops_call else None))
-    for (model, cap), jobs in releases.items():
-        dispatch.finished(model, jobs, cap=cap)
+    for model, tenant, job, keep in ended:
+        releases.setdefault(model, []).append((tenant, job, None, None, keep))
+    pulled = {}
+    for model in sorted(set(releases) | {m for m, (n, _lease) in (refill or {}).items() if n > 0}):
+        most, lease = (refill or {}).get(model, (0, 0.0))
+        pulled[model] = dispatch.finished(model, releases.get(model, []), cap=caps.get(model), most=most,
+                                          lease=lease)
     for moved, _cap, _busy in due:
         if moved.stops_call:  # its worker closes the call's connection (app/jobs/calls.py)
             publish_stop(moved.row.id, moved.row.attempt)
-    queued, caps = [], {}
-    for moved, cap, busy in due:
+    queued = []
+    for moved, _cap, busy in due:
         for _ in range(moved.deliveries):  # a pump token per outbox row (a miss is the sweep's)
             publish_task(DELIVER_TASK, [])
-        if moved.requeue and busy is not None:
-            dispatch.returned(moved.row, busy, cap=cap)
-        elif moved.requeue:
+        if moved.requeue and busy is None:
             queued.append(moved.row)
-            if cap is not None:
-                caps[moved.row.model_name] = cap
     dispatch.queue(queued, caps=caps)
+    return pulled
 
 
 def call_ended(model: str, tenant: str, job_id: str, attempt: int | None = None) -> None:
-    """A call ended whose job was not this worker's to end any more (canceled, timed out, recovered: its
-    ``attempt``, whose permits the ending kept as "<job>#<attempt>"), or a dispatch of a job that had already
-    ended (no attempt): its permits go back and its charge settles now, at the call's real end (idempotent)."""
-    dispatch.finished(model, [(tenant, job_id if attempt is None else f"{job_id}#{attempt}", None, None, None)])
+    """``Due.call_ended`` of one call, now."""
+    due = Due()
+    due.call_ended(model, tenant, job_id, attempt)
+    run_all([], ended=due.ended)

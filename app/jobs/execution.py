@@ -1,13 +1,18 @@
-"""One attempt of a job, on a worker: claim -> call the model -> store the
-response -> done, or a failed attempt (retry_wait / failed).
+"""One attempt of a job, on a worker: claimed (with its model's row) -> call the model -> store the response ->
+an outcome the writer records: done, or how the attempt ended otherwise (app/jobs/outcomes.py).
 
-Every state change goes through app.transitions with the attempt this
-worker claimed, so a worker that lost its row (lease expired, canceled,
-timed out) has its late writes refused and only cleans up after itself.
-An upstream that answers busy (429/503) sends the attempt back to pending
-("busy") after a backoff, spending no retry while its tenant has free busy
-answers in hand (ASYNCH_UPSTREAM_BUSY_BUDGET, earned back one per done answer):
-retries count ``attempt - busy_count``.
+The three steps of the worker path, each for a group (docs/architecture.md, "A slot per call"):
+- ``claim``: the jobs a worker's free slots pulled (app/jobs/dispatch.py), ONE guarded statement for the group
+  (each claim durable before any call), joined with their model's row; a job past its caller's deadline ends
+  expired instead, one that is not pending at the pulled attempt any more is stale (its pulled permit back).
+- ``call``: one attempt's call and upload, on a call slot's thread; what is not an answer is recorded at once
+  (outcomes.py), its effects noted for the writer.
+- ``write``: the answers of a batch of calls that ended together in ONE statement (done, with usage counts,
+  attempt logs and outbox rows), then every effect of the batch in ONE dispatch step per model, which also
+  takes, for the call slots the batch freed, the jobs the fair dispatcher picks then.
+
+Every state change goes through app.transitions with the attempt the worker claimed, so a worker that lost its
+row (lease expired, canceled, timed out) has its late writes refused and only cleans up after itself.
 """
 from __future__ import annotations
 
@@ -16,153 +21,161 @@ import logging
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
-import redis
-from sqlalchemy import String, any_, bindparam, cast, select
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import select
 
 from app import transitions
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
+from app.errors import Unavailable
 from app.infra import metrics, secretbox
 from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
-from app.infra.process import PerProcess
-from app.infra.redis import upstream
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
-from app.jobs import calls, dispatch, effects, stats
+from app.jobs import calls, dispatch, effects, outcomes, stats
 from app.jobs.dispatch import CURRENT
-from app.states import JobState, is_terminal, job_error
-from app.tenancy import limits
+from app.states import JobState, job_error
 
 log = logging.getLogger(__name__)
 
-
-def backoff_seconds(attempt: int) -> float:
-    s = get_settings()
-    return min(s.retry_backoff_max_seconds, s.retry_backoff_seconds * (2 ** max(0, attempt - 1)))
-
-
 INLINE = "inline:"  # the location of a result kept in its row
+backoff_seconds = outcomes.backoff_seconds
 
 
-def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) -> str:
-    """A group of one (run_group): what came of the attempt a run_job(job_id, attempt) message stands for."""
-    return run_group([(job_id, attempt)], worker)[0]
-
-
-def run_group(jobs: list[tuple[str, int]], worker: str | None = None) -> list[str]:
-    """Run the attempts a run_jobs message stands for, (job_id, attempt) each (``CURRENT``: whatever attempt
-    the row is pending at).  Returns what came of each, in order ("stale", "expired", "done", "retry_wait",
-    "failed", "lost", "busy"); a duplicate or outdated message's job is "stale", refused by the claim CAS.
-    ``worker``: this Celery node (recovery watches its heartbeat).
-
-    One read of the jobs with their models, then per model ONE claim statement for all of them and ONE
-    dispatch step (each claim durable before any call); the calls run concurrently and their answers are
-    written as they come, each batch of finished calls in ONE statement (``run_claimed_group``)."""
-    jobs = list(dict(jobs).items())  # a job named twice runs once
-    with single_statement() as conn:
-        found = {r.id: r for r in conn.execute(_JOBS_WITH_MODEL, {"ids": [j for j, _ in jobs]})}
-    out: dict[str, str] = {}
-    claimable: dict[str, list] = {}
-    for job_id, attempt in jobs:
-        job = found.get(job_id)
-        if job is None or job.state != JobState.PENDING or attempt not in (CURRENT, job.attempt):
-            if job is not None and is_terminal(job.state):
-                # Its queue entry came back after a slow or lost message
-                # (requeue_unclaimed): nobody will claim it.
-                effects.call_ended(job.task_model, job.tenant_id, job_id)
-            out[job_id] = "stale"
-        elif job.caller_deadline_at is not None and job.caller_deadline_at < clock_now():
-            # Its caller's deadline passed while it waited: it ends expired, the model is never called.
-            with effects.collecting() as due, single_statement() as conn:
-                won = due.add(transitions.expire(conn, job_id, now=clock_now()))
-            out[job_id] = "expired" if won is not None else "stale"
-        else:
-            claimable.setdefault(job.task_model, []).append(job)
-    runnable = []
-    for group in claimable.values():
-        model = group[0] if group[0].model_id is not None else None
-        lease_seconds = (model.timeout_seconds if model is not None else 60) + get_settings().lease_grace_seconds
-        with single_statement() as conn:
-            rows = transitions.claim_group(conn, [(j.id, j.attempt) for j in group],
-                                           clock_now() + timedelta(seconds=lease_seconds), worker)
-        out.update((j.id, "stale") for j in group)
-        if rows:
-            dispatch.claimed(rows[0].model_name, [(r.tenant_id, r.id) for r in rows], lease_seconds,
-                             cap=model.max_concurrency if model is not None else 1)
-            runnable += [(row, model, row.attempt) for row in rows]
-    out.update(run_claimed_group(runnable))
-    return [out[j] for j, _ in jobs]
-
-
-# The jobs' pending-check fields and their model's whole row in one round trip
-# (an outer join: a deleted model leaves model_id NULL).
-_JOBS_WITH_MODEL = (
-    select(tasks.c.id, tasks.c.state, tasks.c.attempt, tasks.c.tenant_id, tasks.c.model_name.label("task_model"),
-           tasks.c.caller_deadline_at, models.c.id.label("model_id"),
-           *[c for c in models.c if c.name not in ("id", "model_name")], models.c.model_name)
-    .select_from(tasks.outerjoin(models, models.c.model_name == tasks.c.model_name))
-    .where(tasks.c.id == any_(cast(bindparam("ids"), ARRAY(String))))
-)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """A call that answered, its result stored (or inline): what the writer turns into done."""
+@dataclass
+class Attempt:
+    """A claimed job: its row as the claim left it, its model's row (None: the model is gone), the attempt."""
     row: object
     model: object
-    done: transitions.Done
-    ctx: dict
+
+    @property
+    def number(self) -> int:
+        return self.row.attempt
+
+    @property
+    def ctx(self) -> dict:
+        return {"job_id": self.row.id, "model": self.row.model_name, "tenant": self.row.tenant_id,
+                "attempt": self.row.attempt}
 
 
-# The threads a pool process runs a group's calls on, kept (their keep-alive connections with them,
-# app/infra/http/deadline.py: one pool per thread), started as a group first needs them: as many as
-# its largest group, never a call queued behind another (the setting's ceiling, 64, bounds them).
-# A group of one runs on the task's own thread.
-# How long the writer waits, after a call of its group answers, for the others to answer too.  An instant
-# model's answers arrive within ~1 ms of each other and took ~2 done statements per group without it
-# (bench_e2e prints the count); a slow call holds back the others' ends by at most this.
-_LINGER_SECONDS = 0.002
-_calls = PerProcess(lambda: ThreadPoolExecutor(64, "asynch-call"), on_reset=lambda pool: pool.shutdown(wait=False))
+@dataclass
+class Outcome:
+    """What came of a call, for the writer: an answer to write (``done``), or the outcome already recorded
+    (``result``) with its effects due (``due``)."""
+    attempt: Attempt
+    result: str = ""
+    done: transitions.Done | None = None
+    due: effects.Due = field(default_factory=effects.Due)
 
 
-def run_claimed_group(runnable: list[tuple]) -> dict[str, str]:
-    """Run attempts this caller just claimed, (row, model: its model's row or None if gone, attempt) each:
-    run_group above and the worker-less runWork pass (app/maintenance/passes.py run_once) share it.  The
-    calls run at once; one writer (this thread) records the answers as they come, each batch of calls
-    that finished together in ONE done statement, so no job's end waits for a slower one's."""
-    if len(runnable) == 1:
-        result = _call(*runnable[0])
-        return result if isinstance(result, dict) else _write([result])
+# --- claim ----------------------------------------------------------------------------------------------------
+
+def lease_seconds(model) -> float:
+    return (model.timeout_seconds if model is not None else 60) + get_settings().lease_grace_seconds
+
+
+def _model_of(row):
+    """The model row a claim_pulled row carries (its ``m_*`` columns), None if the model is gone."""
+    if row.m_id is None:
+        return None
+    return SimpleNamespace(**{c.name: getattr(row, f"m_{c.name}") for c in models.c})
+
+
+def claim(model_name: str, pulled: list[dispatch.Pulled], worker: str | None) -> tuple[list[Attempt], dict[str, str]]:
+    """Claim the jobs free slots pulled, (tenant, job_id, attempt) each, in ONE statement (CAS pending at the
+    pulled attempt -> running), with their model's row.  Returns (the attempts to call, what came of the rest:
+    "expired", "stale").  The database away: every pulled job goes back to its queue's head, Unavailable."""
+    if not pulled:
+        return [], {}
+    try:
+        with single_statement() as conn:  # the model's row from the same statement: a model deleted or changed
+            rows = transitions.claim_pulled(conn, [(j, a) for _t, j, a in pulled],  # a moment ago is seen so
+                                            get_settings().lease_grace_seconds, worker)
+    except Unavailable:
+        with effects.collecting() as due:
+            for tenant, job, _a in pulled:
+                due.give_back(model_name, tenant, job)
+        raise
+    claimed = {r.id for r in rows}
+    out, left = {}, [p for p in pulled if p[1] not in claimed]
+    if left:
+        out = _unclaimed(model_name, left)
+    return [Attempt(row, _model_of(row)) for row in rows], out
+
+
+def claim_given(jobs: list[tuple[str, int]], worker: str | None) -> tuple[list[Attempt], dict[str, str]]:
+    """Claim jobs by id, (job_id, attempt or CURRENT) each, outside the queue (runWork, an in-process run): ONE
+    statement per model, their permits taken for the lease (dispatch.claimed)."""
+    jobs = list(dict(jobs).items())
+    with single_statement() as conn:
+        found = {r.id: r for r in conn.execute(select(tasks.c.id, tasks.c.attempt, tasks.c.state, tasks.c.model_name)
+                                               .where(tasks.c.id.in_([j for j, _ in jobs])))}
+    by_model: dict[str, list[tuple[str, str, int]]] = {}
     out: dict[str, str] = {}
-    pending = {_calls.get().submit(_call, *job) for job in runnable}
-    while pending:
-        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-        if pending:  # calls that end together are written together: one done statement, not one each
-            more, pending = wait(pending, timeout=_LINGER_SECONDS)
-            finished |= more
-        results = [f.result() for f in finished]
-        for r in results:
-            if isinstance(r, dict):
-                out.update(r)
-        out.update(_write([r for r in results if isinstance(r, _Answer)]))
+    for job_id, attempt in jobs:
+        row = found.get(job_id)
+        if row is None or row.state != JobState.PENDING or attempt not in (CURRENT, row.attempt):
+            out[job_id] = "stale"
+        else:
+            by_model.setdefault(row.model_name, []).append(("", job_id, row.attempt))
+    attempts: list[Attempt] = []
+    for model_name, group in by_model.items():
+        got, rest = claim(model_name, group, worker)
+        out.update(rest)
+        if got:
+            dispatch.claimed(model_name, [(a.row.tenant_id, a.row.id) for a in got], lease_seconds(got[0].model),
+                             cap=got[0].model.max_concurrency if got[0].model is not None else 1)
+        attempts += got
+    return attempts, out
+
+
+def _unclaimed(model_name: str, left: list[dispatch.Pulled]) -> dict[str, str]:
+    """Pulled jobs the claim refused: past their caller's deadline (-> expired, never run), or no longer pending
+    at the pulled attempt (stale: ended meanwhile); their pulled permits go back (also as "<job>#<attempt>": a
+    cancel between the pull and the claim kept it for a call that never started)."""
+    with single_statement() as conn:
+        rows = {r.id: r for r in conn.execute(select(tasks.c.id, tasks.c.state, tasks.c.caller_deadline_at)
+                                              .where(tasks.c.id.in_([j for _t, j, _a in left])))}
+    out = {}
+    with effects.collecting() as due:
+        for tenant, job, attempt in left:
+            row = rows.get(job)
+            won = None
+            if row is not None and row.state == JobState.PENDING and row.caller_deadline_at is not None \
+                    and as_utc(row.caller_deadline_at) < clock_now():
+                # Its caller's deadline passed while it waited: it ends expired, the model is never called.
+                with single_statement() as conn:
+                    won = due.add(transitions.expire(conn, job, now=clock_now()))
+            out[job] = "expired" if won is not None else "stale"
+            if won is None:
+                due.call_ended(model_name, tenant, job)
+            due.call_ended(model_name, tenant, job, attempt)
     return out
 
 
-def _call(row, model, mine: int) -> _Answer | dict[str, str]:
-    """Attempt ``mine`` of a claimed row: the model call and the result's upload.  An answer is returned for
-    the writer; a failure is recorded here and its outcome returned ({job_id: outcome})."""
-    settings = get_settings()
-    ctx = {"job_id": row.id, "model": row.model_name, "tenant": row.tenant_id, "attempt": mine}
+def models_of(job_ids: list[str]) -> list[str]:
+    """The models of these jobs (a release's run_jobs message answered as its model's doorbell)."""
+    with single_statement() as conn:
+        return sorted(set(conn.execute(select(tasks.c.model_name).where(tasks.c.id.in_(job_ids))).scalars()))
+
+
+# --- call -----------------------------------------------------------------------------------------------------
+
+def call(a: Attempt) -> Outcome:
+    """Attempt ``a``'s model call and the result's upload (a call slot's thread).  An answer is returned for the
+    writer; anything else is recorded here (outcomes.py) and its effects noted in the outcome's ``due``."""
+    settings, row, model, mine, ctx = get_settings(), a.row, a.model, a.number, a.ctx
+    out = Outcome(a)
     if model is None:
-        return {row.id: _fail(row, mine, job_error("model_not_configured", "model is no longer configured"), ctx,
-                              None, permanent=True)}
+        out.result = outcomes.failed(out.due, row, mine, job_error("model_not_configured", "model is no longer "
+                                     "configured"), ctx, None, permanent=True)
+        return out
     try:
         t0 = time.monotonic()
+        log.debug("calling the model")  # the job's fields: bound by the caller (app/jobs/slots.py)
         # The call's deadline: the model's timeout, or the job's whole budget if that ends first.
         budget = (as_utc(row.deadline_at) - clock_now()).total_seconds() if row.deadline_at is not None else None
         timeout = model.timeout_seconds if budget is None else max(0.001, min(model.timeout_seconds, budget))
@@ -176,19 +189,17 @@ def _call(row, model, mine: int) -> _Answer | dict[str, str]:
         except ModelCallError as exc:
             if exc.called:
                 metrics.model_call(row.model_name, time.monotonic() - t0, False)
-            if exc.stopped:  # its job was ended by someone else: nothing to write, the call's end to report
-                log.info("attempt stopped: %s", exc, extra=ctx)
-                if exc.called:  # it reached the model: counted, whoever owns the row
-                    with atomic_statement() as conn:
-                        conn.execute(*_call_counted(conn, row))
-                effects.call_ended(row.model_name, row.tenant_id, row.id, mine)
-                return {row.id: "stopped"}
-            if exc.code == "model_timeout" and timeout < model.timeout_seconds and _out_of_budget(row, ctx):
-                return {row.id: "timeout"}
-            if exc.busy and settings.upstream_control and _busy_is_free(row, exc):
-                return {row.id: _busy(row, mine, exc, model, ctx)}
-            return {row.id: _fail(row, mine, job_error(exc.code, exc.public), ctx, model, permanent=exc.permanent,
-                                  counted=exc.called, detail=str(exc))}
+            if exc.stopped:
+                out.result = outcomes.stopped(out.due, row, mine, exc, ctx)
+            elif exc.code == "model_timeout" and timeout < model.timeout_seconds and \
+                    outcomes.out_of_budget(out.due, row, mine, ctx):
+                out.result = "timeout"
+            elif exc.busy and settings.upstream_control and outcomes.busy_is_free(row):
+                out.result = outcomes.busy(out.due, row, mine, exc, model, ctx)
+            else:
+                out.result = outcomes.failed(out.due, row, mine, job_error(exc.code, exc.public), ctx, model,
+                                             permanent=exc.permanent, counted=exc.called, detail=str(exc))
+            return out
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
         inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
         location = INLINE  # kept in the row by the done write itself
@@ -197,73 +208,13 @@ def _call(row, model, mine: int) -> _Answer | dict[str, str]:
                 passthrough = json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
                 location = _upload(row.id, mine, resp.body, resp.content_type, passthrough, ctx)
             except StorageError as exc:
-                return {row.id: _fail(row, mine, job_error("storage_error", "result upload failed"), ctx, model,
-                                      counted=True, detail=f"result upload failed: {exc}")}
-        return _Answer(row, model, transitions.Done(row.id, mine, location, resp.content_type, len(resp.body),
-                                                    inline), ctx)
+                out.result = outcomes.failed(out.due, row, mine, job_error("storage_error", "result upload failed"),
+                                             ctx, model, counted=True, detail=f"result upload failed: {exc}")
+                return out
+        out.done = transitions.Done(row.id, mine, location, resp.content_type, len(resp.body), inline)
     except Exception as exc:
-        return {row.id: _crashed(row, mine, model, ctx, exc)}
-
-
-def _write(answers: list[_Answer]) -> dict[str, str]:
-    """The writer: answered calls -> done, in ONE statement with their usage counts, attempt logs and outbox
-    rows; the calls are counted whether or not each job is still ours (the model did the work)."""
-    if not answers:
-        return {}
-    try:
-        with effects.collecting() as due, atomic_statement() as conn:
-            counts = Counter((a.row.tenant_id, a.row.creator, a.row.model_name) for a in answers)
-            won = due.add_all(transitions.complete_group(conn, [a.done for a in answers],
-                                                         alongside=stats.calls_counted(conn, clock_now().date(), counts)),
-                              caps={a.row.model_name: a.model.max_concurrency for a in answers})
-    except Exception as exc:
-        return {a.row.id: _crashed(a.row, a.done.attempt, a.model, a.ctx, exc) for a in answers}
-    ours = {m.row.id for m in won}
-    out = {}
-    for a in answers:
-        if a.row.id in ours:
-            log.info("job done", extra=a.ctx)
-            out[a.row.id] = "done"
-            continue
-        # Canceled, timed out or recovered while we worked: not ours any more; the call's end frees its permit.
-        effects.call_ended(a.row.model_name, a.row.tenant_id, a.row.id, a.done.attempt)
-        if a.done.inline is None:
-            try:
-                get_storage().delete(a.done.location)
-            except StorageError:
-                log.warning("orphan result not deleted: %s", a.done.location)
-        log.info("attempt lost its job before completing", extra=a.ctx)
-        out[a.row.id] = "lost"
+        out.result = outcomes.crashed(out.due, row, mine, model, ctx, exc)
     return out
-
-
-def _out_of_budget(row, ctx: dict) -> bool:
-    """The call ran into its job's whole budget (deadline_at): the job ends timeout, as the cleanup pass would
-    end it a moment later (False: not past it yet, or not ours: an ordinary timed-out attempt then)."""
-    with effects.collecting() as due, atomic_statement() as conn:
-        won = due.add(transitions.time_out(conn, row.id, now=clock_now()))
-    if won is None:
-        return False
-    effects.call_ended(row.model_name, row.tenant_id, row.id, row.attempt)  # the call is over: its permit back
-    log.info("job out of budget during its call", extra=ctx)
-    return True
-
-
-def _crashed(row, mine: int, model, ctx: dict, exc: Exception) -> str:
-    """A bug or an outage in our own bookkeeping: fail the attempt (retryable)
-    rather than leave it running until its lease runs out."""
-    log.error("attempt crashed", extra=ctx, exc_info=exc)
-    try:
-        return _fail(row, mine, job_error("internal_error", "internal error"), ctx, model,
-                     detail=f"{type(exc).__name__}: {exc}")
-    except Exception:
-        log.exception("could not record the crashed attempt; recovery will", extra=ctx)
-        return "lost"
-
-
-def _call_counted(conn, row) -> tuple:
-    """One real call to the model service (asynch_model_stat), for the transition to carry."""
-    return stats.call_counted(conn, clock_now().date(), row.tenant_id, row.creator, row.model_name)
 
 
 def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrough: dict | None, ctx: dict) -> str:
@@ -281,56 +232,92 @@ def _upload(job_id: str, attempt: int, body: bytes, content_type: str, passthrou
             time.sleep(min(2.0, 0.2 * (2 ** i)))
 
 
-def _fail(row, attempt: int, error: str, ctx: dict, model, *, permanent: bool = False, counted: bool = False,
-          detail: str | None = None) -> str:
-    """A failed attempt; ``counted``: the model was called (counted with the
-    transition).  ``error``: what the tenant sees; ``detail``: the internals (logs, admin views)."""
-    spent = attempt - row.busy_count  # busy answers that came back unspent are no retries
-    retry = not permanent and spent <= model.retry_times  # permanent when the model is gone
-    retry_at = clock_now() + timedelta(seconds=backoff_seconds(spent)) if retry else None
-    with effects.collecting() as due, atomic_statement() as conn:
-        won = due.add(transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at, detail=detail,
-                                               alongside=_call_counted(conn, row) if counted else None))
-    if won is None:
-        log.info("attempt lost its job before failing", extra=ctx)
-        effects.call_ended(row.model_name, row.tenant_id, row.id, attempt)
-        return "lost"
-    retrying = won.state == JobState.RETRY_WAIT  # not terminal: the slot goes back, waiters keep waiting
-    log.info("attempt failed, will retry: %s" if retrying else "job failed: %s", detail or error, extra=ctx)
-    return "retry_wait" if retrying else "failed"
+# --- write ----------------------------------------------------------------------------------------------------
+
+def write(batch: list[Outcome], refill: dict[str, tuple[int, float]] | None = None) -> tuple[dict[str, str], dict]:
+    """The writer: a batch of ended calls.  Their answers -> done in ONE statement with their usage counts,
+    attempt logs and outbox rows (the calls are counted whether or not each job is still ours: the model did
+    the work); then every effect of the batch (the answers', the other outcomes') in ONE dispatch step per model,
+    which takes, for ``refill`` (model -> (the call slots this batch freed, their calls' lease)), the jobs the
+    ring picks now.
+    Returns (job id -> what came of it, model -> the jobs pulled)."""
+    out: dict[str, str] = {o.attempt.row.id: o.result for o in batch if o.done is None}
+    with effects.collecting(refill=refill) as due:
+        for o in batch:
+            due.extend(o.due)
+            due.ended.extend(o.due.ended)
+        answers = [o for o in batch if o.done is not None]
+        if answers:
+            out.update(_write_answers(answers, due))
+    return out, due.pulled
 
 
-def _busy_is_free(row, exc: ModelCallError) -> bool:
-    """Whether a busy answer returns its job to the queue unspent: one of its tenant's free busy answers on
-    the model (ASYNCH_UPSTREAM_BUSY_BUDGET, or the tenant's own ``busy_budget``), earned back one per done
-    answer.  Spent out (or Redis away), it is an ordinary failed attempt: it spends a retry."""
+def _write_answers(answers: list[Outcome], due: effects.Due) -> dict[str, str]:
     try:
-        budget = limits.limits_of(row.tenant_id).busy_budget
-    except Exception:  # the limits unreadable (the database busy): the default budget
-        budget = None
-    try:
-        free = upstream.take_busy(row.model_name, row.tenant_id,
-                                  get_settings().upstream_busy_budget if budget is None else budget)
-    except redis.RedisError:
-        free = False
-    metrics.upstream_busy(row.model_name, row.tenant_id, bool(row.model_key), free)
-    return free
+        with atomic_statement() as conn:
+            counts = Counter((o.attempt.row.tenant_id, o.attempt.row.creator, o.attempt.row.model_name)
+                             for o in answers)
+            won = due.add_all(transitions.complete_group(conn, [o.done for o in answers],
+                                                         alongside=stats.calls_counted(conn, clock_now().date(), counts)),
+                              caps={o.attempt.row.model_name: o.attempt.model.max_concurrency for o in answers})
+    except Exception as exc:
+        return {o.attempt.row.id: outcomes.crashed(due, o.attempt.row, o.done.attempt, o.attempt.model,
+                                                   o.attempt.ctx, exc) for o in answers}
+    ours = {m.row.id for m in won}
+    out = {}
+    for o in answers:
+        row, done = o.attempt.row, o.done
+        if row.id in ours:
+            log.info("job done", extra=o.attempt.ctx)
+            out[row.id] = "done"
+            continue
+        # Canceled, timed out or recovered while we worked: not ours any more; the call's end frees its permit.
+        due.call_ended(row.model_name, row.tenant_id, row.id, done.attempt)
+        if done.inline is None:
+            try:
+                get_storage().delete(done.location)
+            except StorageError:
+                log.warning("orphan result not deleted: %s", done.location)
+        log.info("attempt lost its job before completing", extra=o.attempt.ctx)
+        out[row.id] = "lost"
+    return out
 
 
-def _busy(row, attempt: int, exc: ModelCallError, model, ctx: dict) -> str:
-    """The upstream answered busy: back to pending, at its tenant's head after a backoff (the answer's
-    Retry-After, capped, else exponential with jitter); the effects tell the scope that received it (its
-    credential, else its tenant) and charge the call's time to its tenant."""
-    busy = dispatch.Busy(retry_after=upstream.capped(exc.retry_after),
-                         delay=upstream.job_delay(exc.retry_after, row.busy_count + 1))
-    with effects.collecting() as due, atomic_statement() as conn:
-        error = job_error("model_busy", exc.public + ", queued again")
-        won = due.add(transitions.return_busy(conn, row.id, attempt, error, busy_count=row.busy_count + 1,
-                                              detail=str(exc), alongside=_call_counted(conn, row)),
-                      cap=model.max_concurrency, busy=busy)
-    if won is None:
-        log.info("attempt lost its job before going back to the queue", extra=ctx)
-        effects.call_ended(row.model_name, row.tenant_id, row.id, attempt)
-        return "lost"
-    log.info("model busy, back in the queue in %.1fs: %s", busy.delay, exc, extra=ctx)
-    return "busy"
+# --- here and now: runWork, one job in process ----------------------------------------------------------------
+
+# How long the writer waits, after a call of its batch ends, for the others to end too.  An instant
+# model's answers arrive within ~1 ms of each other and took ~2 done statements per group without it
+# (bench_e2e prints the count); a slow call holds back the others' ends by at most this.
+LINGER_SECONDS = 0.002
+
+
+def run_claimed(attempts: list[Attempt]) -> dict[str, str]:
+    """Run attempts this caller claimed, here (the worker-less runWork pass; one job in process): the calls at
+    once, on threads of their own; this thread writes the outcomes as they come, each batch of calls that ended
+    together in ONE done statement.  No refill: nothing more is pulled.  Returns job id -> what came of it."""
+    if len(attempts) <= 1:
+        return write([call(a) for a in attempts])[0]
+    out: dict[str, str] = {}
+    with ThreadPoolExecutor(len(attempts), "asynch-call-here") as pool:
+        pending = {pool.submit(call, a) for a in attempts}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            if pending:
+                more, pending = wait(pending, timeout=LINGER_SECONDS)
+                finished |= more
+            out.update(write([f.result() for f in finished])[0])
+    return out
+
+
+def run_group(jobs: list[tuple[str, int]], worker: str | None = None) -> list[str]:
+    """Claim jobs by id, (job_id, attempt or CURRENT) each, and run them here (``claim_given``, ``run_claimed``).
+    What came of each, in order ("stale", "expired", "done", "retry_wait", "failed", "lost", "busy", "stopped",
+    "timeout")."""
+    attempts, out = claim_given(jobs, worker)
+    out.update(run_claimed(attempts))
+    return [out[j] for j, _ in dict(jobs).items()]
+
+
+def run_attempt(job_id: str, attempt: int = CURRENT, worker: str | None = None) -> str:
+    """A group of one (``run_group``)."""
+    return run_group([(job_id, attempt)], worker)[0]

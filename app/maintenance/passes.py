@@ -20,7 +20,7 @@ module the others:
   queue, and lifted to the head once they waited too long at the tail.
 - runWork without resident workers (seed 002 ``POST /task/runWork``, also
   ``asynch work run-once``, e.g. from a CronJob): claim up to N pending jobs
-  and run them here with a Celery worker's code (execution.run_claimed_group).
+  and run them here with a Celery worker's code (execution.run_claimed).
   A job is taken by transitions.claim on rows locked FOR UPDATE SKIP LOCKED:
   concurrent passes take disjoint rows, and a worker's run_job message for
   the same attempt is refused by its claim CAS, so each attempt runs once.
@@ -227,7 +227,7 @@ def run_once(max_tasks: int | None = None) -> Report:
                 taken.append((row, model, lease, cap))
     for row, model, lease, cap in taken:
         dispatch.claimed(row.model_name, [(row.tenant_id, row.id)], lease, cap=cap)
-        outcome = execution.run_claimed_group([(row, model, row.attempt)])[row.id]
+        outcome = execution.run_claimed([execution.Attempt(row, model)])[row.id]
         out.details["outcomes"][outcome] = out.details["outcomes"].get(outcome, 0) + 1
         out.details["jobs"].append(row.id)
     out.processed = out.details["claimed"] = len(taken)

@@ -126,10 +126,10 @@ def model_caps() -> dict[str, int]:
             select(models.c.model_name, models.c.max_concurrency))}
 
 
-def kick_dispatch(requeue_inflight: bool = False) -> Report:
-    """Every model's dispatcher: tenants at their limit tried again, dispatched
-    jobs nobody claimed in time back to their queue."""
-    return Report(processed=dispatch.kick_all(model_caps(), requeue_inflight=requeue_inflight))
+def kick_dispatch(broker_lost: bool = False) -> Report:
+    """Every model's dispatcher: tenants at their limit tried again, delayed jobs whose time came queued, a
+    doorbell rung where work waits (``broker_lost``: the broker lost the doorbells out: rung anew)."""
+    return Report(processed=dispatch.kick_all(model_caps(), broker_lost=broker_lost))
 
 
 def _restore_permits() -> int:
@@ -156,8 +156,8 @@ def _any_active_job() -> bool:
 def repair_after_wipe() -> Report:
     """A Redis (the gates' or the broker's) without our epoch mark lost its
     data.  The gates': gates, queues, permits and weights are rebuilt from the
-    rows and every pending job is queued again.  The broker's: dispatched jobs
-    go back to the head of their queues.  A first start looks the same (one
+    rows and every pending job is queued again.  The broker's: every model's
+    doorbell is rung anew.  A first start looks the same (one
     rebuild), and is logged as one (INFO, not the WARNING) when no job is
     active: nothing was lost."""
     token = secrets.token_hex(8)
@@ -181,7 +181,7 @@ def repair_after_wipe() -> Report:
             details["weights"] = limits.sync_weights()
             details["shares"] = limits.sync_shares()
             details["requeued"] = requeue_all_pending().processed
-        details["dispatched"] = kick_dispatch(requeue_inflight="broker" in wiped).processed
+        details["dispatched"] = kick_dispatch(broker_lost="broker" in wiped).processed
     except BaseException:
         # Let the next pass see the wipe again.
         epoch.drop_epochs(token, wiped)

@@ -1,15 +1,13 @@
 """``asynch jobs requeue``: nudge a waiting job, never revive one that ended
 (terminal states are absorbing: docs/architecture.md, invariant 5).  pending:
-back in its tenant's queue if it fell out, and its run message again if it
-was dispatched (a lost doorbell; a duplicate is refused by the claim CAS);
+back in its tenant's queue if it fell out, and its model's doorbell rung
+again (a lost one; a duplicate is a pull that finds nothing);
 retry_wait: re-admitted through the gate now (as beat's retry pass does);
 running: refused (a dead worker's lease expiry retries it); terminal: refused.
 """
 from __future__ import annotations
 
 from app.errors import Conflict
-from app.infra.publisher import publish_run_job
-from app.infra.redis import dispatch as redis_dispatch
 from app.jobs import dispatch
 from app.jobs.service import get_job
 from app.maintenance import passes as maintenance
@@ -21,9 +19,10 @@ def requeue_job(job_id: str) -> dict:
     row = get_job(OPERATOR, job_id)
     state = JobState(row.state)
     if state == JobState.PENDING:
+        # Its doorbell counted lost (the likely cause) and rung anew if its entry is there, then its entry put
+        # back if it is not (NX), which rings then: one doorbell either way.
+        dispatch.kick(row.model_name, broker_lost=True)
         dispatch.queue([row], mode="NX")
-        if row.id in redis_dispatch.inflight(row.model_name) and not publish_run_job(row.id, row.attempt):
-            raise Conflict("the broker refused the message; recovery will re-publish it")
         return {"job_id": row.id, "action": "republished", "attempt": row.attempt}
     if state == JobState.RETRY_WAIT:
         rep = maintenance.retry_due(only=[row.id])

@@ -77,7 +77,7 @@ class ClusterCollector:
                           for s, n in zip((JobState.PENDING, JobState.RUNNING), pair)}
                 live = model_live(counts={**counts, **active})
             workers = liveness.workers_read()
-            fairness = {m["model_name"]: (rd.ready_counts(m["model_name"]), len(rd.inflight(m["model_name"])))
+            fairness = {m["model_name"]: (rd.ready_counts(m["model_name"]), rd.bell(m["model_name"]))
                         for m in live}
             weights = rd.weights()
             redis_up = True
@@ -117,8 +117,9 @@ class ClusterCollector:
         yield _gauge("asynch_tenant_ready_jobs", "jobs waiting in a tenant's dispatch queue (pending, not yet "
                      "dispatched)", ["model", "tenant"],
                      (([m, t], depth) for m, (per, _) in sorted(fairness.items()) for t, depth in sorted(per.items())))
-        yield _gauge("asynch_dispatch_inflight", "run_job messages dispatched and not yet claimed (at most "
-                     "ASYNCH_DISPATCH_WINDOW)", ["model"], (([m], n) for m, (_, n) in sorted(fairness.items())))
+        yield _gauge("asynch_dispatch_bell_age_seconds", "how long the model's doorbell has been out unanswered: "
+                     "work waits and no worker had a free slot for it (0: no doorbell out)", ["model"],
+                     (([m], max(0.0, time.time() - rang) if rang else 0.0) for m, (_, rang) in sorted(fairness.items())))
         yield _gauge("asynch_tenant_weight", "a tenant's dispatch weight (tenants not listed: 1)", ["tenant"],
                      (([t], w) for t, w in sorted(weights.items())))
 

@@ -150,7 +150,7 @@ class Cluster:
                 # Short passes for short scenarios, yet not so short that under
                 # 100 ms round trips the maintenance tasks fill every worker process.
                 "ASYNCH_BEAT_RETRY_SECONDS": "2", "ASYNCH_BEAT_RECOVER_SECONDS": "3",
-                "ASYNCH_BEAT_LOCK_TTL_SECONDS": "3", "ASYNCH_DISPATCH_LEASE_SECONDS": "10",
+                "ASYNCH_BEAT_LOCK_TTL_SECONDS": "3", "ASYNCH_DISPATCH_BELL_SECONDS": "5",
                 "ASYNCH_REPUBLISH_AFTER_SECONDS": "10", "ASYNCH_RECONCILE_GRACE_SECONDS": "5",
                 "ASYNCH_WORKER_HEARTBEAT_SECONDS": "1", **self.extra_env}
 

@@ -1,17 +1,17 @@
-"""Fair dispatch: which pending job gets a run_job message next (the algorithm: docs/architecture.md "Fair dispatch").
+"""Fair dispatch: which pending job a worker's free call slot takes next (the algorithm: docs/architecture.md "Fair
+dispatch" and "A slot per call").
 
 Invariants:
 - Per model, each tenant's ready jobs wait in their own sorted set; the tenants with ready work and a free permit
   form a ring, lowest virtual *pass* first.  A dispatch charges the pass the job's estimated run seconds over the
-  tenant's weight (1 with ``ASYNCH_DISPATCH_FAIRNESS=turns``), and the finish corrects it to the seconds really run
-  (Redis time); a tenant back from a pause starts at the current virtual time.  Below its guaranteed minimum
+  tenant's weight (1 with ``ASYNCH_DISPATCH_FAIRNESS=turns``), and the call's end corrects it to the seconds really
+  run (Redis time); a tenant back from a pause starts at the current virtual time.  Below its guaranteed minimum
   (``set_shares``) a tenant goes first, free of charge; at its burst ceiling or its permit limit it is not
   dispatched (``blocked``).
-- A dispatch takes the tenant's permit in the same step: a message in the broker always has one.  At most ``window``
-  dispatched jobs per model wait unclaimed; one not claimed within ``lease`` seconds goes back to the head of its tenant's
-  queue with its permit and charge returned (a duplicate message is harmless: the claim CAS lets one through).
-  A step fills whole ``refill_chunk`` steps of the free places only (none until that many are free), so a backlog
-  drains in groups (run_jobs messages of several jobs) even when it built up one job at a time.
+- Jobs are pulled, never pushed: a step takes jobs only for its caller's free call slots (``pull`` for a doorbell,
+  ``finish`` for the slots its calls just freed), each the one the ring picks at that moment, with the tenant's
+  permit in the same step.  No job waits in a broker: a model with work and no worker pulling rings its doorbell
+  (one ``asynch.pull`` message, at most one out per model, rung again if nothing pulled within its lease).
 - Every decision is one Lua step over the model's keys (dispatch_*.lua, with their KEYS/ARGV); per-tenant keys are
   built from ARGV prefixes carrying the model's hash tag, so a step touches one slot (keys.py) and reads the model's
   copy of the tenant weights (``copy_weights``, on every change and every periodic kick).  Derived state:
@@ -19,6 +19,7 @@ Invariants:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from app.config import get_settings
@@ -26,88 +27,103 @@ from app.infra.redis import keys, scripts, upstream
 from app.infra.redis.client import get_redis, read_under
 
 
-def refill_chunk(s) -> int:
-    """The step a model's window refills in (dispatch_lib.lua): a whole group, but never more than half the
-    window, so fewer free places than this means more than this many jobs still wait for the workers."""
-    return max(1, min(s.dispatch_group, s.dispatch_window // 2))
+@dataclass
+class Step:
+    """What a step answered: whether to ring the model's doorbell (``high``: at high priority), the jobs it pulled
+    for its caller, (tenant, job_id, attempt) each, and what else the script said before them (``head``)."""
+    ring: bool = False
+    high: bool = False
+    pulled: list[tuple[str, str, int]] = field(default_factory=list)
+    head: list = field(default_factory=list)
 
 
-def _step(script, model: str, cap: int | None, *args, most: int | None = None, gate: bool = False,
+def _step(script, model: str, cap: int | None, *args, most: int = 0, lease: float = 0.0, gate: bool = False,
           client=None) -> list:
-    """A dispatch_*.lua step: the model's keys (``gate``: and its gate, run time), the common ARGV, ``args``
-    (``client``: a pipeline to queue it on)."""
+    """A dispatch_*.lua step's raw answer: the model's keys (``gate``: and its gate, run time), the common ARGV,
+    ``args`` (``client``: a pipeline to queue it on); ``most`` jobs pulled for the caller, their permits lasting
+    ``lease`` seconds (their calls' lease: the model's timeout and the grace)."""
     s = get_settings()
     k = [keys.dispatch_ring(model), keys.dispatch_blocked(model), keys.dispatch_pass(model),
-         keys.dispatch_inflight(model), keys.dispatch_inflight_info(model), keys.dispatch_conf(model),
-         keys.runtime_max_concurrency(model), keys.dispatch_weights(model), keys.dispatch_attempts(model),
-         keys.dispatch_cost(model), keys.dispatch_charges(model), keys.dispatch_shares(model),
-         keys.dispatch_scopes(model), keys.dispatch_job_scopes(model), keys.dispatch_delayed(model),
-         keys.dispatch_congested(model), keys.dispatch_busy_budget(model)]
+         keys.dispatch_job_info(model), keys.dispatch_conf(model), keys.runtime_max_concurrency(model),
+         keys.dispatch_weights(model), keys.dispatch_attempts(model), keys.dispatch_cost(model),
+         keys.dispatch_charges(model), keys.dispatch_shares(model), keys.dispatch_scopes(model),
+         keys.dispatch_job_scopes(model), keys.dispatch_delayed(model), keys.dispatch_congested(model),
+         keys.dispatch_busy_budget(model)]
     return script(client=client, keys=k + ([keys.gate(model), keys.dispatch_run_time(model)] if gate else []), args=[
         keys.dispatch_ready(model, ""), keys.semaphore(model, ""), keys.dispatch_parked(model, ""),
-        "" if cap is None else int(cap), f"{s.dispatch_window} {refill_chunk(s)}",
-        f"{s.dispatch_lease_seconds:.3f}", s.dispatch_window if most is None else most, s.dispatch_fairness,
-        upstream.params(), *args])
+        "" if cap is None else int(cap), f"{s.dispatch_bell_seconds:.3f}", f"{lease:.3f}", int(most),
+        s.dispatch_fairness, upstream.params(), *args])
 
 
-def _triples(flat: list) -> list[tuple[str, str, str]]:
-    """(tenant, job_id, attempt: "<n>" or "<n>h" for a head retry) of each job dispatched."""
-    return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+def _parsed(raw: list, head: int = 0) -> Step:
+    """A finish_step answer (dispatch_lib.lua) after ``head`` values of the script's own."""
+    ring, high, *rest = raw[head:]
+    return Step(ring == "1", high == "1", [(rest[i], rest[i + 1], int(rest[i + 2].rstrip("h")))
+                                           for i in range(0, len(rest), 3)], list(raw[:head]))
 
 
 def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int, str]], *, cap: int | None = None,
-            mode: str = "", most: int | None = None) -> list[tuple[str, str, str]]:
-    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a retry at the head, credential scope or '')
-    entries and dispatch."""
+            mode: str = "") -> Step:
+    """Queue (tenant, job_id, order score, attempt: n, or "<n>h" for a job at the head, credential scope or '')
+    entries; rings the doorbell if a free slot could take one."""
     flat = [x for t, job, score, attempt, scope in entries for x in (t, job, repr(float(score)), str(attempt), scope)]
-    return _triples(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat, most=most))
+    return _parsed(_step(scripts.get("dispatch_enqueue"), model, cap, mode, *flat))
+
+
+def pull(model: str, most: int, lease: float, cap: int | None = None) -> Step:
+    """A worker answers the model's doorbell with ``most`` free call slots: the jobs the ring picks now are its,
+    their permits lasting ``lease``."""
+    return _parsed(_step(scripts.get("dispatch_pull"), model, cap, most=most, lease=lease))
 
 
 def claimed(model: str, jobs: Iterable[tuple[str, str]], run_lease_seconds: float,
-            cap: int | None = None) -> list[tuple[str, str, str]]:
-    """A group of (tenant, job_id) claimed: ONE step for the group, which dispatches what their claims allow."""
+            cap: int | None = None) -> Step:
+    """Jobs the worker-less runWork pass claimed from their rows, (tenant, job_id) each: their permits, in ONE step."""
     flat = [x for pair in jobs for x in pair]
-    return _triples(_step(scripts.get("dispatch_claimed"), model, cap, f"{run_lease_seconds:.3f}", *flat))
+    return _parsed(_step(scripts.get("dispatch_claimed"), model, cap, f"{run_lease_seconds:.3f}", *flat))
 
 
-def finish(model: str, jobs: Iterable[tuple[str, str, str | None, float | None, tuple[float, int] | None]],
-           cap: int | None = None) -> tuple[list[bool], list[tuple[str, str, str]]]:
-    """Jobs that left pending/running, (tenant, job_id, wake-up, ran, keep) each, in ONE step: (for each, whether
-    its gate slot was still held; the jobs dispatched).  Wake-up: None for none, "" for the job id alone, else the
-    message (wakeups.py snapshot_message); ran: a done attempt's seconds, for the EWMA and upstream.py; keep:
-    None to release its permits, or (seconds, attempt): someone else ended it while that attempt's call may
-    still run, so its permits stay, as "<job>#<attempt>", until the call ends (its worker's own finish of that
-    id, keep None) and at most that long."""
-    flat = [x for t, job, wake, ran, keep in jobs for x in (t, job, "-" if wake is None else wake,
-                                                            "" if ran is None else f"{ran:.6f}",
-                                                            "" if keep is None else f"{keep[0]:.3f} {keep[1]}")]
-    n, *rest = _step(scripts.get("dispatch_finish"), model, cap, keys.tenant_gate(model, ""), keys.terminal_channel(),
-                     f"{get_settings().estimate_alpha:.6f}", *flat, gate=True)
-    return [bool(x) for x in rest[:n]], _triples(rest[n:])
+def finish(model: str, jobs: Iterable[tuple[str, str, str | None, float | None, tuple[float, int] | str | None]],
+           cap: int | None = None, most: int = 0, lease: float = 0.0) -> tuple[list[bool], Step]:
+    """Jobs that left pending/running and calls that ended, (tenant, job_id, wake-up, ran, keep) each, in ONE step:
+    (for each, whether its gate slot was still held; the step: the jobs pulled for the caller's ``most`` freed
+    slots, their permits lasting ``lease``, the ring).  Wake-up: None for none, "" for the job id alone, else the message (wakeups.py
+    snapshot_message); ran: a done attempt's seconds, for the EWMA and upstream.py; keep: None to release its
+    permits, (seconds, attempt): someone else ended it while that attempt's call may still run, so its permits
+    stay, as "<job>#<attempt>", until the call ends (its worker's own finish of that id) and at most that long;
+    "back": a pulled job its puller could not claim, back to its queue's head."""
+    flat = [x for t, job, wake, ran, keep in jobs for x in (
+        t, job, "-" if wake is None else wake, "" if ran is None else f"{ran:.6f}",
+        "" if keep is None else keep if isinstance(keep, str) else f"{keep[0]:.3f} {keep[1]}")]
+    raw = _step(scripts.get("dispatch_finish"), model, cap, keys.tenant_gate(model, ""), keys.terminal_channel(),
+                f"{get_settings().estimate_alpha:.6f}", *flat, gate=True, most=most, lease=lease)
+    n = int(raw[0])
+    return [bool(x) for x in raw[1:1 + n]], _parsed(raw, 1 + n)
 
 
 def returned(model: str, tenant: str, job_id: str, score: float, attempt: str, started: float,
-             retry_after: float | None, delay: float, jitter: float,
-             cap: int | None = None) -> tuple[float, float, list[tuple[str, str, str]]]:
+             retry_after: float | None, delay: float, jitter: float, cap: int | None = None) -> Step:
     """A job whose upstream answered busy (a call ``started`` at unix s) is pending again: it waits ``delay``
     seconds, then returns to its tenant's queue at ``score`` with ``attempt`` ("<n>h"); its permits back, its
     charge settled, its scope's controller told (``retry_after``: capped seconds, None: none usable;
-    ``jitter`` in [0, 1)).  Returns (when the job may run again, when a pause this answer moved ends or 0,
-    the jobs dispatched)."""
-    due, till, *rest = _step(scripts.get("dispatch_return"), model, cap, tenant, job_id, repr(float(score)), attempt,
-                             f"{started:.3f}", f"{-1 if retry_after is None else retry_after:.3f}", f"{delay:.3f}",
-                             f"{jitter:.6f}")
-    return float(due), float(till), _triples(rest)
+    ``jitter`` in [0, 1)).  The step's ``head``: [when the job may run again, when a pause this answer moved
+    ends or 0]."""
+    return _parsed(_step(scripts.get("dispatch_return"), model, cap, tenant, job_id, repr(float(score)), attempt,
+                         f"{started:.3f}", f"{-1 if retry_after is None else retry_after:.3f}", f"{delay:.3f}",
+                         f"{jitter:.6f}"), head=2)
 
 
-def kick(model: str, *, cap: int | None = None, requeue_inflight: bool = False) -> list[tuple[str, str, str]]:
-    return _triples(_step(scripts.get("dispatch_kick"), model, cap, "1" if requeue_inflight else ""))
+def kick(model: str, *, cap: int | None = None, broker_lost: bool = False) -> tuple[Step, bool]:
+    """Unblock the model's tenants and ring its doorbell if work waits; ``broker_lost``: its doorbell's message
+    is gone.  Returns (the step, whether a doorbell is out after it)."""
+    raw = _step(scripts.get("dispatch_kick"), model, cap, "1" if broker_lost else "")
+    return _parsed(raw[:-1]), raw[-1] == "1"
 
 
 def position(model: str, tenant: str, job_id: str, scores: list[float], cap: int | None = None,
              handed: list[str] = (), client=None) -> list:
     """Where jobs of ``tenant`` at ``scores`` stand (read only): [cap, running, the tenant's permits, tenants,
-    EWMA seconds or '', samples, then (own ahead, all ahead) per score; -1 -1 for a queued ``job_id`` dispatched;
+    EWMA seconds or '', samples, then (own ahead, all ahead) per score; -1 -1 for a queued ``job_id`` pulled;
     then per ``handed`` id 1 if the dispatcher holds it, else 0]."""
     return _step(scripts.get("dispatch_position"), model, cap, tenant, job_id, len(scores),
                  *[repr(float(x)) for x in scores], *handed, gate=True, client=client)
@@ -131,7 +147,7 @@ def restore_permits(model: str, held: list[tuple[str, str, float]]) -> None:
 
 def models() -> set[str]:
     """Models with dispatch state in Redis (for the periodic kick)."""
-    return {m for kind in ("dq:ring", "dq:inflight", "dq:blocked")
+    return {m for kind in ("dq:ring", "dq:conf", "dq:blocked")
             for k in get_redis().scan_iter(match=keys.model_pattern(kind), count=500) if (m := keys.model_of(k, kind))}
 
 
@@ -193,5 +209,7 @@ def ready_counts(model: str) -> dict[str, int]:
     return read_under(keys.dispatch_ready(model, ""), "zcard")
 
 
-def inflight(model: str) -> list[str]:
-    return list(get_redis().zrange(keys.dispatch_inflight(model), 0, -1))
+def bell(model: str) -> float | None:
+    """When the model's doorbell was rung and not yet answered (None: no doorbell out)."""
+    at = get_redis().hget(keys.dispatch_conf(model), "bell")
+    return None if at is None else float(at)

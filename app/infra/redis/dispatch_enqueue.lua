@@ -1,10 +1,11 @@
--- Queue jobs (admitted, re-admitted, recovered) and dispatch (app/infra/redis/dispatch.py).
--- KEYS 1..17 and ARGV 1..9: as dispatch_lib.lua.
+-- Queue jobs (admitted, re-admitted, recovered) (app/infra/redis/dispatch.py); the doorbell rings if a free
+-- slot could take one now.
+-- KEYS 1..16 and ARGV 1..9: as dispatch_lib.lua.
 -- ARGV 10: mode: '' (add or move), 'NX' (only if not queued: recovery), 'XXLT'
 --   (only move an already queued job ahead: promotion);  ARGV 11..: tenant, job, score, attempt, scope quints
 --   (scope: the job's credential scope "~k:<hash>" when it carries its own model key, else '').
--- Returns the jobs dispatched, as dispatch_lib.lua.
--- A job that holds a live permit (dispatched or running), or waits aside (delayed, parked), is never queued again.
+-- Returns {ring, high, pulled triples...}, as dispatch_lib.lua finish_step.
+-- A job that holds a live permit (pulled or running), or waits aside (delayed, parked), is never queued again.
 --@include dispatch_lib.lua
 local mode = ARGV[10]
 for i = 11, #ARGV, 5 do
@@ -22,4 +23,4 @@ for i = 11, #ARGV, 5 do
     activate(t)
   end
 end
-return dispatch()
+return finish_step()

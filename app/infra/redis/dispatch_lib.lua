@@ -2,34 +2,36 @@
 -- dispatch_*.lua script includes this file first.
 -- KEYS (every dispatch script; all of one model, one hash slot): 1 ring (zset tenant -> pass)  2 blocked (set)
 --   3 pass (hash tenant -> saved pass; field "" the virtual time)
---   4 inflight (zset job -> dispatch time)  5 job info (hash job -> "tenant score": a job dispatched and not
---     claimed, delayed or parked, for the way back to its queue)
---   6 conf (hash: mc = the model's max_concurrency, es = its expected_seconds; the model-wide upstream
---     controller's fields, upstream_lib.lua)  7 runtime max_concurrency override
---   8 the model's copy of the weights (hash tenant -> weight)  9 attempts (hash job -> the attempt it is pending at)
---   10 cost (hash tenant -> EWMA of its attempts' run seconds)
---   11 charges (hash job -> "estimate charge dispatch-time [claim time]": what its dispatch added to its
+--   4 job info (hash job -> "tenant score": a job pulled, delayed or parked, for its way back to its queue)
+--   5 conf (hash: mc = the model's max_concurrency, es = its expected_seconds, bell = when its doorbell was
+--     rung and not yet answered by a pull, pulled = when a step last pulled a job; the model-wide upstream
+--     controller's fields, upstream_lib.lua)  6 runtime max_concurrency override
+--   7 the model's copy of the weights (hash tenant -> weight)  8 attempts (hash job -> the attempt it is pending at)
+--   9 cost (hash tenant -> EWMA of its attempts' run seconds)
+--   10 charges (hash job -> "estimate charge dispatch-time [claim time]": what its dispatch added to its
 --     tenant's pass, and when)
---   12 shares (hash tenant -> "min burst": its guaranteed and its most concurrent jobs; '' = none)
---   13 scopes (hash scope -> "limit cut pause streak": a tenant's or a credential's own upstream state,
---     upstream_lib.lua)  14 job scopes (hash job -> the credential scope "~k:<hash>" of a job that carries its
---     own model key)  15 delayed (zset job -> when it may be dispatched again: a busy answer's backoff, a paused
---     credential)  16 congested tenants (zset tenant -> when its scope last ran into busy answers in a row)
---   17 busy budget (hash tenant -> free busy answers spent, earned back one per done answer)
+--   11 shares (hash tenant -> "min burst": its guaranteed and its most concurrent jobs; '' = none)
+--   12 scopes (hash scope -> "limit cut pause streak": a tenant's or a credential's own upstream state,
+--     upstream_lib.lua)  13 job scopes (hash job -> the credential scope "~k:<hash>" of a job that carries its
+--     own model key)  14 delayed (zset job -> when it may be dispatched again: a busy answer's backoff, a paused
+--     credential)  15 congested tenants (zset tenant -> when its scope last ran into busy answers in a row)
+--   16 busy budget (hash tenant -> free busy answers spent, earned back one per done answer)
 -- ARGV (every dispatch script): 1 ready key prefix ("...:dq:ready:{model}:")  2 permit key prefix
 --   ("...:sem:{model}:"; a credential scope's permits are the prefix .. "~k:<hash>")  3 parked key prefix
 --   ("...:dq:parked:{model}:", .. scope: a credential's jobs waiting for one of its permits)
---   4 cap (max_concurrency; '' = the stored conf)  5 "window chunk" (a step fills the window's free places
---   in whole chunks; chunk absent = 1)  6 dispatch lease (s)  7 most jobs to dispatch
+--   4 cap (max_concurrency; '' = the stored conf)  5 the doorbell's lease (s)  6 a pulled job's permit lease
+--   (s: its call's lease)  7 most jobs this step pulls for its caller (0: none)
 --   8 fairness: 'turns' (every job costs 1: the baseline) or 'cost' (model time)
 --   9 the upstream controller's parameters "decrease tolerance max_pause backoff window" ('-' = off)
--- Each script returns {tenant1, job1, attempt1, tenant2, ...}: the jobs dispatched
--- (their permits taken): publish one run_job(job, attempt) message for each.
+-- Each step ends with finish_step(): it returns {ring, high, tenant1, job1, attempt1, tenant2, ...}: ring '1'
+-- when the caller must ring the model's doorbell (publish one asynch.pull; high '1': at high priority), then
+-- the jobs this step pulled for its caller (permits taken, claim time noted): claim and call each.
 local READY, SEM, PARKED = ARGV[1], ARGV[2], ARGV[3]
-local K_RING, K_BLOCKED, K_PASS, K_INF, K_INFO, K_CONF, K_RTMC, K_W, K_ATT = KEYS[1], KEYS[2], KEYS[3],
-  KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local K_COST, K_CHARGE, K_SHARE = KEYS[10], KEYS[11], KEYS[12]
-local K_SCOPES, K_JSCOPE, K_DELAY, K_CONGESTED, K_BUDGET = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17]
+local K_RING, K_BLOCKED, K_PASS, K_INFO, K_CONF, K_RTMC, K_W, K_ATT = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_COST, K_CHARGE, K_SHARE = KEYS[9], KEYS[10], KEYS[11]
+local K_SCOPES, K_JSCOPE, K_DELAY, K_CONGESTED, K_BUDGET = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local BELL_LEASE, RUN_LEASE, MOST = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local BY_COST = ARGV[8] ~= 'turns'
 local UP_ON, UP = ARGV[9] ~= '-', {}
 if UP_ON then for x in string.gmatch(ARGV[9], '%S+') do UP[#UP + 1] = tonumber(x) end end
@@ -88,7 +90,7 @@ local function unblock(t)
   activate(t)
 end
 
--- A job back into its tenant's queue at its score (from the inflight, delayed or parked sets).
+-- A job back into its tenant's queue at its score (given back by a puller, or from the delayed or parked sets).
 local function back_to_queue(job, info)
   local t, score = string.match(info, '^(%S+) (%S+)$')
   redis.call('HDEL', K_INFO, job)
@@ -124,7 +126,7 @@ end
 -- tenant's average on this model, else the model's expected_seconds, else 1;
 -- 1 in turns mode) over its weight; 0 within its guaranteed minimum (free).
 -- Noted with the job, for settle().
-local function take(t, job, free)
+local function take_charge(t, job, free)
   settle(t, job, false)  -- an earlier call of the job whose end was never reported (its worker died)
   local est = 1
   if BY_COST then
@@ -147,23 +149,6 @@ end
 local function claimed(job)
   local c = redis.call('HGET', K_CHARGE, job)
   return c ~= false and c ~= nil and string.match(c, '^%S+ %S+ %S+ %S+$') ~= nil
-end
-
--- Dispatched jobs nobody claimed before 'older_than': back to the head of
--- their tenant's queue, permit and charge returned (the message was lost).
-local function requeue_unclaimed(older_than)
-  for _, job in ipairs(redis.call('ZRANGEBYSCORE', K_INF, '-inf', older_than)) do
-    local info = redis.call('HGET', K_INFO, job)
-    redis.call('ZREM', K_INF, job)
-    if info then
-      local t = string.match(info, '^(%S+)')
-      redis.call('ZREM', SEM .. t, job)
-      local k = redis.call('HGET', K_JSCOPE, job)
-      if k then redis.call('ZREM', SEM .. k, job) end
-      settle(t, job, true)
-      back_to_queue(job, info)
-    end
-  end
 end
 
 -- A scope's live permits.  A permit outlived by its call (a dead worker's, or one kept after its job was
@@ -259,45 +244,30 @@ local function set_aside(t, job, score, cap)
   return true
 end
 
-local function dispatch()
-  local window, chunk = string.match(ARGV[5], '^(%d+) ?(%d*)$')
-  window, chunk = tonumber(window), tonumber(chunk) or 1
-  local lease, most = tonumber(ARGV[6]), tonumber(ARGV[7])
-  requeue_unclaimed(NOW - lease)
+-- Up to MOST jobs for the caller, each the one the ring picks now (a worker's free call slots: the decision is
+-- taken when a slot is free, not when a message entered a broker): the tenant's permit (and its credential's)
+-- taken for RUN_LEASE, its charge noted with its claim time (its claim statement follows at once).
+local function take()
   release_delayed()
   local cap = limit()
-  local out = {}
-  -- Whole groups under load.  Each claim frees as many places as it claimed, so a window refilled on
-  -- every claim keeps the size its messages started with: one job each under a trickle, however long
-  -- the backlog grows.  So a step fills whole chunks of the free places only: none until `chunk` are
-  -- free, and 8 of 10, not 10 (split evenly, 10 would leave as two messages of 5, and a window of 5s
-  -- refills in 5s for ever).  chunk <= window / 2 (dispatch.py), so fewer than `chunk` free places
-  -- means more than `chunk` jobs still wait for the workers: none starves.  A step that finds fewer
-  -- ready jobs than its room sends what there is (nothing waits at idle); the order is the ring's
-  -- either way; a guaranteed minimum is never held.
-  local room = window - redis.call('ZCARD', K_INF)
-  if chunk > 1 then room = room - room % chunk end
-  local sent, tries = 0, 0
-  while cap > 0 and #out < 3 * most and redis.call('ZCARD', K_INF) < window and tries < 4 * window + 64 do
+  local out, tries = {}, 0
+  while cap > 0 and #out < 3 * MOST and tries < 4 * MOST + 64 do
     tries = tries + 1
     local picked, pass, reserved = pick(cap)
-    if not picked or (sent >= room and not reserved) then break end
+    if not picked then break end
     local popped = redis.call('ZPOPMIN', READY .. picked)
     local job, score = popped[1], popped[2]
     if not set_aside(picked, job, score, cap) then
-      sent = sent + 1
-      redis.call('ZADD', SEM .. picked, NOW + lease, job)
+      redis.call('ZADD', SEM .. picked, NOW + RUN_LEASE, job)
       local k = redis.call('HGET', K_JSCOPE, job)
-      if k then redis.call('ZADD', SEM .. k, NOW + lease, job) end
-      redis.call('ZADD', K_INF, NOW, job)
+      if k then redis.call('ZADD', SEM .. k, NOW + RUN_LEASE, job) end
       redis.call('HSET', K_INFO, job, picked .. ' ' .. score)
       if not reserved then redis.call('HSET', K_PASS, '', pass) end
-      pass = pass + take(picked, job, reserved)
-      local attempt = redis.call('HGET', K_ATT, job) or '-1'
-      if reserved and not string.find(attempt, 'h$') then attempt = attempt .. 'h' end  -- ahead in the broker too
+      pass = pass + take_charge(picked, job, reserved)
+      redis.call('HSET', K_CHARGE, job, redis.call('HGET', K_CHARGE, job) .. ' ' .. NOW)
       out[#out + 1] = picked
       out[#out + 1] = job
-      out[#out + 1] = attempt
+      out[#out + 1] = redis.call('HGET', K_ATT, job) or '-1'
     end
     if redis.call('ZCARD', READY .. picked) > 0 then
       redis.call('ZADD', K_RING, pass, picked)
@@ -306,5 +276,32 @@ local function dispatch()
       redis.call('HSET', K_PASS, picked, pass)
     end
   end
+  if #out > 0 then redis.call('HSET', K_CONF, 'pulled', NOW) end
+  return out
+end
+
+-- Whether the caller must ring the model's doorbell: it has work a free slot could take now, and no doorbell
+-- is out (one rung and not answered, while the model was being pulled from within the lease: a doorbell whose
+-- message was lost is rung again).  At most one doorbell per model is out: workers with free slots answer it,
+-- and a pull that leaves work behind rings the next.  High: a tenant below its guaranteed minimum waits.
+local function ring()
+  release_delayed()
+  local cap = limit()
+  if cap <= 0 then return '0', '0' end
+  local t, _, reserved = pick(cap)
+  if not t then return '0', '0' end
+  local f = redis.call('HMGET', K_CONF, 'bell', 'pulled')
+  local bell, pulled = tonumber(f[1] or '') or 0, tonumber(f[2] or '') or 0
+  if bell > 0 and NOW - math.max(bell, pulled) < BELL_LEASE then return '0', '0' end
+  redis.call('HSET', K_CONF, 'bell', NOW)
+  return '1', reserved and '1' or '0'
+end
+
+-- Every step's end: the jobs pulled for its caller (MOST, 0: none), then whether to ring.
+local function finish_step()
+  local out = MOST > 0 and take() or {}
+  local r, high = ring()
+  table.insert(out, 1, high)
+  table.insert(out, 1, r)
   return out
 end

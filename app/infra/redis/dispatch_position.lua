@@ -1,14 +1,14 @@
 -- Where jobs stand in the dispatcher's order (app/jobs/estimates.py), read only:
--- the ring as dispatch_lib.lua's dispatch() runs it, projected forward.
--- KEYS 1..17 and ARGV 1..9: as dispatch_lib.lua.  KEYS 18 the model's gate (zset)  19 its run-time hash
+-- the ring as dispatch_lib.lua's take() runs it, projected forward.
+-- KEYS 1..16 and ARGV 1..9: as dispatch_lib.lua.  KEYS 17 the model's gate (zset)  18 its run-time hash
 -- ARGV 10 tenant  11 job id ('' : jobs not queued yet)  12 m  13..12+m order scores (for a queued job: its
 --   own wins)  then job ids the caller admitted whose hand-over it has not seen done (app/jobs/outbox.py)
--- Returns {cap, running (slots held but not ready: dispatched or running), the tenant's permits held,
+-- Returns {cap, running (slots held but not ready: pulled, running or set aside), the tenant's permits held,
 --   tenants with ready work (the tenant included), EWMA seconds ('' none), samples,
---   then per score: its tenant's jobs ahead, every tenant's jobs ahead (-1 -1: dispatched already),
+--   then per score: its tenant's jobs ahead, every tenant's jobs ahead (-1 -1: pulled already),
 --   then per handed-over id: 1 if the dispatcher holds it (counted above), 0 if not yet}.
 -- Each dispatch of U's adds step(U) to its pass: its estimated run seconds over its weight
--- (1/weight in turns mode; as take() charges it).  The tenant's k-th next turn comes at pass
+-- (1/weight in turns mode; as take_charge() charges it).  The tenant's k-th next turn comes at pass
 -- p + k*step; another tenant U (pass pU, nU ready) gets min(nU, ceil((p + k*step - pU) / step(U)))
 -- turns before it.  Guaranteed minimums are not projected (they only move a tenant earlier).
 --@include dispatch_lib.lua
@@ -42,10 +42,10 @@ for i, u in ipairs(others) do
   ready = ready + counts[i]
   if counts[i] > 0 and u ~= t then tenants = tenants + 1 end
 end
-local running = math.max(own_running, redis.call('ZCARD', KEYS[18]) - ready)
-local rt = redis.call('HMGET', KEYS[19], 's', 'n')
+local running = math.max(own_running, redis.call('ZCARD', KEYS[17]) - ready)
+local rt = redis.call('HMGET', KEYS[18], 's', 'n')
 local out = {cap, running, own_running, tenants, rt[1] or '', tonumber(rt[2] or '0')}
-local dispatched = job ~= '' and (redis.call('ZSCORE', K_INF, job) or redis.call('ZSCORE', SEM .. t, job))
+local dispatched = job ~= '' and redis.call('ZSCORE', SEM .. t, job)
 local pt, st = pass_of(t), step(t)
 local m = tonumber(ARGV[12])
 for i = 13, 12 + m do

@@ -107,9 +107,9 @@ def gate_snapshot(model_names: Iterable[str]) -> dict[str, tuple[int, int | None
 
 def slot_split(model_names: Iterable[str], tenant: str | None = None) -> dict[str, tuple[int, int]]:
     """model -> (pending, running) among the slots of its gate (of ``tenant``'s gate set with ``tenant``).
-    Running: the live permits the dispatcher holds for the model's jobs (taken at dispatch, kept by the claim
-    for the run's lease: dispatch.py), less its run_job messages in flight (dispatched, not yet claimed: their
-    rows are still pending); every other slot is pending.  Two round trips (one with ``tenant``)."""
+    Running: the live permits the dispatcher holds for the model's jobs (taken when a worker's free slot pulls a
+    job, kept for the call's lease: dispatch.py); every other slot is pending.  Two round trips (one with
+    ``tenant``)."""
     names = list(model_names)
     r = get_redis()
     pipe = r.pipeline(transaction=False)
@@ -118,25 +118,20 @@ def slot_split(model_names: Iterable[str], tenant: str | None = None) -> dict[st
         if tenant is None:
             pipe.zcard(keys.gate(m))
             pipe.smembers(keys.gate_tenants(m))
-            pipe.zcard(keys.dispatch_inflight(m))
         else:
             pipe.zcard(keys.tenant_gate(m, tenant))
             pipe.zcount(keys.semaphore(m, tenant), now, "+inf")
-            pipe.hvals(keys.dispatch_inflight_info(m))  # job -> "tenant score", at most the dispatch window
     res = pipe.execute()
     if tenant is None:
         # The permits of every tenant holding slots (the admission step's index of them).
-        holders = [(m, t) for m, held in zip(names, res[1::3]) for t in held]
+        holders = [(m, t) for m, held in zip(names, res[1::2]) for t in held]
         pipe = r.pipeline(transaction=False)
         for m, t in holders:
             pipe.zcount(keys.semaphore(m, t), now, "+inf")
         permits = dict.fromkeys(names, 0)
         for (m, _t), n in zip(holders, pipe.execute() if holders else []):
             permits[m] += int(n)
-        triples = [(int(d), permits[m], int(f)) for m, d, f in zip(names, res[0::3], res[2::3])]
+        pairs = [(int(d), permits[m]) for m, d in zip(names, res[0::2])]
     else:
-        own = f"{tenant} "
-        triples = [(int(d), int(p), sum(1 for v in info if v.startswith(own)))
-                   for d, p, info in zip(res[0::3], res[1::3], res[2::3])]
-    running = [min(depth, max(0, permits_held - in_flight)) for depth, permits_held, in_flight in triples]
-    return {m: (depth - n, n) for m, (depth, _p, _f), n in zip(names, triples, running)}
+        pairs = [(int(d), int(p)) for d, p in zip(res[0::2], res[1::2])]
+    return {m: (depth - min(depth, held), min(depth, held)) for m, (depth, held) in zip(names, pairs)}

@@ -17,7 +17,7 @@ from app.config import get_settings
 
 # Bumped with every change of the layout: a new epoch key name makes the
 # first pass after an upgrade rebuild the derived state under the new names.
-LAYOUT = 2
+LAYOUT = 3  # 3: pulled by free slots (no dispatched window, job info renamed), 2026-12-07
 
 
 def _p() -> str:
@@ -68,9 +68,8 @@ dispatch_ready = partial(_mt, "dq:ready")  # sorted set: a tenant's pending jobs
 dispatch_ring = partial(_m, "dq:ring")
 dispatch_blocked = partial(_m, "dq:blocked")
 dispatch_pass = partial(_m, "dq:pass")
-dispatch_inflight = partial(_m, "dq:inflight")
-dispatch_inflight_info = partial(_m, "dq:info")
-dispatch_conf = partial(_m, "dq:conf")
+dispatch_job_info = partial(_m, "dq:info")  # hash: job -> "tenant score", a job pulled or set aside (its way back)
+dispatch_conf = partial(_m, "dq:conf")  # hash: the model's cap, expected seconds, doorbell, upstream controller
 dispatch_attempts = partial(_m, "dq:attempt")  # hash: job -> the attempt it is queued for (its run_job message's)
 dispatch_cost = partial(_m, "dq:cost")  # hash: tenant -> EWMA of its attempts' run seconds (dispatch by cost)
 dispatch_charges = partial(_m, "dq:charge")  # hash: job -> "estimate charge [claim time]" added to the pass
@@ -89,6 +88,7 @@ dispatch_busy_budget = partial(_m, "dq:budget")  # hash: tenant -> free busy ans
 # Global keys.
 terminal_channel = partial(_g, "events:terminal")  # pub/sub: a job id, after its terminal commit (wake-ups)
 invalidate_channel = partial(_g, "events:invalidate")  # pub/sub: drop your cached keys/models now
+bells = partial(_g, "bells")  # sorted set: model -> when its doorbell was rung, while no pull has answered it
 stop_channel = partial(_g, "events:stop")  # pub/sub: "<job id> <attempt>": stop that attempt's call now
 beat_lock = partial(_g, "{beat}:leader")
 beat_token = partial(_g, "{beat}:token")  # fencing counter, larger for every new leadership (leader_acquire.lua)
