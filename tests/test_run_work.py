@@ -84,8 +84,10 @@ def test_run_work_respects_the_tenants_max_concurrency(client, make_model, model
 def test_run_work_beside_two_celery_workers_runs_each_attempt_once(test_env, tmp_path, make_model, model_server,
                                                                    admin_key, api_url):
     make_model("both", queue_limit=200, max_concurrency=8)
-    ws = [WorkerProcess(test_env, concurrency=2, log_path=tmp_path / f"w{i}.log", name=f"w{i}").start()
-          for i in range(2)]
+    # One call slot a process: the workers' 4 slots leave room under the 8 permits for the passes (with the
+    # default 8 slots, the workers' refills would take every permit the moment it frees).
+    ws = [WorkerProcess({**test_env, "ASYNCH_WORKER_SLOTS": "1"}, concurrency=2, log_path=tmp_path / f"w{i}.log",
+                        name=f"w{i}").start() for i in range(2)]
     try:
         ids = _submit("both", 100, sleep_ms=30)
         deadline = time.time() + 120
