@@ -58,6 +58,7 @@ models = Table(
     # What a modelKey sets ("*": any unprotected); NULL, never set: ASYNCH_MODEL_KEY_HEADERS_DEFAULT (revision 0024).
     Column("model_key_headers", Text),
     Column("max_completed", Integer, nullable=False, server_default="0"),  # done/claimed jobs kept; 0: no cap
+    Column("streaming", Boolean, nullable=False, server_default=text("false")),  # output forwarded live (0026)
     *_cols(TS, "created_at", "updated_at", nullable=False),
 )
 
