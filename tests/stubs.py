@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
-from app.cli.demo_model import DemoModel, DemoModelServer
+from app.cli.demo_model import ClientGone, DemoModel, DemoModelServer
 
 
 class ModelState:
@@ -65,6 +65,10 @@ class StubModel(DemoModel):
                     is this value: one credential's exhausted quota
       flaky         [fail %, busy %, hang %]: each call at random answers 500, 429
                     (with ``retry_after``), never answers, or as usual: a flaky upstream
+      stream_hold   (a streamed answer: ``stream``) wait before chunk ``hold_at`` (default 0) until
+                    state.release(<stream_hold>): a stream the test can keep half sent
+      break_at      (a streamed answer) close the connection before chunk N (with ``break_once``:
+                    only the first call of its ``tag`` breaks): an upstream that dies mid-stream
     A caller that hangs up before its answer (sleep_ms, hold, hang) is recorded in
     ``state.hangups`` (its job id -> when the stub noticed).
     Every call is recorded in ``self.server.state`` (path, method, headers --
@@ -74,6 +78,20 @@ class StubModel(DemoModel):
     head_msg/modelKey), with the maximum each count reached."""
 
     def respond(self, p: dict) -> tuple:
+        gen, group = self._enter(p)
+        try:
+            return self._in_room(self.server.state, p)
+        finally:
+            self._leave(gen, group)
+
+    def _stream(self, p: dict) -> None:
+        gen, group = self._enter(p)
+        try:
+            return super()._stream(p)
+        finally:
+            self._leave(gen, group)
+
+    def _enter(self, p: dict) -> tuple[int, str]:
         state = self.server.state
         call = {"path": urlsplit(self.path).path, "method": self.command,
                 "headers": dict(self.headers.items()), "header_lines": list(self.headers.items()),
@@ -86,17 +104,35 @@ class StubModel(DemoModel):
             state.max_in_flight = max(state.max_in_flight, state.in_flight)
             n = state.in_flight_by[group] = state.in_flight_by.get(group, 0) + 1
             state.max_in_flight_by[group] = max(state.max_in_flight_by.get(group, 0), n)
-        try:
-            return self._in_room(state, p)
-        finally:
-            # Out of flight before the answer is written: once the caller
-            # has the answer, its next call must not overlap this one.
+        return gen, group
+
+    def _leave(self, gen: int, group: str) -> None:
+        # Out of flight before the answer is written: once the caller
+        # has the answer, its next call must not overlap this one.
+        state = self.server.state
+        with state.lock:
+            if gen == state.generation:
+                state.in_flight -= 1
+                state.in_flight_by[group] -= 1
+
+    def between(self, i: int, p: dict) -> None:
+        state = self.server.state
+        if p.get("stream_hold") and i == int(p.get("hold_at") or 0):
+            ev, deadline = state.hold(str(p["stream_hold"])), time.monotonic() + 60
+            while not ev.wait(0.05) and time.monotonic() < deadline:
+                self.hold(0.001)  # a caller that hangs up meanwhile ends the hold (ClientGone)
+        if p.get("break_at") is not None and i == int(p["break_at"]):
+            key = f"break:{p.get('tag', '')}"
             with state.lock:
-                if gen == state.generation:
-                    state.in_flight -= 1
-                    state.in_flight_by[group] -= 1
+                n = state.fail_counts[key] = state.fail_counts.get(key, 0) + 1
+            if n == 1 or not p.get("break_once"):
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.broke = True  # our own break, not the caller's hang-up
+                raise ClientGone()
 
     def hung_up(self) -> None:
+        if getattr(self, "broke", False):
+            return
         state = self.server.state
         with state.lock:
             state.hangups[self.headers.get("X-Asynch-Job-Id", "")] = time.time()

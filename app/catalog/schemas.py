@@ -200,6 +200,8 @@ class ModelInput(Shape):
     max_completed: Int(0, 100_000_000) = rule(
         "an integer from 0 to 100000000: done/claimed jobs kept, the least recently read evicted beyond it "
         "(0: no cap)", 0)
+    streaming: Bool01 = rule("true/false (or 1/0): the upstream may answer a stream (text/event-stream, "
+                             "application/x-ndjson) whose output a job's stream_url shows live", False)
     remark: Remark | None = rule("a string of at most 4000 characters", "")
     # Read-only fields of a view: accepted and ignored, so a view can be sent back.
     created_at: Any = Field(None, exclude=True, description="read-only: ignored", json_schema_extra={"readOnly": True})
@@ -246,6 +248,7 @@ class ModelView(Shape):
     retry_queue_max_seconds: int
     auto_clean_seconds: int
     max_completed: int
+    streaming: bool
     remark: str
     created_at: Timestamp | None
     updated_at: Timestamp | None
@@ -256,7 +259,7 @@ ModelUserView = create_model(
     "ModelUserView", __base__=Shape, __doc__="What a non-admin key sees of a model: enough to submit to it.",
     **{name: (ModelView.model_fields[name].annotation, ...) for name in (
         "model_name", "models_type", "form", "enabled", "expected_seconds", "timeout_seconds", "queue_limit",
-        "tenant_queue_limit", "max_concurrency", "remark")})
+        "tenant_queue_limit", "max_concurrency", "streaming", "remark")})
 
 
 class SeedModelView(ModelView):

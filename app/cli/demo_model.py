@@ -12,6 +12,11 @@ fields steer it, to try a slow, failing or other-bytes model:
   body          the body to send (with content_type); default: JSON echo
   size          answer with this many bytes of b"x" (application/octet-stream)
   hang          never answer (until the client gives up and hangs up)
+  stream        answer a stream, chunk by chunk (chunked transfer): OpenAI's chat.completion.chunk
+                events as text/event-stream ending with ``data: [DONE]`` (as vLLM, TGI, llama.cpp
+                and Ollama stream), or with ``ndjson`` one JSON object a line (application/x-ndjson)
+  chunks        how many chunks (default 8); chunk_ms: the wait before each (default 50);
+                ``stamp``: each chunk carries ``t``, the Unix time it was sent (bench_stream)
 
 With ``webhook_secrets`` (a function giving the secrets to try; `asynch dev`
 passes its stack's) the service is also a webhook receiver at ``/webhooks``:
@@ -91,7 +96,10 @@ class DemoModel(BaseHTTPRequestHandler):
         if self.server.webhook_secrets is not None and (path == RECEIVER or path.startswith(RECEIVER + "/")):
             return self._receive(raw)
         try:
-            self._send(*self.respond(self._payload(raw)))
+            p = self._payload(raw)
+            if p.get("stream") and not p.get("status"):
+                return self._stream(p)
+            self._send(*self.respond(p))
         except ClientGone:
             self.close_connection = True
             self.hung_up()
@@ -115,6 +123,38 @@ class DemoModel(BaseHTTPRequestHandler):
             time.sleep(min(left, 0.01))  # a pipelined request's bytes, not a hang-up
 
     do_GET = do_POST = _handle
+
+    def _stream(self, p: dict) -> None:
+        """A streamed answer (``stream``): chunk i after ``chunk_ms``, each written as it is made."""
+        ndjson, n, wait = bool(p.get("ndjson")), int(p.get("chunks") or 8), float(p.get("chunk_ms") or 50) / 1000
+        words = _words(p)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson" if ndjson else "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        for i in range(n):
+            self.hold(wait)
+            self.between(i, p)
+            piece = {"id": "chatcmpl-demo", "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": "demo-chat", "choices": [{"index": 0, "delta": {"content": words[i % len(words)] + " "},
+                                                         "finish_reason": "stop" if i == n - 1 else None}]}
+            if p.get("stamp"):
+                piece["t"] = time.time()
+            line = json.dumps(piece, separators=(",", ":"))
+            self._chunk((line + "\n") if ndjson else f"data: {line}\n\n")
+        if not ndjson:
+            self._chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def between(self, i: int, p: dict) -> None:
+        """Before chunk ``i`` of a stream is sent (the tests' stub holds or breaks it here)."""
 
     def _receive(self, raw: bytes) -> None:
         srv = self.server
@@ -151,6 +191,14 @@ class DemoModel(BaseHTTPRequestHandler):
             return status, str(p.get("body", "")).encode(), str(p["content_type"])
         body = json.dumps({"model": "demo-echo", "echo": p}, ensure_ascii=False).encode()
         return status, body, "application/json"
+
+
+def _words(p: dict) -> list[str]:
+    """What a streamed answer says: the last chat message's words, or the prompt's, or a greeting."""
+    msgs = p.get("messages")
+    text = msgs[-1].get("content") if isinstance(msgs, list) and msgs and isinstance(msgs[-1], dict) else None
+    text = text if isinstance(text, str) else p.get("prompt") if isinstance(p.get("prompt"), str) else None
+    return (text or "hello from the demo model").split() or ["..."]
 
 
 class _Server(ThreadingHTTPServer):

@@ -18,6 +18,9 @@ Invariants (docs/architecture.md invariant 7, "no lost wake-ups"):
 - Caps: a register past the tenant's or the process's cap (or, for an event stream, the tenant's streams cap)
   raises ``TooManyWaiters`` and counts nothing; every register is matched by one unregister (``finally``), a
   client gone included.
+- Live output (app/jobs/output.py): the same listener hands each notice's entries to the job's output waiters
+  (registered before their first read of the job's Redis stream, so an entry is in that read or in a notice they
+  get); a notice is not even parsed while no waiter of the process watches output.
 - Fork: the whole state is per process (app/infra/process.py).
 """
 from __future__ import annotations
@@ -43,7 +46,7 @@ from app.infra.caches import clear_all as clear_caches
 from app.infra.db import make_engine
 from app.infra.process import PerProcess
 from app.infra.redis.client import pubsub_client
-from app.infra.redis.keys import invalidate_channel, terminal_channel
+from app.infra.redis.keys import invalidate_channel, output_channel, terminal_channel
 from app.infra.tables import read_at, tasks
 from app.states import is_terminal
 
@@ -112,10 +115,11 @@ def read_rows(ids: list[str]) -> dict[str, object]:
 class Waiter:
     """One waiting request.  ``row``: the newest delivered copy (or GONE), None if none since ``take``."""
 
-    __slots__ = ("job_id", "tenant", "seq", "event", "row", "on_wake", "stream")
+    __slots__ = ("job_id", "tenant", "seq", "event", "row", "on_wake", "stream", "out")
 
-    def __init__(self, job_id: str, tenant: str, seq: int, stream: bool = False) -> None:
+    def __init__(self, job_id: str, tenant: str, seq: int, stream: bool = False, output: bool = False) -> None:
         self.job_id, self.tenant, self.stream = job_id, tenant, stream
+        self.out: list | None = [] if output else None  # a job's live output entries delivered (app/jobs/output.py)
         self.seq = seq  # registration order: a fetch started before it is not delivered to it
         self.event, self.row = threading.Event(), None
         # A parked wait (app/infra/parking.py) blocks nothing on ``event``: this is called instead.
@@ -146,6 +150,7 @@ class _State:
         self.jobs: dict[str, set[Waiter]] = {}
         self.per_tenant: Counter[str] = Counter()  # a tenant's count may stay at 0
         self.streams: Counter[str] = Counter()  # the event streams among them
+        self.outputs = 0  # the waiters watching a job's live output: none, and output notices are not even parsed
         self.total = 0
         self.seq = 0  # registrations so far
         self.to_fetch: set[str] = set()
@@ -170,12 +175,13 @@ class _State:
             try:
                 client = pubsub_client(f"{LISTENER_NAME}-{os.getpid()}")  # under a cluster: the next node each time
                 ps = client.pubsub()
-                ps.subscribe(terminal_channel(), inval)
+                out = output_channel()
+                ps.subscribe(terminal_channel(), inval, out)
                 # Confirm the subscription before declaring ourselves healthy.
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline:
                     m = ps.get_message(timeout=0.5)
-                    if m and m["type"] == "subscribe" and m["data"] == 2:
+                    if m and m["type"] == "subscribe" and m["data"] == 3:
                         break
                 else:
                     raise redis.ConnectionError("subscribe not confirmed")
@@ -192,6 +198,8 @@ class _State:
                     if m and m["type"] == "message":
                         if m["channel"] == inval:
                             clear_caches()
+                        elif m["channel"] == out:
+                            self.output(m["data"])
                         else:
                             self.wake(m["data"])
             except Exception as exc:  # connection lost: degrade, then reconnect
@@ -217,6 +225,24 @@ class _State:
                 return  # nobody here waits for it
             self.to_fetch.add(data)
         self.fetch_now.set()
+
+    def output(self, data: str) -> None:
+        """Live output entries (app/jobs/output.py notice): appended to the output waiters of their jobs."""
+        if not self.outputs:
+            return
+        try:
+            batch = json.loads(data)
+        except ValueError:
+            return
+        woken = []
+        with self.lock:
+            for job_id, entries in batch.items() if isinstance(batch, dict) else ():
+                for w in self.jobs.get(job_id, ()):
+                    if w.out is not None:
+                        w.out.extend(entries)
+                        woken.append(w)
+        for w in woken:
+            w.wake()
 
     def _fetch_forever(self) -> None:
         while True:
@@ -253,7 +279,8 @@ class _State:
         for w in woken:
             w.wake()
 
-    def register(self, job_id: str, tenant: str, tenant_cap: int | None = None, stream: bool = False) -> Waiter:
+    def register(self, job_id: str, tenant: str, tenant_cap: int | None = None, stream: bool = False,
+                 output: bool = False) -> Waiter:
         """The hub started, then a place under the caps (the tenant's: None for the settings'), TooManyWaiters past
         them.  Also for an event stream (app/jobs/events.py, ``stream``: also under ASYNCH_EVENTS_STREAMS_PER_TENANT),
         which must ``unregister`` in a ``finally``; ``job_id`` may name no job (a tenant's stream): it is then only
@@ -277,7 +304,8 @@ class _State:
                                          f"{limit}); retry after {RETRY_AFTER_SECONDS} s",
                                          cap=cap, limit=limit, retry_after=RETRY_AFTER_SECONDS)
             self.seq += 1
-            w = Waiter(job_id, tenant, self.seq, stream)
+            w = Waiter(job_id, tenant, self.seq, stream, output)
+            self.outputs += output
             self.jobs.setdefault(job_id, set()).add(w)
             self.per_tenant[tenant] = n + 1
             self.streams[tenant] += stream
@@ -295,8 +323,15 @@ class _State:
                 del self.jobs[w.job_id]
             self.per_tenant[w.tenant] -= 1
             self.streams[w.tenant] -= w.stream
+            self.outputs -= w.out is not None
             self.total -= 1
         metrics.waiters(-1)
+
+    def take_output(self, w: Waiter) -> list:
+        """The output entries delivered to ``w`` since the last take."""
+        with self.lock:
+            got, w.out = w.out or [], []
+        return got
 
     def drain(self) -> None:
         """The server stops: every current and later wait answers at once with what it has."""
@@ -357,11 +392,11 @@ def holding(w: Waiter, watch=None) -> Iterator[Waiter]:
 
 
 def begin_wait(job_id: str, read: Callable[[], object], tenant: str = "", tenant_cap: int | None = None,
-               keep: bool = False, stream: bool = False):
+               keep: bool = False, stream: bool = False, output: bool = False):
     """The first half of a wait (``wait_for_terminal``'s, a parked one's: app/infra/parking.py, an event stream's):
     register -> read.  ``(row, waiter)``; waiter is None when there is nothing to wait for (terminal, gone, draining;
     never with ``keep``), else the caller owns it (a wake-up from now on is in ``waiter.row``)."""
-    w = hub.register(job_id, tenant, tenant_cap, stream)
+    w = hub.register(job_id, tenant, tenant_cap, stream, output)
     try:
         row = read()
     except BaseException:

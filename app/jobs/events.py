@@ -30,6 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -52,7 +53,7 @@ from app.tenancy.keys import Principal
 class Event:
     id: str | None      # None: a keep-alive
     event: str = ""
-    data: dict | None = None
+    data: dict | str | None = None  # str: text sent as it is (render)
 
 
 KEEPALIVE = Event(None)
@@ -110,7 +111,7 @@ def job_events(principal: Principal, job_id: str, model_name: str | None, last_i
     row, w = begin_wait(job_id, read, principal.tenant_id, jobs.waiter_cap(principal), keep=True, stream=True)
     readers.get().watch_job(w)  # last: nothing between taking the places and handing them to the Stream may raise
     leave = partial(readers.get().unwatch_job, w)
-    return Stream(_follow(w, watch, _job_passes(w, row, read, last), leave), w, leave)
+    return Stream(follow(w, watch, _job_passes(w, row, read, last), leave), w, leave)
 
 
 def _job_passes(w, row, read, last) -> Iterator[Event | None]:
@@ -131,7 +132,7 @@ def _job_passes(w, row, read, last) -> Iterator[Event | None]:
             row = got
 
 
-def _follow(w, watch, passes: Iterator[Event | None], leave: Callable[[], None]) -> Iterator[Event]:
+def follow(w, watch, passes: Iterator[Event | None], leave: Callable[[], None]) -> Iterator[Event]:
     """A stream's life: the events of ``passes`` (None ends a pass: a keep-alive
     when due, a pause until woken) up to ``end``, the client gone (``watch``), ASYNCH_EVENTS_MAX_SECONDS
     or a drain; its places under the caps and at its reader back at the end."""
@@ -190,7 +191,7 @@ def tenant_events(principal: Principal, model_name: str | None, last_id: str | N
     # places and handing them to the Stream may raise.
     sub = readers.get().subscribe(scope, model_name, w)
     leave = partial(readers.get().unsubscribe, sub)
-    return Stream(_follow(w, watch, _tenant_passes(scope, model_name, cursor, sub), leave), w, leave)
+    return Stream(follow(w, watch, _tenant_passes(scope, model_name, cursor, sub), leave), w, leave)
 
 
 def _tenant_passes(scope, model_name, cursor, sub: Subscription) -> Iterator[Event | None]:
@@ -222,4 +223,10 @@ def render(ev: Event) -> str:
     """One event in text/event-stream form."""
     if ev.id is None:
         return ": keep-alive\n\n"
+    if isinstance(ev.data, str):  # text (a job's output): a data line per line, the client joins them with \n
+        lines = "".join(f"data: {line}\n" for line in _LINES.split(ev.data))
+        return f"id: {ev.id}\nevent: {ev.event}\n{lines}\n"
     return f"id: {ev.id}\nevent: {ev.event}\ndata: {json.dumps(ev.data, separators=(',', ':'))}\n\n"
+
+
+_LINES = re.compile(r"\r\n|\r|\n")

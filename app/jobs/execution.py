@@ -35,7 +35,7 @@ from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
-from app.jobs import calls, dispatch, effects, outcomes, stats
+from app.jobs import calls, dispatch, effects, outcomes, output, stats
 from app.jobs.dispatch import CURRENT
 from app.states import JobState, job_error
 
@@ -179,13 +179,17 @@ def call(a: Attempt) -> Outcome:
         # The call's deadline: the model's timeout, or the job's whole budget if that ends first.
         budget = (as_utc(row.deadline_at) - clock_now()).total_seconds() if row.deadline_at is not None else None
         timeout = model.timeout_seconds if budget is None else max(0.001, min(model.timeout_seconds, budget))
+        live = output.Forwarder(row.id, mine) if getattr(model, "streaming", False) else None
+        complete = False
         try:
             with calls.running(row.id, mine) as abort:
                 resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
                                   head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key,
                                   payload=json.loads(row.request_payload),
                                   timeout_seconds=timeout, max_bytes=settings.max_result_bytes,
-                                  job=(row.id, mine), model_key_headers=model.model_key_headers, abort=abort)
+                                  job=(row.id, mine), model_key_headers=model.model_key_headers, abort=abort,
+                                  stream=None if live is None else lambda ctype: live.piece if live.start(ctype) else None)
+            complete = True
         except ModelCallError as exc:
             if exc.called:
                 metrics.model_call(row.model_name, time.monotonic() - t0, False)
@@ -200,6 +204,9 @@ def call(a: Attempt) -> Outcome:
                 out.result = outcomes.failed(out.due, row, mine, job_error(exc.code, exc.public), ctx, model,
                                              permanent=exc.permanent, counted=exc.called, detail=str(exc))
             return out
+        finally:
+            if live is not None:
+                live.close(complete)
         metrics.model_call(row.model_name, time.monotonic() - t0, True)
         inline = resp.body if len(resp.body) <= settings.inline_result_limit else None
         location = INLINE  # kept in the row by the done write itself

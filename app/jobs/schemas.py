@@ -8,10 +8,12 @@ serialised with ``exclude_unset``: a field a state does not have (``error``,
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from app.catalog.registry import model_row
 from app.clock import as_utc, now as clock_now
 from app.contract import Shape, Timestamp, iso_z
 from app.states import RESULT_STATES, JobState, v1_name
@@ -29,11 +31,22 @@ class QueueEstimate(Shape):
     estimated_done_at: Timestamp | None = Field(None, description="pending: when it should be done")
 
 
+STREAM_URL = Field(None, description="a streaming model's job (`streaming`: true): its output as server-sent "
+                                     "events, live and then replayed (docs/api.md, Streamed output)")
+
+
+def stream_url(model_name: str, job_id: str) -> str | None:
+    """The job's output stream, for a job of a streaming model (None otherwise, or the model gone)."""
+    m = model_row(model_name)
+    return f"/v1/models/{quote(model_name, safe='')}/jobs/{job_id}/stream" if m is not None and m.streaming else None
+
+
 class JobAccepted(QueueEstimate):
     job_id: JobId
     state: V1State
     poll_url: str
     result_url: str
+    stream_url: str | None = STREAM_URL
 
 
 class JobStatus(QueueEstimate):
@@ -55,6 +68,7 @@ class JobStatus(QueueEstimate):
     busy_answers: int | None = Field(None, ge=0, description="the model's upstream answered this job busy (429/503) "
                                      "this many times, each sent back to the queue from its tenant's busy budget "
                                      "without spending a retry (absent: none)")
+    stream_url: str | None = STREAM_URL
 
     @classmethod
     def values_of(cls, row) -> dict:
@@ -72,6 +86,8 @@ class JobStatus(QueueEstimate):
             out["priority"] = row.priority
         if getattr(row, "busy_count", 0):
             out["busy_answers"] = row.busy_count
+        if (url := stream_url(row.model_name, row.id)) is not None:
+            out["stream_url"] = url
         if row.result_size is not None and state in RESULT_STATES:
             out["result_size"] = row.result_size
             out["content_type"] = row.result_content_type

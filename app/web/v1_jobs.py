@@ -12,7 +12,8 @@ from app.config import get_settings
 from app.infra import parking
 from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, Snapshot, hub
-from app.jobs import batch as batches, estimates, events as job_events, service as jobs, submission
+from app.jobs import batch as batches, estimates, events as job_events, output_stream, schemas, service as jobs, \
+    submission
 from app.jobs.requests import (BATCH_MAX_JOBS, BatchSubmit, CallerHeaders, EventHeaders, FailRequest, JobListQuery,
                                SubmitHeaders, TenantEventsQuery, WaitQuery)
 from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync
@@ -100,7 +101,9 @@ def _accepted(out: jobs.Submitted, waited_s: int | None, seen=None, urls=job_url
     state = "pending" if seen is None and not out.replayed else JobStatus.from_row(
         out.row if seen is None else seen).state
     est = out.estimate.fields() if out.estimate is not None and state == "pending" else {}
-    return (JobAccepted.model_construct(job_id=out.row.id, state=state, **urls(out.row), **est), 202,
+    live = schemas.stream_url(out.row.model_name, out.row.id)
+    return (JobAccepted.model_construct(job_id=out.row.id, state=state, **urls(out.row), **est,
+                                        **({"stream_url": live} if live else {})), 202,
             _headers(out.row, out.replayed, waited_s, urls))
 
 
@@ -285,6 +288,20 @@ def _stream(stream: job_events.Stream) -> Response:
 def job_event_stream(model: str, job_id: str, headers: EventHeaders):
     return _stream(job_events.job_events(current_principal(), job_id, model, headers.last_event_id,
                                          watch=client_watch(request.environ)))
+
+
+@bp.get("/models/<model>/jobs/<job_id>/stream")
+@endpoint("A job's output as server-sent events: live while it runs, then replayed from its stored result",
+          tag="jobs", path=_JOB_PATH, headers=EventHeaders, ok=_SSE, errors=(422, 429),
+          description="Events `attempt` (id `<attempt>-0`, data: {attempt, content_type}) when an attempt starts its "
+                      "output, `output` (id `<attempt>-<offset>`, data: one event or line of the upstream's stream, "
+                      "as text), and at the end `done` or `error` (id `end`, data: the poll body). A streaming "
+                      "model's (`streaming`: true) output comes as the upstream sends it; any other job's comes whole "
+                      "when it is done. Last-Event-ID resumes after that event; after the job ends the same URL "
+                      "replays the output for as long as the result is kept. " + _SSE_TEXT)
+def job_output_stream(model: str, job_id: str, headers: EventHeaders):
+    return _stream(output_stream.job_output(current_principal(), job_id, model, headers.last_event_id,
+                                            watch=client_watch(request.environ)))
 
 
 @bp.get("/events")

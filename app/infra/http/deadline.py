@@ -31,7 +31,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 import h11
@@ -323,9 +323,11 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
             headers: Mapping[str, str] | Iterable[tuple[str, str]] = (), params: Mapping[str, str] | None = None,
             json: Any = None, body: bytes | None = None, address: str | None = None,
             connect_timeout: float | None = None, keep_alive: bool = False, truncate: bool = False,
-            tls_context: ssl.SSLContext | None = None, abort: Abort | None = None) -> Response:
+            tls_context: ssl.SSLContext | None = None, abort: Abort | None = None,
+            on_body: Callable[[tuple[tuple[str, str], ...]], Callable[[bytes], None] | None] | None = None) -> Response:
     """One exchange, finished or failed within ``timeout`` seconds of the call; ``abort``: a handle another
-    thread may end it with (``Stopped``)."""
+    thread may end it with (``Stopped``); ``on_body``: given a 2xx answer's headers, returns a sink that sees
+    each piece of its body as it arrives (the body is still returned whole)."""
     clock, t = _Clock(timeout), _target(url, params)
     ctype = None
     if json is not None:
@@ -343,7 +345,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
     try:
         if abort is not None:
             abort.attach(conn.sock)
-        resp = _exchange(conn, req, body, clock, max_bytes, truncate)
+        resp = _exchange(conn, req, body, clock, max_bytes, truncate, on_body)
     except BaseException as exc:
         conn.close()
         if abort is not None and abort.stopped and isinstance(exc, (RequestError, OSError)):
@@ -364,7 +366,7 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
 
 
 def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, max_bytes: int,
-              truncate: bool) -> Response:
+              truncate: bool, on_body=None) -> Response:
     try:
         data = conn.h11.send(req) + (conn.h11.send(h11.Data(data=body)) if body else b"") \
             + conn.h11.send(h11.EndOfMessage())
@@ -379,10 +381,13 @@ def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, 
         if not truncate and length is not None and length.isdigit() and int(length) > max_bytes:
             raise ResponseTooLarge(f"response of {length} bytes exceeds {max_bytes} bytes", reached=True)
         got = bytearray()
+        sink = on_body(headers) if on_body is not None and 200 <= ev.status_code < 300 else None
         while not isinstance(part := conn.next_event(clock), h11.EndOfMessage):
             if not isinstance(part, h11.Data):  # ConnectionClosed before the framing said the body ended
                 raise BrokenResponse("connection closed mid-response", reached=True)
             got += part.data
+            if sink is not None and len(got) <= max_bytes:
+                sink(part.data)
             if len(got) > max_bytes:
                 if not truncate:
                     raise ResponseTooLarge(f"response exceeds {max_bytes} bytes", reached=True)

@@ -74,10 +74,11 @@ class ModelResponse:
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
                job: tuple[str, int] | None = None, model_key_headers: str = "",
-               abort: deadline.Abort | None = None) -> ModelResponse:
+               abort: deadline.Abort | None = None, stream=None) -> ModelResponse:
     """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt so a model (or a proxy) can
     deduplicate: an attempt calls it at most once. ``model_key_headers``: the names ``model_key`` may set.
-    ``abort``: ends the call from another thread (app/jobs/calls.py): ModelCallError ``stopped``."""
+    ``abort``: ends the call from another thread (app/jobs/calls.py): ModelCallError ``stopped``.  ``stream``:
+    (content type) -> a sink for the pieces of a 2xx answer's body as they arrive, or None (app/jobs/output.py)."""
     try:
         configured = job_headers(head_msg, model_key, model_key_headers)
     except HeaderSpecError as exc:
@@ -95,7 +96,8 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
     try:
         resp = deadline.request(method, url, headers=headers, timeout=timeout_seconds,
                                 connect_timeout=min(10.0, timeout_seconds), max_bytes=max_bytes,
-                                keep_alive=True, abort=abort, **kw)
+                                keep_alive=True, abort=abort, on_body=None if stream is None else (
+                                    lambda hs: stream(next((v for k, v in hs if k == "content-type"), ""))), **kw)
     except deadline.Stopped as exc:
         raise ModelCallError(f"model call {exc}", permanent=False, called=exc.reached, code="model_call_stopped",
                              public="model call stopped") from exc

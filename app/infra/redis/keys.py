@@ -89,6 +89,7 @@ dispatch_busy_budget = partial(_m, "dq:budget")  # hash: tenant -> free busy ans
 terminal_channel = partial(_g, "events:terminal")  # pub/sub: a job id, after its terminal commit (wake-ups)
 invalidate_channel = partial(_g, "events:invalidate")  # pub/sub: drop your cached keys/models now
 bells = partial(_g, "bells")  # sorted set: model -> when its doorbell was rung, while no pull has answered it
+output_channel = partial(_g, "events:output")  # pub/sub: a batch of live output entries (app/jobs/output.py)
 stop_channel = partial(_g, "events:stop")  # pub/sub: "<job id> <attempt>": stop that attempt's call now
 beat_lock = partial(_g, "{beat}:leader")
 beat_token = partial(_g, "{beat}:token")  # fencing counter, larger for every new leadership (leader_acquire.lua)
@@ -98,3 +99,8 @@ liveness_since = partial(_g, "liveness:since")  # Redis time from which this Red
 worker = partial(_g, "worker")  # worker(node): hash of a Celery node's liveness fields (heartbeat, consumed)
 ratelimit = partial(_g, "ratelimit")  # ratelimit(bucket_id)
 lost_job_cursor = partial(_g, "maint:lost_cursor")  # where the lost-job scan stopped (app/maintenance/recovery.py)
+
+
+def job_output(job_id: str) -> str:
+    """Stream: a job's live output (app/jobs/output.py), entry ids ``<attempt>-<end offset>``; in the job's own slot."""
+    return f"{_p()}:out:{{{job_id}}}"
