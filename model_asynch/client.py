@@ -174,8 +174,8 @@ class SSEParser:
             f, self._fields = self._fields, {}
             if "data" not in f:
                 return None
-            try:
-                data = json.loads(f["data"])
+            try:  # a job's output is text as the model sent it, even when it reads as JSON
+                data = f["data"] if f.get("event") == "output" else json.loads(f["data"])
             except ValueError:
                 data = f["data"]
             return Event(f.get("id", ""), f.get("event", "message"), data)
@@ -185,6 +185,19 @@ class SSEParser:
         value = value[1:] if value.startswith(" ") else value
         self._fields[name] = self._fields[name] + "\n" + value if name == "data" and name in self._fields else value
         return None
+
+
+def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
+    """An event stream's lines (LF, CRLF or CR ended: the server sends LF) from its chunks as they arrive; not
+    ``str.splitlines``, which also splits on U+2028 and friends inside a line of text."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", "replace").removesuffix("\r")
+    if buf:
+        yield buf.decode("utf-8", "replace")
 
 
 q = functools.partial(quote, safe="")  # one path segment: "/" escaped too
@@ -321,6 +334,12 @@ class Api:
         Last-Event-ID when the connection drops, missing nothing."""
         return self._stream(f"/v1/models/{q(model)}/jobs/{q(job_id)}/events", None, last_event_id, True)
 
+    def stream(self, model: str, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
+        """The job's output (docs/api.md, Streamed output): ``attempt``, ``output`` (``data``: the text as the
+        model sent it), then ``done`` or ``error`` (``data``: the poll body); live while the job runs, replayed
+        after; reconnects with Last-Event-ID when the connection drops, missing nothing."""
+        return self._stream(f"/v1/models/{q(model)}/jobs/{q(job_id)}/stream", None, last_event_id, True)
+
     def tenant_events(self, model: str | None = None, last_event_id: str | None = None) -> Iterator[Event]:
         """Every change of the tenant's jobs (of ``model``), endlessly; resumes on reconnect."""
         return self._stream("/v1/events", {"model": model} if model else None, last_event_id, False)
@@ -392,7 +411,7 @@ class Client(Api):
                                                  request=f"GET {path}"))
                         continue
                     parser = SSEParser()
-                    for ev in filter(None, map(parser.feed, resp.iter_lines(decode_unicode=True))):
+                    for ev in filter(None, map(parser.feed, lines_of(resp.iter_content(chunk_size=None)))):
                         n, last = 0, ev.id or last
                         yield ev
                         if until_end and ev.id == "end":

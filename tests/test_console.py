@@ -445,3 +445,26 @@ def test_every_page_reads_right_in_latin_and_chinese(page, api_url, workers, mak
         shot(page, f"{lang}/maintenance")
     finally:
         model_server.state.release(f"console-{lang}")
+
+
+@pytest.mark.e2e
+def test_the_job_page_shows_a_streaming_models_output_live(page, api_url, workers, make_model, model_server):
+    """A streaming model's job: the job page's Output grows while the upstream holds the rest of its stream,
+    and is complete (the chunks' text, not their SSE framing) when the job is done."""
+    make_model("chat", streaming=True)
+    key = make_key("ops", admin=True)
+    job = __import__("requests").post(
+        f"{api_url}/v1/models/chat/jobs", headers=auth(key), timeout=10,
+        json={"stream": True, "chunks": 5, "chunk_ms": 5, "stream_hold": "page", "hold_at": 3,
+              "messages": [{"role": "user", "content": "alpha beta gamma delta epsilon"}]}).json()["job_id"]
+    try:
+        _login(page, api_url, key, f"/console/jobs/{job}")
+        expect(page.locator("#output")).to_have_text("alpha beta gamma ", timeout=20000)
+        assert page.text_content('[data-field="state"]') == "running"  # live: the job has not ended
+        model_server.state.release("page")
+        expect(page.locator("#output-state")).to_have_text("Complete.", timeout=20000)
+    finally:
+        model_server.state.release("page")
+    assert page.text_content("#output") == "alpha beta gamma delta epsilon "
+    assert "data:" not in page.text_content("#output")
+    shot(page, "job-output")

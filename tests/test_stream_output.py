@@ -4,6 +4,7 @@ upstream read, a retry's output started anew, tenant-scoped and under the stream
 PostgreSQL, Redis, Celery worker processes and the stub model streaming over HTTP (chunked)."""
 from __future__ import annotations
 
+import json
 import random
 import threading
 
@@ -14,6 +15,7 @@ from stress_util import maintenance_loop
 
 from app.config import get_settings, set_settings
 from app.jobs import output
+from model_asynch.client import lines_of
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +26,7 @@ class OutputStream:
     def __init__(self, url: str, key: str, last: str | None = None) -> None:
         headers = {**auth(key), "Accept": "text/event-stream", **({"Last-Event-ID": last} if last else {})}
         self.resp = requests.get(url, headers=headers, stream=True, timeout=30)
-        self.lines = self.resp.iter_lines(decode_unicode=True, delimiter="\n")
+        self.lines = lines_of(self.resp.iter_content(chunk_size=None))
 
     def next(self):
         ev: dict = {}
@@ -221,3 +223,34 @@ def test_the_cuts_do_not_depend_on_how_the_body_arrives(ctype):
             got += c.feed(body[i:i + n])
             i += n
         assert got + c.close() == whole
+
+
+def test_the_sdk_sync_and_asyncio_and_the_cli_follow_the_output(api_url, workers, make_model, user_key):
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from app.cli import main
+    from model_asynch import AsyncClient, Client
+
+    make_model("sdkchat", streaming=True)
+    payload = {"stream": True, "chunks": 4, "chunk_ms": 5, "messages": [{"role": "user", "content": "a b c d"}]}
+    with Client(api_url, user_key) as c:
+        job = c.submit("sdkchat", payload)
+        events = list(c.stream("sdkchat", job.job_id))
+    assert events[0].event == "attempt" and events[-1].event == "done" and events[-1].data["state"] == "done"
+    text = "".join(e.data for e in events if e.event == "output")
+    assert text.encode() == _stored(api_url, user_key, "sdkchat", job.job_id)
+
+    async def follow():
+        async with AsyncClient(api_url, user_key) as c:
+            return [e async for e in c.stream("sdkchat", job.job_id)]
+
+    replayed = asyncio.run(follow())
+    assert [(e.id, e.data) for e in replayed if e.event == "output"] == \
+        [(e.id, e.data) for e in events if e.event == "output"]
+    run = CliRunner().invoke(main, ["stream", "--url", api_url, "--key", user_key, "--content", job.job_id])
+    assert run.exit_code == 0 and run.output.strip() == "a b c d", run.output
+    run = CliRunner().invoke(main, ["submit", "--url", api_url, "--key", user_key, "--stream", "sdkchat",
+                                    json.dumps({**payload, "messages": [{"role": "user", "content": "x y"}]})])
+    assert run.exit_code == 0 and "x y" in run.output, run.output

@@ -56,7 +56,7 @@ class DomainGroup(click.Group):
 # module -> its commands ("name=attribute" where they differ)
 _MODULES = {"processes": "db api worker callback-worker=callback_worker beat env=env_cmd", "devstack": "dev",
             "operate": "keys models jobs maintenance work tenants secrets callbacks",
-            "client_cmds": "submit wait result cancel"}
+            "client_cmds": "submit wait stream result cancel"}
 COMMANDS = {n.split("=")[0]: f"{m}:{n.split('=')[-1].replace('-', '_')}" for m, names in _MODULES.items()
             for n in names.split()}
 
@@ -74,7 +74,7 @@ class LazyGroup(DomainGroup):
 
 @click.group(cls=LazyGroup, help="model-asynch: asynchronous model-inference job middleware.  Inside a "
              "checkout whose `asynch dev` runs, commands use that stack (.asynch/dev.json): the server commands "
-             "its database unless ASYNCH_DATABASE_URL is set, the client commands (submit, wait, result, "
+             "its database unless ASYNCH_DATABASE_URL is set, the client commands (submit, wait, stream, result, "
              "cancel) its API URL and admin key unless --url/ASYNCH_URL or --key/ASYNCH_API_KEY say otherwise.")
 @click.version_option(package_name="model-asynch", prog_name="asynch", message="%(prog)s %(version)s",
                       help="Print the version (of the installed model-asynch package) and exit.")

@@ -1,4 +1,4 @@
-"""``asynch submit`` / ``wait`` / ``result`` / ``cancel``: the Python client
+"""``asynch submit`` / ``wait`` / ``stream`` / ``result`` / ``cancel``: the Python client
 (model_asynch) from a shell, against a running API.
 
 Where: ``--url`` / ASYNCH_URL and ``--key`` / ASYNCH_API_KEY; else the dev
@@ -146,11 +146,64 @@ _JOB_ARGS = click.argument("job", nargs=-1, required=True, metavar="[MODEL] JOB_
 @click.option("--priority", type=click.IntRange(0, 9), help="0-9, 9 first among your jobs (default 5).")
 @click.option("--idempotency-key", help="Reuse to get the same job back (one is made per call otherwise).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the job id: JOB=$(asynch submit MODEL '{...}' -q).")
+@click.option("--stream", "follow", is_flag=True, help="Then print its output as it comes (as `asynch stream "
+              "--content`; the job id goes to stderr); exit 0 done, 1 otherwise.")
 @client_command
 def submit(c: Client, model: str, payload: str, wait_s: int | None, priority: int | None,
-           idempotency_key: str | None, quiet: bool) -> None:
+           idempotency_key: str | None, quiet: bool, follow: bool) -> None:
     job = c.submit(model, _payload(payload), wait=wait_s, priority=priority, idempotency_key=idempotency_key)
+    if follow:
+        click.echo(f"job {job.job_id}", err=True)
+        sys.exit(_follow(c, model, job.job_id, "content"))
     click.echo(job.job_id) if quiet else _show(job)
+
+
+@click.command("stream", help="Print a job's output as it comes (live while it runs, replayed after); exit 0 "
+               "done, 1 failed/timeout/canceled/expired.")
+@_JOB_ARGS
+@click.option("--content", "shape", flag_value="content", help="Only the text of OpenAI-style chunks "
+              "(choices[0].delta.content, or .text); other output as it is.")
+@click.option("--json", "shape", flag_value="json", help="One JSON line per event: {id, event, data}.")
+@click.option("--last-event-id", help="Resume after this event id.")
+@client_command
+def stream(c: Client, job: tuple[str, ...], shape: str | None, last_event_id: str | None) -> None:
+    sys.exit(_follow(c, *_job(c, job), shape or "raw", last_event_id))
+
+
+def _follow(c: Client, model: str, job_id: str, shape: str, last: str | None = None) -> int:
+    """Print the job's output events (``raw``: the text as sent; ``content``: chunks' text; ``json``); the
+    exit status of its end."""
+    end = None
+    for ev in c.stream(model, job_id, last):
+        if shape == "json":
+            click.echo(json.dumps({"id": ev.id, "event": ev.event, "data": ev.data}))
+        elif ev.event == "output":
+            sys.stdout.write(_content(ev.data) if shape == "content" else ev.data)
+            sys.stdout.flush()
+        if ev.id == "end":
+            end = ev
+    if shape == "content":
+        click.echo()
+    if end is not None and end.event != "done" and shape != "json":
+        state = end.data.get("state") if isinstance(end.data, dict) else "?"
+        error = end.data.get("error") if isinstance(end.data, dict) else None
+        click.echo(f"job {job_id} ended {state}" + (f": {error}" if error else ""), err=True)
+    return 0 if end is not None and end.event == "done" else 1
+
+
+def _content(text: str) -> str:
+    """The text an OpenAI-style chunk carries (SSE ``data: {...}`` or an NDJSON line); anything else as it is."""
+    body = text.strip()
+    body = body[5:].strip() if body.startswith("data:") else body
+    if body == "[DONE]":
+        return ""
+    try:
+        piece = json.loads(body)
+        choice = piece["choices"][0]
+        got = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+        return got if isinstance(got, str) else ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return text
 
 
 @click.command("wait", help="Wait for a job's end and print it; exit 0 done, 1 failed/timeout/canceled/expired, "

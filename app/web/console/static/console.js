@@ -399,7 +399,8 @@ function openStream(path, onEvent, { onOpen, onFail } = {}) {
             if (line === "") {
               if (ev.data.length) {
                 let data = ev.data.join("\n");
-                try { data = JSON.parse(data); } catch (e) { /* not JSON: the text */ }
+                // A job's output is text as the model sent it, even when it reads as JSON.
+                if (ev.event !== "output") try { data = JSON.parse(data); } catch (e) { /* not JSON: the text */ }
                 if (ev.id !== null) st.lastId = ev.id;
                 if (onEvent({ id: ev.id, event: ev.event, data })) { close(); return; }
               }
@@ -602,6 +603,37 @@ async function loadDeliveries(j) {
   return all;
 }
 
+// The text an OpenAI-style chunk carries (an SSE "data: {...}" event or an NDJSON line); other output as it is.
+function chunkText(text) {
+  const body = text.trim().replace(/^data:\s*/, "");
+  if (body === "[DONE]") return "";
+  try {
+    const c = JSON.parse(body).choices[0];
+    const t = c.delta ? c.delta.content : c.text;
+    return typeof t === "string" ? t : "";
+  } catch (e) { return text; }
+}
+
+// A streaming model's output, live (GET stream_url): a retry starts it anew; at the end the stream says how the
+// job ended.  Resumes by itself (openStream sends Last-Event-ID).
+function followOutput(j) {
+  const box = $("#output"), state = $("#output-state");
+  $("#output-section").hidden = false;
+  state.textContent = "Waiting for output…";
+  openStream(j.stream_url, (ev) => {
+    if (ev.event === "attempt") {
+      box.textContent = "";
+      state.textContent = ev.data.attempt > 1 ? `Live: attempt ${ev.data.attempt} started the output anew.` : "Live.";
+    } else if (ev.event === "output") {
+      box.textContent += chunkText(ev.data);
+    } else if (ev.id === "end") {
+      state.textContent = ev.event === "done" ? "Complete." : `Ended ${ev.data.state}: output so far.`;
+      return true;
+    }
+    return false;
+  }, { onFail: (status) => { state.textContent = `Output unavailable (HTTP ${status}).`; return true; } });
+}
+
 pages.job = async () => {
   const id = document.body.dataset.jobId;
   let shown = false, delivered = false, job = null;
@@ -643,7 +675,9 @@ pages.job = async () => {
       await new Promise((r) => setTimeout(r, 1500));
     }
   };
-  if (await tick()) return;
+  const over = await tick();
+  if (job && job.stream_url) followOutput(job);  // also once ended: the output is replayed
+  if (over) return;
   // Live: the job's own event stream; each event re-reads the detail (attempts, timeline).
   let polling = null;
   const poll = () => { if (!polling) polling = setInterval(async () => { if (await tick()) clearInterval(polling); }, 1000); };
