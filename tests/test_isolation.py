@@ -48,6 +48,8 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
         {"url": "/v1/jobs/{done}", "expect": 404, "owner": 200}],
     ("GET", "/v1/models/<model>/jobs/<job_id>/events"): [
         {"url": "/v1/models/{model}/jobs/{done}/events", "expect": 404, "owner": 200}],
+    ("GET", "/v1/models/<model>/jobs/<job_id>/stream"): [
+        {"url": "/v1/models/{model}/jobs/{done}/stream", "expect": 404, "owner": 200}],
     # B's stream replayed from the epoch (Last-Event-ID "1."), asking for A: only B's own jobs.
     ("GET", "/v1/events"): [
         {"url": "/v1/events?tenant=tenant-a", "headers": {"Last-Event-ID": "1."}, "expect": "no events of A",
