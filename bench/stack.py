@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_BASE = PG_ADMIN.rsplit("/", 1)[0]
 REDIS_BASE = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
-DB_NAME = "asynch_bench"
+DB_NAME = os.environ.get("BENCH_DB", "asynch_bench")  # a private one: BENCH_DB (parallel runs)
 # Redis DB numbers of the benchmarks (tests use 14 and 15; parallel
 # checkouts' tests pick theirs through ASYNCH_TEST_REDIS_*): BENCH_REDIS_DBS
 # "gate,broker,counter,naive" moves them.
