@@ -6,7 +6,30 @@ throughput, and how many waited for a worker.  ``decide`` (pure) turns that
 into new runtime limits; ``autotune`` writes them to
 ``asynch:runtime:{max_concurrency,queue_limit}:{model}`` with a TTL (back to
 the configured caps if autotune stops) and logs each change in
-``asynch_autotune_log``.  The rule's reasoning: docs/architecture.md ("Autotune").
+``asynch_autotune_log`` (the map: docs/architecture.md, "Autotune").
+
+Why this rule:
+- max_concurrency, additive increase / multiplicative decrease on P90 against
+  the model's ``expected_seconds``.  P90 above it means the model is saturated
+  (or degrading) and more parallel calls only queue inside it: halve (floor 1),
+  a large cut so an overloaded upstream recovers quickly.  P90 within it and
+  jobs that waited (``ASYNCH_AUTOTUNE_QUEUED_SECONDS``) mean demand the model
+  handles well: add 1 (never above the cap) and probe gently.  Otherwise hold.
+  TCP's congestion rule, for the same reason: it converges on a fair, stable
+  operating point without knowing the upstream's capacity.
+- queue_limit, Little's law: a job admitted at the back of the queue should
+  still finish within its budget B, so admit at most floor(X x B), clamped to
+  [1, cap], with X = max(X_obs, c_new / P90).  X_obs is what the model
+  demonstrably completed; c_new / P90 is a conservative capacity at the new
+  concurrency, which matters when the window saw little traffic (an idle model
+  must not have its queue shrunk to its tiny observed rate).  B is
+  ``timeout_seconds``: the operator's own statement of how long a call may
+  take (an ``expected_seconds x k`` budget would need an invented k).
+- Evidence is only what finished since the last applied change, so a change is
+  judged by jobs that ran under it and a second run right after one has too few
+  samples (< ASYNCH_AUTOTUNE_MIN_SAMPLES) to halve twice.  The model row is
+  locked (SKIP LOCKED) while deciding and the Redis write is a compare-and-set
+  (runtime_limits_cas.lua), so concurrent runs apply one decision.
 """
 from __future__ import annotations
 
