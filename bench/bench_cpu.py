@@ -1,8 +1,8 @@
 """Where the CPU goes: CPU time per request (admission) and per job (end to
 end) by process group, ours beside the baseline, read from /proc (user +
 system time of every process) while the load runs, plus how idle the whole
-machine was.  This is the profile behind docs/performance.md's "what stands
-in the way": on two shared cores, throughput is total CPU per job.
+machine was.  This is the profile behind docs/performance.md, "End to end" (CPU per
+job): on two shared cores, throughput is total CPU per job.
 """
 from __future__ import annotations
 
