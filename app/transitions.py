@@ -9,7 +9,7 @@ and the after-commit effects it implies), which callers hand to
 app/jobs/effects.py, the one module that runs them.
 
 A move into a terminal state writes its outbox rows (webhooks; on done the
-callback) in the same statement (app/infra/outbox_rows.py), and an attempt
+callback) in the same statement (app/infra/delivery_rows.py), and an attempt
 that ends appends its row to asynch_task_attempt in it too: only the winner
 writes them, exactly once.  A transition the state machine does not allow
 raises IllegalTransition before touching the database (a bug, not a race).
@@ -28,7 +28,7 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from app.clock import now as clock_now
 from app.errors import IllegalTransition
-from app.infra import outbox_rows
+from app.infra import delivery_rows
 from app.infra.tables import deliveries, models, task_attempts, tasks
 from app.states import RESULT_STATES, TERMINAL_STATES, job_error
 from app.states import JobState as S
@@ -98,8 +98,8 @@ def _cas(conn: Connection, job_id: str, from_states: Sequence[S], to_state: S, *
     # A value that is SQL (a column of the row itself) is part of the statement, not a parameter.
     exprs = {k: str(v) for k, v in vals.items() if isinstance(v, ClauseElement)}
     # A terminal state writes its outbox rows with the transition itself
-    # (app/infra/outbox_rows.py): never lost, never twice.
-    hooks = S(to_state) if S(to_state) in outbox_rows.EVENT_OF_STATE else None
+    # (app/infra/delivery_rows.py): never lost, never twice.
+    hooks = S(to_state) if S(to_state) in delivery_rows.EVENT_OF_STATE else None
     side, side_params = alongside or (None, {})
     # Hot paths: one statement per shape, built once, values as parameters.  Maintenance guards
     # (``where``) carry their own literals: built per call (rare).
@@ -151,7 +151,7 @@ def _combined(stmt, side, log_attempt: bool | str, hooks: S | None):
             cols.append(select(func.count()).select_from(logged).scalar_subquery().label("call_open"))
     if hooks is not None:
         made = [ins.returning(deliveries.c.id).cte(f"hook{i}")
-                for i, ins in enumerate(outbox_rows.inserts(moved, hooks))]
+                for i, ins in enumerate(delivery_rows.inserts(moved, hooks))]
         ctes.extend(made)
         counted = [select(func.count()).select_from(h).scalar_subquery() for h in made]
         cols.append(sum(counted[1:], counted[0]).label("deliveries_queued"))

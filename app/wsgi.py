@@ -4,7 +4,7 @@ never blocks the hub on PostgreSQL."""
 from app import create_app
 from app.config import get_settings
 from app.infra.serving import make_green
-from app.secrets_policy import check_startup
+from app.secret_settings import check_startup
 
 # A plain `gunicorn app.wsgi:app` refuses weak secrets too (outside dev mode).
 check_startup(get_settings())

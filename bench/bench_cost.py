@@ -68,7 +68,7 @@ def main() -> dict:
 
     from app.infra.db import get_engine
     from app.infra.publisher import producer_app
-    from app.jobs import execution, outbox
+    from app.jobs import execution, handoff
     from app.jobs import service as jobs
     from app.tenancy.keys import Principal
 
@@ -88,7 +88,7 @@ def main() -> dict:
         ids = []
         for i in range(N):
             ids.append(jobs.submit(p, "bench-echo", {"i": i}).row.id)
-            outbox.flush()
+            handoff.flush()
         s1, by1, r1 = c.snapshot()
         for jid in ids:
             assert execution.run_attempt(jid, 0) == "done"

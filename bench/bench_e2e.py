@@ -40,11 +40,11 @@ def _fill_ours(n: int, model: str = "bench-echo") -> None:
     from app.tenancy.keys import Principal
 
     p = Principal("bench", "user", None)
-    from app.jobs import outbox
+    from app.jobs import handoff
 
     with ThreadPoolExecutor(8) as ex:
         list(_paced(ex, lambda i: jobs.submit(p, model, {"i": i}), n))
-    outbox.flush()  # every message on the broker before the clock starts
+    handoff.flush()  # every message on the broker before the clock starts
 
 
 def _paced(ex, fn, n: int):

@@ -29,7 +29,7 @@ def _backend_cpu_ms(pid: int) -> float:
 
 
 def _fill(n: int) -> list[str]:
-    from app.jobs import outbox
+    from app.jobs import handoff
     from app.jobs.batch import submit_batch
     from app.tenancy.keys import Principal
 
@@ -38,7 +38,7 @@ def _fill(n: int) -> list[str]:
         out = submit_batch(p, "probe", [{"payload": {"prompt": "x", "i": len(ids) + k}} for k in range(100)])
         assert all(o.error is None for o in out), [o.error for o in out if o.error][:1]
         ids += [o.submitted.row.id for o in out]
-    outbox.flush()
+    handoff.flush()
     return ids[:n]
 
 

@@ -55,7 +55,7 @@ def env(**extra) -> dict:
         "ASYNCH_QUEUE_NAME": "asynch-bench",
         "ASYNCH_LOG_LEVEL": "WARNING",
         # A bench on one machine runs in dev mode: outside it the API refuses a weak pepper,
-        # an empty secrets key and an empty metrics token (app/secrets_policy.py check_startup).
+        # an empty secrets key and an empty metrics token (app/secret_settings.py check_startup).
         "ASYNCH_DEV_MODE": "1",
         "ASYNCH_KEY_PEPPER": os.environ.get("ASYNCH_KEY_PEPPER") or "bench-pepper",
         "BENCH_NAIVE_BROKER": f"{REDIS_BASE}/{NAIVE_BROKER_DB}",

@@ -92,7 +92,7 @@ def test_env(tmp_path_factory) -> dict:
         "ASYNCH_LOG_LEVEL": "WARNING",
         "ASYNCH_KEY_PEPPER": "test-pepper",
         # The suite's servers run with weak secrets, no secrets key and no metrics token,
-        # which only dev mode accepts (app/secrets_policy.py; its refusals are tested
+        # which only dev mode accepts (app/secret_settings.py; its refusals are tested
         # with dev_mode=False in tests/test_security_deploy.py).
         "ASYNCH_DEV_MODE": "1",
         "ASYNCH_RETRY_BACKOFF_SECONDS": "0.2",

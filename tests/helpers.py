@@ -309,10 +309,10 @@ def publish_terminal(job_id: str) -> None:
 
 
 def seed_signature_ok(secret: str, task_id: str, timestamp: str, url: str, signature: str) -> bool:
-    """What a seed-era receiver checks: the legacy X-Asynch-Signature header (app/delivery/secrets.py)."""
+    """What a seed-era receiver checks: the legacy X-Asynch-Signature header (app/delivery/signing_secrets.py)."""
     import hmac
 
-    from app.delivery.secrets import sign
+    from app.delivery.signing_secrets import sign
 
     try:
         ts = int(timestamp)

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from app.errors import QueueFull, TenantQueueFull
 from app.infra.db import transaction
 from app.infra.tables import tasks
-from app.jobs import admission, outbox
+from app.jobs import admission, handoff
 from app.jobs import service as jobs
 from app.jobs.submission import SubmitOptions
 from app.states import JobState
@@ -57,13 +57,13 @@ def test_a_batch_is_one_gate_step_one_insert_and_no_message_per_job(make_model, 
     m = _model("grp")
     warm = [_sub(A, m, 99)]  # scripts loaded, connections open: count the steady state
     admission.commit_batch(warm)
-    assert outbox.flush(5) and warm[0].error is None
+    assert handoff.flush(5) and warm[0].error is None
     batch = [_sub(A if i % 2 else B, m, i) for i in range(40)]
     broker = redis_lib.Redis.from_url(settings.effective_broker_url)
     pushes0 = int(broker.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
     with Count() as c:
         admission.commit_batch(batch)
-        assert outbox.flush(5)
+        assert handoff.flush(5)
     assert all(s.event.is_set() and s.error is None and s.row.state == JobState.PENDING for s in batch)
     assert [s.row.id for s in batch] == [s.job_id for s in batch]
     assert c.sql == ["INSERT"], c.sql
@@ -89,14 +89,14 @@ def test_a_batch_is_estimated_in_one_round_trip_for_all_its_tenants_and_a_late_d
     m = _model("est")
     warm = [_sub(A, m, 99, estimate=True), _sub(B, m, 98, estimate=True)]
     admission.commit_batch(warm)  # scripts loaded, connections open: count the steady state
-    assert outbox.flush(5) and all(s.estimate is not None for s in warm)
+    assert handoff.flush(5) and all(s.estimate is not None for s in warm)
     tenants = [A, B] + [Principal(f"tenant-{x}", "user", None) for x in "cde"]
     batch = [_sub(tenants[i % 5], m, i, estimate=True) for i in range(15)]
     late = _sub(A, m, 50, estimate=True)
     late.values["caller_deadline_at"] = now() + timedelta(seconds=5)
     with Count() as c:
         admission.commit_batch(batch + [late])
-        assert outbox.flush(5)
+        assert handoff.flush(5)
     # Five tenants' estimates in one pipeline (redis-py's SCRIPT EXISTS first), the gate, the dispatch step.
     assert c.redis.count("EVALSHA") == 3 and c.redis.count("SCRIPT") == 1, c.redis
     for tenant in tenants:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from app.infra.db import transaction
 from app.infra.tables import tasks
-from app.jobs import outbox
+from app.jobs import handoff
 
 pytestmark = pytest.mark.e2e
 
@@ -95,11 +95,11 @@ def own_workers(test_env, tmp_path):
 def test_a_batch_of_1000_is_one_insert_one_gate_step_and_one_lpush(api_url, make_model, user_key, own_workers):
     make_model("bulk", queue_limit=5000, max_concurrency=50)
     _batch(api_url, user_key, "bulk", [{"payload": {"warm": 1}}])  # scripts loaded, connections open
-    assert outbox.flush(5)
+    assert handoff.flush(5)
     jobs = [{"payload": {"i": i}} for i in range(1000)]
     with Count() as c:
         r = _batch(api_url, user_key, "bulk", jobs)
-        assert outbox.flush(10)
+        assert handoff.flush(10)
     assert r.status_code == 207 and r.json()["admitted"] == 1000, r.text[:500]
     assert c.sql.count("INSERT") == 1, c.sql
     assert c.redis.count("EVALSHA") == 2, c.redis  # the gate step, then the outbox's one dispatch step

@@ -13,7 +13,7 @@ from sqlalchemy import delete, select
 from stubs import ConnectionSpy
 
 from app.delivery import outbox as callbacks
-from app.delivery import secrets as callback_secrets
+from app.delivery import signing_secrets as callback_secrets
 from app.clock import as_utc, now, set_clock
 from app.config import set_settings
 from app.infra.db import transaction

@@ -221,8 +221,8 @@ def test_jobs_show_list_cancel_requeue(test_env, make_model, user_key, r):
     # A pending job: its run message is sent again (the claim CAS drops duplicates).
     # The submits' own messages leave this process's outbox first (its sender
     # thread publishes them after the 202; a loaded machine lets it lag).
-    from app.jobs import outbox
-    assert outbox.flush(10)
+    from app.jobs import handoff
+    assert handoff.flush(10)
     before = _broker_messages(test_env, test_env["ASYNCH_QUEUE_NAME"])
     out = asynch("jobs", "requeue", pending, env=env)
     assert out.returncode == 0, out.stderr

@@ -189,7 +189,7 @@ def celery_app_target(argv: list[str]) -> str | None:
 
 
 # Values an operator would supply for the required ${VAR:?} secrets (the checks parse with them).
-# Random-looking, as app/secrets_policy.py demands outside dev mode.
+# Random-looking, as app/secret_settings.py demands outside dev mode.
 REQUIRED_PLACEHOLDERS = {
     "ASYNCH_KEY_PEPPER": "pQ7xR2vL9mK4wN8sT1yB6cF3hJ5dG0aZ",
     "ASYNCH_BOOTSTRAP_ADMIN_KEY": "bV3nM8qW2eR7tY1uI6oP4aS9dF5gH0jK",
@@ -337,7 +337,7 @@ def test_the_api_is_published_on_the_loopback_interface_only(services):
 
 
 def test_compose_settings_pass_the_startup_check(compose):
-    from app.secrets_policy import check_startup
+    from app.secret_settings import check_startup
     check_startup(load_settings({k: interpolate(str(v)) for k, v in compose["x-asynch-env"].items()}))
 
 

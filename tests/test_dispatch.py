@@ -23,7 +23,7 @@ from app.config import set_settings
 from app.infra.db import transaction
 from app.infra.redis import dispatch as rd
 from app.infra.tables import tasks
-from app.jobs import execution, outbox
+from app.jobs import execution, handoff
 from app.jobs import service as jobs
 from app.states import JobState
 from app.tenancy.keys import Principal
@@ -162,7 +162,7 @@ def test_the_doorbell_rings_once_while_work_waits_for_a_slot(settings, r):
 def test_the_permit_is_released_on_every_exit_path(make_model, r, payload, outcome):
     make_model("m", max_concurrency=1, retry_times=1, model_key_headers="X-Stub-Tenant")
     job_id = _submit("t", "m", payload)
-    assert outbox.flush()
+    assert handoff.flush()
     assert execution.run_attempt(job_id) == outcome
     assert permits("m", "t") == [] and r.zcard("asynch:gate:{m}") == (0 if outcome != "retry_wait" else 0)
 
@@ -180,7 +180,7 @@ def test_a_stale_claim_changes_nothing(make_model, r):
     job_id = _submit("t", "m")
     assert execution.run_attempt(job_id) == "done"
     second = _submit("t", "m")
-    assert outbox.flush()
+    assert handoff.flush()
     assert execution.run_attempt(job_id) == "stale" and permits("m", "t") == [] and rd.ready_counts("m") == {"t": 1}
     assert execution.run_attempt(second) == "done"
 

@@ -115,3 +115,16 @@ def test_numbered_invariants_that_code_cites_exist():
     assert cited, "no invariant references found: the scan itself is broken"
     bad = [f"{p.relative_to(ROOT)}: invariant {n}" for p, n in cited if n not in numbers]
     assert not bad, f"invariants cited that docs/architecture.md does not number: {bad}"
+
+
+def test_one_meaning_per_name():
+    """issue 32 item 9: "outbox" named three modules and "secrets" four.  Now one module is the outbox (the
+    delivery outbox), every secret-handling module has a name of its own, and each is in the Names table."""
+    stems = [p.stem for p in (ROOT / "app").rglob("*.py")]
+    assert [s for s in stems if "outbox" in s] == ["outbox"]
+    secret = sorted(s for s in stems if "secret" in s)
+    assert len(secret) == len(set(secret)) and "secrets" not in secret, secret
+    names = ARCHITECTURE.read_text().split("### Names", 1)[1].split("\n## ", 1)[0]
+    for path in [p for p in (ROOT / "app").rglob("*.py") if "secret" in p.stem or "outbox" in p.stem
+                 or p.stem in ("handoff", "delivery_rows")]:
+        assert f"`{path.relative_to(ROOT)}`" in names, path

@@ -160,9 +160,9 @@ def seeded(make_model, settings):
     set_settings(settings)
     yield keys, ids
     # Doorbells published by fuzzed submissions: no worker of this session may run them later.
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.flush()
+    handoff.flush()
     broker = redis_lib.Redis.from_url(settings.effective_broker_url)
     for k in broker.scan_iter(f"*{settings.queue_name}*"):
         if not k.startswith(b"_kombu"):

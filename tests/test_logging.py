@@ -97,9 +97,9 @@ def test_no_secret_in_api_or_worker_logs_and_job_fields_present(
 
     here = slots.Slots()
     mine = client.post("/v1/models/echo/jobs", json={"prompt": "here"}, headers=auth(user_key)).get_json()["job_id"]
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    assert outbox.flush()  # queued in the dispatcher (by the outbox's thread) before the pull
+    assert handoff.flush()  # queued in the dispatcher (by the outbox's thread) before the pull
     here.answer_bell("echo", "here#1")
     wait_until(lambda: job_row(mine).state == 2, what="the job run here")
     here.drain(10)

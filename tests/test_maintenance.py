@@ -42,18 +42,18 @@ def broker(settings):
 
 
 def purge_queue(b, queue: str) -> None:
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.flush()  # a submission's message leaves after its 202: lose it for real
+    handoff.flush()  # a submission's message leaves after its 202: lose it for real
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])
 
 
 def queued(b, queue: str) -> list[tuple[int, str, list]]:
     """(priority, task, args) of every message on the broker's queue, in the order a worker takes them:
     priority list 0 first, each list FIFO (LPUSH/BRPOP)."""
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.flush()
+    handoff.flush()
     out = []
     for pri in range(10):
         key = queue if pri == 0 else f"{queue}:{pri}"
@@ -93,9 +93,9 @@ def test_priority_mapping_per_transport():
 def order(model: str) -> list[str]:
     """The jobs of tenant P waiting in its dispatch queue, in the order they
     will be dispatched."""
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.flush()
+    handoff.flush()
     return redis_lib.Redis.from_url(get_settings().redis_url, decode_responses=True).zrange(
         f"asynch:dq:ready:{{{model}}}:{P.tenant_id}", 0, -1)
 

@@ -14,7 +14,7 @@ from sqlalchemy import event
 from app import transitions
 from app.clock import now as clock_now
 from app.infra.db import get_engine, transaction
-from app.jobs import outbox
+from app.jobs import handoff
 from app.infra.redis import dispatch as rd
 from app.infra.redis import keys
 from app.states import JobState
@@ -62,7 +62,7 @@ def test_pending_and_running_are_the_gates_not_the_rows(client, make_model, admi
     h = auth(user_key)
     ids = [client.post("/v1/models/m/jobs", json={"i": i}, headers=h).get_json()["job_id"] for i in range(5)]
     # No worker runs: all five wait in their queue, pending.
-    assert outbox.flush()  # each submit is handed to the dispatcher just after its 202
+    assert handoff.flush()  # each submit is handed to the dispatcher just after its 202
     assert _numbers(client, admin_key, user_key) == {"metrics": (5, 0, 0), "overview": (5, 0, 5), "tenant": (5, 0, 5)}
 
     # A worker's free slot pulls one (its permit taken) and claims it (the row's CAS): running.

@@ -41,7 +41,7 @@ def test_fast_message_matches_celery_send_task(settings, priority):
     assert ours["headers"]["id"] == ours["headers"]["root_id"] == ours["properties"]["correlation_id"]
 
 
-# --- the outbox: admissions handed to their queues after the 202, batched; one doorbell per model --------
+# --- the hand-off: admissions handed to their queues after the 202, batched; one doorbell per model --------
 
 def _bells(settings) -> list[tuple[str, list]]:
     """(task, args) of every message on the session's queue, in serving order."""
@@ -65,9 +65,9 @@ def _queued(model: str, tenant: str) -> list[str]:
 @pytest.fixture
 def empty_queue(settings):
     from app.infra.redis import dispatch as rd
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.flush()
+    handoff.flush()
     rd.set_cap("ob", 10_000)  # a max_concurrency no test here reaches
     b = redis_lib.Redis.from_url(settings.effective_broker_url)
     b.delete(settings.queue_name, *[f"{settings.queue_name}:{i}" for i in range(1, 10)])
@@ -79,7 +79,7 @@ def test_outbox_queues_every_job_once_in_few_steps_and_rings_one_doorbell(settin
     import threading
 
     from app.infra.redis import dispatch as rd
-    from app.jobs import outbox
+    from app.jobs import handoff
 
     steps, real = [], rd.enqueue
 
@@ -93,14 +93,14 @@ def test_outbox_queues_every_job_once_in_few_steps_and_rings_one_doorbell(settin
     def send(t):
         barrier.wait()
         for i in range(100):
-            outbox.send_many([("ob", (f"tenant{t}", f"job_t{t}_{i}", float(i), "0", ""))])
+            handoff.send_many([("ob", (f"tenant{t}", f"job_t{t}_{i}", float(i), "0", ""))])
 
     threads = [threading.Thread(target=send, args=(t,)) for t in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert outbox.flush(10)
+    assert handoff.flush(10)
     for t in range(8):  # every job queued once, each thread's in the order it sent them
         assert _queued("ob", f"tenant{t}") == [f"job_t{t}_{i}" for i in range(100)]
     assert sum(steps) == 800 and len(steps) < 800, steps
@@ -109,7 +109,7 @@ def test_outbox_queues_every_job_once_in_few_steps_and_rings_one_doorbell(settin
 
 def test_a_doorbell_the_broker_refused_is_rung_by_the_next_step(settings, empty_queue, monkeypatch):
     from app.infra import publisher
-    from app.jobs import outbox
+    from app.jobs import handoff
 
     class Down:
         def lpush(self, *a):
@@ -119,30 +119,30 @@ def test_a_doorbell_the_broker_refused_is_rung_by_the_next_step(settings, empty_
 
     real = publisher._current.get()
     monkeypatch.setattr(publisher._current, "_value", dataclasses.replace(real, broker=Down()))
-    outbox.send_many([("ob", ("t", "job_refused", 1.0, "0", ""))])
-    assert outbox.flush(5)  # the doorbell refused, logged; the job is in its queue all the same
+    handoff.send_many([("ob", ("t", "job_refused", 1.0, "0", ""))])
+    assert handoff.flush(5)  # the doorbell refused, logged; the job is in its queue all the same
     monkeypatch.undo()
     assert _bells(settings) == [] and _queued("ob", "t") == ["job_refused"]
-    outbox.send_many([("ob", ("t", "job_after", 2.0, "0", ""))])
-    assert outbox.flush(5)
+    handoff.send_many([("ob", ("t", "job_after", 2.0, "0", ""))])
+    assert handoff.flush(5)
     assert _bells(settings) == [("asynch.pull", ["ob"])]  # not held back by the refused one
     assert _queued("ob", "t") == ["job_refused", "job_after"]
 
 
 def _send_in_child(out):
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.send_many([("ob", ("t", "job_from_child", 2.0, "0", ""))])
-    out.put(outbox.flush(10))
+    handoff.send_many([("ob", ("t", "job_from_child", 2.0, "0", ""))])
+    out.put(handoff.flush(10))
 
 
 def test_a_forked_child_gets_its_own_sender(settings, empty_queue):
     import multiprocessing as mp
 
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.send_many([("ob", ("t", "job_from_parent", 1.0, "0", ""))])  # the parent's sender thread exists before the fork
-    assert outbox.flush(5)
+    handoff.send_many([("ob", ("t", "job_from_parent", 1.0, "0", ""))])  # the parent's sender thread exists before the fork
+    assert handoff.flush(5)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_send_in_child, args=(q,))

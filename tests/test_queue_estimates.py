@@ -209,7 +209,7 @@ def test_a_new_jobs_place_counts_its_tenants_jobs_still_in_this_process_outbox(r
     from types import SimpleNamespace
 
     from app.infra.redis import dispatch as rd
-    from app.jobs import estimates, outbox
+    from app.jobs import estimates, handoff
     from app.jobs.dispatch import order_score
 
     r.set(keys.runtime_max_concurrency("w"), 0)

@@ -34,9 +34,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def purge_queue(b, queue: str) -> None:
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    outbox.flush()  # a submission's message leaves after its 202: lose it for real
+    handoff.flush()  # a submission's message leaves after its 202: lose it for real
     b.delete(queue, *[f"{queue}:{i}" for i in range(1, 10)])
 
 

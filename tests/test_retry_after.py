@@ -68,9 +68,9 @@ def test_a_tenant_share_refusal_counts_the_tenants_own_slots(client, make_model,
     _fill(client, user_key, "shared", 1)
     _fill(client, other_key, "shared", 1)
     from app.infra.redis import dispatch as rd
-    from app.jobs import outbox
+    from app.jobs import handoff
 
-    assert outbox.flush()  # both queued in the dispatcher (by the outbox's thread) before the pull
+    assert handoff.flush()  # both queued in the dispatcher (by the outbox's thread) before the pull
     rd.pull("shared", 2, 60, cap=2)
     assert permits("shared", "tenant-a") and permits("shared", "tenant-b")
     full = _submit(client, user_key, "shared", {"x": 1})

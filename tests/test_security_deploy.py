@@ -32,7 +32,7 @@ from app.cli import main as cli_main
 from app.config import Settings, load_settings, set_settings
 from app.infra import metrics, metrics_server
 from app.infra.secretbox import new_key
-from app.secrets_policy import NOT_SECRETS, SECRET_LOOKING, SECRETS, check_startup, is_placeholder
+from app.secret_settings import NOT_SECRETS, SECRET_LOOKING, SECRETS, check_startup, is_placeholder
 
 STRONG = {"key_pepper": "pQ7xR2vL9mK4wN8sT1yB6cF3hJ5dG0aZ", "bootstrap_admin_key": "bV3nM8qW2eR7tY1uI6oP4aS9dF5gH0jK",
           "secrets_keys": new_key(), "metrics_token": "mZ4xC9vB2nM7aS1dF6gH3jK8lQ5wE0rT", "dev_mode": False}
@@ -192,7 +192,7 @@ def test_asynch_env_masks_every_secret_and_every_url_password(settings):
 
 def test_every_secret_looking_setting_is_classified():
     """A new setting named like a secret must be put in SECRETS (masked,
-    placeholder-checked) or NOT_SECRETS (app/secrets_policy.py)."""
+    placeholder-checked) or NOT_SECRETS (app/secret_settings.py)."""
     looking = {n for n in Settings.model_fields if SECRET_LOOKING.search(n)}
     assert looking <= SECRETS | NOT_SECRETS, sorted(looking - SECRETS - NOT_SECRETS)
     assert SECRETS <= set(Settings.model_fields)

@@ -152,7 +152,7 @@ def test_an_invalid_default_gateway_tenant_is_refused_too(client, make_model):
 
 
 def test_no_tenant_name_maps_onto_an_internal_row():
-    from app.delivery.secrets import previous_id
+    from app.delivery.signing_secrets import previous_id
     from app.infra.redis import keys
     from app.tenancy.schemas import is_tenant_name
 

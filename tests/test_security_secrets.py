@@ -22,8 +22,8 @@ from app.infra.db import get_engine, transaction
 from app.infra.tables import models, tasks, tenant_secrets
 from app.jobs import execution
 from app.jobs import service as jobs
-from app.maintenance.secrets import rotate_secrets
-from app.secrets_policy import check_startup
+from app.maintenance.secret_rotation import rotate_secrets
+from app.secret_settings import check_startup
 from app.states import JobState
 
 K1, K2 = secretbox.new_key(), secretbox.new_key()

@@ -246,13 +246,13 @@ if sys.argv[1] == "green":
     make_green()
 from sqlalchemy import text
 from app.infra.db import get_engine
-from app.jobs import outbox
+from app.jobs import handoff
 from app.infra.wakeups import hub
 
 hub.ensure_started()            # the listener and the fetcher: waiting on Redis / an Event
 assert hub.subscribed.is_set()
-outbox.send_many([("probe-model", ("probe-tenant", "job_probe", 0.0, "0", ""))])  # the sender: then idle on its queue
-outbox.flush(5)
+handoff.send_many([("probe-model", ("probe-tenant", "job_probe", 0.0, "0", ""))])  # the sender: then idle on its queue
+handoff.flush(5)
 gaps, last = [], [time.monotonic()]
 
 def tick():

@@ -28,7 +28,7 @@ from app.config import set_settings
 from app.infra.db import transaction
 from app.infra.redis import keys
 from app.infra.tables import task_attempts
-from app.jobs import dispatch, outbox, slots
+from app.jobs import dispatch, handoff, slots
 from app.jobs import service as jobs
 from app.states import JobState
 
@@ -44,7 +44,7 @@ def here(settings):
 
 def _submit(model: str, payloads: list[dict]) -> list[str]:
     ids = [jobs.submit(P, model, p).row.id for p in payloads]
-    assert outbox.flush()
+    assert handoff.flush()
     return ids
 
 

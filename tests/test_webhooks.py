@@ -25,7 +25,7 @@ from sqlalchemy import func, select, update
 from standardwebhooks.webhooks import Webhook
 
 from app.delivery import outbox as webhooks
-from app.delivery import secrets as callback_secrets
+from app.delivery import signing_secrets as callback_secrets
 from app.cli import main as cli_main
 from app.config import set_settings
 from app.errors import Conflict

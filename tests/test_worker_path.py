@@ -28,7 +28,7 @@ from app.config import set_settings
 from app.infra.db import get_engine, transaction
 from app.infra.redis import keys
 from app.infra.tables import model_stats
-from app.jobs import execution, outbox
+from app.jobs import execution, handoff
 from app.jobs import service as jobs
 from app.maintenance import passes as maintenance
 from app.states import JobState
@@ -60,7 +60,7 @@ def test_a_small_result_stays_in_the_row_and_done_is_one_statement(make_model, m
                                                                     inline_default, r):
     make_model("small")
     job_id = jobs.submit(P, "small", {"prompt": "hi"}).row.id
-    assert outbox.flush()
+    assert handoff.flush()
     execution.run_attempt(jobs.submit(P, "small", {}).row.id, 0)  # warm: statements built, pools open
     seen, count = _statements()
     for autocommit in (True, False):
@@ -92,7 +92,7 @@ def test_a_finished_job_is_one_redis_script_call_and_its_model_connection_is_reu
     monkeypatch.setattr(deadline, "POOL_IDLE_SECONDS", 60.0)
     make_model("fin")
     warm, *ids = [jobs.submit(P, "fin", {"i": i}).row.id for i in range(4)]
-    assert outbox.flush()
+    assert handoff.flush()
     execution.run_attempt(warm, 0)  # warm: scripts loaded, the upstream connected
     for job_id in ids:
         with Count() as c:

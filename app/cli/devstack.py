@@ -352,7 +352,7 @@ def _receiver_secrets() -> list[str]:
     deliveries with (each tenant's callback secrets, every subscription's)."""
     from sqlalchemy import select
 
-    from app.delivery.secrets import plain
+    from app.delivery.signing_secrets import plain
     from app.infra.db import transaction
     from app.infra.tables import tenant_secrets, webhook_subscriptions
 

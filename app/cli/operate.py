@@ -18,7 +18,7 @@ from app.jobs import service as job_service
 from app.jobs.requests import JobListQuery
 from app.jobs.schemas import JobDetail, JobStatus
 from app.infra import secretbox
-from app.maintenance import autotune, passes, periodic, requeue, secrets as secret_rotation
+from app.maintenance import autotune, passes, periodic, requeue, secret_rotation
 from app.tenancy import keys as key_service, limits
 from app.tenancy.keys import OPERATOR
 from app.tenancy.schemas import ApiKeyView, TenantLimitsInput

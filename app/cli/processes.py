@@ -9,7 +9,7 @@ import click
 
 from app.cli import upgrade_db
 from app.config import env_names, get_settings, removed_settings
-from app.secrets_policy import check_startup, masked
+from app.secret_settings import check_startup, masked
 
 db = click.Group("db", help="Database schema (Alembic).")
 
@@ -40,7 +40,7 @@ def api(bind: str, workers: int, worker_class: str, worker_connections: int | No
 
 def _exec(argv: list[str], metrics: bool = True) -> None:
     """Become the server ``argv`` starts.  Outside dev mode a server does not
-    start with weak secrets (app/secrets_policy.py check_startup).  A server
+    start with weak secrets (app/secret_settings.py check_startup).  A server
     (API, worker node) gets its own Prometheus multiprocess directory, set
     before prometheus_client starts: a worker's pool processes write their
     metrics where its main process (ASYNCH_WORKER_METRICS_PORT) reads them."""

@@ -4,7 +4,7 @@ A ``callback`` is the seed's GET {callbackUrl}/{bizName}?task_id&state&oss_file&
 on done; a ``webhook`` a Standard Webhooks JSON POST on a terminal state
 ({"type": "job.<event>", "timestamp", "data": the poll body}) to the job's
 own webhook (subscription_id 0) or a tenant subscription.  The terminal
-transition's own statement writes the rows (app/infra/outbox_rows.py): never
+transition's own statement writes the rows (app/infra/delivery_rows.py): never
 lost, never written twice; its effects ring one pump token per row.
 
 Invariants:
@@ -50,13 +50,13 @@ from sqlalchemy.engine import Connection, Row
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.contract import dump, iso_z
-from app.delivery import secrets as tenant_secrets, signing
+from app.delivery import signing_secrets as tenant_secrets, signing
 from app.errors import Conflict, NotFound
 from app.infra import metrics
 from app.infra.celery_config import DELIVER_TASK
 from app.infra.db import transaction
 from app.infra.http import deadline, netguard
-from app.infra.outbox_rows import CALLBACK, WEBHOOK
+from app.infra.delivery_rows import CALLBACK, WEBHOOK
 from app.infra.publisher import publish_task
 from app.infra.storage import public_location
 from app.infra.tables import deliveries, delivery_attempts, tasks, webhook_subscriptions

@@ -10,11 +10,11 @@ from __future__ import annotations
 from sqlalchemy import delete, func, insert, select
 
 from app.clock import now as clock_now
-from app.delivery import secrets as tenant_secrets
+from app.delivery import signing_secrets as tenant_secrets
 from app.errors import NotFound, ValidationFailed
 from app.infra.db import transaction
 from app.infra.http.netguard import Lookups, callback_url_problem
-from app.infra.outbox_rows import EVENTS, bits_of, events_of
+from app.infra.delivery_rows import EVENTS, bits_of, events_of
 from app.infra.tables import webhook_subscriptions
 from app.tenancy.keys import Principal
 

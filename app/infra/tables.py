@@ -186,7 +186,7 @@ webhook_subscriptions = Table(
 )
 
 # The outbox: one row per (job, receiver), written by a terminal transition's own statement
-# (app/infra/outbox_rows.py): "callback" (the seed's GET on done) or "webhook" (a JSON POST);
+# (app/infra/delivery_rows.py): "callback" (the seed's GET on done) or "webhook" (a JSON POST);
 # subscription_id 0 is the job's own.  pending -> sending (a lease) -> delivered | pending | failed.
 deliveries = Table(
     "asynch_delivery", metadata,

@@ -1,7 +1,7 @@
 """Group-committed admission: the submissions that arrive while a batch is
 in flight share the next one -- one Redis round trip for every queue-estimate
 step (one per model and tenant), one for every gate step, one multi-row INSERT, and
-(through the outbox) one dispatch step and one LPUSH; each request waits on
+(through the hand-off, app/jobs/handoff.py) one dispatch step and one LPUSH; each request waits on
 its own event for its own answer.  Done one at
 a time, the client libraries' per-call overhead and three serialised round
 trips dominate (bench/bench_admission.py).  Batching is natural, not timed:
@@ -10,7 +10,7 @@ the committer takes whatever is queued the moment it is free.
 Invariants (docs/architecture.md, invariants 1, 3, 4 and "The admission path"):
 - Gate before row: a row is inserted only after its gate step admitted it;
   a batch's gate steps run in arrival order in one Lua step (gate_admit.lua).
-- Row before message: a job goes to the outbox only after its INSERT returned.
+- Row before message: a job goes to the hand-off only after its INSERT returned.
 - A 202 only for a committed row; a refused, conflicting or failed item gets its error.
 - No leaked slot: every admitted item whose row was not inserted has its
   slots released before its answer.
@@ -38,7 +38,7 @@ from app.infra.db import single_statement
 from app.infra.process import PerProcess
 from app.infra.redis import gate
 from app.infra.tables import tasks
-from app.jobs import dispatch, estimates, outbox, retention
+from app.jobs import dispatch, estimates, handoff, retention
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +171,8 @@ def commit_batch(batch: list[Submission]) -> None:
             _refuse(s, IdempotencyConflict())
     committed = [s for s in admitted if not s.event.is_set()]
     # After the commit: the batch's jobs join their tenants' queues as one
-    # group (the outbox never splits a group).
-    outbox.send_many([(s.model, dispatch.entry(rows[s.job_id])) for s in committed])
+    # group (the hand-off never splits a group).
+    handoff.send_many([(s.model, dispatch.entry(rows[s.job_id])) for s in committed])
     for s in committed:
         _answer(s, row=rows[s.job_id])
 

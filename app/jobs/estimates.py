@@ -20,7 +20,7 @@ everyone hold but not ready; A, the tenants with ready work.  With
 ``queue_position`` is p (0: next).  A batch's item also counts the batch's
 earlier items at or before its score, in its own lane, and so does a new job
 for its tenant's jobs this process admitted that the dispatcher does not hold
-yet (app/jobs/outbox.py hands them over just after their 202).  The worker count is
+yet (app/jobs/handoff.py hands them over just after their 202).  The worker count is
 not known: with fewer worker processes than c * A the estimate is early.
 
 Invariants:
@@ -50,7 +50,7 @@ from app.config import get_settings
 from app.contract import iso_z
 from app.errors import DeadlineUnmeetable, DomainError
 from app.infra.redis import dispatch as rd
-from app.jobs import outbox
+from app.jobs import handoff
 from app.jobs.dispatch import order_score
 from app.states import JobState
 
@@ -98,7 +98,7 @@ def for_new_many(asks: list[tuple[Any, str, list[float]]]) -> list[list[Estimate
     """Estimates for (model, tenant, scores) groups about to be admitted, each behind its lane's earlier
     and unsent jobs (see above), in one round trip; None for every group if Redis cannot say."""
     now = clock_now()
-    prepared = [(model, scores, sorted(set(scores)), outbox.unsent(model.model_name, tenant))
+    prepared = [(model, scores, sorted(set(scores)), handoff.unsent(model.model_name, tenant))
                 for model, tenant, scores in asks]
     try:
         answers = rd.positions([(model.model_name, tenant, distinct, model.max_concurrency, list(handed))

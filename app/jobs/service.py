@@ -42,7 +42,7 @@ from app import transitions
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.errors import Conflict, DomainError, Gone, NotFound, TooManyWaiters, Unavailable, ValidationFailed
-from app.infra import metrics, outbox_rows
+from app.infra import metrics, delivery_rows
 from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import Lookups
@@ -168,7 +168,7 @@ def new_submission(principal: Principal, sub: submission.Checked, want_estimate:
                     priority=opts.priority, webhook_url=opts.webhook_url,
                     caller_deadline_at=(now + timedelta(seconds=opts.deadline_seconds)
                                         if opts.deadline_seconds is not None else None),
-                    webhook_events=(outbox_rows.bits_of(opts.webhook_events or outbox_rows.EVENTS)
+                    webhook_events=(delivery_rows.bits_of(opts.webhook_events or delivery_rows.EVENTS)
                                     if opts.webhook_url else None)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
         retry_after=retry_after_seconds(model), max_completed=getattr(model, "max_completed", 0) or 0,

@@ -11,7 +11,7 @@ from app.errors import ValidationFailed
 
 # Every tenant name, whatever names it (a key, a limits row, the gateway's
 # X-User-Info): no "~" and no ":", so a tenant can never be an internal row
-# (a callback secret's "~prev:" row, app/delivery/secrets.py) nor add a
+# (a callback secret's "~prev:" row, app/delivery/signing_secrets.py) nor add a
 # separator to a Redis key built from it (app/infra/redis/keys.py).
 TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 TENANT_RULE = "1-64 letters, digits, _ . - (starting with a letter or digit)"

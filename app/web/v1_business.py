@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app.delivery import outbox, secrets as tenant_secrets, subscriptions
+from app.delivery import outbox, signing_secrets as tenant_secrets, subscriptions
 from app.delivery.schemas import (CallbackDelivery, JobDelivery, JobDeliveryList, TenantSecret, WebhookDelivery,
                                   WebhookDeliveryList, WebhookInput, WebhookList, WebhookView)
 from app.catalog import model_types

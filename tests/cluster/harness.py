@@ -142,7 +142,7 @@ class Cluster:
                 "ASYNCH_DATABASE_URL": self.database_url, "ASYNCH_REDIS_URL": self.redis_url,
                 "ASYNCH_BROKER_URL": f"redis://{ip('db')}:{REDIS_PORT}/1",
                 "ASYNCH_STORAGE_URL": f"file://{self.results}", "ASYNCH_KEY_PEPPER": "cluster-pepper",
-                # One machine, weak secrets: dev mode (app/secrets_policy.py check_startup).
+                # One machine, weak secrets: dev mode (app/secret_settings.py check_startup).
                 "ASYNCH_DEV_MODE": "1",
                 "ASYNCH_LOG_LEVEL": "INFO", "ASYNCH_DB_POOL_SIZE": "4",
                 "ASYNCH_REDIS_TIMEOUT_SECONDS": "2", "ASYNCH_LEASE_GRACE_SECONDS": "2",

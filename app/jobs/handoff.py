@@ -1,11 +1,11 @@
 """Newly admitted jobs, handed to the dispatcher off the request path.
 
 A submission answers 202 once its row is committed; one sender thread takes
-everything queued in this process's outbox meanwhile into its tenants'
-queues and publishes the run_job messages of what may run now in one LPUSH
+everything queued in this process's hand-off meanwhile into its tenants'
+queues and rings their models' doorbells in one dispatch step per model
 (app/jobs/dispatch.py): the request never waits for Redis or the broker.
 Nothing is lost that recovery does not repair (the row is the truth: the
-maintenance pass's lost-job scan queues it).  A clean exit flushes the outbox.
+maintenance pass's lost-job scan queues it).  A clean exit flushes the hand-off.
 
 Invariant: a job is listed as unsent (``unsent``) from before its 202 until
 after the dispatcher holds it, so the next submission's estimate counts it
@@ -33,7 +33,7 @@ class _Outbox:
         self.cond = threading.Condition()
         # Queued or being sent, by (model, tenant): flush() waits for none.
         self.jobs: defaultdict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-        threading.Thread(target=self._send_forever, name="asynch-outbox", daemon=True).start()
+        threading.Thread(target=self._send_forever, name="asynch-handoff", daemon=True).start()
 
     def _send_forever(self) -> None:
         while True:

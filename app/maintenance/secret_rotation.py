@@ -6,7 +6,7 @@ callback secrets too long for their column (counted).
 from __future__ import annotations
 
 from app.catalog import registry
-from app.delivery import secrets as tenant_secrets
+from app.delivery import signing_secrets as tenant_secrets
 from app.infra.db import transaction
 from app.infra.tables import tenant_secrets as secrets_table, webhook_subscriptions
 
