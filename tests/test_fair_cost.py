@@ -226,7 +226,8 @@ def test_equal_weight_tenants_of_01s_and_2s_jobs_get_equal_model_time(two_worker
     cost = _run_seconds(r, "cost")
     why = (got, cost, {t: _pass("cost", t, r) for t in ("fast", "slow")}, rd.ready_counts("cost"))
     assert sum(got.values()) > 100, why  # the slots mostly busy over 10 s
-    assert abs(got["fast"] - got["slow"]) <= 0.15 * max(got.values()), why  # turns would give slow ~95%
+    # The acceptance: model time within 1.3x of each other (turns would give slow ~95%, 19x).
+    assert max(got.values()) <= 1.3 * min(got.values()), why
     assert cost["slow"] > 1.9 and cost["fast"] < 0.4, cost  # each tenant's own run time, measured
 
 

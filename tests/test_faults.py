@@ -51,7 +51,9 @@ def _all_terminal(ids) -> bool:
 
 def test_sigkill_a_worker_process_every_two_seconds(fault_worker, make_model, model_server, r):
     make_model("kill", queue_limit=400, timeout_seconds=2, retry_times=8)
-    ids, tokens = _submit_many("kill", 300, lambda i: {"token": f"k{i}", "sleep_ms": random.randint(20, 120)})
+    # Calls of 0.1-0.4 s: 300 jobs over 16 call slots keep the pool busy for several kill intervals (with
+    # 20-120 ms calls the slots drained them in ~4 s and the killer could land only twice).
+    ids, tokens = _submit_many("kill", 300, lambda i: {"token": f"k{i}", "sleep_ms": random.randint(100, 400)})
     kills, stop = [], threading.Event()
 
     def killer():

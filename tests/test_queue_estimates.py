@@ -219,7 +219,7 @@ def test_a_new_jobs_place_counts_its_tenants_jobs_still_in_this_process_outbox(r
     new = order_score(now) + 1
     [[base]] = estimates.for_new_many([(model, "ta", [new])])
     assert base.position == 3
-    monkeypatch.setattr(outbox, "unsent", lambda m, t: {"ta-1": order_score(now) + 0.001, "ghost": new - 0.5,
+    monkeypatch.setattr(handoff, "unsent", lambda m, t: {"ta-1": order_score(now) + 0.001, "ghost": new - 0.5,
                                                         "later": new + 1} if (m, t) == ("w", "ta") else {})
     [[ahead]] = estimates.for_new_many([(model, "ta", [new])])
     assert ahead.position == 4 and (ahead.start_at - base.start_at).total_seconds() >= 2 - 0.01, (base, ahead)

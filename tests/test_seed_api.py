@@ -92,7 +92,8 @@ def test_create_model_with_the_seeds_example_and_read_every_field_back(client, a
     data = ok(client.post("/model/createModel", json=SEED_MODEL, headers=auth(admin_key)))
     expected = {**SEED_MODEL, "headMsg": "API_KEY:***,API_STATE:***,API_NUM:***"}
     assert {k: data[k] for k in SEED_MODEL} == expected
-    assert set(data) == set(SEED_MODEL) | {"form", "createdAt", "updatedAt", "tenantQueueLimit", "modelKeyHeaders", "maxCompleted"}
+    assert set(data) == set(SEED_MODEL) | {"form", "createdAt", "updatedAt", "tenantQueueLimit", "modelKeyHeaders", "maxCompleted",
+                                               "streaming"}
     # Stored as given (the secret values included), shown redacted.
     row = stored_model("model-service")
     assert secretbox.decrypt(row.head_msg) == SEED_MODEL["headMsg"] and row.auto_clean_seconds == 3600 and row.enabled is True
