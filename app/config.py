@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     beat_retry_seconds: float = _s(5.0, "Beat interval of retries (seconds).")
     beat_recover_seconds: float = _s(30.0, "Beat interval of recovery (seconds).")
     beat_cleanup_seconds: float = _s(60.0, "Beat interval of cleanup (seconds).")
+    beat_batches_seconds: float = _s(1.0, "Beat interval of the batches pass: admit, collect, finalize (seconds).")
     beat_autotune_seconds: float = _s(3600.0, "Beat interval of autotune (seconds).")
     republish_after_seconds: float = _s(300.0, "Pending jobs older than this whose entry may be lost are queued again.")
     failed_retention_seconds: int = _s(7 * 86400, "Retention of failed, timeout and canceled jobs (seconds).")

@@ -51,6 +51,8 @@ def upgrade() -> None:
         sa.Column("completed", sa.Integer, nullable=False, server_default="0"),
         sa.Column("failed", sa.Integer, nullable=False, server_default="0"),
         sa.Column("admitted", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("segments", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("ending", sa.String(16)),
         sa.Column("created_at", TS, nullable=False),
         sa.Column("expires_at", TS, nullable=False),
         *[sa.Column(n, TS) for n in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",

@@ -62,6 +62,21 @@ class Storage:
     def presign(self, location: str, seconds: int) -> str | None:
         return None
 
+    def stream_from(self, location: str, offset: int) -> Iterator[bytes]:
+        """``stream`` from byte ``offset`` on (a batch reads its lines by offset)."""
+        def skipped(chunks: Iterator[bytes], left: int) -> Iterator[bytes]:
+            for chunk in chunks:
+                if left >= len(chunk):
+                    left -= len(chunk)
+                    continue
+                yield chunk[left:]
+                left = 0
+        return skipped(self.stream(location), offset)
+
+    def location_of(self, key: str) -> str:
+        """The location ``put``/``put_stream`` of ``key`` answers (without writing anything)."""
+        raise StorageError(f"{type(self).__name__} cannot name a location before it is written")
+
     def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str) -> str:
         raise StorageError(f"{type(self).__name__} takes no streamed upload")
 
@@ -102,6 +117,9 @@ class LocalStorage(Storage):
             raise StorageError(str(exc)) from exc
         return "file:" + key
 
+    def location_of(self, key: str) -> str:
+        return "file:" + key
+
     def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str) -> str:
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +140,12 @@ class LocalStorage(Storage):
     def stream(self, location: str) -> Iterator[bytes]:
         with _failures(location, FileNotFoundError):
             f = self._path(location).open("rb")
+        return self._chunks(f)
+
+    def stream_from(self, location: str, offset: int) -> Iterator[bytes]:
+        with _failures(location, FileNotFoundError):
+            f = self._path(location).open("rb")
+            f.seek(offset)
         return self._chunks(f)
 
     @staticmethod
@@ -163,6 +187,9 @@ class S3Storage(Storage):
             self.client.put_object(Bucket=self.bucket, Key=full, Body=data, ContentType=content_type)
         return f"s3://{self.bucket}/{full}"
 
+    def location_of(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
     def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str) -> str:
         full = self._key(key)
         with _failures(key, (), "s3 upload failed: "):
@@ -182,7 +209,12 @@ class S3Storage(Storage):
                 if len(buf) >= PART:
                     send(bytes(buf[:PART]))
                     del buf[:PART]
-            if buf or not parts:
+            if not parts and not buf:  # nothing at all: an empty object, no multipart upload
+                with _failures(key, (), "s3 put failed: "):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=uid)
+                    self.client.put_object(Bucket=self.bucket, Key=full, Body=b"", ContentType=content_type)
+                return f"s3://{self.bucket}/{full}"
+            if buf:
                 send(bytes(buf))
             with _failures(key, (), "s3 upload failed: "):
                 self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=uid,
@@ -196,6 +228,11 @@ class S3Storage(Storage):
     def stream(self, location: str) -> Iterator[bytes]:
         with _failures(location, self.client.exceptions.NoSuchKey, "s3 get failed: "):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(location))["Body"]
+        return self._chunks(body, location)
+
+    def stream_from(self, location: str, offset: int) -> Iterator[bytes]:
+        with _failures(location, self.client.exceptions.NoSuchKey, "s3 get failed: "):
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(location), Range=f"bytes={offset}-")["Body"]
         return self._chunks(body, location)
 
     @staticmethod

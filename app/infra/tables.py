@@ -306,6 +306,8 @@ batches = Table(
     Column("completed", Integer, nullable=False, server_default="0"),
     Column("failed", Integer, nullable=False, server_default="0"),
     Column("admitted", Integer, nullable=False, server_default="0"),  # lines admitted as jobs so far
+    Column("segments", Integer, nullable=False, server_default="0"),  # output pieces written (batches/<id>/seg-N)
+    Column("ending", String(16)),  # set once: the final status the batch is heading to (expired / cancelled)
     Column("created_at", TS, nullable=False),
     Column("expires_at", TS, nullable=False),  # created_at + the completion window: every line's deadline
     *_cols(TS, "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
