@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     files_max_bytes: int = _s(512 * 1024 * 1024, "Largest file uploaded to /v1/files (streamed to storage).")
     batch_max_lines: int = _s(50_000, "Most lines of one batch's input file (OpenAI's limit: 50,000).")
     batch_admit_chunk: int = _s(1000, "Batch lines one feed pass tries to admit per batch.")
+    batch_queue_share: float = _s(0.5, "The share of a model's queue_limit a tenant's batches may fill (room kept).")
     max_result_bytes: int = _s(64 * 1024 * 1024, "Largest model response a worker reads; larger fails the attempt.")
     result_redirect_seconds: int = _s(0, "S3 results: 0 streams through the API; N > 0 answers 307 to a presigned URL.")
     inline_result_bytes: int = _s(-1, "Results up to this size stay in the row; -1: 4096 for file://, else 0 (off).")

@@ -179,3 +179,26 @@ def test_list_pages_and_another_tenant_sees_nothing(api_url, make_model, user_ke
                  lambda: ob.batches.create(input_file_id=fid, endpoint=ENDPOINT, completion_window="24h")):
         with pytest.raises(openai.NotFoundError):
             call()
+
+
+def test_a_batch_leaves_room_for_another_tenant(api_url, workers, make_model, user_key, other_key, model_server):
+    """A large batch fills at most ASYNCH_BATCH_QUEUE_SHARE of the model's queue: another tenant's submit is
+    admitted (not 429) and runs while the batch's lines are held."""
+    from helpers import auth, submit
+
+    make_model("echo", queue_limit=8, max_concurrency=2)
+    oa = client(api_url, user_key)
+    b = oa.batches.create(input_file_id=upload(oa, [line(f"h{i}", hold="room") for i in range(30)]),
+                          endpoint=ENDPOINT, completion_window="24h")
+    for _ in range(3):
+        progress.advance_all()
+    with transaction() as conn:
+        active = conn.execute(select(func.count()).select_from(tasks).where(
+            tasks.c.tenant_id == "tenant-a", tasks.c.state.in_([0, 1, 7]))).scalar_one()
+    assert active == 4, active  # 0.5 of 8
+    r = submit(api_url, other_key, "echo", {"prompt": "mine"})
+    assert r.status_code == 202, r.text
+    job = r.json()["job_id"]
+    wait_until(lambda: job_row(job).state == 2, timeout=30, what="the other tenant's job done")
+    model_server.state.release("room")
+    assert until(oa, b.id, ("completed",), timeout=120).request_counts.completed == 30

@@ -9,6 +9,9 @@ Invariants:
   line, so a large batch holds at most its tenant's share and never another tenant's place.  A line the gate
   refuses (queue full, deadline) stays unadmitted for the next pass; a line the rule now refuses (its model
   disabled since create) is a failure of that line, handed back to be written to the error file.
+- Room kept: a pass admits a model's lines only while the tenant's active jobs of that model are fewer than
+  ASYNCH_BATCH_QUEUE_SHARE of its queue_limit, so interactive submits (the tenant's and others') still find
+  free slots while a batch of any size runs.
 - At most ASYNCH_BATCH_ADMIT_CHUNK lines a pass; their bodies are read from the input file by offset, one
   line at a time (never the whole file).
 """
@@ -16,10 +19,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Iterator
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, select, update
 
+from app.catalog.registry import enabled_model
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.errors import DomainError
@@ -29,6 +34,7 @@ from app.infra.http.netguard import Lookups
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import batch_items, batches, tasks
 from app.jobs import admission, newjob, submission
+from app.states import ACTIVE_STATES
 from app.tenancy.keys import Principal
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,26 @@ def bodies(location: str, items: list) -> Iterator[tuple[object, bytes]]:
             return
 
 
+def _within_room(conn, tenant: str, items: list) -> list:
+    """The items that fit in their model's batch room (module invariants), in line order."""
+    share, room, out = get_settings().batch_queue_share, {}, []
+    for it in items:
+        if it.model_name not in room:
+            try:
+                model = enabled_model(it.model_name)
+            except DomainError:  # disabled since create: every line goes on, to fail by the rule below
+                room[it.model_name] = len(items)
+            else:
+                active = conn.execute(select(func.count()).select_from(tasks).where(
+                    tasks.c.model_name == it.model_name, tasks.c.tenant_id == tenant,
+                    tasks.c.state.in_([int(s) for s in ACTIVE_STATES]))).scalar_one()
+                room[it.model_name] = max(1, math.floor(model.queue_limit * share)) - active
+        if room[it.model_name] > 0:
+            room[it.model_name] -= 1
+            out.append(it)
+    return out
+
+
 def feed(batch) -> list[tuple[int, str, str]]:
     """Admit the batch's next lines; the lines that failed for good: (line, code, message)."""
     remaining = (batch.expires_at - clock_now()).total_seconds()
@@ -82,8 +108,8 @@ def feed(batch) -> list[tuple[int, str, str]]:
         keys = {idempotency_key(batch.id, it.line_no): it for it in items}
         found = dict(conn.execute(select(tasks.c.idempotency_key, tasks.c.id).where(
             tasks.c.tenant_id == batch.tenant_id, tasks.c.idempotency_key.in_(list(keys)))).all())
-    links = [(keys[k].line_no, job_id) for k, job_id in found.items()]
-    todo = [it for k, it in keys.items() if k not in found]
+        links = [(keys[k].line_no, job_id) for k, job_id in found.items()]
+        todo = _within_room(conn, batch.tenant_id, [it for k, it in keys.items() if k not in found])
     failures: list[tuple[int, str, str]] = []
     subs = []
     principal, lookups = Principal(batch.tenant_id, "user", None), Lookups(batch.tenant_id)
