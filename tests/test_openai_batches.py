@@ -202,3 +202,57 @@ def test_a_batch_leaves_room_for_another_tenant(api_url, workers, make_model, us
     wait_until(lambda: job_row(job).state == 2, timeout=30, what="the other tenant's job done")
     model_server.state.release("room")
     assert until(oa, b.id, ("completed",), timeout=120).request_counts.completed == 30
+
+
+def test_the_sdk_and_the_cli_run_a_batch(api_url, workers, make_model, user_key, tmp_path):
+    """model_asynch's files/batches methods and `asynch files/batches` (click's runner) against the test API."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from app.cli.batch_cmds import batches as batches_cmd, files as files_cmd
+    from model_asynch import Client, RateLimited
+
+    make_model("echo")
+    make_model("slow", expected_seconds=60, max_concurrency=1)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl([line(f"c{i}") for i in range(3)]).getvalue())
+    stop = threading.Event()
+
+    def beat():  # what beat does in a deployment
+        while not stop.is_set():
+            progress.advance_all()
+            stop.wait(0.2)
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        c = Client(api_url, user_key)
+        up = c.upload_file(src, purpose="batch")
+        assert up["bytes"] == src.stat().st_size and c.file(up["id"])["filename"] == "in.jsonl"
+        b = c.wait_batch(c.create_batch(up["id"], ENDPOINT, "2h", {"k": "v"})["id"], timeout=60, poll=0.2)
+        assert b["status"] == "completed" and b["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+        c.file_content(b["output_file_id"], to=tmp_path / "out.jsonl")
+        assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
+        assert c.list_batches()["data"][0]["id"] == b["id"]
+        (tmp_path / "slow.jsonl").write_bytes(jsonl([line(f"s{i}", model="slow") for i in range(40)]).getvalue())
+        slow = c.upload_file(tmp_path / "slow.jsonl")
+        with pytest.raises(RateLimited):
+            c.create_batch(slow["id"], ENDPOINT, "30m")
+
+        run = CliRunner()
+        base = ["--url", api_url, "--key", user_key]
+        out = run.invoke(batches_cmd, ["create", "--input", str(src), "--window", "30m", "-q", *base])
+        assert out.exit_code == 0, out.output
+        bid = out.output.strip()
+        waited = run.invoke(batches_cmd, ["wait", bid, "--timeout", "60", "--poll", "0.2", *base])
+        assert waited.exit_code == 0, waited.output
+        out_id = json.loads(waited.output)["output_file_id"]
+        content = run.invoke(files_cmd, ["content", out_id, *base])
+        assert content.exit_code == 0 and len(content.output.splitlines()) == 3
+        listed = run.invoke(batches_cmd, ["list", *base])
+        assert bid in listed.output
+        bad = run.invoke(batches_cmd, ["create", "--input", str(tmp_path / "slow.jsonl"), "--window", "30m", *base])
+        assert bad.exit_code == 1 and "deadline_unmeetable" in bad.output and "HTTP 429" in bad.output
+    finally:
+        stop.set()
+        t.join(5)
