@@ -21,6 +21,7 @@ TS = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    op.add_column("asynch_task", sa.Column("payload_file_id", sa.String(40)))
     op.create_table(
         "asynch_files",
         sa.Column("id", sa.String(40), primary_key=True),
@@ -81,6 +82,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_column("asynch_task", "payload_file_id")
     op.drop_table("asynch_batch_items")
     op.drop_table("asynch_batches")
     op.drop_table("asynch_files")

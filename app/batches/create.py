@@ -29,7 +29,7 @@ from app.catalog.registry import enabled_model
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.contract import parse_json
-from app.errors import DomainError, ValidationFailed
+from app.errors import DomainError, NotFound, ValidationFailed
 from app.files import service as files
 from app.infra.db import transaction
 from app.infra.storage import StorageError, get_storage
@@ -73,7 +73,7 @@ def judge(tenant: str, body: BatchCreate) -> Judged:
                 out.error("too_many_lines", f"the input file has more than {s.batch_max_lines} lines "
                                             "(ASYNCH_BATCH_MAX_LINES)", number)
                 break
-            _judge_line(out, number, offset, length, raw_line, body.endpoint, seen, models)
+            _judge_line(out, number, offset, length, raw_line, body.endpoint, seen, models, tenant)
     except StorageError as exc:
         raise DomainError(f"input file unreadable: {exc}") from exc
     if not out.lines and not out.errors:
@@ -108,7 +108,7 @@ def _lines_with_lengths(chunks: Iterator[bytes], cap: int) -> Iterator[tuple[int
 
 
 def _judge_line(out: Judged, number: int, offset: int, length: int, raw: bytes | None, endpoint: str,
-                seen: set, models: dict) -> None:
+                seen: set, models: dict, tenant: str) -> None:
     if raw is None:
         return out.error("line_too_large", "the line is larger than ASYNCH_MAX_BODY_BYTES", number)
     try:
@@ -146,7 +146,16 @@ def _judge_line(out: Judged, number: int, offset: int, length: int, raw: bytes |
     if model is None:
         return out.error("model_not_found", f"The provided model '{name[:128]}' is not configured or is "
                                              "disabled.", number, "body.model")
-    if errs := payload_errors(model.form, body, "/body"):
+    if "payload_file_id" in req:  # the payload by reference: body names only the model
+        ref = req["payload_file_id"]
+        try:
+            if not isinstance(ref, str) or set(body) != {"model"}:
+                raise NotFound("")
+            files.get(tenant, ref)
+        except NotFound:
+            return out.error("invalid_request", "payload_file_id must be a file of yours, and the body then only "
+                                                "{\"model\": ...}", number, "payload_file_id")
+    elif errs := payload_errors(model.form, body, "/body"):
         return out.error("invalid_request", "; ".join(f"{e['pointer']} {e['message']}" for e in errs[:5]),
                          number, "body")
     out.lines.append((number, cid, name, offset, length))

@@ -122,8 +122,11 @@ def feed(batch) -> list[tuple[int, str, str]]:
                                for it in todo]
     for it, raw in lines:
         try:
-            payload = json.loads(raw)["body"]
+            req = json.loads(raw)
             values = {"idempotency_key": idempotency_key(batch.id, it.line_no), "deadline_seconds": remaining}
+            payload = req["body"]
+            if req.get("payload_file_id"):  # by reference (app/jobs/references.py)
+                payload, values["payload_file_id"] = {}, req["payload_file_id"]
             checked = submission.check(FACE, it.model_name, payload, values, lookups)
         except DomainError as exc:
             failures.append((it.line_no, "invalid_request", exc.message))

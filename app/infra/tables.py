@@ -110,6 +110,9 @@ tasks = Table(
     # The job's own webhook: a JSON POST on each terminal state whose bit is in webhook_events.
     Column("webhook_url", Text),
     Column("webhook_events", SmallInteger),
+    # The payload by reference (X-Payload-File, a batch line's payload_file_id): an uploaded file of the job's
+    # tenant whose bytes the worker streams to the upstream; request_payload is then {} (app/jobs/references.py).
+    Column("payload_file_id", String(40)),
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it.
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
           postgresql_where=text("idempotency_key IS NOT NULL")),

@@ -51,7 +51,7 @@ def new_submission(principal: Principal, sub: submission.Checked, want_estimate:
                     passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
                     idempotency_key=opts.idempotency_key, state=int(JobState.PENDING), attempt=0, retry_count=0,
                     created_at=now, enqueue_at=now, updated_at=now, deadline_at=job_deadline(model, now),
-                    priority=opts.priority, webhook_url=opts.webhook_url,
+                    priority=opts.priority, webhook_url=opts.webhook_url, payload_file_id=opts.payload_file_id,
                     caller_deadline_at=(now + timedelta(seconds=opts.deadline_seconds)
                                         if opts.deadline_seconds is not None else None),
                     webhook_events=(outbox_rows.bits_of(opts.webhook_events or outbox_rows.EVENTS)
