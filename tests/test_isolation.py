@@ -188,6 +188,7 @@ PUBLIC: dict[tuple[str, str], str] = {
     ("GET", "/console/submit"): "HTML shell", ("GET", "/console/jobs"): "HTML shell",
     ("GET", "/console/jobs/<job_id>"): "HTML shell: no job data; its script calls GET /v1/jobs/{id} with the key",
     ("GET", "/console/tenants"): "HTML shell", ("GET", "/console/workers"): "HTML shell",
+    ("GET", "/console/batches"): "HTML shell",
     ("GET", "/console/maintenance"): "HTML shell",
 }
 
