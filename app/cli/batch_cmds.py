@@ -34,7 +34,7 @@ def upload(c: Client, path: str, purpose: str, expires_after: int | None, quiet:
 
 @files.command("list", help="List your files, newest first.")
 @click.option("--purpose", help="Only files of this purpose.")
-@click.option("--limit", type=click.IntRange(1, 10000), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 10000), default=100, show_default=True, help="At most this many.")
 @client_command
 def list_files(c: Client, purpose: str | None, limit: int) -> None:
     _show(c.files(purpose, limit))
@@ -99,7 +99,7 @@ def show_batch(c: Client, batch_id: str) -> None:
 
 
 @batches.command("list", help="List your batches, newest first.")
-@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True, help="At most this many.")
 @click.option("--after", help="The last id of the previous page.")
 @client_command
 def list_batches(c: Client, limit: int, after: str | None) -> None:
