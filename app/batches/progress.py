@@ -38,7 +38,7 @@ from app.states import JobState
 
 log = logging.getLogger(__name__)
 
-COLLECT = 5000  # ended lines written per pass and batch
+COLLECT = 2000  # ended lines written per segment (a result is read, written and dropped one at a time)
 
 _OUTCOME = {JobState.DONE: "completed", JobState.CLAIMED: "completed", JobState.FAILED: "failed",
             JobState.TIMEOUT: "failed", JobState.EXPIRED: "expired", JobState.CANCELED: "cancelled"}
@@ -88,40 +88,47 @@ def _collect(batch, failures: list[tuple[int, str, str]], ending: str | None) ->
         )).all()) if failures else {}
     if not (ended or unadmitted or failures):
         return 0
-    outcomes: list[tuple[int, str]] = []
-    out, err = [], []
+    outcomes: dict[int, str] = {}
+    err: list[bytes] = []  # error lines are small; results are read one at a time, as the segment is written
+    done_lines = []
     for line in ended:
         outcome = _OUTCOME[JobState(line.state)]
         if outcome == "cancelled" and ending == "expired":
             outcome = "expired"
         if outcome == "completed":
-            try:
-                body = _result(line)
-            except StorageError as exc:
-                log.warning("batch %s line %d: result unreadable: %s", batch.id, line.line_no, exc)
-                outcome, msg = "failed", "the result is no longer available"
-                err.append(_error_line(batch.id, line.line_no, line.custom_id, line.id, "result_gone", msg))
-            else:
-                out.append((json.dumps({"id": _line_id(line.id, batch.id, line.line_no), "custom_id": line.custom_id,
-                                        "response": {"status_code": 200, "request_id": line.id, "body": body},
-                                        "error": None}, ensure_ascii=False) + "\n").encode())
+            done_lines.append(line)
         else:
             code, _, msg = (line.error or "").partition(": ")
             code = _CODE.get(outcome, code or outcome)
             err.append(_error_line(batch.id, line.line_no, line.custom_id, line.id, code, msg or outcome))
-        outcomes.append((line.line_no, outcome))
+        outcomes[line.line_no] = outcome
     for line in unadmitted:
         err.append(_error_line(batch.id, line.line_no, line.custom_id, None, _CODE[ending],
                                f"the batch was {ending} before this request ran"))
-        outcomes.append((line.line_no, ending))
+        outcomes[line.line_no] = ending
     for n, code, msg in failures:
         err.append(_error_line(batch.id, n, customs.get(n, ""), None, code, msg))
-        outcomes.append((n, "failed"))
+        outcomes[n] = "failed"
+
+    def output() -> Iterator[bytes]:
+        for line in done_lines:
+            try:
+                body = _result(line)
+            except StorageError as exc:
+                log.warning("batch %s line %d: result unreadable: %s", batch.id, line.line_no, exc)
+                outcomes[line.line_no] = "failed"
+                err.append(_error_line(batch.id, line.line_no, line.custom_id, line.id, "result_gone",
+                                       "the result is no longer available"))
+                continue
+            yield (json.dumps({"id": _line_id(line.id, batch.id, line.line_no), "custom_id": line.custom_id,
+                               "response": {"status_code": 200, "request_id": line.id, "body": body},
+                               "error": None}, ensure_ascii=False) + "\n").encode()
+
     seg = batch.segments
     storage = get_storage()
-    storage.put_stream(_segment_key(batch, seg, "out"), iter(out), "application/jsonl")
+    storage.put_stream(_segment_key(batch, seg, "out"), output(), "application/jsonl")
     storage.put_stream(_segment_key(batch, seg, "err"), iter(err), "application/jsonl")
-    done = sum(1 for _n, o in outcomes if o == "completed")
+    done = sum(1 for o in outcomes.values() if o == "completed")
     with transaction() as conn:
         moved = conn.execute(update(batches).where(batches.c.id == batch.id, batches.c.segments == seg).values(
             segments=seg + 1, completed=batches.c.completed + done,
@@ -131,7 +138,7 @@ def _collect(batch, failures: list[tuple[int, str, str]], ending: str | None) ->
         conn.execute(update(batch_items).where(
             batch_items.c.batch_id == batch.id, batch_items.c.line_no == bindparam("n"),
             batch_items.c.outcome.is_(None)).values(outcome=bindparam("o")),
-            [{"n": n, "o": o} for n, o in outcomes])
+            [{"n": n, "o": o} for n, o in outcomes.items()])
     return len(outcomes)
 
 
