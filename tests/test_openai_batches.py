@@ -256,3 +256,32 @@ def test_the_sdk_and_the_cli_run_a_batch(api_url, workers, make_model, user_key,
     finally:
         stop.set()
         t.join(5)
+
+
+def test_a_batch_survives_a_redis_and_broker_wipe(api_url, workers, make_model, user_key, r, model_server):
+    """Its state is in PostgreSQL: after the gate Redis and the broker are wiped mid-run, recovery requeues its
+    admitted jobs, the pass admits the rest, and every line ends once."""
+    from helpers import BROKER_DB, redis_db
+
+    from app.maintenance import passes as maintenance
+
+    make_model("echo", queue_limit=8, max_concurrency=2)
+    maintenance.repair_after_wipe()  # the deployment's epoch marks exist before the wipe
+    oa = client(api_url, user_key)
+    lines = [line(f"w{i}", hold="wipe" if i < 2 else None) for i in range(12)]
+    b = oa.batches.create(input_file_id=upload(oa, lines), endpoint=ENDPOINT, completion_window="24h")
+    wait_until(lambda: sum(1 for c in model_server.state.calls if c["payload"].get("hold")) == 2, timeout=30,
+               what="two lines held in flight")
+    r.flushdb()
+    redis_db(BROKER_DB).flushdb()
+    model_server.state.release("wipe")
+
+    def ended():
+        maintenance.recover()
+        progress.advance_all()
+        return oa.batches.retrieve(b.id).status == "completed"
+    wait_until(ended, timeout=120, interval=0.3, what="the batch completed after the wipe")
+    done = oa.batches.retrieve(b.id)
+    assert done.request_counts.completed == 12 and done.request_counts.failed == 0
+    assert sorted(json.loads(x)["custom_id"] for x in oa.files.content(done.output_file_id).text.splitlines()) \
+        == sorted(f"w{i}" for i in range(12))
