@@ -8,7 +8,7 @@ from flask import Blueprint, Response, request
 
 from app.config import get_settings
 from app.files import service as files
-from app.files.schemas import FileDeleted, FileList, FileListQuery, FileObject
+from app.files.schemas import EXPIRES_MAX, EXPIRES_MIN, PURPOSES, FileDeleted, FileList, FileListQuery, FileObject
 from app.web.auth import current_principal
 from app.web.contract import Ok, endpoint
 
@@ -18,12 +18,20 @@ _FILE = {"file_id": {"description": "file id (file-...)"}}
 FRAMING = 1024 * 1024  # room for the multipart boundaries and fields around the file
 
 
+_UPLOAD = {"type": "object", "required": ["file", "purpose"], "properties": {
+    "file": {"type": "string", "format": "binary", "description": "the bytes (streamed to storage)"},
+    "purpose": {"type": "string", "enum": list(PURPOSES)},
+    "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+    "expires_after[seconds]": {"type": "integer", "minimum": EXPIRES_MIN, "maximum": EXPIRES_MAX}}}
+
+
 @bp.post("/files")
 @endpoint("Upload a file", tag="files", errors=(400, 413, 422), ok=Ok(FileObject, "the stored file"),
+          body=_UPLOAD, body_media="multipart/form-data",
           description="multipart/form-data: `file` (the bytes) and `purpose` (batch, user_data, ...); optional "
                       "`expires_after[anchor]=created_at` and `expires_after[seconds]` (3600 to 2592000). "
                       "Streamed to storage as it arrives; larger than ASYNCH_FILES_MAX_BYTES: 413, nothing kept.")
-def upload_file():
+def upload_file(body=None):
     tenant = current_principal().tenant_id
     request.max_content_length = get_settings().files_max_bytes + FRAMING
     row = files.upload(tenant, request.stream, request.headers.get("Content-Type"))
