@@ -129,3 +129,21 @@ def test_s3_upload_is_a_multipart_upload_in_parts(api_url, user_key, settings, s
     with pytest.raises(openai.APIStatusError):
         oa.files.create(file=("big.bin", data), purpose="user_data")
     assert s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []  # the refused one was aborted
+
+
+def test_odd_multipart_bodies_are_4xx_never_500(api_url, user_key):
+    h = auth(user_key)
+    cases = [
+        ({"Content-Type": "multipart/form-data; boundary=xyz"}, b""),  # nothing at all
+        ({"Content-Type": "multipart/form-data; boundary=xyz"}, b"--xyz\r\nContent-Disposition: form-data; "
+                                                                 b'name="file"; filename="a"\r\n\r\nabc'),  # cut off
+        ({"Content-Type": "multipart/form-data"}, b"--xyz--\r\n"),  # no boundary
+        ({"Content-Type": "multipart/form-data; boundary=xyz"},
+         b'--xyz\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n' + b"p" * 70000 + b"\r\n--xyz--\r\n"),
+    ]
+    for headers, body in cases:
+        r = requests.post(f"{api_url}/v1/files", headers={**h, **headers}, data=body)
+        assert r.status_code in (400, 422), (r.status_code, r.text)
+    r = requests.post(f"{api_url}/v1/files", headers=h, files={"purpose": (None, "batch"),
+                                                               "file": ("a\x00b.jsonl", b"{}\n")})
+    assert r.status_code == 200 and r.json()["filename"] == "ab.jsonl"

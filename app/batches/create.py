@@ -135,7 +135,7 @@ def _judge_line(out: Judged, number: int, offset: int, length: int, raw: bytes |
     if not isinstance(body, dict):
         return out.error("invalid_request", "body must be a JSON object", number, "body")
     name = body.get("model")
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name or "\x00" in name:
         return out.error("missing_required_parameter", "body.model must name a model", number, "body.model")
     if name not in models:
         try:

@@ -79,7 +79,7 @@ def upload(tenant: str, stream: BinaryIO, content_type: str | None):
             if part.filename is None:
                 fields[part.name] = part.text()
             elif part.name == "file" and stored is None:
-                filename = part.filename or "upload"
+                filename = (part.filename or "").replace("\x00", "") or "upload"  # PostgreSQL text holds no NUL
                 stored = _put(storage, tenant, file_id, _capped(part.chunks, cap, size))
         _check(fields, stored)
         created = now()
