@@ -17,6 +17,9 @@ WINDOW = re.compile(r"^([1-9][0-9]{0,6})(m|h|d)$")
 WINDOW_UNIT = {"m": 60, "h": 3600, "d": 86400}
 WINDOW_MIN, WINDOW_MAX = 60, 30 * 86400
 WINDOW_TEXT = "a window like 24h, 30m, 2h or 7d (1 minute to 30 days)"
+# The same rule as a pattern (the OpenAPI document's): 1-43200 m, 1-720 h, 1-30 d.
+WINDOW_PATTERN = ("^(([1-9][0-9]{0,3}|[1-3][0-9]{4}|4[0-2][0-9]{3}|43200)m|([1-9][0-9]?|[1-6][0-9]{2}|7[01][0-9]|720)h"
+                  "|([1-9]|[12][0-9]|30)d)$")
 
 
 def window_seconds(window: str) -> int:
@@ -37,7 +40,7 @@ class BatchCreate(Shape):
     endpoint: Annotated[str, Field(pattern="^/v1/[A-Za-z0-9/_.-]{1,200}$", description=(
         "the path every line's url names: /v1/chat/completions, /v1/completions, /v1/embeddings, or any "
         "path the target models serve"))]
-    completion_window: str = Field(description=WINDOW_TEXT + "; refused up front (429) when the queue "
+    completion_window: str = Field(pattern=WINDOW_PATTERN, description=WINDOW_TEXT + "; refused up front (429) when the queue "
                                                "estimate cannot finish the batch within it")
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         None, description="up to 16 pairs (keys up to 64 characters, values up to 512)")

@@ -51,10 +51,10 @@ def _capped(chunks: Iterator[bytes], cap: int, counter: list[int]) -> Iterator[b
 
 def _expiry(fields: dict[str, str], created: datetime) -> datetime | None:
     anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
-    if anchor is None and seconds is None:
+    if seconds is None:  # no expiry (an anchor alone says nothing)
         return None
     errs = []
-    if anchor != "created_at":
+    if anchor not in (None, "created_at"):
         errs.append({"pointer": "/expires_after/anchor", "message": "must be created_at"})
     if not (seconds or "").strip().isdigit() or not EXPIRES_MIN <= int(seconds) <= EXPIRES_MAX:
         errs.append({"pointer": "/expires_after/seconds", "message": f"must be an integer from {EXPIRES_MIN} "
@@ -76,11 +76,11 @@ def upload(tenant: str, stream: BinaryIO, content_type: str | None):
     storage, cap = get_storage(), get_settings().files_max_bytes
     try:
         for part in parts(stream, boundary):
-            if part.filename is None:
-                fields[part.name] = part.text()
-            elif part.name == "file" and stored is None:
+            if part.name == "file" and stored is None:  # a file part (or a plain field named file)
                 filename = (part.filename or "").replace("\x00", "") or "upload"  # PostgreSQL text holds no NUL
                 stored = _put(storage, tenant, file_id, _capped(part.chunks, cap, size))
+            elif part.filename is None:
+                fields[part.name] = part.text()
         _check(fields, stored)
         created = now()
         expires = _expiry(fields, created)

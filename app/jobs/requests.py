@@ -63,7 +63,8 @@ class SubmitHeaders(CallerHeaders):
     webhook_events: _CommaList = _header(
         "X-Webhook-Events", WEBHOOK_EVENTS_HELP, max_length=64, pattern=WEBHOOK_EVENTS_PATTERN)
     deadline_seconds: carried(DeadlineSeconds | None, _HeaderNumber) = _header("X-Deadline", DEADLINE_HELP, max_length=32)
-    payload_file_id: str | None = _header("X-Payload-File", PAYLOAD_FILE_HELP, max_length=80)
+    payload_file_id: str | None = _header("X-Payload-File", PAYLOAD_FILE_HELP, max_length=80,
+                                          json_schema_extra={"pattern": "^file-[0-9a-f]{1,64}$"})
     prefer: str | None = _header("Prefer", "RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                        "with the terminal job if it ends within N s (sync mode)", max_length=1024)
 

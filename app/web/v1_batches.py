@@ -25,7 +25,8 @@ def create_batch(body: BatchCreate):
 
 
 @bp.get("/batches")
-@endpoint("List batches, newest first", tag="batches", query=BatchListQuery, ok=Ok(BatchList, "a page"))
+@endpoint("List batches, newest first", tag="batches", query=BatchListQuery, errors=(404,),
+          ok=Ok(BatchList, "a page (404: `after` names no batch of yours)"))
 def list_batches(query: BatchListQuery):
     rows, more = batches.list_batches(current_principal().tenant_id, query.after, query.limit)
     data = [batches.view(r) for r in rows]

@@ -39,7 +39,8 @@ def upload_file(body=None):
 
 
 @bp.get("/files")
-@endpoint("List files", tag="files", query=FileListQuery, ok=Ok(FileList, "a page, newest first by default"))
+@endpoint("List files", tag="files", query=FileListQuery, errors=(404,),
+          ok=Ok(FileList, "a page, newest first by default (404: `after` names no file of yours)"))
 def list_files(query: FileListQuery):
     rows, more = files.list_files(current_principal().tenant_id, query.purpose, query.after, query.limit,
                                   query.order)
