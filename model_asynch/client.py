@@ -361,12 +361,15 @@ def stream_headers(last: str | None) -> dict[str, str]:
     return {"Accept": "text/event-stream", **({"Last-Event-ID": last} if last is not None else {})}
 
 
+from model_asynch.batches import FilesAndBatches  # noqa: E402 (the blocking client's mixin)
+
+
 # --- the blocking client ---------------------------------------------------------------
 
 @driven(lambda op: lambda self, *a, **kw: self._drive(op(self, *a, **kw)))
-class Client(Api):
+class Client(FilesAndBatches, Api):
     """``Client("http://host:8000", "ak_...")``; every method raises an
-    ``AsynchError`` subclass for an error answer (after its retries)."""
+    ``AsynchError`` subclass for an error answer (after its retries).  Files and batches: model_asynch/batches.py."""
 
     def __init__(self, base_url: str, api_key: str, *, session: requests.Session | None = None, **kw: Any) -> None:
         super().__init__(base_url, api_key, **kw)

@@ -104,6 +104,20 @@ TENANT_SCOPED: dict[tuple[str, str], list[dict]] = {
         {"url": "/v1/tenants/tenant-a/state", "expect": 403, "owner": 200}],
     # The tenants a key may look at: a user key, its own only.
     ("GET", "/v1/tenants"): [{"url": "/v1/tenants", "expect": "own tenant only", "owner": "own tenant only"}],
+    # Files (OpenAI's Files API): A's file, its content, its deletion; B's list holds none of A's.
+    ("GET", "/v1/files/<file_id>"): [{"url": "/v1/files/{a_file}", "expect": 404, "owner": 200}],
+    ("GET", "/v1/files/<file_id>/content"): [{"url": "/v1/files/{a_file}/content", "expect": 404, "owner": 200}],
+    ("DELETE", "/v1/files/<file_id>"): [
+        {"method": "DELETE", "url": "/v1/files/{a_file}", "expect": 404, "owner": 200}],
+    ("GET", "/v1/files"): [{"url": "/v1/files", "expect": "no data", "owner": "my data"}],
+    # Batches: A's batch, its cancel; a batch over A's input file; B's list holds none of A's.
+    ("GET", "/v1/batches/<batch_id>"): [{"url": "/v1/batches/{a_batch}", "expect": 404, "owner": 200}],
+    ("POST", "/v1/batches/<batch_id>/cancel"): [
+        {"method": "POST", "url": "/v1/batches/{a_batch}/cancel", "expect": 404, "owner": 200}],
+    ("POST", "/v1/batches"): [
+        {"method": "POST", "url": "/v1/batches", "expect": 404, "owner": 200,
+         "json": {"input_file_id": "{a_file}", "endpoint": "/v1/chat/completions", "completion_window": "24h"}}],
+    ("GET", "/v1/batches"): [{"url": "/v1/batches", "expect": "no data", "owner": "my batch"}],
     # Seed 000's own routes (ASYNCH_SEED000_MODEL: the model they serve, set for these cases).
     ("GET", "/jobs/<job_id>"): [
         {"url": "/jobs/{pending}", "expect": 404, "owner": 200, "seed000": True},
@@ -161,6 +175,7 @@ GLOBAL: dict[tuple[str, str], str] = {
     ("GET", "/modelType/list"): "model types are global configuration",
     ("GET", "/v1/overview"): "per-model totals (queue depth, running) over all tenants, no job named",
     ("GET", "/v1/overview/series"): "no id; users' series count their own jobs only",
+    ("POST", "/v1/files"): "names nothing: an upload creates a file of the caller's own tenant",
 }
 
 # No key at all.
@@ -175,6 +190,7 @@ PUBLIC: dict[tuple[str, str], str] = {
     ("GET", "/console/submit"): "HTML shell", ("GET", "/console/jobs"): "HTML shell",
     ("GET", "/console/jobs/<job_id>"): "HTML shell: no job data; its script calls GET /v1/jobs/{id} with the key",
     ("GET", "/console/tenants"): "HTML shell", ("GET", "/console/workers"): "HTML shell",
+    ("GET", "/console/batches"): "HTML shell",
     ("GET", "/console/maintenance"): "HTML shell",
 }
 
@@ -264,9 +280,18 @@ def world(make_model, client):
                                                                          webhook_deliveries.c.kind == "webhook")
                                   .values(status="failed", attempts=3).returning(webhook_deliveries.c.id)).scalar_one()
     effects.run(row)  # the slot back, the deliveries' bell rung
+    from app.files import service as files_service
+
+    from app.batches import service as batch_service
+    from app.batches.schemas import BatchCreate
+
+    a_file = files_service.store(A, "a.jsonl", "batch", iter([b'{"a": 1}\n'])).id
+    a_batch = batch_service.create(A, BatchCreate(input_file_id=a_file, endpoint="/v1/chat/completions",
+                                                  completion_window="24h")).id  # failed: its line is no request
     assert client.get(f"/v1/tenants/{A}/callback-secret", headers=auth(key_a)).status_code == 200
     return {"admin": admin, "a": key_a, "b": key_b, "pending": pending, "done": done, "model": MODEL,
-            "a_key_id": a_key_id, "a_webhook": a_webhook, "a_delivery": a_delivery}
+            "a_key_id": a_key_id, "a_webhook": a_webhook, "a_delivery": a_delivery, "a_file": a_file,
+            "a_batch": a_batch}
 
 
 def snapshot(r, a_jobs: tuple[str, ...], exclude_tenant: str | None = None) -> dict:
@@ -333,13 +358,16 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
     if isinstance(expect, int):
         assert resp.status_code == expect, resp.get_data(as_text=True)
         # the same answer as for an id that never existed: nothing to tell A's ids apart by
-        never = _call(client, case, world, world["b"], pending=NEVER, done=NEVER)
+        never = _call(client, case, world, world["b"], pending=NEVER, done=NEVER, a_file="file-" + "0" * 24,
+                      a_batch="batch_" + "0" * 24)
         never.close()
         assert never.status_code == resp.status_code
         if route[1].startswith(("/task/", "/stat/")):
             assert body["code"] == expect and body["data"] is None  # the seed envelope's form
     elif expect == "empty":
         assert resp.status_code == 200 and body["jobs"] == []
+    elif expect == "no data":
+        assert resp.status_code == 200 and body["data"] == [], body
     elif expect == "own tenant only":
         assert resp.status_code == 200 and body == {"tenants": [B], "caller": B}, body
     elif expect == "new job":
@@ -367,6 +395,10 @@ def test_another_tenant_gets_not_found_and_changes_nothing(client, world, r, rou
     owner = case["owner"]
     if owner == "mine":
         assert own.status_code == 200 and {j["job_id"] for j in own.get_json()["jobs"]} == set(a_jobs)
+    elif owner == "my data":
+        assert own.status_code == 200 and [f["id"] for f in own.get_json()["data"]] == [world["a_file"]]
+    elif owner == "my batch":
+        assert own.status_code == 200 and [b["id"] for b in own.get_json()["data"]] == [world["a_batch"]]
     elif owner == "replay":
         got = own.get_json().get("job_id") or own.get_json()["data"]["task_id"]
         assert own.status_code in (200, 202) and got == world["pending"]

@@ -4,6 +4,7 @@ Periodic tasks take the ``fence`` their beat stamped them with
 (app/maintenance/periodic.py); called without one they simply run."""
 from __future__ import annotations
 
+from app.batches import progress as batch_progress
 from app.delivery import outbox
 from app.infra.celery_config import (DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, PULL_TASK, RUN_JOB_TASK,
                                      RUN_JOBS_TASK)
@@ -64,3 +65,4 @@ recover = _periodic("asynch.recover", "recover", maintenance.recover)
 cleanup = _periodic("asynch.cleanup", "cleanup", maintenance.cleanup)
 autotune_models = _periodic("asynch.autotune", "autotune", autotune.autotune)
 deliver_due = _periodic(DELIVER_DUE_TASK, "deliver", outbox.deliver_due)
+batches = _periodic("asynch.batches", "batches", batch_progress.advance_all)

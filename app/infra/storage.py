@@ -5,7 +5,8 @@ gone is fine; ``delete_many`` (one request per 1,000 objects on S3) answers what
 reason) instead of raising.  Backends: a local directory (default), S3, and the seed's OSS file service
 (``oss+http(s)://host:port/base``; only it uses ``put``'s ``context``: the job's headers to pass through).
 
-``stream`` raises ObjectMissing/StorageError before it returns (the caller can still answer 410/503), then yields
+``put_stream`` stores an iterator of chunks as it comes (a local temp file renamed at the end; an S3 multipart
+upload of PART-byte parts, aborted on any failure): the object is never whole in memory.  ``stream`` raises ObjectMissing/StorageError before it returns (the caller can still answer 410/503), then yields
 CHUNK-byte pieces, never the whole object.  ``presign`` (S3 only) gives a time-limited GET URL.  OSS downloads
 follow no redirects and stop at ASYNCH_MAX_RESULT_BYTES.
 """
@@ -37,6 +38,7 @@ class ObjectMissing(StorageError):
 
 
 CHUNK = 64 * 1024
+PART = 8 * 1024 * 1024  # an S3 multipart part (S3's least is 5 MiB but for the last)
 
 
 @contextmanager
@@ -59,6 +61,24 @@ class Storage:
 
     def presign(self, location: str, seconds: int) -> str | None:
         return None
+
+    def stream_from(self, location: str, offset: int) -> Iterator[bytes]:
+        """``stream`` from byte ``offset`` on (a batch reads its lines by offset)."""
+        def skipped(chunks: Iterator[bytes], left: int) -> Iterator[bytes]:
+            for chunk in chunks:
+                if left >= len(chunk):
+                    left -= len(chunk)
+                    continue
+                yield chunk[left:]
+                left = 0
+        return skipped(self.stream(location), offset)
+
+    def location_of(self, key: str) -> str:
+        """The location ``put``/``put_stream`` of ``key`` answers (without writing anything)."""
+        raise StorageError(f"{type(self).__name__} cannot name a location before it is written")
+
+    def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str) -> str:
+        raise StorageError(f"{type(self).__name__} takes no streamed upload")
 
     def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
         failed = {}
@@ -97,9 +117,35 @@ class LocalStorage(Storage):
             raise StorageError(str(exc)) from exc
         return "file:" + key
 
+    def location_of(self, key: str) -> str:
+        return "file:" + key
+
+    def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str) -> str:
+        p = self._path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+            os.replace(tmp, p)
+        except BaseException as exc:  # the chunks' own errors (a size limit) too: no half file stays
+            with suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise StorageError(str(exc)) from exc
+            raise
+        return "file:" + key
+
     def stream(self, location: str) -> Iterator[bytes]:
         with _failures(location, FileNotFoundError):
             f = self._path(location).open("rb")
+        return self._chunks(f)
+
+    def stream_from(self, location: str, offset: int) -> Iterator[bytes]:
+        with _failures(location, FileNotFoundError):
+            f = self._path(location).open("rb")
+            f.seek(offset)
         return self._chunks(f)
 
     @staticmethod
@@ -141,9 +187,52 @@ class S3Storage(Storage):
             self.client.put_object(Bucket=self.bucket, Key=full, Body=data, ContentType=content_type)
         return f"s3://{self.bucket}/{full}"
 
+    def location_of(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str) -> str:
+        full = self._key(key)
+        with _failures(key, (), "s3 upload failed: "):
+            upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type)
+        uid, parts, buf = upload["UploadId"], [], bytearray()
+
+        def send(data: bytes) -> None:
+            with _failures(key, (), "s3 upload failed: "):
+                n = len(parts) + 1
+                etag = self.client.upload_part(Bucket=self.bucket, Key=full, UploadId=uid, PartNumber=n,
+                                               Body=data)["ETag"]
+            parts.append({"ETag": etag, "PartNumber": n})
+
+        try:
+            for chunk in chunks:
+                buf += chunk
+                if len(buf) >= PART:
+                    send(bytes(buf[:PART]))
+                    del buf[:PART]
+            if not parts and not buf:  # nothing at all: an empty object, no multipart upload
+                with _failures(key, (), "s3 put failed: "):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=uid)
+                    self.client.put_object(Bucket=self.bucket, Key=full, Body=b"", ContentType=content_type)
+                return f"s3://{self.bucket}/{full}"
+            if buf:
+                send(bytes(buf))
+            with _failures(key, (), "s3 upload failed: "):
+                self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=uid,
+                                                      MultipartUpload={"Parts": parts})
+        except BaseException:
+            with suppress(Exception):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=uid)
+            raise
+        return f"s3://{self.bucket}/{full}"
+
     def stream(self, location: str) -> Iterator[bytes]:
         with _failures(location, self.client.exceptions.NoSuchKey, "s3 get failed: "):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(location))["Body"]
+        return self._chunks(body, location)
+
+    def stream_from(self, location: str, offset: int) -> Iterator[bytes]:
+        with _failures(location, self.client.exceptions.NoSuchKey, "s3 get failed: "):
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(location), Range=f"bytes={offset}-")["Body"]
         return self._chunks(body, location)
 
     @staticmethod

@@ -110,6 +110,9 @@ tasks = Table(
     # The job's own webhook: a JSON POST on each terminal state whose bit is in webhook_events.
     Column("webhook_url", Text),
     Column("webhook_events", SmallInteger),
+    # The payload by reference (X-Payload-File, a batch line's payload_file_id): an uploaded file of the job's
+    # tenant whose bytes the worker streams to the upstream; request_payload is then {} (app/jobs/references.py).
+    Column("payload_file_id", String(40)),
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it.
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
           postgresql_where=text("idempotency_key IS NOT NULL")),
@@ -272,4 +275,61 @@ autotune_log = Table(
     *_cols(Integer, "samples", "queued", "window_seconds", nullable=False),
     Column("created_at", TS, nullable=False),
     Index("ix_asynch_autotune_log_model_created", "model_name", "created_at"),
+)
+
+# Uploaded files (/v1/files, app/files/): the bytes are in storage at ``location``, never in a row.
+files = Table(
+    "asynch_files", metadata,
+    Column("id", String(40), primary_key=True),  # file-<hex>
+    Column("tenant_id", String(64), nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("purpose", String(32), nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("location", Text, nullable=False),
+    Column("created_at", TS, nullable=False),
+    Column("expires_at", TS),  # expires_after, honoured: gone (404) past it, its object deleted by the sweep
+    Index("ix_asynch_files_tenant_created", "tenant_id", "created_at", "id"),
+    _partial("ix_asynch_files_expires", ["expires_at"], "expires_at IS NOT NULL"),
+)
+
+# Batches (/v1/batches, app/batches/): OpenAI's batch object; its lines are asynch_batch_items.
+batches = Table(
+    "asynch_batches", metadata,
+    Column("id", String(40), primary_key=True),  # batch_<hex>
+    Column("tenant_id", String(64), nullable=False),
+    Column("endpoint", String(255), nullable=False),
+    Column("input_file_id", String(40), nullable=False),
+    Column("completion_window", String(16), nullable=False),
+    Column("status", String(16), nullable=False),  # OpenAI's names (app/batches/schemas.py)
+    Column("errors", JSONB()),  # validation: [{"code", "message", "param", "line"}]
+    Column("output_file_id", String(40)),
+    Column("error_file_id", String(40)),
+    Column("metadata", JSONB()),
+    Column("total", Integer, nullable=False, server_default="0"),
+    Column("completed", Integer, nullable=False, server_default="0"),
+    Column("failed", Integer, nullable=False, server_default="0"),
+    Column("admitted", Integer, nullable=False, server_default="0"),  # lines admitted as jobs so far
+    Column("segments", Integer, nullable=False, server_default="0"),  # output pieces written (batches/<id>/seg-N)
+    Column("ending", String(16)),  # set once: the final status the batch is heading to (expired / cancelled)
+    Column("created_at", TS, nullable=False),
+    Column("expires_at", TS, nullable=False),  # created_at + the completion window: every line's deadline
+    *_cols(TS, "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
+           "cancelled_at"),
+    Column("updated_at", TS, nullable=False),
+    Index("ix_asynch_batches_tenant_created", "tenant_id", "created_at", "id"),
+    _partial("ix_asynch_batches_open", ["updated_at"], "status IN ('in_progress', 'cancelling', 'finalizing')"),
+)
+
+batch_items = Table(
+    "asynch_batch_items", metadata,
+    Column("batch_id", String(40), ForeignKey("asynch_batches.id", ondelete="CASCADE"), primary_key=True),
+    Column("line_no", Integer, primary_key=True),  # 1-based, as OpenAI's errors count lines
+    Column("custom_id", Text, nullable=False),
+    Column("model_name", String(128), nullable=False),
+    Column("byte_offset", BigInteger, nullable=False),  # the line in the input file: its body is read from there
+    Column("byte_len", Integer, nullable=False),
+    Column("job_id", String(40)),  # NULL: not admitted yet
+    Column("outcome", String(16)),  # NULL until written to the output: completed / failed / expired / cancelled
+    _partial("ix_asynch_batch_items_unadmitted", ["batch_id", "line_no"], "job_id IS NULL AND outcome IS NULL"),
+    _partial("ix_asynch_batch_items_open", ["batch_id", "line_no"], "job_id IS NOT NULL AND outcome IS NULL"),
 )

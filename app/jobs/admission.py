@@ -233,9 +233,10 @@ def release_slot(model: str, tenant: str, job_id: str) -> None:
 _COLUMNS = ("id", "tenant_id", "creator", "model_name", "biz_name", "callback_url", "model_key", "request_payload",
             "request_hash", "passthrough_headers", "idempotency_key", "state", "attempt", "retry_count", "created_at",
             "enqueue_at", "updated_at", "deadline_at", "priority", "webhook_url", "webhook_events",
-            "caller_deadline_at")
+            "caller_deadline_at", "payload_file_id")
 # Columns a submission may leave out (the table's server defaults).
-_DEFAULTS = {"priority": 5, "webhook_url": None, "webhook_events": None, "caller_deadline_at": None}
+_DEFAULTS = {"priority": 5, "webhook_url": None, "webhook_events": None, "caller_deadline_at": None,
+             "payload_file_id": None}
 
 
 def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from app.infra.db import atomic_statement, single_statement
 from app.infra.http.model_client import ModelCallError, call_model
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
-from app.jobs import calls, dispatch, effects, outcomes, output, stats
+from app.jobs import calls, dispatch, effects, outcomes, output, references, stats
 from app.jobs.dispatch import CURRENT
 from app.states import JobState, job_error
 
@@ -185,7 +185,7 @@ def call(a: Attempt) -> Outcome:
             with calls.running(row.id, mine) as abort:
                 resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
                                   head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key,
-                                  payload=json.loads(row.request_payload),
+                                  **references.call_input(row),
                                   timeout_seconds=timeout, max_bytes=settings.max_result_bytes,
                                   job=(row.id, mine), model_key_headers=model.model_key_headers, abort=abort,
                                   stream=None if live is None else lambda ctype: live.piece if live.start(ctype) else None)

@@ -15,7 +15,8 @@ from app.config import get_settings
 from app.contract import NO_NUL, Int, Loose, Params, Shape, Text, rule
 from app.infra.http.headers import HEADER_SPEC_PATTERN
 from app.jobs.schemas import V1State
-from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, WEBHOOK_EVENTS_HELP, WEBHOOK_EVENTS_PATTERN,
+from app.jobs.submission import (DEADLINE_HELP, HEADER_SPEC_HELP, PAYLOAD_FILE_HELP, WEBHOOK_EVENTS_HELP,
+                                  WEBHOOK_EVENTS_PATTERN,
                                   BizName, Creator, DeadlineSeconds, IdempotencyKey, Priority, WebhookEvents, carried)
 
 # The options and their rule are app/jobs/submission.py's; these shapes only say how each face's
@@ -62,6 +63,8 @@ class SubmitHeaders(CallerHeaders):
     webhook_events: _CommaList = _header(
         "X-Webhook-Events", WEBHOOK_EVENTS_HELP, max_length=64, pattern=WEBHOOK_EVENTS_PATTERN)
     deadline_seconds: carried(DeadlineSeconds | None, _HeaderNumber) = _header("X-Deadline", DEADLINE_HELP, max_length=32)
+    payload_file_id: str | None = _header("X-Payload-File", PAYLOAD_FILE_HELP, max_length=80,
+                                          json_schema_extra={"pattern": "^file-[0-9a-f]{1,64}$"})
     prefer: str | None = _header("Prefer", "RFC 7240; `wait=N` (seconds, capped by ASYNCH_WAIT_MAX_MS): answer 200 "
                                        "with the terminal job if it ends within N s (sync mode)", max_length=1024)
 

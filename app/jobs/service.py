@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import secrets
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from typing import Any, Callable, Iterator
 
@@ -42,7 +39,7 @@ from app import transitions
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.errors import Conflict, DomainError, Gone, NotFound, TooManyWaiters, Unavailable, ValidationFailed
-from app.infra import metrics, delivery_rows
+from app.infra import metrics
 from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import Lookups
@@ -51,6 +48,7 @@ from app.infra.tables import read_at, tasks
 from app.jobs import admission, effects, estimates, submission
 from app.jobs.requests import JobListQuery
 from app.jobs.seed_schemas import SeedTask
+from app.jobs.newjob import job_deadline, new_job_id, new_submission, retry_after_seconds  # noqa: F401 (re-exported)
 from app.jobs.submission import SubmitOptions
 from app.states import RESULT_STATES, JobState, is_terminal, parse_v1_filter, v1_name
 from app.tenancy import limits
@@ -76,29 +74,11 @@ def waiter_cap(principal: Principal) -> int:
     return own if own is not None else get_settings().waiters_per_tenant
 
 
-def new_job_id() -> str:
-    return "job_" + secrets.token_hex(12)
-
-
 @dataclass(frozen=True)
 class Submitted:
     row: Row
     replayed: bool
     estimate: estimates.Estimate | None = None  # where the job stood in line when admitted
-
-
-def retry_after_seconds(model_row) -> int:
-    """A full queue's Retry-After from the configuration alone (one job's turn at the model's concurrency):
-    only when the estimator cannot say; app/jobs/estimates.py ``retry_after`` caps it."""
-    return max(1, math.ceil(model_row.expected_seconds / max(1, model_row.max_concurrency)))
-
-
-def job_deadline(model_row, created):
-    """The job's whole budget: every allowed attempt at its full model timeout
-    plus lease grace, plus the queue allowance.  Past it: timeout."""
-    s = get_settings()
-    return created + timedelta(seconds=(model_row.retry_times + 1) * (model_row.timeout_seconds + s.lease_grace_seconds)
-                               + s.job_queue_budget_seconds)
 
 
 def find_idempotent(tenant_id: str, keys: set[str]) -> dict[str, Row]:
@@ -151,28 +131,6 @@ def _submit(principal: Principal, sub: submission.Checked, face: submission.Face
             # Lost a race with the same key: answer with the winner's job.
             existing = find_idempotent(principal.tenant_id, {key}).get(key)
     return replay(existing, sub.model.model_name, sub.digest, face)
-
-
-def new_submission(principal: Principal, sub: submission.Checked, want_estimate: bool = True) -> admission.Submission:
-    """The row and gate step of a judged submission (app/jobs/admission.py); ``want_estimate``:
-    its place in line is asked for (a job with a deadline is estimated anyway)."""
-    model, payload, opts, digest = sub.model, sub.payload, sub.options, sub.digest
-    now = clock_now()
-    return admission.Submission(
-        values=dict(id=new_job_id(), tenant_id=principal.tenant_id, creator=opts.creator, model_name=model.model_name,
-                    biz_name=opts.biz_name, callback_url=opts.callback_url, model_key=opts.model_key,
-                    request_payload=json.dumps(payload, ensure_ascii=False), request_hash=digest,
-                    passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
-                    idempotency_key=opts.idempotency_key, state=int(JobState.PENDING), attempt=0, retry_count=0,
-                    created_at=now, enqueue_at=now, updated_at=now, deadline_at=job_deadline(model, now),
-                    priority=opts.priority, webhook_url=opts.webhook_url,
-                    caller_deadline_at=(now + timedelta(seconds=opts.deadline_seconds)
-                                        if opts.deadline_seconds is not None else None),
-                    webhook_events=(delivery_rows.bits_of(opts.webhook_events or delivery_rows.EVENTS)
-                                    if opts.webhook_url else None)),
-        queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
-        retry_after=retry_after_seconds(model), max_completed=getattr(model, "max_completed", 0) or 0,
-        model_row=model, want_estimate=want_estimate)
 
 
 def scoped(q, tenant: str | None, model_name: str | None = None):

@@ -33,6 +33,7 @@ from app.errors import BadRequest, ValidationFailed
 from app.infra import secretbox
 from app.infra.http.headers import HEADER_SPEC_PATTERN, HEADER_SPEC_TEXT, override_problem, parse_header_spec
 from app.infra.http.netguard import Lookups, callback_url_problem
+from app.jobs import references
 
 _NO_CONTROL = "^[^\\x00-\\x1f\\x7f]*$"
 HEADER_SPEC_HELP = ("K:V,K2:V2 headers for this job only (secret): names are HTTP tokens, values have no "
@@ -53,6 +54,10 @@ WebhookEvents = Annotated[list[WebhookEvent], Field(min_length=1)]
 Priority = Int(0, 9)  # a JSON integer: true and "7" are not (a header's text is read by its face)
 DEADLINE_HELP = ("seconds from now (0 < s <= 2592000) by which the job must be done: refused at submit (429 "
                  "deadline_unmeetable) when the queue estimate ends later; still pending past it, it ends expired")
+
+
+PAYLOAD_FILE_HELP = ("an uploaded file of yours (POST /v1/files) whose bytes are the payload, streamed to the model "
+                     "as its JSON body; the body must then be {} and the model's form is not applied")
 
 
 def json_number(v: Any) -> Any:
@@ -106,6 +111,9 @@ class SubmitOptions(Shape):
     # queue's estimate at admission (app/jobs/estimates.py), kept as
     # caller_deadline_at.
     deadline_seconds: DeadlineSeconds | None = Field(None, description=DEADLINE_HELP)
+    # The payload by reference (docs/api.md, "Payload by reference"): an uploaded file of the tenant's.
+    payload_file_id: Annotated[str, pattern("^file-[0-9a-f]{1,64}$", "a file id (file-...)")] | None = Field(
+        None, description=PAYLOAD_FILE_HELP)
 
 
 def given(*shapes: BaseModel, **values: Any) -> dict:
@@ -131,7 +139,8 @@ def _named(**own: str) -> Callable[[str], str]:
     return lambda option: own.get(option) or "/" + to_camel(option)
 
 
-V1 = Face(_named(idempotency_key="/Idempotency-Key", deadline_seconds="/X-Deadline"))
+V1 = Face(_named(idempotency_key="/Idempotency-Key", deadline_seconds="/X-Deadline",
+                 payload_file_id="/X-Payload-File"))
 SEED = Face(_named(idempotency_key="/Idempotency-Key", deadline_seconds="/deadline"), "/requestPayload")
 
 
@@ -143,6 +152,8 @@ def request_hash(model: str, payload: Any, opts: SubmitOptions) -> str:
     parts = [model, payload, opts.biz_name, opts.callback_url, opts.model_key]
     if opts.webhook_url is not None:  # jobs without one hash as before
         parts += [opts.webhook_url, sorted(opts.webhook_events or [])]
+    if opts.payload_file_id is not None:
+        parts += [opts.payload_file_id]
     canon = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canon.encode()).hexdigest()
 
@@ -194,5 +205,8 @@ def check(face: Face, model_name: str, payload: Any, values: SubmitOptions | dic
                                    getattr(model, "model_key_headers", ""))
         if problem:
             raise _refused(face, "model_key", problem)
-    validate_payload(model.form, payload, face.payload)
+    if opts.payload_file_id is not None:
+        references.check(face.pointer("payload_file_id"), opts.payload_file_id, payload, lookups.tenant)
+    else:
+        validate_payload(model.form, payload, face.payload)
     return Checked(model, payload, opts, request_hash(model_name, payload, opts))

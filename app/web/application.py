@@ -12,7 +12,8 @@ from flask import Flask, g, request
 from app.config import Settings, get_settings, set_settings
 from app.infra.logs import bind, configure_logging, reset
 from app.infra.wakeups import hub
-from app.web import contract, errors, metrics, openapi, ratelimit, seed, seed000, v1_admin, v1_business, v1_jobs
+from app.web import (contract, errors, metrics, openapi, ratelimit, seed, seed000, v1_admin, v1_batches, v1_business,
+                     v1_files, v1_jobs)
 from app.web.console import bp as console_bp
 
 
@@ -52,7 +53,8 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     contract.register_nul_guard(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address
-    for bp in (metrics.bp, v1_jobs.bp, v1_admin.bp, v1_business.bp, seed.bp, seed000.bp, openapi.bp, console_bp):
+    for bp in (metrics.bp, v1_jobs.bp, v1_admin.bp, v1_business.bp, v1_files.bp, v1_batches.bp, seed.bp, seed000.bp,
+               openapi.bp, console_bp):
         flask_app.register_blueprint(bp)
 
     # The per-process listener (wake-ups, cache invalidations): started here

@@ -61,6 +61,8 @@ class Endpoint:
     headers: type[BaseModel] | None = None
     body: type[BaseModel] | dict | None = None
     body_required: bool = True
+    # Another media type (multipart/form-data: /v1/files) is only documented; the view reads its own body.
+    body_media: str = "application/json"
     # JSON pointers under which a body may hold NUL (a job's payload is data).
     nul_allowed: tuple[str, ...] = ()
     path: dict[str, dict] = field(default_factory=dict)  # {name: {"description", "schema"}}
@@ -87,7 +89,7 @@ def endpoint(summary: str, *, tag: str, ok: dict[int, Ok] | Ok | None = None, **
                 names = [info.alias or name for name, info in spec.headers.model_fields.items()]
                 given = {n: request.headers[n] for n in names if n in request.headers}
                 extra["headers"] = parse(spec.headers, given, face="seed", message="invalid headers")
-            if spec.body is not None:
+            if spec.body is not None and spec.body_media == "application/json":
                 extra["body"] = _body(spec)
             return _answer(spec, view(**path_args, **extra))
 

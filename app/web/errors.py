@@ -73,7 +73,7 @@ def register(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
         if isinstance(exc, RequestEntityTooLarge):
-            return _json(413, {"error": f"request body too large (max {get_settings().max_body_bytes} bytes)"})
+            return _json(413, {"error": f"request body too large (max {request.max_content_length or get_settings().max_body_bytes} bytes)"})
         allow = {"Allow": ", ".join(sorted(exc.valid_methods or []))} if isinstance(exc, MethodNotAllowed) else {}
         return _json(exc.code or 500, {"error": exc.name.lower()}, allow)
 

@@ -190,7 +190,7 @@ def _operation(rule, spec: Endpoint, shapes: _Shapes, fixed: set[str]) -> dict:
         if isinstance(spec.body, type):
             codes.add(422)
             schema = shapes.ref(spec.body, spec.face, "validation")
-        op["requestBody"] = {"required": spec.body_required, "content": {"application/json": {"schema": schema}}}
+        op["requestBody"] = {"required": spec.body_required, "content": {spec.body_media: {"schema": schema}}}
     for status, ok in sorted(spec.ok.items()):
         op["responses"][str(status)] = _response(ok, spec.face, shapes)
     prefix = "Seed" if spec.face == "seed" else ""

@@ -300,6 +300,16 @@ class _Pool(threading.local):
 _pool = PerProcess(_Pool)  # a forked child forgets its parent's sockets (they are the parent's) unclosed
 
 
+class StreamBody:
+    """A request body sent as it is read: ``length`` bytes from ``chunks`` (a stored payload, streamed)."""
+
+    def __init__(self, length: int, chunks) -> None:
+        self.length, self.chunks = length, chunks
+
+    def __len__(self) -> int:
+        return self.length
+
+
 def _header_list(t: _Target, headers: Mapping[str, str] | Iterable[tuple[str, str]], body: bytes | None,
                  content_type: str | None, keep_alive: bool) -> list[tuple[bytes, bytes]]:
     given = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
@@ -368,9 +378,15 @@ def request(method: str, url: str, *, timeout: float, max_bytes: int,
 def _exchange(conn: _Conn, req: h11.Request, body: bytes | None, clock: _Clock, max_bytes: int,
               truncate: bool, on_body=None) -> Response:
     try:
-        data = conn.h11.send(req) + (conn.h11.send(h11.Data(data=body)) if body else b"") \
-            + conn.h11.send(h11.EndOfMessage())
-        conn.send_all(data, clock)
+        if isinstance(body, StreamBody):  # sent as it is read
+            conn.send_all(conn.h11.send(req), clock)
+            for chunk in body.chunks:
+                conn.send_all(conn.h11.send(h11.Data(data=chunk)), clock)
+            conn.send_all(conn.h11.send(h11.EndOfMessage()), clock)
+        else:
+            data = conn.h11.send(req) + (conn.h11.send(h11.Data(data=body)) if body else b"") \
+                + conn.h11.send(h11.EndOfMessage())
+            conn.send_all(data, clock)
         ev = conn.next_event(clock)
         while isinstance(ev, h11.InformationalResponse):  # 100 Continue and friends
             ev = conn.next_event(clock)

@@ -74,7 +74,8 @@ class ModelResponse:
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
                job: tuple[str, int] | None = None, model_key_headers: str = "",
-               abort: deadline.Abort | None = None, stream=None) -> ModelResponse:
+               abort: deadline.Abort | None = None, body: deadline.StreamBody | None = None,
+               stream=None) -> ModelResponse:
     """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt so a model (or a proxy) can
     deduplicate: an attempt calls it at most once. ``model_key_headers``: the names ``model_key`` may set.
     ``abort``: ends the call from another thread (app/jobs/calls.py): ModelCallError ``stopped``.  ``stream``:
@@ -92,6 +93,9 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
     kw: dict = {"json": payload} if method != "GET" else {"params": {  # booleans, objects and arrays as JSON
         k: json.dumps(v, separators=(",", ":"), ensure_ascii=False) if isinstance(v, (bool, dict, list)) else str(v)
         for k, v in payload.items() if v is not None}}
+    if body is not None:  # a payload by reference (app/jobs/references.py): the file's bytes as the JSON body
+        kw = {"body": body}
+        headers = merge_headers({"Content-Type": "application/json"}, headers)
     url = base_url.rstrip("/") + "/" + route.lstrip("/") if route else base_url
     try:
         resp = deadline.request(method, url, headers=headers, timeout=timeout_seconds,

@@ -44,6 +44,7 @@ _PAGES = (
     ("submit", "/submit", "Submit a job", "Console: submit a job from the model's form"),
     ("jobs", "/jobs", "Jobs", "Console: jobs, filtered by model, state, tenant and time"),
     ("job", "/jobs/<job_id>", "Job", "Console: a job, its timeline and its result"),
+    ("batches", "/batches", "Batches", "Console: the tenant's batches, their progress, counts and files"),
     ("tenants", "/tenants", "Tenants", "Console: a tenant's usage per day, queue share in use and rate-limit state"),
     ("workers", "/workers", "Workers", "Console: the workers, their liveness, heartbeat age and running jobs (admins)"),
     ("maintenance", "/maintenance", "Maintenance",

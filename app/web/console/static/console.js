@@ -838,6 +838,54 @@ pages.workers = async () => {
   }, { onOpen: () => liveStatus("Live: following job events."), onFail: () => true });
 };
 
+// --- batches ----------------------------------------------------------------------------------
+
+async function downloadFile(fileId, name) {
+  const resp = await fetch(`/v1/files/${encodeURIComponent(fileId)}/content`,
+                           { headers: { Authorization: "Bearer " + sessionStorage.getItem(KEY) }, credentials: "omit" });
+  if (resp.status !== 200) { flash(`download: HTTP ${resp.status}`); return; }
+  const a = el("a", { href: URL.createObjectURL(await resp.blob()), download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+}
+
+function fileButton(fileId, label, cls) {
+  if (!fileId) return null;
+  const b = el("button", { type: "button", class: "link " + cls, "data-file": fileId }, label);
+  b.addEventListener("click", () => downloadFile(fileId, `${fileId}.jsonl`));
+  return b;
+}
+
+pages.batches = async () => {
+  const load = async () => {
+    const r = await api("GET", "/v1/batches?limit=100");
+    if (r.status !== 200) { flash(r.data.error); return false; }
+    $("#batches-table tbody").replaceChildren(...r.data.data.map((b) => {
+      const c = b.request_counts, doneN = c.completed + c.failed;
+      const pct = c.total ? Math.floor((100 * doneN) / c.total) : 0;
+      return el("tr", { "data-batch": b.id },
+        el("td", {}, b.id, b.metadata ? el("div", { class: "hint" }, Object.entries(b.metadata).map(([k, v]) => `${k}=${v}`).join(", ")) : null),
+        el("td", { class: "status" }, b.status,
+           b.errors ? el("ul", { class: "plain errors" }, b.errors.data.slice(0, 5).map((e) =>
+             el("li", { class: "error" }, `line ${e.line ?? "-"}: ${e.code}: ${e.message}`))) : null),
+        el("td", { class: "progress" }, el("progress", { max: String(c.total || 1), value: String(doneN),
+                                                         "aria-label": `${b.id} progress` }), ` ${doneN} / ${c.total} (${pct}%)`),
+        el("td", { class: "completed" }, String(c.completed)),
+        el("td", { class: "failed" }, String(c.failed)),
+        el("td", {}, b.completion_window, el("div", { class: "hint" }, "ends " + unixTime(b.expires_at))),
+        el("td", {}, unixTime(b.created_at)),
+        el("td", { class: "files" }, fileButton(b.output_file_id, "Output", "output"), " ",
+           fileButton(b.error_file_id, "Errors", "errors")));
+    }));
+    return true;
+  };
+  if (await load()) {
+    liveStatus("Live: refreshed every 3 s.");
+    setInterval(load, 3000);
+  }
+};
+
 // --- maintenance ------------------------------------------------------------------------------
 
 const unixTime = (t) => (t ? new Date(t * 1000).toLocaleString() : "");
