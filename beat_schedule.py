@@ -23,4 +23,5 @@ def build_schedule(s: Settings) -> dict:
         "cleanup": entry("asynch.cleanup", s.beat_cleanup_seconds),
         "autotune": entry("asynch.autotune", s.beat_autotune_seconds),
         "deliver": entry("asynch.deliver_due", s.beat_deliveries_seconds),
+        **({"verify": entry("asynch.verify", s.beat_verify_seconds)} if s.beat_verify_seconds > 0 else {}),
     }

@@ -8,7 +8,7 @@ from app.delivery import outbox
 from app.infra.celery_config import (DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, PULL_TASK, RUN_JOB_TASK,
                                      RUN_JOBS_TASK)
 from app.jobs import dispatch, execution, slots
-from app.maintenance import autotune, passes as maintenance
+from app.maintenance import autotune, passes as maintenance, verify
 from app.maintenance.periodic import run_periodic
 from workers import heartbeat
 from workers.celery_app import celery, shutting_down
@@ -64,3 +64,4 @@ recover = _periodic("asynch.recover", "recover", maintenance.recover)
 cleanup = _periodic("asynch.cleanup", "cleanup", maintenance.cleanup)
 autotune_models = _periodic("asynch.autotune", "autotune", autotune.autotune)
 deliver_due = _periodic(DELIVER_DUE_TASK, "deliver", outbox.deliver_due)
+verify_ledger = _periodic("asynch.verify", "verify", verify.run_sampled)

@@ -60,6 +60,14 @@ class Storage:
     def presign(self, location: str, seconds: int) -> str | None:
         return None
 
+    def exists(self, location: str) -> bool:
+        """Whether the object is there (ObjectMissing: no; another failure raises StorageError)."""
+        try:
+            self.stream(location).close()
+        except ObjectMissing:
+            return False
+        return True
+
     def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
         failed = {}
         for loc in locations:
@@ -112,6 +120,9 @@ class LocalStorage(Storage):
         with suppress(FileNotFoundError):
             self._path(location).unlink()
 
+    def exists(self, location: str) -> bool:
+        return self._path(location).is_file()
+
 
 class S3Storage(Storage):
     """An S3 bucket (or MinIO, or moto) with an optional key prefix."""
@@ -158,6 +169,17 @@ class S3Storage(Storage):
         with _failures(location, (), "s3 presign failed: "):
             return self.client.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": self._key(location)}, ExpiresIn=seconds)
+
+    def exists(self, location: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(location))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise StorageError(f"s3 head failed: {exc}") from exc
+        return True
 
     def delete(self, location: str) -> None:
         with _failures(location, (), "s3 delete failed: "):  # DeleteObject succeeds for a missing key
