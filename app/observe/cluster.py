@@ -35,6 +35,7 @@ from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
 from app.infra.redis import dispatch as rd, gate, ledger, liveness
 from app.infra.tables import models
+from app.jobs import waiting
 from app.observe.live import job_counts, model_live, oldest_pending, row_counts
 from app.states import TERMINAL_STATES, JobState
 
@@ -83,10 +84,11 @@ class ClusterCollector:
                         for m in live}
             weights = rd.weights()
             violations, _ = ledger.last_counts()
+            waits = {m["model_name"]: waiting.counts(m["model_name"]) for m in live}
             redis_up = True
         except Exception as exc:
             log.warning("metrics: redis unavailable: %s", exc)
-            live, workers, fairness, weights, violations = [], None, {}, {}, {}
+            live, workers, fairness, weights, violations, waits = [], None, {}, {}, {}, {}
             active, redis_up = None, False
         if counts is not None:
             try:
@@ -125,6 +127,11 @@ class ClusterCollector:
                      (([m], max(0.0, time.time() - rang) if rang else 0.0) for m, (_, rang) in sorted(fairness.items())))
         yield _gauge("asynch_tenant_weight", "a tenant's dispatch weight (tenants not listed: 1)", ["tenant"],
                      (([t], w) for t, w in sorted(weights.items())))
+        yield _gauge("asynch_jobs_waiting", "waiting jobs by what holds them now (docs/api.md, Why a job waits): "
+                     "pending ones the dispatcher holds by rule, retry_wait as retry_backoff", ["model", "reason"],
+                     (([m, r], n) for m, per in sorted(waits.items())
+                      for r, n in sorted({**per, "retry_backoff": counts.get((m, "retry_wait"), 0) if counts else 0}
+                                         .items())))
         yield _gauge("asynch_ledger_violations", "broken guarantees the last ledger self-check found, by check "
                      "(beat's sampled `asynch.verify`, or `asynch verify --record`; absent before the first run)",
                      ["check"], (([c], n) for c, n in sorted(violations.items())))
