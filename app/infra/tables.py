@@ -110,6 +110,9 @@ tasks = Table(
     # The job's own webhook: a JSON POST on each terminal state whose bit is in webhook_events.
     Column("webhook_url", Text),
     Column("webhook_events", SmallInteger),
+    # The job's W3C trace context (revision 0027, app/infra/tracing.py): what its spans join and its calls send.
+    Column("traceparent", String(55)),
+    Column("tracestate", String(512)),
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it.
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
           postgresql_where=text("idempotency_key IS NOT NULL")),
