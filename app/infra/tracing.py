@@ -105,10 +105,15 @@ def _tracer():
 
 # --- contexts --------------------------------------------------------------------------------------------------
 
-def accept(traceparent: str | None, tracestate: str | None) -> None:
-    """A request's trace headers (or none: ``None``), for the jobs it submits."""
+def accept(traceparent: str | None, tracestate: str | None):
+    """A request's trace headers (or none: ``None``), for the jobs it submits; the token ``forget`` takes at
+    the request's end (a thread serves many requests: one's context must not reach the next's jobs)."""
     tp = valid_traceparent(traceparent) if traceparent else None
-    _incoming.set((tp, (tracestate or "").strip()[:512] or None) if tp else None)
+    return _incoming.set((tp, (tracestate or "").strip()[:512] or None) if tp else None)
+
+
+def forget(token) -> None:
+    _incoming.reset(token)
 
 
 def _context(traceparent: str | None, tracestate: str | None):

@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         g._log_token = bind(model=va.get("model") or va.get("name"), job_id=va.get("job_id"))
         g._t0 = time.monotonic()
         # A submission's W3C trace context, for the jobs it makes (every face: app/infra/tracing.py).
-        tracing.accept(request.headers.get("traceparent"), request.headers.get("tracestate"))
+        g._trace_token = tracing.accept(request.headers.get("traceparent"), request.headers.get("tracestate"))
 
     @flask_app.after_request
     def _nosniff_and_log(resp):
@@ -52,6 +52,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     def _log_end(_exc):
         if (token := g.pop("_log_token", None)) is not None:
             reset(token)
+        if (token := g.pop("_trace_token", None)) is not None:
+            tracing.forget(token)
 
     contract.register_nul_guard(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address
