@@ -80,7 +80,8 @@ def _provider():
 
 
 _on: PerProcess[list[bool]] = PerProcess(lambda: [_env_enabled()])
-_sdk: PerProcess[Any] = PerProcess(_provider, on_reset=lambda p: p.shutdown())
+_sdk: PerProcess[Any] = PerProcess(lambda: (p := _provider(), p.get_tracer("model-asynch")),
+                                   on_reset=lambda pt: pt[0].shutdown())
 
 
 def enabled() -> bool:
@@ -94,13 +95,13 @@ def reset() -> None:
 
 
 def flush(timeout_ms: int = 5000) -> None:
-    p = _sdk.peek()
-    if p is not None:
-        p.force_flush(timeout_ms)
+    pt = _sdk.peek()
+    if pt is not None:
+        pt[0].force_flush(timeout_ms)
 
 
 def _tracer():
-    return _sdk.get().get_tracer("model-asynch")
+    return _sdk.get()[1]
 
 
 # --- contexts --------------------------------------------------------------------------------------------------
@@ -122,7 +123,10 @@ def _context(traceparent: str | None, tracestate: str | None):
     carrier = {"traceparent": traceparent} if traceparent else {}
     if traceparent and tracestate:
         carrier["tracestate"] = tracestate
-    return TraceContextTextMapPropagator().extract(carrier)
+    return _PROPAGATOR.setdefault(0, TraceContextTextMapPropagator()).extract(carrier)
+
+
+_PROPAGATOR: dict = {}
 
 
 def _format(span) -> str:
