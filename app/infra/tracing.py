@@ -189,10 +189,17 @@ def _attrs(row, extra: dict | None) -> dict:
 
 
 class _Traced:
-    """What a traced call sends (``headers``) and tells its span (``answered``)."""
+    """What a traced call sends (``headers``) and tells its span (``answered``); with no span, its own
+    context manager (tracing off: no generator, nothing to end)."""
 
     def __init__(self, span=None, headers: dict | None = None) -> None:
         self.span, self.headers = span, headers or {}
+
+    def __enter__(self) -> "_Traced":
+        return self
+
+    def __exit__(self, *_exc) -> bool:
+        return False
 
     def answered(self, status: int) -> None:
         if self.span is not None:
@@ -209,14 +216,18 @@ def _passed_on(row) -> dict:
             if tp else {})
 
 
-@contextmanager
-def client_call(name: str, row, method: str, url: str, attributes: dict | None = None) -> Iterator[_Traced]:
-    """An outgoing HTTP request of the job ``row`` (its model call, a delivery attempt): a CLIENT span with the
-    HTTP semantic conventions, and the ``traceparent`` to send (the span's; tracing off: the job's own, if
-    any).  An exception ends the span in error (``error.type``: its ``code``, else its type)."""
+def client_call(name: str, row, method: str, url: str, attributes: dict | None = None):
+    """An outgoing HTTP request of the job ``row`` (its model call, a delivery attempt), as a context manager
+    giving a ``_Traced``: a CLIENT span with the HTTP semantic conventions, and the ``traceparent`` to send
+    (the span's; tracing off: the job's own, if any).  An exception ends the span in error (``error.type``:
+    its ``code``, else its type)."""
     if not enabled() or not getattr(row, "traceparent", None):
-        yield _Traced(headers=_passed_on(row))
-        return
+        return _Traced(headers=_passed_on(row))
+    return _client_span(name, row, method, url, attributes)
+
+
+@contextmanager
+def _client_span(name: str, row, method: str, url: str, attributes: dict | None) -> Iterator[_Traced]:
     from urllib.parse import urlsplit
 
     from opentelemetry import trace
@@ -244,12 +255,19 @@ def client_call(name: str, row, method: str, url: str, attributes: dict | None =
         span.end()
 
 
-@contextmanager
-def span(name: str, row, attributes: dict | None = None) -> Iterator[None]:
-    """A span of the job ``row`` around a block (its storage, ...); an exception ends it in error."""
+_NOTHING = _Traced()
+
+
+def span(name: str, row, attributes: dict | None = None):
+    """A span of the job ``row`` around a block (its storage, ...), as a context manager; an exception ends
+    it in error."""
     if not enabled() or not getattr(row, "traceparent", None):
-        yield
-        return
+        return _NOTHING
+    return _block_span(name, row, attributes)
+
+
+@contextmanager
+def _block_span(name: str, row, attributes: dict | None) -> Iterator[None]:
     from opentelemetry.trace import Status, StatusCode
 
     sp = _tracer().start_span(name, context=_context(row.traceparent, row.tracestate),
