@@ -176,3 +176,22 @@ def test_one_trace_per_job_across_the_api_the_worker_and_the_upstream(
         w.stop()
         cb.stop()
         set_settings(settings)
+
+
+def test_an_unsampled_trace_makes_no_spans_and_is_still_passed_on(otel_env, make_model, model_server, client,
+                                                                   user_key):
+    rx, _env = otel_env
+    make_model("m")
+    unsampled = CALLER[:-2] + "00"
+    resp = client.post("/v1/models/m/jobs", json={"n": 1}, headers={**auth(user_key), "traceparent": unsampled})
+    job = resp.get_json()["job_id"]
+    sampled = client.post("/v1/models/m/jobs", json={"n": 2}, headers=auth(user_key)).get_json()["job_id"]
+    assert execution.run_attempt(job) == "done" and execution.run_attempt(sampled) == "done"
+    kept = job_row(job).traceparent
+    assert kept.split("-")[1] == CALLER.split("-")[1] and kept.endswith("-00")
+    (call,) = [c for c in model_server.state.calls if c["payload"]["n"] == 1]
+    assert sent_traceparent(call) == kept  # passed on as kept: the upstream may still join (or not sample) it
+    # The sampled job's spans arrive; the unsampled one's never do.
+    _spans(rx, job_row(sampled).traceparent.split("-")[1], {"asynch.model_call"})
+    tracing.flush()
+    assert rx.of_trace(CALLER.split("-")[1]) == []

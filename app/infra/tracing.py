@@ -118,15 +118,24 @@ def forget(token) -> None:
 
 
 def _context(traceparent: str | None, tracestate: str | None):
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    """The OpenTelemetry context whose remote parent ``traceparent`` is (kept valid: valid_traceparent)."""
+    from opentelemetry.context import Context
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState, set_span_in_context
 
-    carrier = {"traceparent": traceparent} if traceparent else {}
-    if traceparent and tracestate:
-        carrier["tracestate"] = tracestate
-    return _PROPAGATOR.setdefault(0, TraceContextTextMapPropagator()).extract(carrier)
+    if not traceparent:
+        return Context()
+    _v, trace_id, span_id, flags = traceparent.split("-")[:4]
+    state = TraceState.from_header([tracestate]) if tracestate else None
+    return set_span_in_context(NonRecordingSpan(SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                                                            trace_flags=TraceFlags(int(flags, 16)),
+                                                            trace_state=state)))
 
 
-_PROPAGATOR: dict = {}
+def _traced(row) -> bool:
+    """Whether the job ``row``'s spans are made: tracing on, and its trace sampled (the SDK's parent-based
+    samplers, the default, drop a child of an unsampled parent: making it would cost and record nothing)."""
+    tp = getattr(row, "traceparent", None)
+    return bool(tp) and enabled() and int(tp[53:55] or "0", 16) & 1 == 1
 
 
 def _format(span) -> str:
@@ -157,7 +166,7 @@ def _ns(at: datetime | float) -> int:
 def record(name: str, row, start: datetime | float, end: datetime | float, attributes: dict | None = None,
            error: str | None = None) -> None:
     """A span of the job ``row`` (its traceparent, tracestate) over [start, end], after the fact."""
-    if not enabled() or not getattr(row, "traceparent", None):
+    if not _traced(row):
         return
     try:
         from opentelemetry.trace import Status, StatusCode
@@ -221,7 +230,7 @@ def client_call(name: str, row, method: str, url: str, attributes: dict | None =
     giving a ``_Traced``: a CLIENT span with the HTTP semantic conventions, and the ``traceparent`` to send
     (the span's; tracing off: the job's own, if any).  An exception ends the span in error (``error.type``:
     its ``code``, else its type)."""
-    if not enabled() or not getattr(row, "traceparent", None):
+    if not _traced(row):
         return _Traced(headers=_passed_on(row))
     return _client_span(name, row, method, url, attributes)
 
@@ -261,7 +270,7 @@ _NOTHING = _Traced()
 def span(name: str, row, attributes: dict | None = None):
     """A span of the job ``row`` around a block (its storage, ...), as a context manager; an exception ends
     it in error."""
-    if not enabled() or not getattr(row, "traceparent", None):
+    if not _traced(row):
         return _NOTHING
     return _block_span(name, row, attributes)
 
