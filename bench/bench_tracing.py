@@ -2,10 +2,12 @@
 
 - admission: POST /v1/models/{m}/jobs on `asynch api` (gunicorn gevent, 2 workers), 32 concurrent
   connections from an aiohttp client for BENCH_SECONDS, one API server with no OTEL_* environment
-  (tracing off: the default) and one exporting to an OTLP/HTTP sink in this process (on);
+  (tracing off: the default), one exporting every trace to an OTLP/HTTP sink in this process (on), one
+  sampling 10% of the traces (parentbased_traceidratio 0.1);
 - end to end: BENCH_TRACING_JOBS jobs filled while no worker runs, then drained by one worker node
-  (prefork -c 2) with an instant stub model: jobs/s, the worker with and without the OTEL_* environment
-  (the fill with it too: the jobs carry their trace context).
+  (prefork -c 2) with an instant stub model: jobs/s, the worker in each of the three environments
+  (the fill too: the jobs carry their trace context);
+- the hooks: the microseconds one job spends in the tracing calls of its path, in this process.
 
     PYTHONPATH=. python -m bench.bench_tracing     (BENCH_RUNS=3 BENCH_SECONDS=5 BENCH_TRACING_JOBS=1000)
 
@@ -187,7 +189,9 @@ def hooks_per_job(otel: dict, n: int = 20000) -> float:
 def main() -> dict:
     stack.fresh()
     sink = Sink()
-    modes = {"off": {}, "on": {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_SERVICE_NAME": "bench"}}
+    on = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_SERVICE_NAME": "bench"}
+    modes = {"off": {}, "on": on,
+             "10%": {**on, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}}
     model_port = stack.free_port()
     model = stack.stub_model(model_port)
     stack.create_model("bench-echo", f"http://127.0.0.1:{model_port}")
@@ -238,9 +242,12 @@ def main() -> dict:
         out[f"e2e_jobs_s_{mode}"] = stack.median(e2e[mode])
     print(f"admission ({SECONDS:.0f} s x {RUNS}, 32 connections): tracing off {out['admission_rps_off']:.0f} req/s "
           f"p99 {out['admission_p99_ms_off']:.1f} ms | on {out['admission_rps_on']:.0f} req/s "
-          f"p99 {out['admission_p99_ms_on']:.1f} ms | on/off {out['admission_rps_on'] / out['admission_rps_off']:.2f}x")
+          f"p99 {out['admission_p99_ms_on']:.1f} ms ({out['admission_rps_on'] / out['admission_rps_off']:.2f}x) | "
+          f"on, 10% sampled {out['admission_rps_10%']:.0f} req/s p99 {out['admission_p99_ms_10%']:.1f} ms "
+          f"({out['admission_rps_10%'] / out['admission_rps_off']:.2f}x)")
     print(f"end to end ({JOBS} jobs x {RUNS}): tracing off {out['e2e_jobs_s_off']:.0f} jobs/s | on "
-          f"{out['e2e_jobs_s_on']:.0f} jobs/s | on/off {out['e2e_jobs_s_on'] / out['e2e_jobs_s_off']:.2f}x; "
+          f"{out['e2e_jobs_s_on']:.0f} jobs/s ({out['e2e_jobs_s_on'] / out['e2e_jobs_s_off']:.2f}x) | on, 10% sampled "
+          f"{out['e2e_jobs_s_10%']:.0f} jobs/s ({out['e2e_jobs_s_10%'] / out['e2e_jobs_s_off']:.2f}x); "
           f"the sink took {sink.requests} exports, {sink.bytes / 1e6:.1f} MB")
     return out
 
