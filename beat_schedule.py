@@ -24,4 +24,5 @@ def build_schedule(s: Settings) -> dict:
         "autotune": entry("asynch.autotune", s.beat_autotune_seconds),
         "deliver": entry("asynch.deliver_due", s.beat_deliveries_seconds),
         "batches": entry("asynch.batches", s.beat_batches_seconds),
+        **({"verify": entry("asynch.verify", s.beat_verify_seconds)} if s.beat_verify_seconds > 0 else {}),
     }

@@ -468,3 +468,28 @@ def test_the_job_page_shows_a_streaming_models_output_live(page, api_url, worker
     assert page.text_content("#output") == "alpha beta gamma delta epsilon "
     assert "data:" not in page.text_content("#output")
     shot(page, "job-output")
+
+
+def test_the_job_page_says_what_holds_a_pending_job(page, api_url, workers, make_model, model_server):
+    """Issue 34 item 2: a job behind its tenant's one call shows why it waits, and stops showing it once it runs."""
+    make_model("held1", max_concurrency=1)
+    key = make_key("ops", admin=True)
+    first = requests_post(api_url, key, "held1", {"hold": "console-wait"})
+    wait_until(lambda: model_server.state.in_flight == 1, timeout=30, what="the first call in flight")
+    second = requests_post(api_url, key, "held1", {"n": 2})
+    _login(page, api_url, key, f"/console/jobs/{second}")
+    expect(page.locator('[data-field="waiting on"]')).to_contain_text("max_concurrency", timeout=15000)
+    expect(page.locator('[data-field="waiting on"]')).to_contain_text("holds 1 of 1 calls")
+    shot(page, "job-waiting")
+    model_server.state.release("console-wait")
+    expect(page.locator("#live-status")).to_have_text("Finished: done.", timeout=30000)
+    expect(page.locator('[data-field="waiting on"]')).to_have_count(0)
+    assert first != second
+
+
+def requests_post(api_url: str, key: str, model: str, payload: dict) -> str:
+    import requests
+
+    resp = requests.post(f"{api_url}/v1/models/{model}/jobs", json=payload, headers=auth(key), timeout=10)
+    assert resp.status_code == 202, resp.text
+    return resp.json()["job_id"]

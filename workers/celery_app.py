@@ -9,12 +9,13 @@ from celery.signals import (task_postrun, task_prerun, worker_init, worker_proce
                             worker_shutdown, worker_shutting_down)
 
 from app.config import get_settings
-from app.infra import metrics, metrics_server
+from app.infra import metrics, metrics_server, tracing
 from app.infra.celery_config import celery_settings
 from app.infra.logs import bind, configure_logging, quiet_routine_tasks, reset
 from workers.heartbeat import ConsumingHeartbeat
 
 configure_logging(get_settings().log_level)
+tracing.service_name = "model-asynch-worker"  # its spans' service.name unless OTEL_SERVICE_NAME says otherwise
 
 celery = Celery("asynch")
 celery.conf.update(celery_settings(get_settings()))
@@ -105,6 +106,7 @@ def _pool_process_gone(pid=None, **_kw):
     from app.jobs import slots
 
     slots.drain()
+    tracing.flush()  # its last spans out before it goes
     metrics.process_dead(pid)
 
 

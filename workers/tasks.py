@@ -9,7 +9,7 @@ from app.delivery import outbox
 from app.infra.celery_config import (DELIVER_DUE_TASK, DELIVER_TASK, KICK_MODEL_TASK, PULL_TASK, RUN_JOB_TASK,
                                      RUN_JOBS_TASK)
 from app.jobs import dispatch, execution, slots
-from app.maintenance import autotune, passes as maintenance
+from app.maintenance import autotune, passes as maintenance, verify
 from app.maintenance.periodic import run_periodic
 from workers import heartbeat
 from workers.celery_app import celery, shutting_down
@@ -66,3 +66,4 @@ cleanup = _periodic("asynch.cleanup", "cleanup", maintenance.cleanup)
 autotune_models = _periodic("asynch.autotune", "autotune", autotune.autotune)
 deliver_due = _periodic(DELIVER_DUE_TASK, "deliver", outbox.deliver_due)
 batches = _periodic("asynch.batches", "batches", batch_progress.advance_all)
+verify_ledger = _periodic("asynch.verify", "verify", verify.run_sampled)

@@ -1,7 +1,7 @@
 """asynch_files, asynch_batches, asynch_batch_items: the OpenAI-compatible Files and Batch APIs (issue 33)
 
 Revision ID: 0028_files_batches
-Revises: 0026_model_streaming
+Revises: 0027_job_trace_context
 Create Date: 2026-12-07
 
 A file's bytes live in storage (its ``location``), never in a row.  A batch's lines are rows of
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0028_files_batches"
-down_revision = "0026_model_streaming"
+down_revision = "0027_job_trace_context"
 branch_labels = None
 depends_on = None
 

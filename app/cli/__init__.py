@@ -55,7 +55,7 @@ class DomainGroup(click.Group):
 
 # module -> its commands ("name=attribute" where they differ)
 _MODULES = {"processes": "db api worker callback-worker=callback_worker beat env=env_cmd", "devstack": "dev",
-            "operate": "keys models jobs maintenance work tenants secrets callbacks",
+            "operate": "keys models jobs maintenance work tenants secrets callbacks verify",
             "client_cmds": "submit wait stream result cancel", "batch_cmds": "files batches"}
 COMMANDS = {n.split("=")[0]: f"{m}:{n.split('=')[-1].replace('-', '_')}" for m, names in _MODULES.items()
             for n in names.split()}

@@ -247,3 +247,28 @@ for _group, _name, _fn, _help in (
         (secrets, "rotate", secret_rotation.rotate_secrets, "Re-encrypt every stored secret with the first "
          "ASYNCH_SECRETS_KEYS key; afterwards the other keys can be dropped.")):
     _group.command(_name, help=_help)(_prints(_fn))
+
+
+@click.command("verify", help="Check the ledger of the running deployment: every broken guarantee (an admitted job "
+                              "nothing will move, a job terminal twice, a done job's missing result object, a wanted "
+                              "delivery neither delivered nor dead, gate slots or permits that disagree with the rows, "
+                              "a job pending past its deadline), one line each: check, job id, what is wrong.  Exit "
+                              "status 1 when any is found, 0 when clean.")
+@click.option("--sample", type=int, default=None, help="At most this many rows per check (default: all).")
+@click.option("--grace", type=float, default=None,
+              help="Spare anything younger than this many seconds (default ASYNCH_VERIFY_GRACE_SECONDS).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line instead.")
+@click.option("--record", is_flag=True, help="Also set the asynch_ledger_violations gauge from this run.")
+def verify(sample: int | None, grace: float | None, as_json: bool, record: bool) -> None:
+    from app.infra.redis import ledger
+    from app.maintenance import verify as ledger_check
+
+    rep = ledger_check.verify(sample=sample, grace_seconds=grace)
+    for v in rep.violations:
+        click.echo(json.dumps(v.as_dict(), ensure_ascii=False) if as_json else f"{v.check}\t{v.job_id}\t{v.detail}")
+    if record:
+        ledger.record(rep.counts())
+    counts = rep.counts()
+    click.echo("# " + (", ".join(f"{c}={n}" for c, n in counts.items() if n) or "clean: no violation"), err=True)
+    if rep.violations:
+        raise SystemExit(1)

@@ -41,6 +41,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from datetime import datetime, timedelta
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
@@ -52,7 +53,7 @@ from app.config import get_settings
 from app.contract import dump, iso_z
 from app.delivery import signing_secrets as tenant_secrets, signing
 from app.errors import Conflict, NotFound
-from app.infra import metrics
+from app.infra import metrics, tracing
 from app.infra.celery_config import DELIVER_TASK
 from app.infra.db import transaction
 from app.infra.http import deadline, netguard
@@ -75,6 +76,9 @@ D = deliveries.c
 # The job's model (the metric's label), read by the claim's own UPDATE ... RETURNING.
 _MODEL_NAME = (select(tasks.c.model_name).where(tasks.c.id == D.job_id)
                .correlate(deliveries).scalar_subquery().label("model_name"))
+# The job's trace context (app/infra/tracing.py): each attempt is a span of the job's trace and sends it on.
+_TRACE = [select(c).where(tasks.c.id == D.job_id).correlate(deliveries).scalar_subquery().label(c.name)
+          for c in (tasks.c.traceparent, tasks.c.tracestate)]
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ def claim(conn: Connection, now: datetime, delivery_id: int | None = None) -> Ro
     lease = now + timedelta(seconds=2 * s.delivery_timeout_seconds + 30)
     return conn.execute(update(deliveries).where(which, _due(D, now, cap))
                         .values(status=SENDING, attempts=D.attempts + 1, lease_until=lease, updated_at=now)
-                        .returning(*deliveries.c, _MODEL_NAME, *tenant_secrets.stored_of(D.tenant_id))).first()
+                        .returning(*deliveries.c, _MODEL_NAME, *_TRACE, *tenant_secrets.stored_of(D.tenant_id))).first()
 
 
 def give_up_at_cap(conn: Connection, now: datetime, delivery_id: int | None = None, limit: int = 500) -> int:
@@ -210,7 +214,13 @@ def deliver(delivery_id: int | None = None) -> Outcome:
             raise netguard.UrlRefused("the subscription was deleted", transient=False)
         target = netguard.check_url(url)
         address = str(target.addresses[0])
-        http_status = _send(target, d, url, body, keys)
+        with tracing.client_call("asynch.delivery", SimpleNamespace(
+                id=d.job_id, model_name=d.model_name, tenant_id=d.tenant_id, traceparent=d.traceparent,
+                tracestate=d.tracestate), "GET" if d.kind == CALLBACK else "POST", url, {
+                "asynch.delivery.kind": d.kind, "asynch.delivery.id": d.id,
+                "asynch.delivery.attempt": d.attempts}) as traced:
+            http_status = _send(target, d, url, body, keys, traced.headers)
+            traced.answered(http_status)
         if not 200 <= http_status < 300:
             error = f"HTTP {http_status}" + (" (redirects are not followed)" if 300 <= http_status < 400 else "")
     except netguard.UrlRefused as exc:
@@ -248,7 +258,7 @@ def _secrets(conn: Connection, d: Row) -> list[str] | None:
     return tenant_secrets.signing_secrets(conn, d.tenant_id, d.secret, d.secret_rotated_at)
 
 
-def _send(target: netguard.Target, d: Row, url: str, body: str, keys: list[str]) -> int:
+def _send(target: netguard.Target, d: Row, url: str, body: str, keys: list[str], trace: dict | None = None) -> int:
     """The request, to the checked address, within the attempt's deadline
     (deadline.request sends the URL's Host and verifies TLS for its name)."""
     s = get_settings()
@@ -256,7 +266,7 @@ def _send(target: netguard.Target, d: Row, url: str, body: str, keys: list[str])
     callback = d.kind == CALLBACK
     signed = (d.job_id, deadline.request_target(url)) if callback else (f"wh_{d.id}", body)
     headers = {"User-Agent": USER_AGENT[d.kind], **signing.sign_headers(keys, signed[0], ts, signed[1]),
-               "X-Asynch-Task-Id": d.job_id, "X-Asynch-Delivery": f"{d.id}.{d.attempts}"}
+               "X-Asynch-Task-Id": d.job_id, "X-Asynch-Delivery": f"{d.id}.{d.attempts}", **(trace or {})}
     if callback:
         headers.update({"X-Asynch-Timestamp": str(ts),
                         "X-Asynch-Signature": tenant_secrets.sign(keys[0], d.job_id, ts, url)})

@@ -79,6 +79,13 @@ class Storage:
 
     def put_stream(self, key: str, chunks: Iterator[bytes], content_type: str) -> str:
         raise StorageError(f"{type(self).__name__} takes no streamed upload")
+    def exists(self, location: str) -> bool:
+        """Whether the object is there (ObjectMissing: no; another failure raises StorageError)."""
+        try:
+            self.stream(location).close()
+        except ObjectMissing:
+            return False
+        return True
 
     def delete_many(self, locations: Sequence[str]) -> dict[str, str]:
         failed = {}
@@ -157,6 +164,9 @@ class LocalStorage(Storage):
     def delete(self, location: str) -> None:
         with suppress(FileNotFoundError):
             self._path(location).unlink()
+
+    def exists(self, location: str) -> bool:
+        return self._path(location).is_file()
 
 
 class S3Storage(Storage):
@@ -247,6 +257,17 @@ class S3Storage(Storage):
         with _failures(location, (), "s3 presign failed: "):
             return self.client.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": self._key(location)}, ExpiresIn=seconds)
+
+    def exists(self, location: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(location))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise StorageError(f"s3 head failed: {exc}") from exc
+        return True
 
     def delete(self, location: str) -> None:
         with _failures(location, (), "s3 delete failed: "):  # DeleteObject succeeds for a missing key

@@ -113,6 +113,9 @@ tasks = Table(
     # The payload by reference (X-Payload-File, a batch line's payload_file_id): an uploaded file of the job's
     # tenant whose bytes the worker streams to the upstream; request_payload is then {} (app/jobs/references.py).
     Column("payload_file_id", String(40)),
+    # The job's W3C trace context (revision 0027, app/infra/tracing.py): what its spans join and its calls send.
+    Column("traceparent", String(55)),
+    Column("tracestate", String(512)),
     # One job per (tenant, Idempotency-Key); rows without a key stay out of it.
     Index("uq_asynch_task_idempotency", "tenant_id", "idempotency_key", unique=True,
           postgresql_where=text("idempotency_key IS NOT NULL")),

@@ -29,11 +29,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from app.errors import DomainError, QueueFull, TenantQueueFull, Unavailable
+from app.infra import tracing
 from app.infra.db import single_statement
 from app.infra.process import PerProcess
 from app.infra.redis import gate
@@ -138,6 +140,7 @@ def commit_batch(batch: list[Submission]) -> None:
     batch = _estimated(batch)
     if not batch:
         return
+    t0 = time.time()
     try:
         decisions = gate.gate_admit_many([(s.model, s.tenant, s.job_id, s.queue_limit, s.tenant_cap) for s in batch])
     except redis.RedisError as exc:
@@ -146,6 +149,7 @@ def commit_batch(batch: list[Submission]) -> None:
             _answer(s, error=Unavailable("admission gate unavailable"))
         return
     admitted = [s for s, d in zip(batch, decisions) if d.admitted]
+    t1 = time.time()
     _refuse_full([(s, d) for s, d in zip(batch, decisions) if not d.admitted])
     if not admitted:
         return
@@ -170,6 +174,11 @@ def commit_batch(batch: list[Submission]) -> None:
         if not s.event.is_set() and s.job_id not in rows:  # its Idempotency-Key was taken by another row
             _refuse(s, IdempotencyConflict())
     committed = [s for s in admitted if not s.event.is_set()]
+    if tracing.enabled():  # the gate step and the INSERT, a span of each job's trace
+        t2, done = time.time(), [rows[s.job_id] for s in committed]
+        tracing.record_many("asynch.admission", done, t0, t2, {"asynch.batch": len(batch),
+                                                                "asynch.gate.seconds": t1 - t0,
+                                                                "asynch.insert.seconds": t2 - t1})
     # After the commit: the batch's jobs join their tenants' queues as one
     # group (the hand-off never splits a group).
     handoff.send_many([(s.model, dispatch.entry(rows[s.job_id])) for s in committed])
@@ -233,10 +242,10 @@ def release_slot(model: str, tenant: str, job_id: str) -> None:
 _COLUMNS = ("id", "tenant_id", "creator", "model_name", "biz_name", "callback_url", "model_key", "request_payload",
             "request_hash", "passthrough_headers", "idempotency_key", "state", "attempt", "retry_count", "created_at",
             "enqueue_at", "updated_at", "deadline_at", "priority", "webhook_url", "webhook_events",
-            "caller_deadline_at", "payload_file_id")
+            "caller_deadline_at", "payload_file_id", "traceparent", "tracestate")
 # Columns a submission may leave out (the table's server defaults).
 _DEFAULTS = {"priority": 5, "webhook_url": None, "webhook_events": None, "caller_deadline_at": None,
-             "payload_file_id": None}
+             "payload_file_id": None, "traceparent": None, "tracestate": None}
 
 
 def _insert(values: list[dict[str, Any]]) -> dict[str, Any]:

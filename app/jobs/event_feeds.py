@@ -19,6 +19,10 @@ Invariants:
 - A reader runs while it has subscribers and ends after the last one leaves; a failed read is logged and tried
   again the next tick (the streams send keep-alives meanwhile).
 - Per process: a forked child starts with no reader (app/infra/process.py).
+- A tenant feed's pass also reads what holds the scope's waiting jobs (the WAITING_TRACK first in queue order,
+  app/jobs/waiting.py) and offers a ``waiting`` event for each whose reason changed since its previous pass
+  (or that it sees for the first time): id ``<now µs>.<job_id>``, not replayed on a resume (a poll has the
+  current one).
 """
 from __future__ import annotations
 
@@ -37,15 +41,16 @@ from app.infra.db import single_statement
 from app.infra.process import PerProcess
 from app.infra.tables import read_at, tasks
 from app.infra.wakeups import FETCH_BATCH, GONE, Waiter, hub
-from app.jobs import service as jobs
-from app.jobs.schemas import JobStatus
-from app.states import is_terminal, v1_name
+from app.jobs import service as jobs, waiting
+from app.jobs.schemas import JobStatus, WaitingOn
+from app.states import JobState, is_terminal, v1_name
 
 log = logging.getLogger(__name__)
 
 LATE_SECONDS = 2.0
 TENANT_PAGE = 500  # rows per SELECT of a tenant's changes
 MAX_BEHIND = 20 * TENANT_PAGE  # changes a stream may have offered and not yet sent
+WAITING_TRACK = 200  # a feed's waiting jobs whose reason it follows (the first in queue order)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 # What a job event and a poll body show: never the payload.
@@ -87,6 +92,33 @@ def pages(scope: str | None, model_name: str | None, start: datetime,
         pos = (as_utc(rows[-1].updated_at), rows[-1].id)  # a full page: on from the pair
 
 
+def waiting_changes(scope: str | None, model_name: str | None, last: dict[str, str]) -> list[Change]:
+    """``waiting`` events of the scope's waiting jobs whose reason differs from ``last`` (job -> reason), which
+    becomes what was seen now."""
+    c = tasks.c
+    q = jobs.scoped(select(c.id, c.model_name, c.tenant_id, c.state, c.error, c.updated_at, c.next_retry_at),
+                    scope, model_name or None)
+    with single_statement() as conn:
+        rows = conn.execute(q.where(c.state.in_([int(JobState.PENDING), int(JobState.RETRY_WAIT)]))
+                            .order_by(c.enqueue_at, c.id).limit(WAITING_TRACK)).all()
+    held = waiting.of_rows(rows) if rows else {}
+    at = clock_now()
+    micros = (at - EPOCH) // timedelta(microseconds=1)
+    out, seen = [], {}
+    for r in rows:
+        w = held.get(r.id)
+        if w is None:
+            continue
+        seen[r.id] = w["reason"]
+        if last.get(r.id) != w["reason"]:
+            out.append((f"{micros}.{r.id}", (at, r.id), "waiting",
+                        {"job_id": r.id, "model": r.model_name, "state": v1_name(r.state), "tenant": r.tenant_id,
+                         "waiting_on": dump(WaitingOn.model_construct(**w))}))
+    last.clear()
+    last.update(seen)
+    return out
+
+
 class Subscription:
     """One tenant stream's place at its feed: the pages offered and not yet taken."""
 
@@ -123,6 +155,7 @@ class _TenantFeed:
         self.subs: set[Subscription] = set()
         self.wake = threading.Event()
         self.start = clock_now() - timedelta(seconds=LATE_SECONDS)
+        self.reasons: dict[str, str] = {}  # waiting job -> its reason at the previous pass
 
     def run(self) -> None:
         late = timedelta(seconds=LATE_SECONDS)
@@ -139,6 +172,9 @@ class _TenantFeed:
                     if page:
                         for sub in subs:
                             sub.offer(page, None)
+                if held := waiting_changes(*self.key, self.reasons):
+                    for sub in subs:
+                        sub.offer(held, None)
             except Exception as exc:  # the database away: the streams keep their places, the next tick retries
                 log.warning("event feed could not read: %s", str(exc).splitlines()[0][:200])
             else:

@@ -30,12 +30,12 @@ from app import transitions
 from app.clock import as_utc, now as clock_now
 from app.config import get_settings
 from app.errors import Unavailable
-from app.infra import metrics, secretbox
+from app.infra import metrics, secretbox, tracing
 from app.infra.db import atomic_statement, single_statement
-from app.infra.http.model_client import ModelCallError, call_model
+from app.infra.http.model_client import ModelCallError, call_model, model_url
 from app.infra.storage import StorageError, get_storage
 from app.infra.tables import models, tasks
-from app.jobs import calls, dispatch, effects, outcomes, output, references, stats
+from app.jobs import calls, dispatch, effects, outcomes, output, references, stats, traces
 from app.jobs.dispatch import CURRENT
 from app.states import JobState, job_error
 
@@ -91,9 +91,11 @@ def claim(model_name: str, pulled: list[dispatch.Pulled], worker: str | None) ->
     if not pulled:
         return [], {}
     try:
+        began = time.time()
         with single_statement() as conn:  # the model's row from the same statement: a model deleted or changed
             rows = transitions.claim_pulled(conn, [(j, a) for _t, j, a in pulled],  # a moment ago is seen so
                                             get_settings().lease_grace_seconds, worker)
+        traces.claimed(rows, began, time.time())
     except Unavailable:
         with effects.collecting() as due:
             for tenant, job, _a in pulled:
@@ -182,13 +184,16 @@ def call(a: Attempt) -> Outcome:
         live = output.Forwarder(row.id, mine) if getattr(model, "streaming", False) else None
         complete = False
         try:
-            with calls.running(row.id, mine) as abort:
+            with calls.running(row.id, mine) as abort, tracing.client_call(
+                    "asynch.model_call", row, model.http_method, model_url(model)) as traced:
                 resp = call_model(base_url=model.base_url, route=model.route, http_method=model.http_method,
                                   head_msg=secretbox.decrypt(model.head_msg), model_key=row.model_key,
                                   **references.call_input(row),
                                   timeout_seconds=timeout, max_bytes=settings.max_result_bytes,
                                   job=(row.id, mine), model_key_headers=model.model_key_headers, abort=abort,
-                                  stream=None if live is None else lambda ctype: live.piece if live.start(ctype) else None)
+                                  stream=None if live is None else lambda ctype: live.piece if live.start(ctype) else None,
+                                  trace_headers=traced.headers)
+                traced.answered(resp.status)
             complete = True
         except ModelCallError as exc:
             if exc.called:
@@ -213,7 +218,8 @@ def call(a: Attempt) -> Outcome:
         if inline is None:
             try:
                 passthrough = json.loads(row.passthrough_headers) if getattr(row, "passthrough_headers", None) else None
-                location = _upload(row.id, mine, resp.body, resp.content_type, passthrough, ctx)
+                with tracing.span("asynch.storage", row, {"asynch.result.bytes": len(resp.body)}):
+                    location = _upload(row.id, mine, resp.body, resp.content_type, passthrough, ctx)
             except StorageError as exc:
                 out.result = outcomes.failed(out.due, row, mine, job_error("storage_error", "result upload failed"),
                                              ctx, model, counted=True, detail=f"result upload failed: {exc}")
@@ -261,6 +267,7 @@ def write(batch: list[Outcome], refill: dict[str, tuple[int, float]] | None = No
 
 def _write_answers(answers: list[Outcome], due: effects.Due) -> dict[str, str]:
     try:
+        began = time.time()
         with atomic_statement() as conn:
             counts = Counter((o.attempt.row.tenant_id, o.attempt.row.creator, o.attempt.row.model_name)
                              for o in answers)
@@ -271,6 +278,7 @@ def _write_answers(answers: list[Outcome], due: effects.Due) -> dict[str, str]:
         return {o.attempt.row.id: outcomes.crashed(due, o.attempt.row, o.done.attempt, o.attempt.model,
                                                    o.attempt.ctx, exc) for o in answers}
     ours = {m.row.id for m in won}
+    traces.written([m.row for m in won], began, time.time(), "done")
     out = {}
     for o in answers:
         row, done = o.attempt.row, o.done

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from app.clock import now as clock_now
 from app.config import get_settings
-from app.infra import delivery_rows
+from app.infra import delivery_rows, tracing
 from app.jobs import admission, submission
 from app.states import JobState
 from app.tenancy import limits
@@ -43,9 +43,9 @@ def new_submission(principal: Principal, sub: submission.Checked, want_estimate:
     """The row and gate step of a judged submission (app/jobs/admission.py); ``want_estimate``:
     its place in line is asked for (a job with a deadline is estimated anyway)."""
     model, payload, opts, digest = sub.model, sub.payload, sub.options, sub.digest
-    now = clock_now()
+    now, job_id = clock_now(), new_job_id()
     return admission.Submission(
-        values=dict(id=new_job_id(), tenant_id=principal.tenant_id, creator=opts.creator, model_name=model.model_name,
+        values=dict(id=job_id, tenant_id=principal.tenant_id, creator=opts.creator, model_name=model.model_name,
                     biz_name=opts.biz_name, callback_url=opts.callback_url, model_key=opts.model_key,
                     request_payload=json.dumps(payload, ensure_ascii=False), request_hash=digest,
                     passthrough_headers=json.dumps(opts.passthrough) if opts.passthrough else None,
@@ -55,7 +55,8 @@ def new_submission(principal: Principal, sub: submission.Checked, want_estimate:
                     caller_deadline_at=(now + timedelta(seconds=opts.deadline_seconds)
                                         if opts.deadline_seconds is not None else None),
                     webhook_events=(delivery_rows.bits_of(opts.webhook_events or delivery_rows.EVENTS)
-                                    if opts.webhook_url else None)),
+                                    if opts.webhook_url else None),
+                    **tracing.for_new_job(job_id, model.model_name, principal.tenant_id)),
         queue_limit=model.queue_limit, tenant_cap=limits.tenant_queue_cap(principal.tenant_id, model),
         retry_after=retry_after_seconds(model), max_completed=getattr(model, "max_completed", 0) or 0,
         model_row=model, want_estimate=want_estimate)

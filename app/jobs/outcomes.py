@@ -11,6 +11,7 @@ instead: its permits, kept by whoever ended the job, go back at the call's real 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import redis
@@ -22,7 +23,7 @@ from app.infra import metrics
 from app.infra.db import atomic_statement
 from app.infra.http.model_client import ModelCallError
 from app.infra.redis import upstream
-from app.jobs import dispatch, effects, stats
+from app.jobs import dispatch, effects, stats, traces
 from app.states import JobState, job_error
 from app.tenancy import limits
 
@@ -46,9 +47,12 @@ def failed(due: effects.Due, row, attempt: int, error: str, ctx: dict, model, *,
     spent = attempt - row.busy_count  # busy answers that came back unspent are no retries
     retry = not permanent and model is not None and spent <= model.retry_times  # permanent when the model is gone
     retry_at = clock_now() + timedelta(seconds=backoff_seconds(spent)) if retry else None
+    began = time.time()
     with atomic_statement() as conn:
         won = due.add(transitions.fail_attempt(conn, row.id, attempt, error, retry_at=retry_at, detail=detail,
                                                alongside=call_counted(conn, row) if counted else None))
+    if won is not None:  # retry_wait is no end: its write is a span all the same, and the retry's are new ones
+        traces.written([won.row], began, time.time(), JobState(won.state).label)
     if won is None:
         log.info("attempt lost its job before failing", extra=ctx)
         due.call_ended(row.model_name, row.tenant_id, row.id, attempt)

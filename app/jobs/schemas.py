@@ -39,6 +39,21 @@ def stream_url(model_name: str, job_id: str) -> str | None:
     """The job's output stream, for a job of a streaming model (None otherwise, or the model gone)."""
     m = model_row(model_name)
     return f"/v1/models/{quote(model_name, safe='')}/jobs/{job_id}/stream" if m is not None and m.streaming else None
+WaitReason = Literal["behind_own_jobs", "tenant_limit", "upstream_paused", "retry_backoff", "no_worker"]
+
+
+class WaitingOn(Shape):
+    """What holds a pending job now (app/jobs/waiting.py; docs/api.md "Why a job waits")."""
+    reason: WaitReason
+    ahead: int | None = Field(None, ge=0, description="behind_own_jobs: its tenant's jobs ahead of it")
+    running: int | None = Field(None, ge=0, description="tenant_limit: the calls its tenant holds on the model")
+    limit: int | None = Field(None, ge=0, description="tenant_limit: the most it may hold now")
+    ceiling: Literal["max_concurrency", "burst", "upstream", "model_key"] | None = Field(
+        None, description="tenant_limit: the rule that sets the limit")
+    until: Timestamp | None = Field(None, description="upstream_paused, retry_backoff: when it may go again")
+    scope: Literal["model", "tenant", "job"] | None = Field(None, description="upstream_paused: what is paused")
+    answer: int | None = Field(None, description="upstream_paused: the HTTP status of the job's last busy answer")
+    since: Timestamp | None = Field(None, description="no_worker: since when it has been ready for a worker")
 
 
 class JobAccepted(QueueEstimate):
@@ -69,6 +84,8 @@ class JobStatus(QueueEstimate):
                                      "this many times, each sent back to the queue from its tenant's busy budget "
                                      "without spending a retry (absent: none)")
     stream_url: str | None = STREAM_URL
+    waiting_on: WaitingOn | None = Field(None, description="pending (polls only): what holds it now, one of a "
+                                         "small set of reasons with its numbers (docs/api.md, Why a job waits)")
 
     @classmethod
     def values_of(cls, row) -> dict:

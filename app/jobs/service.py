@@ -39,7 +39,7 @@ from app import transitions
 from app.clock import now as clock_now
 from app.config import get_settings
 from app.errors import Conflict, DomainError, Gone, NotFound, TooManyWaiters, Unavailable, ValidationFailed
-from app.infra import metrics
+from app.infra import metrics, tracing
 from app.infra import wakeups as waiters
 from app.infra.db import single_statement, transaction
 from app.infra.http.netguard import Lookups

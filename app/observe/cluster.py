@@ -9,6 +9,8 @@ Invariants:
   "Metrics").
 - A source that does not answer is ``asynch_metrics_source_up{source} 0`` and
   its gauges are absent (not zero: no alert fires on a made-up value).
+- ``asynch_ledger_violations`` is the last self-check's counts as it recorded them in Redis
+  (app/maintenance/verify.py), not a check run by the scrape.
 - A scrape's cost does not grow with the backlog or the history: pending and
   running are the gates' (app/observe/live.py says what they mean),
   retry_wait its rows exactly, terminal states up to
@@ -31,8 +33,9 @@ from app.clock import now as clock_now
 from app.config import get_settings
 from app.infra.db import transaction
 from app.infra.metrics import worker_ttl
-from app.infra.redis import dispatch as rd, gate, liveness
+from app.infra.redis import dispatch as rd, gate, ledger, liveness
 from app.infra.tables import models
+from app.jobs import waiting
 from app.observe.live import job_counts, model_live, oldest_pending, row_counts
 from app.states import TERMINAL_STATES, JobState
 
@@ -80,10 +83,12 @@ class ClusterCollector:
             fairness = {m["model_name"]: (rd.ready_counts(m["model_name"]), rd.bell(m["model_name"]))
                         for m in live}
             weights = rd.weights()
+            violations, _ = ledger.last_counts()
+            waits = {m["model_name"]: waiting.counts(m["model_name"]) for m in live}
             redis_up = True
         except Exception as exc:
             log.warning("metrics: redis unavailable: %s", exc)
-            live, workers, fairness, weights = [], None, {}, {}
+            live, workers, fairness, weights, violations, waits = [], None, {}, {}, {}, {}
             active, redis_up = None, False
         if counts is not None:
             try:
@@ -122,6 +127,14 @@ class ClusterCollector:
                      (([m], max(0.0, time.time() - rang) if rang else 0.0) for m, (_, rang) in sorted(fairness.items())))
         yield _gauge("asynch_tenant_weight", "a tenant's dispatch weight (tenants not listed: 1)", ["tenant"],
                      (([t], w) for t, w in sorted(weights.items())))
+        yield _gauge("asynch_jobs_waiting", "waiting jobs by what holds them now (docs/api.md, Why a job waits): "
+                     "pending ones the dispatcher holds by rule, retry_wait as retry_backoff", ["model", "reason"],
+                     (([m, r], n) for m, per in sorted(waits.items())
+                      for r, n in sorted({**per, "retry_backoff": counts.get((m, "retry_wait"), 0) if counts else 0}
+                                         .items())))
+        yield _gauge("asynch_ledger_violations", "broken guarantees the last ledger self-check found, by check "
+                     "(beat's sampled `asynch.verify`, or `asynch verify --record`; absent before the first run)",
+                     ["check"], (([c], n) for c, n in sorted(violations.items())))
 
 
 def _gauge(name: str, doc: str, labels: list[str], samples) -> GaugeMetricFamily:

@@ -10,6 +10,7 @@ import time
 from flask import Flask, g, request
 
 from app.config import Settings, get_settings, set_settings
+from app.infra import tracing
 from app.infra.logs import bind, configure_logging, reset
 from app.infra.wakeups import hub
 from app.web import (contract, errors, metrics, openapi, ratelimit, seed, seed000, v1_admin, v1_batches, v1_business,
@@ -35,6 +36,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         va = request.view_args or {}
         g._log_token = bind(model=va.get("model") or va.get("name"), job_id=va.get("job_id"))
         g._t0 = time.monotonic()
+        # A submission's W3C trace context, for the jobs it makes (every face: app/infra/tracing.py).
+        g._trace_token = tracing.accept(request.headers.get("traceparent"), request.headers.get("tracestate"))
 
     @flask_app.after_request
     def _nosniff_and_log(resp):
@@ -50,6 +53,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     def _log_end(_exc):
         if (token := g.pop("_log_token", None)) is not None:
             reset(token)
+        if (token := g.pop("_trace_token", None)) is not None:
+            tracing.forget(token)
 
     contract.register_nul_guard(flask_app)  # NUL in a path or query
     ratelimit.register(flask_app)  # anonymous requests, per client address

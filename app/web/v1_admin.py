@@ -7,7 +7,8 @@ from flask import Blueprint
 
 from app.catalog import registry
 from app.catalog.schemas import ModelInput, ModelList, ModelPatch, model_view
-from app.jobs.schemas import JobDetail
+from app.jobs import waiting
+from app.jobs.schemas import JobDetail, WaitingOn
 from app.maintenance import autotune, passes, periodic
 from app.maintenance.schemas import AutotuneReport, AutotuneRequest, BeatRuns, Report, RunsQuery
 from app.observe import live, ops
@@ -142,7 +143,10 @@ def overview_series(query: SeriesQuery):
 def job_detail(job_id: str):
     p = current_principal()
     row, attempts = ops.job_with_attempts(p, job_id)
-    return JobDetail.from_row(row, job_urls(row), admin=p.is_admin, attempts=attempts)
+    detail = JobDetail.from_row(row, job_urls(row), admin=p.is_admin, attempts=attempts)
+    if held := waiting.of_job(row):  # pending: what holds it now
+        detail.waiting_on = WaitingOn.model_construct(**held)
+    return detail
 
 
 @bp.get("/workers")

@@ -13,10 +13,11 @@ from app.infra import parking
 from app.infra.serving import client_watch
 from app.infra.wakeups import GONE, Snapshot, hub
 from app.jobs import batch as batches, estimates, events as job_events, output_stream, schemas, service as jobs, \
-    submission
+    submission, waiting
 from app.jobs.requests import (BATCH_MAX_JOBS, BatchSubmit, CallerHeaders, EventHeaders, FailRequest, JobListQuery,
                                SubmitHeaders, TenantEventsQuery, WaitQuery)
-from app.jobs.schemas import BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync
+from app.jobs.schemas import (BatchAccepted, BatchItemResult, JobAccepted, JobList, JobListEntry, JobStatus, JobSync,
+                              WaitingOn)
 from app.tenancy.identity import creator_for, oss_passthrough
 from app.web.auth import current_principal, gateway_oss_authorization, trusted_user_info
 from app.web.contract import JOB_ID_PATH, Ok, endpoint
@@ -158,7 +159,9 @@ def job_status(model: str, job_id: str):
 
 def status_body(row) -> JobStatus:
     est = estimates.of_job(row)  # pending: where it stands in line
-    return JobStatus.model_construct(**JobStatus.values_of(row), **(est.fields() if est else {}))
+    held = waiting.of_job(row)  # pending: what holds it
+    return JobStatus.model_construct(**JobStatus.values_of(row), **(est.fields() if est else {}),
+                                     **({"waiting_on": WaitingOn.model_construct(**held)} if held else {}))
 
 
 @bp.get("/models/<model>/jobs/<job_id>/wait")

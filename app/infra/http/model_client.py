@@ -71,15 +71,21 @@ class ModelResponse:
     status: int
 
 
+def model_url(model) -> str:
+    """The URL a model's calls go to: base_url + route."""
+    return model.base_url.rstrip("/") + "/" + model.route.lstrip("/") if model.route else model.base_url
+
+
 def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, model_key: str | None,
                payload: dict, timeout_seconds: float, max_bytes: int,
                job: tuple[str, int] | None = None, model_key_headers: str = "",
                abort: deadline.Abort | None = None, body: deadline.StreamBody | None = None,
-               stream=None) -> ModelResponse:
+               stream=None, trace_headers: dict | None = None) -> ModelResponse:
     """``job``: (job id, attempt), sent as X-Asynch-Job-Id / X-Asynch-Attempt so a model (or a proxy) can
     deduplicate: an attempt calls it at most once. ``model_key_headers``: the names ``model_key`` may set.
     ``abort``: ends the call from another thread (app/jobs/calls.py): ModelCallError ``stopped``.  ``stream``:
-    (content type) -> a sink for the pieces of a 2xx answer's body as they arrive, or None (app/jobs/output.py)."""
+    (content type) -> a sink for the pieces of a 2xx answer's body as they arrive, or None (app/jobs/output.py).
+    ``trace_headers``: the W3C trace context to send (app/infra/tracing.py), over any head_msg sets."""
     try:
         configured = job_headers(head_msg, model_key, model_key_headers)
     except HeaderSpecError as exc:
@@ -87,7 +93,7 @@ def call_model(*, base_url: str, route: str, http_method: str, head_msg: str, mo
                              public="model call not sent: a header may not be sent") from exc
     # Case-insensitive merges: head_msg's "user-agent" replaces our default
     # instead of travelling beside it, and ours replace any X-Asynch-* there.
-    ours = {JOB_HEADER: job[0], ATTEMPT_HEADER: str(job[1])} if job is not None else {}
+    ours = ({JOB_HEADER: job[0], ATTEMPT_HEADER: str(job[1])} if job is not None else {}) | (trace_headers or {})
     headers = merge_headers(merge_headers({"User-Agent": USER_AGENT, "Accept": "*/*"}, configured), ours)
     method = http_method.upper()
     kw: dict = {"json": payload} if method != "GET" else {"params": {  # booleans, objects and arrays as JSON

@@ -213,3 +213,29 @@ def bell(model: str) -> float | None:
     """When the model's doorbell was rung and not yet answered (None: no doorbell out)."""
     at = get_redis().hget(keys.dispatch_conf(model), "bell")
     return None if at is None else float(at)
+
+
+def _waiting_step(model: str, cap: int | None, *args, client=None) -> list:
+    """A dispatch_waiting.lua read (its KEYS/ARGV there)."""
+    k = [keys.dispatch_conf(model), keys.runtime_max_concurrency(model), keys.dispatch_shares(model),
+         keys.dispatch_scopes(model), keys.dispatch_delayed(model), keys.dispatch_job_scopes(model),
+         keys.dispatch_attempts(model)]
+    return scripts.get("dispatch_waiting")(client=client, keys=k, args=[
+        keys.dispatch_ready(model, ""), keys.semaphore(model, ""), keys.dispatch_parked(model, ""),
+        "" if cap is None else int(cap), *args])
+
+
+def waiting(jobs: list[tuple[str, str, str]], caps: dict[str, int | None]) -> list[list]:
+    """What holds each (model, tenant, job id) now (read only; dispatch_waiting.lua's answers), one round trip:
+    one EVALSHA, or a pipeline for several."""
+    pipe = get_redis().pipeline(transaction=False) if len(jobs) > 1 else None
+    out = [_waiting_step(m, caps.get(m), "job", t, j, client=pipe) for m, t, j in jobs]
+    return pipe.execute() if pipe is not None else out
+
+
+def waiting_counts(model: str, cap: int | None = None) -> dict[str, int]:
+    """The model's waiting jobs by reason (behind_own_jobs, tenant_limit, upstream_paused, no_worker)."""
+    tenants = list(read_under(keys.dispatch_ready(model, ""), "zcard"))
+    parked = list(read_under(keys.dispatch_parked(model, ""), "zcard"))
+    raw = _waiting_step(model, cap, "counts", *tenants, "|", *parked)
+    return dict(zip(("behind_own_jobs", "tenant_limit", "upstream_paused", "no_worker"), map(int, raw)))

@@ -98,6 +98,7 @@ tenant_weights = partial(_g, "tenant:weights")  # hash: tenant -> dispatch weigh
 liveness_since = partial(_g, "liveness:since")  # Redis time from which this Redis has held worker liveness
 worker = partial(_g, "worker")  # worker(node): hash of a Celery node's liveness fields (heartbeat, consumed)
 ratelimit = partial(_g, "ratelimit")  # ratelimit(bucket_id)
+ledger_violations = partial(_g, "ledger:violations")  # hash: check -> violations of the last verify run
 lost_job_cursor = partial(_g, "maint:lost_cursor")  # where the lost-job scan stopped (app/maintenance/recovery.py)
 
 

@@ -634,9 +634,25 @@ function followOutput(j) {
   }, { onFail: (status) => { state.textContent = `Output unavailable (HTTP ${status}).`; return true; } });
 }
 
+// What holds a pending job now (its detail's waiting_on; docs/api.md "Why a job waits"), in words.
+function waitingText(w) {
+  if (!w) return "";
+  switch (w.reason) {
+    case "behind_own_jobs": return `behind ${plural(w.ahead, "job")} of its own tenant`;
+    case "tenant_limit": return `its tenant holds ${w.running}${w.limit === undefined ? "" : ` of ${w.limit}`} calls `
+      + `(${{ max_concurrency: "the model's max_concurrency", burst: "its burst ceiling", upstream: "cut by the upstream",
+             model_key: "its model key's limit" }[w.ceiling] || w.ceiling})`;
+    case "upstream_paused": return `upstream paused (${w.scope}) until ${fmtTime(w.until)}`
+      + (w.answer ? ` after an HTTP ${w.answer} answer` : "");
+    case "retry_backoff": return `retry backoff until ${fmtTime(w.until)}`;
+    case "no_worker": return `no worker has taken it yet (ready since ${fmtTime(w.since)})`;
+    default: return w.reason;
+  }
+}
+
 pages.job = async () => {
   const id = document.body.dataset.jobId;
-  let shown = false, delivered = false, job = null;
+  let shown = false, delivered = false, job = null, rereading = null;
   const tick = async () => {
     const r = await api("GET", "/v1/jobs/" + encodeURIComponent(id));
     if (r.status !== 200) { flash(r.data.error); return true; }
@@ -644,6 +660,9 @@ pages.job = async () => {
     const rows = [["Job", j.job_id], ["Model", j.model], ["State", j.state], ["Internal state", j.internal_state],
       ["Tenant", j.tenant], ["Attempt", j.attempt], ["Retries", j.retry_count], ["Priority", j.priority ?? ""],
       ["Elapsed", (j.elapsed_ms / 1000).toFixed(2) + " s"], ["Error", j.error || ""], ["Payload", JSON.stringify(j.payload)]];
+    if (j.waiting_on) rows.splice(3, 0, ["Waiting on", waitingText(j.waiting_on)]);
+    // A wait's reason changes without an event of the job's own: re-read while it waits.
+    if (j.waiting_on && !rereading) rereading = setTimeout(() => { rereading = null; tick(); }, 2000);
     // A long value (a 6 KB payload) wraps inside a box of its own height, which scrolls: the page keeps its size.
     $("#job-fields").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k),
       el("dd", { "data-field": k.toLowerCase(), class: String(v).length > 600 ? "long" : undefined }, v)]));
