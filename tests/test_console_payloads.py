@@ -129,7 +129,7 @@ def test_a_user_key_meets_no_admin_control_and_reads_the_failed_jobs(page, api_u
     page.wait_for_selector('tr[data-model="echo"]')
     expect(page.locator("#new-model")).to_be_hidden()
     assert page.locator('a[href^="/console/models/edit"]:visible').count() == 0
-    assert page.locator("header nav a:visible").all_text_contents() == ["Models", "Submit", "Jobs", "Tenants"]
+    assert page.locator("header nav a:visible").all_text_contents() == ["Models", "Submit", "Jobs", "Batches", "Tenants"]
     # Running / max concurrency, and the upstream's lower limit said as one.
     limit, _ = upstream.snapshot(["pushback"])["pushback"]
     assert limit is not None and limit < 4, "the busy answer left no upstream limit to show"

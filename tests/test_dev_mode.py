@@ -330,9 +330,19 @@ def test_every_route_works_under_asynch_dev(stacks):
     assert entry["state"] == 2 and entry["claimed"] is True, entry
     assert state() == 4
 
+    # An uploaded file and a batch of it (OpenAI's Files and Batches), so their GET routes have ids.
+    line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "demo-chat", "messages": [{"role": "user", "content": "hi"}]}}
+    up = call("POST", "/v1/files", files={"file": ("in.jsonl", json.dumps(line) + "\n")}, data={"purpose": "batch"})
+    assert up.status_code == 200, up.text
+    made = call("POST", "/v1/batches", json={"input_file_id": up.json()["id"], "endpoint": "/v1/chat/completions",
+                                            "completion_window": "24h"})
+    assert made.status_code == 200, made.text
+
     # Every GET route of the OpenAPI document, with the key: no 5xx.
     doc = call("GET", "/openapi.json").json()
-    values = {"model": "demo-echo", "job_id": job, "name": "demo-echo", "tenant": "demo"}
+    values = {"model": "demo-echo", "job_id": job, "name": "demo-echo", "tenant": "demo",
+              "file_id": up.json()["id"], "batch_id": made.json()["id"]}
     queries = {"/model/getModel": "?modelName=seed-echo", "/task/getTaskResult": f"?taskId={task}",
                "/v1/models/{model}/jobs/{job_id}/wait": "?timeout=1"}
     answered = {}
