@@ -13,6 +13,13 @@
 --   last fell, pause dispatch paused until (unix s), lb / lr the baseline and recent run time (EWMAs of ~50
 --   and ~5 jobs), ln samples seen.
 
+-- Busy rounds in a row (no done answer between) that make a scope congested.  Three, not two: an upstream
+-- that refuses a tenth of its calls at random (a flaky one, or a quota's odd refusal) answers two busy in a row
+-- without a done between about once in eight busy answers at 8 calls in flight, and each false congestion cut
+-- the scope's limit and paused it: bench_busy's flaky run then swung from 1x to 30x its median.  A full
+-- upstream refuses nearly every call, so three come as fast as two did.
+local CONGESTED_ROUNDS = 3
+
 local function up_store(l, ceiling)
   if l >= ceiling then redis.call('HDEL', K_CONF, 'ul') else redis.call('HSET', K_CONF, 'ul', l) end
 end
@@ -72,9 +79,9 @@ local function up_busy(t, k, started, retry_after, u)
   -- calls refused together are one refusal of the scope, not eight, however their starts are spread).
   if started >= cut then
     streak = streak + 1
-    if streak >= 2 then
+    if streak >= CONGESTED_ROUNDS then
       ul, cut = math.max(1, math.floor((ul or sc) * UP[1])), NOW
-      local len = math.min(retry_after >= 0 and retry_after or backoff(streak - 1, u), UP[3])
+      local len = math.min(retry_after >= 0 and retry_after or backoff(streak - CONGESTED_ROUNDS + 1, u), UP[3])
       if NOW + len > pause then pause, till = NOW + len, NOW + len end
       if k == '' then redis.call('ZADD', K_CONGESTED, NOW, t) end
     end
