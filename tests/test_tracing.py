@@ -33,6 +33,7 @@ def otel_env(monkeypatch):
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setattr(tracing, "service_name", "model-asynch-api")  # this process is the API
     tracing.reset()
     yield rx, env
     tracing.reset()  # flushes and shuts the provider down while the receiver still listens

@@ -15,7 +15,6 @@ from app.infra.logs import bind, configure_logging, quiet_routine_tasks, reset
 from workers.heartbeat import ConsumingHeartbeat
 
 configure_logging(get_settings().log_level)
-tracing.service_name = "model-asynch-worker"  # its spans' service.name unless OTEL_SERVICE_NAME says otherwise
 
 celery = Celery("asynch")
 celery.conf.update(celery_settings(get_settings()))
@@ -78,6 +77,14 @@ def _unbind_job(task_id=None, **_kw):
 # --- the node's metrics (app/infra/metrics.py, served by app/infra/metrics_server.py) ---
 # worker_init and worker_shutdown fire in the main process only, before the
 # pool forks and after it is gone; worker_process_shutdown in each pool child.
+
+@worker_init.connect
+def _trace_service(**_kw):
+    # Its spans' service.name unless OTEL_SERVICE_NAME says otherwise; set when a worker starts (its pool
+    # processes inherit it), not when this module is imported: an API process that imports the task
+    # names must keep its own.
+    tracing.service_name = "model-asynch-worker"
+
 
 @worker_init.connect
 def _delivery_pool(sender=None, **_kw):
