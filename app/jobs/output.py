@@ -112,14 +112,6 @@ def notice(batch: dict[str, list[tuple[str, dict]]]) -> str:
     return json.dumps(batch, separators=(",", ":"))
 
 
-def parse_notice(data: str) -> dict[str, list] | None:
-    try:
-        out = json.loads(data)
-    except ValueError:
-        return None
-    return out if isinstance(out, dict) else None
-
-
 _ENTRY_ID = re.compile(r"^(\d{1,18})-(\d{1,18})$")
 
 

@@ -16,6 +16,7 @@ from pydantic import Field
 from app.catalog.registry import model_row
 from app.clock import as_utc, now as clock_now
 from app.contract import Shape, Timestamp, iso_z
+from app.errors import Unavailable
 from app.states import RESULT_STATES, JobState, v1_name
 
 V1State = Literal["canceled", "done", "expired", "failed", "pending", "running", "timeout"]
@@ -36,8 +37,12 @@ STREAM_URL = Field(None, description="a streaming model's job (`streaming`: true
 
 
 def stream_url(model_name: str, job_id: str) -> str | None:
-    """The job's output stream, for a job of a streaming model (None otherwise, or the model gone)."""
-    m = model_row(model_name)
+    """The job's output stream, for a job of a streaming model (None otherwise, or the model gone).  The
+    database away: None, so a poll answered from a wake-up's snapshot (no read of its own) still answers."""
+    try:
+        m = model_row(model_name)
+    except Unavailable:
+        return None
     return f"/v1/models/{quote(model_name, safe='')}/jobs/{job_id}/stream" if m is not None and m.streaming else None
 WaitReason = Literal["behind_own_jobs", "tenant_limit", "upstream_paused", "retry_backoff", "no_worker"]
 
