@@ -77,8 +77,17 @@ class Dev:
 
 
 def _tree(proc: subprocess.Popen) -> list[psutil.Process]:
-    root = psutil.Process(proc.pid)
-    return [root, *root.children(recursive=True)]
+    """The stack's processes.  A child that exits while psutil walks the tree raises NoSuchProcess (a CI run
+    met it: pid of a vanished child): the walk is taken again."""
+    for _ in range(50):
+        try:
+            root = psutil.Process(proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            if proc.poll() is not None:
+                raise
+            time.sleep(0.02)
+    raise AssertionError("the process tree kept changing under the walk")
 
 
 def _stop(proc: subprocess.Popen, log: Path, first: int, hammer: bool) -> None:
