@@ -315,11 +315,13 @@ def _start_children(data_dir: Path, api_sock: socket.socket, callback_port: str)
 
 
 def _stop_children(procs: list[subprocess.Popen], hurry) -> None:
-    """SIGTERM to each app process's group, 15 s for a worker to finish its
-    model calls (cut short by another Ctrl-C or SIGTERM), then SIGKILL to
+    """SIGTERM to each app process (its leader alone: Celery's warm shutdown
+    and gunicorn's stop their own pool processes; a pool process signalled
+    mid-task logged a WorkerLostError traceback), 15 s for a worker to finish
+    its model calls (cut short by another Ctrl-C or SIGTERM), then SIGKILL to
     whatever is left of each group (a pool process mid-call, one that ignored
     SIGTERM)."""
-    left = children.stop(procs, signal.SIGTERM, grace=15, hurry=hurry)
+    left = children.stop(procs, signal.SIGTERM, grace=15, hurry=hurry, signal_group=False)
     if left:
         click.echo(f"not stopped after SIGKILL: pid {' '.join(str(p.pid) for p in left)}", err=True)
 
