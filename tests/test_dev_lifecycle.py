@@ -90,10 +90,21 @@ def _tree(proc: subprocess.Popen) -> list[psutil.Process]:
     raise AssertionError("the process tree kept changing under the walk")
 
 
+def _names(proc: subprocess.Popen) -> set[str]:
+    """The names of the stack's processes still there (a child may exit between the walk and its name)."""
+    names = set()
+    for p in _tree(proc):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names.add(p.name())
+    return names
+
+
 def _stop(proc: subprocess.Popen, log: Path, first: int, hammer: bool) -> None:
     """Send ``first``; with ``hammer``, SIGINT, SIGHUP and SIGTERM in turn every
     10 ms until it has exited.  Then: exit status 0, no traceback, and none of
     the processes it had (PostgreSQL's and Valkey's included) still running."""
+    if proc.poll() is not None:
+        raise AssertionError(f"asynch dev ended ({proc.returncode}) before its stop:\n{log.read_text()[-5000:]}")
     procs = _tree(proc)
     os.kill(proc.pid, first)
     more = itertools.cycle((signal.SIGINT, signal.SIGHUP, signal.SIGTERM))
@@ -149,7 +160,7 @@ def test_dev_starts_and_stops_again_and_again_on_one_data_directory():
         assert {k: state["ports"][k] for k in ("api", "postgres", "valkey", "metrics")} == {
             k: ports[k] for k in ("api", "postgres", "valkey", "metrics")}
         assert state["ports"]["callback_metrics"] == ports["metrics"] + 1
-        names = {p.name() for p in _tree(proc)}
+        names = _names(proc)
         assert "postgres" in names and "valkey-server" in names, names
 
         def passes() -> int:
@@ -168,7 +179,7 @@ def test_dev_starts_and_stops_again_and_again_on_one_data_directory():
 
         # 2. A stop asked for while it starts (PostgreSQL up, the rest not yet).
         proc, log = dev.start()
-        wait_until(lambda: any(p.name() == "postgres" for p in _tree(proc)) or proc.poll() is not None,
+        wait_until(lambda: proc.poll() is not None or "postgres" in _names(proc),
                    timeout=120, interval=0.05, what="PostgreSQL started")
         _stop(proc, log, signal.SIGTERM, hammer=True)
 
