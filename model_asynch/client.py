@@ -218,6 +218,7 @@ class Call:
     timeout: float | None = None
     safe: bool = True
     result_call: bool = False
+    retry_statuses: frozenset = RETRY_STATUSES  # the error answers retried (nothing was done)
 
 
 class Answer(NamedTuple):
@@ -252,10 +253,11 @@ class Api:
         self.on_retry(Retrying(request, n, delay, err, retry_after))
         return delay
 
-    def _refused(self, n: int, answer: Answer, result_call: bool = False, request: str = "") -> float:
+    def _refused(self, n: int, answer: Answer, result_call: bool = False, request: str = "",
+                 statuses: frozenset = RETRY_STATUSES) -> float:
         err = error_for(answer.status, answer.content.decode(errors="replace"), answer.headers.get("Retry-After"),
                         result_call)
-        return self._pause(n, err, answer.status in RETRY_STATUSES, request)
+        return self._pause(n, err, answer.status in statuses, request)
 
     def _answer(self, call: Call):
         """``call`` sent with the retry policy: its successful answer."""
@@ -266,7 +268,7 @@ class Api:
             if isinstance(got, Exception):
                 yield self._pause(n, got, call.safe, f"{call.method} {call.path}")
             elif got.status >= 400:
-                yield self._refused(n, got, call.result_call, f"{call.method} {call.path}")
+                yield self._refused(n, got, call.result_call, f"{call.method} {call.path}", call.retry_statuses)
             else:
                 return got
 
@@ -349,10 +351,16 @@ OPERATIONS = ("submit", "get", "job", "wait", "result", "run", "cancel", "batch"
 
 
 def driven(wrap):
-    """A class decorator: each of ``OPERATIONS`` as ``wrap`` runs it."""
+    """A class decorator: each of ``OPERATIONS`` (and the files/batches ones, model_asynch/batches.py) as
+    ``wrap`` runs it."""
+    from model_asynch.batches import FILE_OPERATIONS, FileOperations
+
     def decorate(cls):
         for name in OPERATIONS:
             setattr(cls, name, functools.wraps(getattr(Api, name))(wrap(getattr(Api, name))))
+        for name in FILE_OPERATIONS:
+            op = getattr(FileOperations, name)
+            setattr(cls, name, functools.wraps(op)(wrap(op)))
         return cls
     return decorate
 
@@ -361,13 +369,13 @@ def stream_headers(last: str | None) -> dict[str, str]:
     return {"Accept": "text/event-stream", **({"Last-Event-ID": last} if last is not None else {})}
 
 
-from model_asynch.batches import FilesAndBatches  # noqa: E402 (the blocking client's mixin)
+from model_asynch.batches import BlockingTransfers, FileOperations  # noqa: E402 (files and batches)
 
 
 # --- the blocking client ---------------------------------------------------------------
 
 @driven(lambda op: lambda self, *a, **kw: self._drive(op(self, *a, **kw)))
-class Client(FilesAndBatches, Api):
+class Client(BlockingTransfers, FileOperations, Api):
     """``Client("http://host:8000", "ak_...")``; every method raises an
     ``AsynchError`` subclass for an error answer (after its retries).  Files and batches: model_asynch/batches.py."""
 

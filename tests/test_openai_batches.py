@@ -258,6 +258,63 @@ def test_the_sdk_and_the_cli_run_a_batch(api_url, workers, make_model, user_key,
         t.join(5)
 
 
+def test_the_asyncio_sdk_runs_uploads_and_cancels_a_batch(api_url, workers, make_model, user_key, tmp_path,
+                                                          model_server):
+    """AsyncClient's files/batches methods: the same calls as Client's (FileOperations), aiohttp transfers."""
+    import asyncio
+    import threading
+
+    from model_asynch import AsyncClient, NotFound, RateLimited
+
+    make_model("echo")
+    make_model("slow", expected_seconds=60, max_concurrency=1)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(jsonl([line(f"a{i}") for i in range(4)]).getvalue())
+    stop = threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            progress.advance_all()
+            stop.wait(0.2)
+
+    async def run():
+        async with AsyncClient(api_url, user_key) as c:
+            up = await c.upload_file(src, purpose="batch")
+            assert up["bytes"] == src.stat().st_size and (await c.file(up["id"]))["filename"] == "in.jsonl"
+            created = await c.create_batch(up["id"], ENDPOINT, "2h", {"k": "v"})
+            b = await c.wait_batch(created["id"], timeout=60, poll=0.2)
+            assert b["status"] == "completed" and b["request_counts"]["completed"] == 4, b
+            body = await c.file_content(b["output_file_id"])
+            await c.file_content(b["output_file_id"], to=tmp_path / "out.jsonl")
+            assert (tmp_path / "out.jsonl").read_bytes() == body
+            assert sorted(json.loads(x)["custom_id"] for x in body.decode().splitlines()) == [f"a{i}" for i in range(4)]
+            assert b["id"] in [x["id"] for x in (await c.list_batches(limit=5))["data"]]
+            assert up["id"] in [x["id"] for x in (await c.files(purpose="batch"))["data"]]
+            with io.BytesIO(jsonl([line(f"s{i}", model="slow") for i in range(40)]).getvalue()) as f:
+                slow = await c.upload_file(f, filename="slow.jsonl")
+            with pytest.raises(RateLimited):
+                await c.create_batch(slow["id"], ENDPOINT, "30m")
+            assert (await c.delete_file(slow["id"]))["deleted"] is True
+            with pytest.raises(NotFound):
+                await c.file(slow["id"])
+            held = [line(f"h{i}", hold="cancel-me-aio") for i in range(2)]
+            hang = await c.upload_file(io.BytesIO(jsonl(held).getvalue()), filename="hang.jsonl")
+            hb = await c.create_batch(hang["id"], ENDPOINT, "2h")
+            await asyncio.to_thread(wait_until, lambda: any(x["payload"].get("hold") == "cancel-me-aio" for x in
+                                    model_server.state.calls), timeout=30, what="a held call in flight")
+            assert (await c.cancel_batch(hb["id"]))["status"] in ("cancelling", "cancelled")
+            ended = await c.wait_batch(hb["id"], timeout=60, poll=0.2)
+            assert ended["status"] == "cancelled", ended
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        asyncio.run(run())
+    finally:
+        stop.set()
+        t.join(5)
+
+
 def test_a_batch_survives_a_redis_and_broker_wipe(api_url, workers, make_model, user_key, r, model_server):
     """Its state is in PostgreSQL: after the gate Redis and the broker are wiped mid-run, recovery requeues its
     admitted jobs, the pass admits the rest, and every line ends once."""
