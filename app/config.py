@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = _s(5.0, "How long a process caches an API key (0: off); a revocation's delay.")
     model_cache_seconds: float = _s(2.0, "How long a process caches a model's configuration (0: off).")
     max_body_bytes: int = _s(10 * 1024 * 1024, "Largest request body accepted.")
-    files_max_bytes: int = _s(512 * 1024 * 1024, "Largest file uploaded to /v1/files (streamed to storage).")
+    files_max_bytes: int = _s(1024 * 1024 * 1024, "Largest file uploaded to /v1/files (streamed to storage).")
     batch_max_lines: int = _s(50_000, "Most lines of one batch's input file (OpenAI's limit: 50,000).")
     batch_admit_chunk: int = _s(1000, "Batch lines one feed pass tries to admit per batch.")
     batch_queue_share: float = _s(0.5, "The share of a model's queue_limit a tenant's batches may fill (room kept).")
