@@ -33,6 +33,7 @@ from urllib.parse import quote
 import requests
 
 from model_asynch.retries import Retrying, log_retry
+from model_asynch.sse import Event, SSEParser, lines_of, stream_headers  # noqa: F401 (the clients' streams)
 
 __all__ = ["AsynchError", "BadRequest", "BatchItem", "BatchResult", "Client", "Conflict", "Event", "Forbidden", "Gone",
            "Job", "NotFinished", "NotFound", "PayloadTooLarge", "RateLimited", "Result", "Retrying", "ServerError",
@@ -133,13 +134,6 @@ class Result:
 
 
 @dataclass
-class Event:
-    id: str
-    event: str
-    data: Any
-
-
-@dataclass
 class BatchItem:
     """One item's answer in a batch: ``job`` when admitted (status 202), else ``error``."""
 
@@ -161,43 +155,6 @@ class BatchResult:
             BatchItem(x["index"], 202, Job.of(x, model, replayed=bool(x.get("replayed")))) if x["status"] == 202
             else BatchItem(x["index"], x["status"], error=error_for(x["status"], json.dumps(x), x.get("retry_after")))
             for x in body["results"]])
-
-
-class SSEParser:
-    """text/event-stream lines in, events out (blocks without data dispatch nothing)."""
-
-    def __init__(self) -> None:
-        self._fields: dict[str, str] = {}
-
-    def feed(self, line: str) -> Event | None:
-        if line == "":
-            f, self._fields = self._fields, {}
-            if "data" not in f:
-                return None
-            try:  # a job's output is text as the model sent it, even when it reads as JSON
-                data = f["data"] if f.get("event") == "output" else json.loads(f["data"])
-            except ValueError:
-                data = f["data"]
-            return Event(f.get("id", ""), f.get("event", "message"), data)
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        self._fields[name] = self._fields[name] + "\n" + value if name == "data" and name in self._fields else value
-        return None
-
-
-def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
-    """An event stream's lines (LF, CRLF or CR ended: the server sends LF) from its chunks as they arrive; not
-    ``str.splitlines``, which also splits on U+2028 and friends inside a line of text."""
-    buf = b""
-    for chunk in chunks:
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            yield line.decode("utf-8", "replace").removesuffix("\r")
-    if buf:
-        yield buf.decode("utf-8", "replace")
 
 
 q = functools.partial(quote, safe="")  # one path segment: "/" escaped too
@@ -363,10 +320,6 @@ def driven(wrap):
             setattr(cls, name, functools.wraps(op)(wrap(op)))
         return cls
     return decorate
-
-
-def stream_headers(last: str | None) -> dict[str, str]:
-    return {"Accept": "text/event-stream", **({"Last-Event-ID": last} if last is not None else {})}
 
 
 from model_asynch.batches import BlockingTransfers, FileOperations  # noqa: E402 (files and batches)
