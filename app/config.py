@@ -116,6 +116,8 @@ class Settings(BaseSettings):
     queue_newcomer_reserve: float = _s(0.05, "Headroom above queue_limit (a share of it) only newcomers may enter.")
     worker_slots: int = _s(8, "Model calls one worker pool process runs at once; a slot freed takes the job the fair "
                               "dispatcher picks then.", ge=1, le=256)
+    worker_express_slots: int = _s(1, "Call slots per worker pool process beyond worker_slots that only take a job "
+                                      "of a tenant with nothing running on its model (0: none).", ge=0, le=16)
     dispatch_group: int = _s(8, "Most jobs one pull takes for a worker's free slots (claimed in one statement).",
                              ge=1, le=64)
     dispatch_bell_seconds: float = _s(10.0, "A model's doorbell no worker answered, while nothing of the model was "

@@ -6,9 +6,11 @@ Who calls what: every move into pending and every repair queues jobs through ONE
 the row) and ``queue`` / ``queue_entries``: admission (through the outbox), a retry re-admitted and a busy answer's
 return (both from the transition's effects, app/jobs/effects.py), and the repairs (republish, requeue, promotion,
 a wipe).  A worker's free slots take jobs with ``pull`` (answering the model's doorbell) and ``finished`` (the
-slots its ended calls freed, in the step that releases them); every move out of pending/running and every call's
-end is ``finished``; a busy answer ``returned``; the periodic pass ``kick_all``.  A step that leaves work no slot
-took rings the model's doorbell (one ``asynch.pull`` message; ``_rung``): workers with free slots answer it.
+slots its ended calls freed, in the step that releases them) and an express slot with ``pull_idle`` (a tenant
+holding no permit: ``_rung`` publishes the express notice of a step that queued such a job); every move out of
+pending/running and every call's end is ``finished``; a busy answer ``returned``; the periodic pass
+``kick_all``.  A step that leaves work no slot took rings the model's doorbell (one ``asynch.pull`` message;
+``_rung``): workers with free slots answer it.
 
 Redis errors are logged, never raised: the row is the truth and the maintenance passes put back whatever a lost
 call left out (``queue`` with mode NX; gate slots and permits are reconciled; a doorbell is rung again).
@@ -29,7 +31,7 @@ import redis
 from app.clock import as_utc
 from app.infra import metrics, publisher
 from app.infra.celery_config import KICK_MODEL_TASK
-from app.infra.redis import dispatch as rd, keys, upstream
+from app.infra.redis import dispatch as rd, events, keys, upstream
 from app.infra.redis.client import get_redis
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ def _rung(model: str, step: rd.Step) -> rd.Step:
                 get_redis().hdel(keys.dispatch_conf(model), "bell")
             except redis.RedisError:
                 pass
+    if step.express:
+        events.publish_express(model)
     for tenant, n in Counter(t for t, _, _ in step.pulled).items():
         metrics.dispatched(model, tenant, n)
     return step
@@ -128,6 +132,13 @@ def pull(model: str, most: int, lease: float) -> list[Pulled]:
         except redis.RedisError:
             pass
     return step.pulled
+
+
+def pull_idle(model: str, lease: float) -> list[Pulled]:
+    """A worker's express slot answers an express notice: at most one job of a tenant holding no permit on the
+    model (the lowest pass among them), its permit taken for ``lease`` (claim it at once)."""
+    step = _safely(model, "express pull", lambda: rd.pull_idle(model, lease))
+    return [] if step is None else step.pulled
 
 
 def claimed(model: str, jobs: list[tuple[str, str]], lease_seconds: float, cap: int) -> None:

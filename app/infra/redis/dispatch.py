@@ -29,10 +29,12 @@ from app.infra.redis.client import get_redis, read_under
 
 @dataclass
 class Step:
-    """What a step answered: whether to ring the model's doorbell (``high``: at high priority), the jobs it pulled
+    """What a step answered: whether to ring the model's doorbell (``high``: at high priority), whether it queued a
+    job of a tenant holding no permit (``express``: the workers' express slots may take it), the jobs it pulled
     for its caller, (tenant, job_id, attempt) each, and what else the script said before them (``head``)."""
     ring: bool = False
     high: bool = False
+    express: bool = False
     pulled: list[tuple[str, str, int]] = field(default_factory=list)
     head: list = field(default_factory=list)
 
@@ -57,9 +59,9 @@ def _step(script, model: str, cap: int | None, *args, most: int = 0, lease: floa
 
 def _parsed(raw: list, head: int = 0) -> Step:
     """A finish_step answer (dispatch_lib.lua) after ``head`` values of the script's own."""
-    ring, high, *rest = raw[head:]
-    return Step(ring == "1", high == "1", [(rest[i], rest[i + 1], int(rest[i + 2].rstrip("h")))
-                                           for i in range(0, len(rest), 3)], list(raw[:head]))
+    ring, high, express, *rest = raw[head:]
+    return Step(ring == "1", high == "1", express == "1", [(rest[i], rest[i + 1], int(rest[i + 2].rstrip("h")))
+                                                           for i in range(0, len(rest), 3)], list(raw[:head]))
 
 
 def enqueue(model: str, entries: Iterable[tuple[str, str, float, str | int, str]], *, cap: int | None = None,
@@ -74,6 +76,12 @@ def pull(model: str, most: int, lease: float, cap: int | None = None) -> Step:
     """A worker answers the model's doorbell with ``most`` free call slots: the jobs the ring picks now are its,
     their permits lasting ``lease``."""
     return _parsed(_step(scripts.get("dispatch_pull"), model, cap, most=most, lease=lease))
+
+
+def pull_idle(model: str, lease: float, cap: int | None = None) -> Step:
+    """A worker's express slot: one job of a tenant holding no permit on the model (the lowest pass among them),
+    its permit lasting ``lease``; the doorbell's state untouched."""
+    return _parsed(_step(scripts.get("dispatch_express"), model, cap, most=1, lease=lease))
 
 
 def claimed(model: str, jobs: Iterable[tuple[str, str]], run_lease_seconds: float,

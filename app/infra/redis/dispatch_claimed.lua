@@ -4,7 +4,7 @@
 -- KEYS 1..16 and ARGV 1..9: as dispatch_lib.lua.
 -- ARGV 10 run lease (s): each permit lasts as long as its row's lease.  11.. (tenant, job) pairs, one per job.
 -- The claim time is noted with each job's charge (taken now if it was not dispatched): its run is measured from here.
--- Returns {ring, high}, as dispatch_lib.lua finish_step (MOST 0: nothing pulled).
+-- Returns {ring, high, express}, as dispatch_lib.lua finish_step (MOST 0: nothing pulled; express always 0).
 --@include dispatch_lib.lua
 local lease = tonumber(ARGV[10])
 for i = 11, #ARGV, 2 do

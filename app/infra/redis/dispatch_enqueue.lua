@@ -4,7 +4,8 @@
 -- ARGV 10: mode: '' (add or move), 'NX' (only if not queued: recovery), 'XXLT'
 --   (only move an already queued job ahead: promotion);  ARGV 11..: tenant, job, score, attempt, scope quints
 --   (scope: the job's credential scope "~k:<hash>" when it carries its own model key, else '').
--- Returns {ring, high, pulled triples...}, as dispatch_lib.lua finish_step.
+-- Returns {ring, high, express, pulled triples...}, as dispatch_lib.lua finish_step; express '1' when a job was
+-- queued for a tenant holding no permit on the model (its express slot may take it: app/jobs/express.py).
 -- A job that holds a live permit (pulled or running), or waits aside (delayed, parked), is never queued again.
 --@include dispatch_lib.lua
 local mode = ARGV[10]
@@ -21,6 +22,7 @@ for i = 11, #ARGV, 5 do
     elseif mode == 'XXLT' then redis.call('ZADD', READY .. t, 'XX', 'LT', score, job)
     else redis.call('ZADD', READY .. t, score, job) end
     activate(t)
+    if mode ~= 'XXLT' and redis.call('ZCARD', SEM .. t) == 0 then EXPRESS = '1' end
   end
 end
 return finish_step()

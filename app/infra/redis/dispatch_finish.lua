@@ -18,7 +18,7 @@
 --   'back'  a pulled job its puller could not claim (the database away): back to the head of its queue, its
 --     permits and charge given back.
 -- Returns {n, then for each of the n jobs 1 if the model's gate slot was still held (0: released before),
---   then ring, high and the jobs pulled for the caller (dispatch_lib.lua finish_step)}.
+--   then ring, high, express and the jobs pulled for the caller (dispatch_lib.lua finish_step)}.
 --@include dispatch_lib.lua
 --@include upstream_lib.lua
 local released = {}

@@ -23,9 +23,11 @@
 --   (s: its call's lease)  7 most jobs this step pulls for its caller (0: none)
 --   8 fairness: 'turns' (every job costs 1: the baseline) or 'cost' (model time)
 --   9 the upstream controller's parameters "decrease tolerance max_pause backoff window" ('-' = off)
--- Each step ends with finish_step(): it returns {ring, high, tenant1, job1, attempt1, tenant2, ...}: ring '1'
--- when the caller must ring the model's doorbell (publish one asynch.pull; high '1': at high priority), then
--- the jobs this step pulled for its caller (permits taken, claim time noted): claim and call each.
+-- Each step ends with finish_step(): it returns {ring, high, express, tenant1, job1, attempt1, tenant2, ...}:
+-- ring '1' when the caller must ring the model's doorbell (publish one asynch.pull; high '1': at high
+-- priority), express '1' when a job of a tenant with nothing running on the model was queued by this step
+-- (the caller notifies the workers' express slots, app/jobs/express.py), then the jobs this step pulled for
+-- its caller (permits taken, claim time noted): claim and call each.
 local READY, SEM, PARKED = ARGV[1], ARGV[2], ARGV[3]
 local K_RING, K_BLOCKED, K_PASS, K_INFO, K_CONF, K_RTMC, K_W, K_ATT = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -36,6 +38,9 @@ local BY_COST = ARGV[8] ~= 'turns'
 local UP_ON, UP = ARGV[9] ~= '-', {}
 if UP_ON then for x in string.gmatch(ARGV[9], '%S+') do UP[#UP + 1] = tonumber(x) end end
 local EWMA = 0.3  -- the weight of the newest sample in a tenant's run-time average
+-- Set by the step's own script after the include: take() picks only tenants holding no permit (an express
+-- slot's pull, dispatch_express.lua); finish_step() answers express '1' (dispatch_enqueue.lua).
+local ONLY_IDLE, EXPRESS = false, '0'
 local t0 = redis.call('TIME')
 local NOW = tonumber(t0[1]) + tonumber(t0[2]) / 1000000
 
@@ -231,6 +236,18 @@ local function pick(cap)
   end
 end
 
+-- The lowest-pass tenant with work that holds no permit on the model and may hold one now (an express slot's
+-- pick: a tenant with nothing running need not wait for a busy tenant's call to end).
+local function pick_idle(cap)
+  local ring = redis.call('ZRANGE', K_RING, 0, -1, 'WITHSCORES')
+  for i = 1, #ring, 2 do
+    local t = ring[i]
+    if redis.call('ZCARD', READY .. t) > 0 and held(t) == 0 and tenant_room(t, cap) > 0 then
+      return t, tonumber(ring[i + 1]), false
+    end
+  end
+end
+
 -- A job picked for dispatch whose credential scope cannot take it now waits aside: delayed until its
 -- scope's pause ends, or parked until one of its permits frees.  Returns true if it was set aside.
 local function set_aside(t, job, score, cap)
@@ -253,7 +270,8 @@ local function take()
   local out, tries = {}, 0
   while cap > 0 and #out < 3 * MOST and tries < 4 * MOST + 64 do
     tries = tries + 1
-    local picked, pass, reserved = pick(cap)
+    local picked, pass, reserved
+    if ONLY_IDLE then picked, pass, reserved = pick_idle(cap) else picked, pass, reserved = pick(cap) end
     if not picked then break end
     local popped = redis.call('ZPOPMIN', READY .. picked)
     local job, score = popped[1], popped[2]
@@ -301,6 +319,7 @@ end
 local function finish_step()
   local out = MOST > 0 and take() or {}
   local r, high = ring()
+  table.insert(out, 1, EXPRESS)
   table.insert(out, 1, high)
   table.insert(out, 1, r)
   return out

@@ -10,7 +10,7 @@
 --   14 when the busy call started (unix s; its dispatch time, from its charge, is preferred)  15 Retry-After (s, capped; < 0: none usable)
 --   16 the job's own delay (s)  17 a uniform random number in [0, 1) (the pauses' jitter)
 -- Returns {when the job may run again (unix s, a string), when a pause this answer moved ends ("0":
---   none), ring, high}: the caller schedules a kick at each time, and rings as dispatch_lib.lua finish_step.
+--   none), ring, high, express}: the caller schedules a kick at each time, and rings as dispatch_lib.lua finish_step.
 --@include dispatch_lib.lua
 --@include upstream_lib.lua
 local t, job, score = ARGV[10], ARGV[11], ARGV[12]

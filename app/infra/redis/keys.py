@@ -90,6 +90,7 @@ terminal_channel = partial(_g, "events:terminal")  # pub/sub: a job id, after it
 invalidate_channel = partial(_g, "events:invalidate")  # pub/sub: drop your cached keys/models now
 bells = partial(_g, "bells")  # sorted set: model -> when its doorbell was rung, while no pull has answered it
 output_channel = partial(_g, "events:output")  # pub/sub: a batch of live output entries (app/jobs/output.py)
+express_channel = partial(_g, "events:express")  # pub/sub: a model whose queue got a job of a tenant with none running
 stop_channel = partial(_g, "events:stop")  # pub/sub: "<job id> <attempt>": stop that attempt's call now
 beat_lock = partial(_g, "{beat}:leader")
 beat_token = partial(_g, "{beat}:token")  # fencing counter, larger for every new leadership (leader_acquire.lua)

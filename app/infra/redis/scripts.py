@@ -22,8 +22,8 @@ import redis
 
 from app.infra.redis.client import get_redis
 
-NAMES = ("gate_admit", "gate_reconcile", "dispatch_enqueue", "dispatch_pull", "dispatch_claimed", "dispatch_finish",
-         "dispatch_kick",
+NAMES = ("gate_admit", "gate_reconcile", "dispatch_enqueue", "dispatch_pull", "dispatch_express", "dispatch_claimed",
+         "dispatch_finish", "dispatch_kick",
          "dispatch_return", "dispatch_position", "dispatch_waiting", "upstream_budget", "epoch_compare_delete", "leader_acquire", "leader_release",
          "ratelimit_token_bucket", "runtime_limits_cas")
 # Files only ever included by others, never run alone.
