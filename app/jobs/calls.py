@@ -32,8 +32,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from app.infra.db import single_statement
 from app.infra.http.deadline import Abort
 from app.infra.process import PerProcess
-from app.infra.redis import keys
-from app.infra.redis.client import pubsub_client
+from app.infra.redis import events, keys
 from app.infra.tables import tasks
 from app.states import JobState
 
@@ -71,28 +70,21 @@ class _Calls:
         return True
 
     def _watch(self) -> None:
-        ps, last_check, away = None, time.monotonic(), False
-        while True:
-            try:
-                if ps is None:
-                    ps = pubsub_client(f"asynch-stops-{os.getpid()}").pubsub(ignore_subscribe_messages=True)
-                    ps.subscribe(keys.stop_channel())
-                m = ps.get_message(timeout=CHECK_SECONDS)
-                if away:
-                    away = False
-                    log.info("stop notices back")
-                if m and m.get("type") == "message":
-                    job_id, _, attempt = str(m["data"]).partition(" ")
-                    self.stop(job_id, int(attempt) if attempt.isdigit() else None, "its job was ended")
-            except Exception as exc:  # Redis away: the row checks below still stop what must stop
-                if not away:  # once per outage, not every half second
-                    away = True
-                    log.warning("stop notices unavailable: %s; the row checks go on", exc)
-                ps = None
-                time.sleep(CHECK_SECONDS)
+        """Stop notices as they come, and the row checks every CHECK_SECONDS (also while Redis is away: they
+        still stop what must stop)."""
+        last_check = time.monotonic()
+
+        def notice(data: str) -> None:
+            job_id, _, attempt = data.partition(" ")
+            self.stop(job_id, int(attempt) if attempt.isdigit() else None, "its job was ended")
+
+        def tick() -> None:
+            nonlocal last_check
             if time.monotonic() - last_check >= CHECK_SECONDS:
                 last_check = time.monotonic()
                 self._check_rows()
+        events.listen(f"asynch-stops-{os.getpid()}", keys.stop_channel(), notice, "stop notices", CHECK_SECONDS,
+                      tick)
 
     def _check_rows(self) -> None:
         """Stop every call (older than one check) whose row moved on without it."""

@@ -9,54 +9,26 @@ tenant's calls to end (the wait of issue 33's other tenant during a batch), and 
 than the slots it already had: the express slot takes only a tenant holding no permit.
 
 Invariants:
-- One listener thread per process, started with its slots (again in a forked child); a notice is handled on it
-  (one Lua step and one claim at most), never on a call's thread.
+- One listener thread per process, started with its slots (again in a forked child; the subscriber loop is
+  app/infra/redis/events.py ``listen``, as the stop notices'); a notice is handled on it (one Lua step and one
+  claim at most), never on a call's thread.
 - Best effort: a lost notice, or a Redis away, changes only where the job runs -- the next free slot pulls it
   as any job; nothing is queued here and nothing is waited for.
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
-import time
 from typing import Callable
 
-from app.infra.redis import keys
-from app.infra.redis.client import pubsub_client
-
-log = logging.getLogger(__name__)
+from app.infra.redis import events, keys
 
 RETRY_SECONDS = 1.0  # how soon a listener that lost Redis subscribes again
 
 
 def listen(on_notice: Callable[[str], object]) -> threading.Thread:
     """Start this process's listener: ``on_notice(model)`` for each express notice."""
-    t = threading.Thread(target=_listen, args=(on_notice,), name="asynch-express", daemon=True)
+    t = threading.Thread(target=events.listen, name="asynch-express", daemon=True, args=(
+        f"asynch-express-{os.getpid()}", keys.express_channel(), on_notice, "express notices", RETRY_SECONDS))
     t.start()
     return t
-
-
-def _listen(on_notice: Callable[[str], object]) -> None:
-    ps, away = None, False
-    while True:
-        try:
-            if ps is None:
-                ps = pubsub_client(f"asynch-express-{os.getpid()}").pubsub(ignore_subscribe_messages=True)
-                ps.subscribe(keys.express_channel())
-            m = ps.get_message(timeout=RETRY_SECONDS)
-            if away:
-                away = False
-                log.info("express notices back")
-        except Exception as exc:  # Redis away: the jobs are pulled by free slots as any job meanwhile
-            if not away:
-                away = True
-                log.warning("express notices unavailable: %s", exc)
-            ps = None
-            time.sleep(RETRY_SECONDS)
-            continue
-        if m and m.get("type") == "message":
-            try:
-                on_notice(str(m["data"]))
-            except Exception:
-                log.exception("express notice of %s not answered; a free slot pulls the job", m.get("data"))
