@@ -108,3 +108,38 @@ def test_users_read_their_own_tenant_and_admins_any(client, user_key, admin_key)
     seed = client.get("/stat/getModelStat?from=2026-01-02", headers=auth(user_key)).get_json()
     assert seed["code"] == 0 and seed["data"]["total"] == 9
     assert client.get("/stat/getModelStat?tenant=tenant-b", headers=auth(user_key)).get_json()["code"] == 403
+
+
+def test_concurrent_counts_of_the_same_tenants_in_any_order_never_deadlock(settings):
+    """Done statements of several worker processes count the same (tenant, creator, model) rows, each group in
+    its own arrival order: 8 threads x 30 upserts of 6 shared keys, each in a shuffled order.  Every upsert
+    commits (a deadlock between two such statements once left a job's done write crashed in a CI run) and the
+    counts add up exactly."""
+    import random
+    import threading
+
+    from app.infra.db import atomic_statement
+
+    day, keys = date(2026, 1, 2), [(f"dl{i}", "c" if i % 2 else None, "dlm") for i in range(6)]
+    errors: list[Exception] = []
+
+    def run(seed: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(30):
+            order = rnd.sample(keys, len(keys))
+            counts = Counter({k: 1 for k in order})  # insertion order: this group's
+            try:
+                with atomic_statement() as conn:
+                    conn.execute(*stats.calls_counted(conn, day, counts))
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[:3]
+    with transaction() as conn:
+        got = dict(conn.execute(select(model_stats.c.tenant_id, model_stats.c.request_count)
+                                .where(model_stats.c.model_name == "dlm", model_stats.c.day == day)).all())
+    assert got == {k[0]: 8 * 30 for k in keys}

@@ -85,8 +85,9 @@ def call_counted(conn: Connection, day: date, tenant_id: str, creator: str, mode
 
 def calls_counted(conn: Connection, day: date, counts: Counter) -> tuple[object, dict]:
     """A group's calls, ``counts`` by (tenant, creator, model), as ONE upsert (statement, params): one
-    row per key, so no row is updated twice by the statement."""
-    keys = list(counts)
+    row per key, so no row is updated twice by the statement.  The rows in one order for every writer (sorted
+    keys): two processes' done statements counting the same tenants in opposite orders deadlocked."""
+    keys = sorted(counts, key=lambda k: (k[0], k[1] or "", k[2]))
     return _UPSERT, {"stat_day": day, "stat_tenant": [k[0] for k in keys], "stat_creator": [k[1] or "" for k in keys],
                      "stat_model": [k[2] for k in keys], "stat_n": [counts[k] for k in keys]}
 
